@@ -1,0 +1,406 @@
+"""Remaining-demand estimation: Monte Carlo walks over a PDGraph, refined online.
+
+From a run's current state (:class:`~hermes.core.state.RunProgress`: finished units with
+their observed demand, the unit running now and the service it has attained), ``N`` walks
+are run at once with numpy. Each walk visits units following the next-unit probabilities
+(conditioned on the visit index, so capped loops stay capped) and draws each visit's demand:
+
+- marginally: parallelism ``P`` from the unit's samples, then ``P`` per-request input and
+  output token counts (or a tool duration);
+- with **online refinement**: when the PDGraph's masks say a feature of the unit depends on a
+  feature of its upstream unit, and the upstream's feature is known (observed, or drawn
+  earlier in the same walk), the visit is drawn from the joined historical tuples whose
+  upstream features fall in the same quantile buckets (a conditional empirical distribution).
+  With fewer than ``min_match`` matches it relaxes to the most correlated feature alone, then
+  to the marginal.
+
+Tokens become seconds through the engine cost model (:class:`CostModel.unit_service_s`, batch
+aware). The current unit is conditioned on the service it has attained (X > a), so the
+remaining demand is that of X - a.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from hermes.core.costmodel import CostModel
+from hermes.core.pdgraph import END, FEATURES, PDGraph
+from hermes.core.state import RunProgress, UnitObservation
+
+MAX_STEPS = 512
+_F = {f: i for i, f in enumerate(FEATURES)}
+
+
+@dataclass(slots=True)
+class DemandSamples:
+    """Remaining demand of a run, one entry per Monte Carlo walk."""
+
+    input_tokens: np.ndarray
+    output_tokens: np.ndarray
+    service_s: np.ndarray  # isolated service seconds under the cost model
+    wall_s: np.ndarray  # service plus client gaps between units
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for name in ("output_tokens", "input_tokens", "service_s", "wall_s"):
+            x = getattr(self, name)
+            out[name] = {
+                "mean": float(x.mean()),
+                "p50": float(np.percentile(x, 50)),
+                "p95": float(np.percentile(x, 95)),
+            }
+        return out
+
+
+@dataclass(slots=True)
+class _Unit:
+    name: str
+    llm: bool
+    inp: np.ndarray
+    out: np.ndarray
+    par: np.ndarray
+    dur: np.ndarray
+    gap: np.ndarray
+    # next-unit tables: (targets, cumulative probs) aggregate and per visit index
+    nxt: tuple[np.ndarray, np.ndarray]
+    nxt_by_visit: list[tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(slots=True)
+class _EdgeTable:
+    up: np.ndarray  # (n, 4) upstream features
+    down: np.ndarray  # (n, 4) unit features
+    cut: list[np.ndarray]  # per upstream feature: quantile bucket edges
+    deps: list[int]  # upstream features the unit depends on, most correlated first
+    dep_feats: set[int]  # unit features that depend on some upstream feature
+    index: dict[tuple[int, ...], dict[int, np.ndarray]]  # dep subset -> code -> rows
+
+
+class DemandEstimator:
+    """Samples a run's remaining demand from its app's PDGraph."""
+
+    def __init__(
+        self,
+        graph: PDGraph,
+        cost: CostModel,
+        *,
+        n_walks: int = 1000,
+        refine: bool = True,
+        min_match: int = 20,
+        seed: int = 0,
+    ) -> None:
+        self.graph = graph
+        self.cost = cost
+        self.n_walks = n_walks
+        self.refine = refine
+        self.min_match = min_match
+        self.rng = np.random.default_rng(seed)
+        self._names = list(graph.units)
+        self._idx = {n: i for i, n in enumerate(self._names)}
+        self._units = [self._compile_unit(n) for n in self._names]
+        self._entry = self._table(graph.entry)
+        # per unit: the upstream edge that informs it best (highest correlation), if any
+        self._edges: dict[int, tuple[int, _EdgeTable]] = {}
+        if refine:
+            best: dict[int, float] = {}
+            for key, edge in graph.edges.items():
+                v, _, u = key.partition("<-")
+                strength = max((edge.rho.get(k, 0.0) for k, on in edge.masks.items() if on), default=0.0)
+                if not edge.joined or strength <= 0.0:
+                    continue
+                vi = self._idx[v]
+                if strength > best.get(vi, 0.0):
+                    best[vi] = strength
+                    self._edges[vi] = (self._idx[u], self._compile_edge(edge))
+        self._boundaries: dict[tuple[str, int], np.ndarray] = {}
+
+    # ------------------------------------------------------------------ compile
+    def _table(self, probs: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
+        targets = np.array([-1 if k == END else self._idx[k] for k in probs], dtype=np.int64)
+        cum = np.cumsum(np.fromiter(probs.values(), dtype=np.float64, count=len(probs)))
+        if len(cum):
+            cum[-1] = 1.0
+        return targets, cum
+
+    def _compile_unit(self, name: str) -> _Unit:
+        node = self.graph.units[name]
+        c = node.consumption
+
+        def arr(xs: list, default: float) -> np.ndarray:
+            return np.asarray(xs if xs else [default], dtype=np.float64)
+
+        return _Unit(
+            name=name,
+            llm=node.is_llm,
+            inp=arr(c.input_tokens, 0),
+            out=arr(c.output_tokens, 0),
+            par=arr(c.parallelism, 1),
+            dur=arr(c.duration_s, 0),
+            gap=arr(c.gap_s, 0),
+            nxt=self._table(node.next) if node.next else (np.array([-1]), np.array([1.0])),
+            nxt_by_visit=[self._table(p) if p else self._table(node.next or {END: 1.0}) for p in node.next_by_visit],
+        )
+
+    def _compile_edge(self, edge) -> _EdgeTable:
+        rows = np.asarray(edge.joined, dtype=np.float64)
+        up, down = rows[:, :4], rows[:, 4:]
+        buckets = self.graph.buckets
+        cut = [np.unique(np.quantile(up[:, g], np.linspace(0, 1, buckets + 1)[1:-1])) for g in range(4)]
+        best: dict[int, float] = {}
+        dep_feats: set[int] = set()
+        for name, on in edge.masks.items():
+            if on:
+                f, _, g = name.partition("<-")
+                dep_feats.add(_F[f])
+                best[_F[g]] = max(best.get(_F[g], 0.0), edge.rho.get(name, 1.0))
+        deps = sorted(best, key=lambda g: -best[g])
+        return _EdgeTable(up, down, cut, deps, dep_feats, {})
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, progress: RunProgress | None = None, n: int | None = None) -> DemandSamples:
+        """Samples of the remaining demand of a run in state ``progress`` (default: not started)."""
+        progress = progress or RunProgress()
+        n = n or self.n_walks
+        rng = self.rng
+        U = len(self._units)
+        cur = np.full(n, -1, dtype=np.int64)
+        visits = np.zeros((n, U), dtype=np.int64)
+        # features of the latest visit of each unit in each walk (NaN: not visited yet)
+        last_feat = np.full((n, U, 4), np.nan, dtype=np.float64)
+        acc = np.zeros((4, n), dtype=np.float64)  # input, output, service, wall
+
+        for obs in progress.finished:
+            if obs.unit in self._idx:
+                ui = self._idx[obs.unit]
+                visits[:, ui] += 1
+                last_feat[:, ui] = _obs_features(obs, self._units[ui].llm)
+        last = progress.finished[-1] if progress.finished else None
+
+        attained = 0.0
+        if progress.current is not None:
+            if progress.current not in self._idx:
+                return _zeros(n)  # a unit never profiled: no basis for an estimate
+            cur[:] = self._idx[progress.current]
+            attained = progress.current_attained_s
+        elif last is not None and last.unit in self._idx:
+            li = self._idx[last.unit]
+            cur[:] = self._choose_next(li, visits[:, li], rng)
+        else:
+            t, c = self._entry
+            cur[:] = t[np.searchsorted(c, rng.random(n), side="right").clip(max=len(t) - 1)]
+
+        first = progress.current is not None
+        for _ in range(MAX_STEPS):
+            alive = np.flatnonzero(cur >= 0)
+            if alive.size == 0:
+                break
+            nxt = np.full(n, -1, dtype=np.int64)
+            for u in np.unique(cur[alive]):
+                idx = alive[cur[alive] == u]
+                feats, itok, otok, svc, gap = self._visit(int(u), last_feat[idx], rng)
+                if first:
+                    itok, otok, svc = _condition_on_attained(svc, itok, otok, attained)
+                    gap = np.zeros_like(gap)
+                acc[0, idx] += itok
+                acc[1, idx] += otok
+                acc[2, idx] += svc
+                acc[3, idx] += svc + gap
+                visits[idx, u] += 1
+                last_feat[idx, u] = feats
+                nxt[idx] = self._choose_next(int(u), visits[idx, u], rng)
+            first = False
+            cur = nxt
+        return DemandSamples(acc[0], acc[1], acc[2], acc[3])
+
+    def _choose_next(self, u: int, visit: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        unit = self._units[u]
+        out = np.empty(visit.shape[0], dtype=np.int64)
+        r = rng.random(visit.shape[0])
+        for k in np.unique(visit):
+            sel = visit == k
+            t, c = unit.nxt_by_visit[k - 1] if 1 <= k <= len(unit.nxt_by_visit) else unit.nxt
+            out[sel] = t[np.searchsorted(c, r[sel], side="right").clip(max=len(t) - 1)]
+        return out
+
+    def _visit(
+        self, u: int, last_feat: np.ndarray | None, rng: np.random.Generator, m: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Draw one invocation of unit ``u`` for each walk, given the walks' latest features of
+        every unit (``last_feat``, (m, U, 4), NaN where not visited; ``None``: marginal).
+        Returns features (m, 4), input and output tokens (m,), service seconds (m,) and the gap
+        before the invocation (m,)."""
+        unit = self._units[u]
+        m = last_feat.shape[0] if last_feat is not None else int(m or 0)
+        par = unit.par[rng.integers(0, unit.par.size, m)]
+        dur = unit.dur[rng.integers(0, unit.dur.size, m)]
+        gap = unit.gap[rng.integers(0, unit.gap.size, m)]
+        cond_i = np.full(m, np.nan)
+        cond_o = np.full(m, np.nan)
+        edge = self._edges.get(u) if last_feat is not None else None
+        if edge is not None:
+            up, table = edge
+            sel = np.flatnonzero(~np.isnan(last_feat[:, up, 0]))
+            rows = self._match(table, last_feat[sel, up], rng) if sel.size else sel
+            ok = rows >= 0
+            if ok.any():
+                s, d = sel[ok], table.down[rows[ok]]
+                if _F["P"] in table.dep_feats:
+                    par[s] = d[:, _F["P"]]
+                if _F["D"] in table.dep_feats:
+                    dur[s] = d[:, _F["D"]]
+                if _F["I"] in table.dep_feats:
+                    cond_i[s] = d[:, _F["I"]]
+                if _F["O"] in table.dep_feats:
+                    cond_o[s] = d[:, _F["O"]]
+        par = np.maximum(par, 1).astype(np.int64)
+        if not unit.llm:
+            feats = np.column_stack([np.zeros(m), np.zeros(m), par.astype(float), dur])
+            return feats, np.zeros(m), np.zeros(m), dur, gap
+        pmax = int(par.max())
+        cols = np.arange(pmax)[None, :] < par[:, None]
+        imat = unit.inp[rng.integers(0, unit.inp.size, (m, pmax))]
+        omat = unit.out[rng.integers(0, unit.out.size, (m, pmax))]
+        has_i, has_o = ~np.isnan(cond_i), ~np.isnan(cond_o)
+        imat[has_i] = cond_i[has_i, None]
+        omat[has_o] = cond_o[has_o, None]
+        imat *= cols
+        omat *= cols
+        itok, otok = imat.sum(axis=1), omat.sum(axis=1)
+        svc = self.cost.unit_service_s(imat, omat)
+        feats = np.column_stack([itok / par, otok / par, par.astype(float), np.zeros(m)])
+        return feats, itok, otok, svc, gap
+
+    def _match(self, table: _EdgeTable, feats: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """For each walk, a joined row whose upstream features share its buckets (-1: none)."""
+        out = np.full(feats.shape[0], -1, dtype=np.int64)
+        pending = np.arange(feats.shape[0])
+        for subset in (tuple(table.deps), tuple(table.deps[:1])):
+            if pending.size == 0:
+                break
+            index = table.index.get(subset)
+            if index is None:
+                index = table.index[subset] = self._build_index(table, subset)
+            codes = self._codes(table, subset, feats[pending])
+            still = []
+            for code in np.unique(codes):
+                rows = index.get(int(code))
+                who = pending[codes == code]
+                if rows is None or rows.size < self.min_match:
+                    still.append(who)
+                    continue
+                out[who] = rows[rng.integers(0, rows.size, who.size)]
+            pending = np.concatenate(still) if still else np.empty(0, dtype=np.int64)
+        return out
+
+    def _codes(self, table: _EdgeTable, subset: tuple[int, ...], feats: np.ndarray) -> np.ndarray:
+        code = np.zeros(feats.shape[0], dtype=np.int64)
+        for g in subset:
+            code = code * 1000 + np.searchsorted(table.cut[g], feats[:, g], side="right")
+        return code
+
+    def _build_index(self, table: _EdgeTable, subset: tuple[int, ...]) -> dict[int, np.ndarray]:
+        codes = self._codes(table, subset, table.up)
+        return {int(c): np.flatnonzero(codes == c) for c in np.unique(codes)}
+
+    # ------------------------------------------------------------------ helpers for policies
+    def unit_service_boundaries(self, unit: str, buckets: int) -> np.ndarray:
+        """Increasing service-time quantile boundaries (seconds) of one invocation of ``unit``."""
+        key = (unit, buckets)
+        if key not in self._boundaries:
+            if unit not in self._idx:
+                return np.empty(0)
+            m = 2000
+            _, _, _, svc, _ = self._visit(self._idx[unit], None, self.rng, m)
+            q = np.quantile(svc, np.arange(1, buckets) / buckets)
+            self._boundaries[key] = np.unique(q)
+        return self._boundaries[key]
+
+    def unit_service_samples(self, unit: str, n: int = 1000) -> np.ndarray:
+        """Marginal samples of the service seconds of one invocation of ``unit``."""
+        if unit not in self._idx:
+            return np.empty(0)
+        _, _, _, svc, _ = self._visit(self._idx[unit], None, self.rng, n)
+        return svc
+
+
+def _obs_features(obs: UnitObservation, llm: bool) -> np.ndarray:
+    p = max(1, obs.parallelism)
+    if llm:
+        return np.array([obs.input_tokens / p, obs.output_tokens / p, float(p), 0.0])
+    return np.array([0.0, 0.0, float(p), obs.duration_s])
+
+
+def _condition_on_attained(
+    svc: np.ndarray, itok: np.ndarray, otok: np.ndarray, attained: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Condition the current invocation on X > attained: keep the part still to come.
+
+    Walks whose draw is already exceeded by the attained service are given the samples of
+    walks that are consistent (resampling from the conditional); if none is, the invocation
+    is taken as about to finish (remaining 0).
+    """
+    if attained <= 0:
+        return itok, otok, svc
+    ok = svc > attained
+    if ok.any() and not ok.all():
+        src = np.flatnonzero(ok)
+        bad = np.flatnonzero(~ok)
+        pick = src[np.arange(bad.size) % src.size]
+        svc, itok, otok = svc.copy(), itok.copy(), otok.copy()
+        svc[bad], itok[bad], otok[bad] = svc[pick], itok[pick], otok[pick]
+    rem = np.maximum(svc - attained, 0.0)
+    frac = np.divide(rem, svc, out=np.zeros_like(rem), where=svc > 0)
+    return itok * frac, otok * frac, rem
+
+
+def _zeros(n: int) -> DemandSamples:
+    z = np.zeros(n)
+    return DemandSamples(z, z.copy(), z.copy(), z.copy())
+
+
+class EstimatorPool:
+    """One estimator per app, built lazily from PDGraphs; updated as graphs are relearned."""
+
+    def __init__(
+        self,
+        graphs: Mapping[str, PDGraph],
+        cost: CostModel,
+        *,
+        refine: bool = True,
+        n_walks: int = 1000,
+        min_match: int = 20,
+        seed: int = 0,
+    ) -> None:
+        self._graphs = dict(graphs)
+        self.cost = cost
+        self.refine = refine
+        self.n_walks = n_walks
+        self.min_match = min_match
+        self.seed = seed
+        self._est: dict[str, DemandEstimator] = {}
+
+    def get(self, app: str) -> DemandEstimator | None:
+        est = self._est.get(app)
+        if est is None:
+            graph = self._graphs.get(app)
+            if graph is None:
+                return None
+            est = self._est[app] = DemandEstimator(
+                graph,
+                self.cost,
+                n_walks=self.n_walks,
+                refine=self.refine,
+                min_match=self.min_match,
+                seed=self.seed + len(self._est),
+            )
+        return est
+
+    def update(self, graph: PDGraph) -> None:
+        self._graphs[graph.app] = graph
+        self._est.pop(graph.app, None)
+
+    def apps(self) -> list[str]:
+        return sorted(self._graphs)

@@ -1,0 +1,115 @@
+"""The scheduling-policy interface: one small ABC, a registry, a factory.
+
+A policy turns what the scheduler knows about runs (:class:`~hermes.core.state.RunState`)
+into a *rank* per run (lower is served first) and, from it, a sort key per queued request.
+Both drivers call the same methods:
+
+- ``on_arrival(run, now)`` when a run is accepted;
+- ``on_unit_start(run, unit, now)`` / ``on_unit_finish(run, obs, now)`` as units run;
+- ``on_service(run, seconds, tokens, now)`` as service is delivered (engine iterations, tool
+  time), so that attained-service policies (Gittins, VTC, SeaLLM) can update;
+- ``request_key(run, req, now)`` to order every queue (engines, tools, HermesLet windows).
+
+Ranks are refreshed by the policy itself (at unit boundaries and when a run's attained service
+crosses a bucket boundary); ``needs_refresh`` lets a driver skip work.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from hermes.core.state import RequestView, RunState, UnitObservation
+
+RequestKey = tuple[float, ...]
+
+
+class SchedulingPolicy(ABC):
+    """Base class of every policy. Subclasses set ``name`` and implement ``rank``."""
+
+    name: ClassVar[str]
+    #: whether the policy needs per-app PDGraph estimators (the driver passes an EstimatorPool)
+    uses_estimator: ClassVar[bool] = False
+    #: whether the policy reads RunState.true_remaining_s (the oracle)
+    uses_truth: ClassVar[bool] = False
+    #: whether the driver builds the EstimatorPool with online refinement (estimator policies)
+    refine: ClassVar[bool] = True
+
+    def on_arrival(self, run: RunState, now: float) -> None:
+        run.rank = self.rank(run, now)
+        run.rank_refreshed_at = now
+
+    def on_unit_start(self, run: RunState, unit: str, now: float) -> None:  # noqa: B027
+        """A unit invocation starts (default: nothing)."""
+
+    def on_unit_finish(self, run: RunState, obs: UnitObservation, now: float) -> None:
+        run.rank = self.rank(run, now)
+        run.rank_refreshed_at = now
+
+    def on_service(self, run: RunState, seconds: float, tokens: int, now: float) -> None:
+        """Service delivered to ``run``; refresh the rank when a bucket boundary is crossed."""
+        if run.attained_s >= run.next_refresh_attained_s:
+            run.rank = self.rank(run, now)
+            run.rank_refreshed_at = now
+
+    def on_finish(self, run: RunState, now: float) -> None:  # noqa: B027
+        """The run has finished (default: nothing)."""
+
+    @abstractmethod
+    def rank(self, run: RunState, now: float) -> float:
+        """The run's scheduling rank now; lower is served first."""
+
+    def request_key(self, run: RunState, req: RequestView, now: float) -> RequestKey:
+        """Sort key of a queued request: by the run's rank, then FCFS within equal rank."""
+        return (run.rank, run.submitted, req.arrival, req.seq)
+
+
+_REGISTRY: dict[str, Callable[..., SchedulingPolicy]] = {}
+
+
+def register(name: str) -> Callable[[type[SchedulingPolicy]], type[SchedulingPolicy]]:
+    """Class decorator: make a policy available to :func:`make_policy` under ``name``."""
+
+    def deco(cls: type[SchedulingPolicy]) -> type[SchedulingPolicy]:
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def policy_names() -> list[str]:
+    from hermes.core import policies as _  # noqa: F401  (registers the built-in policies)
+
+    return sorted(_REGISTRY)
+
+
+#: options a driver passes to every policy; a policy whose constructor does not take one of
+#: these simply does not receive it (any other unknown option is an error, to catch typos)
+DRIVER_OPTIONS: frozenset[str] = frozenset({"estimators", "seed"})
+
+
+def policy_class(name: str) -> Callable[..., SchedulingPolicy]:
+    """The registered class of a policy (e.g. to read ``uses_estimator`` / ``refine``)."""
+    from hermes.core import policies as _  # noqa: F401
+
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def make_policy(name: str, **kwargs: Any) -> SchedulingPolicy:
+    """Build a policy by its contract name (``hermes``, ``vllm``, ``parrot``, ...).
+
+    Constructors take explicit keyword options only. The driver-wide options
+    (:data:`DRIVER_OPTIONS`: ``estimators``, ``seed``) are dropped for policies that do not
+    declare them, so a driver can call ``make_policy(name, estimators=pool, seed=s)`` for
+    every policy; any other option the policy does not declare raises ``TypeError``.
+    """
+    factory = policy_class(name)
+    params = inspect.signature(factory).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in params or k not in DRIVER_OPTIONS}
+    return factory(**kwargs)

@@ -1,0 +1,80 @@
+"""What the scheduler knows about a run: its place in the PDGraph and the service it received.
+
+These are plain data objects, filled by a driver (live gateway or simulator) from what a live
+system can observe. Nothing here knows the future of a run; the only exception is
+``RunState.true_remaining_s``, set by the simulator for the ``oracle`` baseline alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class UnitObservation:
+    """A finished unit invocation, as observed. Token counts are totals over its requests."""
+
+    unit: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    parallelism: int = 1
+    duration_s: float = 0.0  # tool service time (tool units) or wall time (LLM units)
+    service_s: float = 0.0  # isolated service under the cost model (what the estimator predicts)
+    started: float = 0.0
+    finished: float = 0.0
+
+
+@dataclass(slots=True)
+class RunProgress:
+    """Where a run is in its PDGraph: the estimator's input.
+
+    ``finished``: unit invocations done, in order. ``current``: the unit running now (``None``
+    before the first unit or between units). ``current_attained_s``: service the current
+    invocation has received so far (seconds under the cost model).
+    """
+
+    finished: list[UnitObservation] = field(default_factory=list)
+    current: str | None = None
+    current_attained_s: float = 0.0
+
+    @property
+    def last_unit(self) -> str | None:
+        return self.finished[-1].unit if self.finished else None
+
+    def visits(self, unit: str) -> int:
+        """How many times ``unit`` has finished in this run (loop iterations so far)."""
+        return sum(1 for o in self.finished if o.unit == unit)
+
+
+@dataclass(slots=True)
+class RunState:
+    """A live or simulated run as the scheduler sees it."""
+
+    run_id: str
+    app: str
+    submitted: float
+    tenant: str = "default"
+    deadline: float | None = None  # absolute time, same clock as ``submitted``
+    k: float | None = None  # prewarming knob for this run (None: app/tenant default)
+    progress: RunProgress = field(default_factory=RunProgress)
+    attained_s: float = 0.0  # total service received (seconds)
+    attained_tokens: int = 0  # total tokens processed (prefill + decode)
+    rank: float = 0.0  # current scheduling rank; lower is served first
+    rank_refreshed_at: float = float("-inf")
+    next_refresh_attained_s: float = float("inf")  # bucket boundary for the next refresh
+    finished: float | None = None
+    true_remaining_s: float | None = None  # simulator only, for the oracle baseline
+    policy_state: dict = field(default_factory=dict)  # per-policy scratch (e.g. SeaLLM budget)
+
+
+@dataclass(slots=True)
+class RequestView:
+    """A queued LLM request or tool call, as the ordering sees it."""
+
+    request_id: str
+    run_id: str
+    unit: str
+    arrival: float  # when the request reached the queue
+    input_tokens: int = 0
+    max_output_tokens: int | None = None
+    seq: int = 0  # tie-breaker: submission order
