@@ -42,6 +42,7 @@ class DemandSamples:
     output_tokens: np.ndarray
     service_s: np.ndarray  # isolated service seconds under the cost model
     wall_s: np.ndarray  # service plus client gaps between units
+    current_s: np.ndarray | None = None  # remaining service of the current unit (None: no unit running)
 
     def summary(self) -> dict[str, dict[str, float]]:
         out = {}
@@ -193,6 +194,7 @@ class DemandEstimator:
             cur[:] = t[np.searchsorted(c, rng.random(n), side="right").clip(max=len(t) - 1)]
 
         first = progress.current is not None
+        current_s = np.zeros(n) if first else None
         for _ in range(MAX_STEPS):
             alive = np.flatnonzero(cur >= 0)
             if alive.size == 0:
@@ -204,6 +206,7 @@ class DemandEstimator:
                 if first:
                     itok, otok, svc = _condition_on_attained(svc, itok, otok, attained)
                     gap = np.zeros_like(gap)
+                    current_s[idx] = svc  # type: ignore[index]
                 acc[0, idx] += itok
                 acc[1, idx] += otok
                 acc[2, idx] += svc
@@ -213,7 +216,7 @@ class DemandEstimator:
                 nxt[idx] = self._choose_next(int(u), visits[idx, u], rng)
             first = False
             cur = nxt
-        return DemandSamples(acc[0], acc[1], acc[2], acc[3])
+        return DemandSamples(acc[0], acc[1], acc[2], acc[3], current_s)
 
     def _choose_next(self, u: int, visit: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         unit = self._units[u]

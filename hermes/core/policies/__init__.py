@@ -1,0 +1,27 @@
+"""Scheduling policies. Importing this package registers every built-in policy.
+
+Contract names: ``hermes``, ``hermes-no-refine``, ``hermes-ddl``, ``vllm``, ``parrot``, ``vtc``,
+``edf``, ``srpt``, ``llmsched``, ``seallm``, ``oracle``. Build one with
+:func:`~hermes.core.policies.base.make_policy`.
+"""
+
+from __future__ import annotations
+
+from hermes.core.policies import (  # noqa: F401  (modules register their policies)
+    deadline,
+    fcfs,
+    hermes_policy,
+    llmsched,
+    seallm,
+    srpt,
+    vtc,
+)
+from hermes.core.policies.base import (
+    SchedulingPolicy,
+    make_policy,
+    policy_class,
+    policy_names,
+    register,
+)
+
+__all__ = ["SchedulingPolicy", "make_policy", "policy_class", "policy_names", "register"]
