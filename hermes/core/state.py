@@ -8,6 +8,11 @@ system can observe. Nothing here knows the future of a run; the only exception i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hermes.core.costmodel import CostModel
+    from hermes.core.records import UnitRecord
 
 
 @dataclass(slots=True)
@@ -22,6 +27,27 @@ class UnitObservation:
     service_s: float = 0.0  # isolated service under the cost model (what the estimator predicts)
     started: float = 0.0
     finished: float = 0.0
+
+    @classmethod
+    def from_record(cls, u: UnitRecord, cost: CostModel) -> UnitObservation:
+        """The observation a live system makes of a finished unit (one run-record entry)."""
+        if u.requests:
+            import numpy as np
+
+            i = np.array([[r.input_tokens for r in u.requests]], dtype=float)
+            o = np.array([[r.output_tokens for r in u.requests]], dtype=float)
+            return cls(
+                unit=u.unit,
+                input_tokens=int(i.sum()),
+                output_tokens=int(o.sum()),
+                parallelism=len(u.requests),
+                duration_s=u.finished - u.started,
+                service_s=float(cost.unit_service_s(i, o)[0]),
+                started=u.started,
+                finished=u.finished,
+            )
+        dur = u.duration_s if u.duration_s is not None else u.finished - u.started
+        return cls(unit=u.unit, duration_s=dur, service_s=dur, started=u.started, finished=u.finished)
 
 
 @dataclass(slots=True)
