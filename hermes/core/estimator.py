@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hermes.core.costmodel import CostModel
-from hermes.core.pdgraph import END, FEATURES, PDGraph
+from hermes.core.pdgraph import END, FEATURES, NF, PDGraph
 from hermes.core.state import RunProgress, UnitObservation
 
 MAX_STEPS = 512
@@ -72,8 +72,8 @@ class _Unit:
 
 @dataclass(slots=True)
 class _EdgeTable:
-    up: np.ndarray  # (n, 4) upstream features
-    down: np.ndarray  # (n, 4) unit features
+    up: np.ndarray  # (n, NF) upstream features
+    down: np.ndarray  # (n, NF) unit features
     cut: list[np.ndarray]  # per upstream feature: quantile bucket edges
     deps: list[int]  # upstream features the unit depends on, most correlated first
     dep_feats: set[int]  # unit features that depend on some upstream feature
@@ -103,19 +103,19 @@ class DemandEstimator:
         self._idx = {n: i for i, n in enumerate(self._names)}
         self._units = [self._compile_unit(n) for n in self._names]
         self._entry = self._table(graph.entry)
-        # per unit: the upstream edge that informs it best (highest correlation), if any
-        self._edges: dict[int, tuple[int, _EdgeTable]] = {}
+        # per unit: its informative upstream edges, most correlated first; a walk is
+        # conditioned on the first of them whose upstream it has visited
+        self._edges: dict[int, list[tuple[int, _EdgeTable]]] = {}
         if refine:
-            best: dict[int, float] = {}
+            ranked: dict[int, list[tuple[float, int, _EdgeTable]]] = {}
             for key, edge in graph.edges.items():
                 v, _, u = key.partition("<-")
                 strength = max((edge.rho.get(k, 0.0) for k, on in edge.masks.items() if on), default=0.0)
-                if not edge.joined or strength <= 0.0:
-                    continue
-                vi = self._idx[v]
-                if strength > best.get(vi, 0.0):
-                    best[vi] = strength
-                    self._edges[vi] = (self._idx[u], self._compile_edge(edge))
+                if edge.joined and strength > 0.0:
+                    ranked.setdefault(self._idx[v], []).append((strength, self._idx[u], self._compile_edge(edge)))
+            for vi, lst in ranked.items():
+                lst.sort(key=lambda t: -t[0])
+                self._edges[vi] = [(u, t) for _, u, t in lst]
         self._boundaries: dict[tuple[str, int], np.ndarray] = {}
 
     # ------------------------------------------------------------------ compile
@@ -147,9 +147,9 @@ class DemandEstimator:
 
     def _compile_edge(self, edge) -> _EdgeTable:
         rows = np.asarray(edge.joined, dtype=np.float64)
-        up, down = rows[:, :4], rows[:, 4:]
+        up, down = rows[:, :NF], rows[:, NF:]
         buckets = self.graph.buckets
-        cut = [np.unique(np.quantile(up[:, g], np.linspace(0, 1, buckets + 1)[1:-1])) for g in range(4)]
+        cut = [np.unique(np.quantile(up[:, g], np.linspace(0, 1, buckets + 1)[1:-1])) for g in range(NF)]
         best: dict[int, float] = {}
         dep_feats: set[int] = set()
         for name, on in edge.masks.items():
@@ -170,7 +170,7 @@ class DemandEstimator:
         cur = np.full(n, -1, dtype=np.int64)
         visits = np.zeros((n, U), dtype=np.int64)
         # features of the latest visit of each unit in each walk (NaN: not visited yet)
-        last_feat = np.full((n, U, 4), np.nan, dtype=np.float64)
+        last_feat = np.full((n, U, NF), np.nan, dtype=np.float64)
         acc = np.zeros((4, n), dtype=np.float64)  # input, output, service, wall
 
         for obs in progress.finished:
@@ -232,8 +232,8 @@ class DemandEstimator:
         self, u: int, last_feat: np.ndarray | None, rng: np.random.Generator, m: int | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Draw one invocation of unit ``u`` for each walk, given the walks' latest features of
-        every unit (``last_feat``, (m, U, 4), NaN where not visited; ``None``: marginal).
-        Returns features (m, 4), input and output tokens (m,), service seconds (m,) and the gap
+        every unit (``last_feat``, (m, U, NF), NaN where not visited; ``None``: marginal).
+        Returns features (m, NF), input and output tokens (m,), service seconds (m,) and the gap
         before the invocation (m,)."""
         unit = self._units[u]
         m = last_feat.shape[0] if last_feat is not None else int(m or 0)
@@ -242,14 +242,17 @@ class DemandEstimator:
         gap = unit.gap[rng.integers(0, unit.gap.size, m)]
         cond_i = np.full(m, np.nan)
         cond_o = np.full(m, np.nan)
-        edge = self._edges.get(u) if last_feat is not None else None
-        if edge is not None:
-            up, table = edge
-            sel = np.flatnonzero(~np.isnan(last_feat[:, up, 0]))
-            rows = self._match(table, last_feat[sel, up], rng) if sel.size else sel
+        edges = self._edges.get(u, []) if last_feat is not None else []
+        todo = np.ones(m, dtype=bool)  # walks not conditioned yet
+        for up, table in edges:
+            sel = np.flatnonzero(todo & ~np.isnan(last_feat[:, up, 0]))  # type: ignore[index]
+            if sel.size == 0:
+                continue
+            rows = self._match(table, last_feat[sel, up], rng)  # type: ignore[index]
             ok = rows >= 0
             if ok.any():
                 s, d = sel[ok], table.down[rows[ok]]
+                todo[s] = False
                 if _F["P"] in table.dep_feats:
                     par[s] = d[:, _F["P"]]
                 if _F["D"] in table.dep_feats:
@@ -260,27 +263,33 @@ class DemandEstimator:
                     cond_o[s] = d[:, _F["O"]]
         par = np.maximum(par, 1).astype(np.int64)
         if not unit.llm:
-            feats = np.column_stack([np.zeros(m), np.zeros(m), par.astype(float), dur])
+            feats = np.column_stack([np.zeros(m), np.zeros(m), par.astype(float), dur, np.zeros(m)])
             return feats, np.zeros(m), np.zeros(m), dur, gap
         pmax = int(par.max())
         cols = np.arange(pmax)[None, :] < par[:, None]
         imat = unit.inp[rng.integers(0, unit.inp.size, (m, pmax))]
         omat = unit.out[rng.integers(0, unit.out.size, (m, pmax))]
-        has_i, has_o = ~np.isnan(cond_i), ~np.isnan(cond_o)
-        imat[has_i] = cond_i[has_i, None]
-        omat[has_o] = cond_o[has_o, None]
         imat *= cols
         omat *= cols
+        # conditioned per-request means: rescale the marginal draws of the row to that mean,
+        # which keeps their spread (the slowest of P parallel requests sets the unit's time)
+        for mat, cond in ((imat, cond_i), (omat, cond_o)):
+            rows = np.flatnonzero(~np.isnan(cond))
+            if rows.size:
+                mean = mat[rows].sum(axis=1) / par[rows]
+                scale = np.divide(cond[rows], mean, out=np.ones(rows.size), where=mean > 0)
+                mat[rows] *= scale[:, None]
         itok, otok = imat.sum(axis=1), omat.sum(axis=1)
         svc = self.cost.unit_service_s(imat, omat)
-        feats = np.column_stack([itok / par, otok / par, par.astype(float), np.zeros(m)])
+        feats = np.column_stack([itok / par, otok / par, par.astype(float), np.zeros(m), otok])
         return feats, itok, otok, svc, gap
 
     def _match(self, table: _EdgeTable, feats: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """For each walk, a joined row whose upstream features share its buckets (-1: none)."""
         out = np.full(feats.shape[0], -1, dtype=np.int64)
         pending = np.arange(feats.shape[0])
-        for subset in (tuple(table.deps), tuple(table.deps[:1])):
+        subsets = dict.fromkeys(tuple(table.deps[:k]) for k in (len(table.deps), 2, 1) if k <= len(table.deps))
+        for subset in subsets:
             if pending.size == 0:
                 break
             index = table.index.get(subset)
@@ -332,8 +341,8 @@ class DemandEstimator:
 def _obs_features(obs: UnitObservation, llm: bool) -> np.ndarray:
     p = max(1, obs.parallelism)
     if llm:
-        return np.array([obs.input_tokens / p, obs.output_tokens / p, float(p), 0.0])
-    return np.array([0.0, 0.0, float(p), obs.duration_s])
+        return np.array([obs.input_tokens / p, obs.output_tokens / p, float(p), 0.0, float(obs.output_tokens)])
+    return np.array([0.0, 0.0, float(p), obs.duration_s, 0.0])
 
 
 def _condition_on_attained(

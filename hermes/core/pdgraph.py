@@ -16,9 +16,10 @@ Per edge ``"UNIT<-UPSTREAM"``: ``joined`` per-run tuples of both units' invocati
 (the paper joins dependent units' records run by run) and ``masks``: which feature of the unit
 depends on which feature of its upstream (Pearson rho over 10 quantile buckets above a
 threshold, default 0.5). Features are ``I`` (mean input tokens per request), ``O`` (mean output
-tokens per request), ``P`` (parallelism) and ``D`` (tool duration). The paper's five masks
+tokens per request), ``P`` (parallelism), ``D`` (tool duration) and ``T`` (total output tokens
+of the invocation, P x O: what a downstream map-reduce step has to read). The paper's five masks
 M_I^Ĩ, M_I^Õ, M_O^Õ, M_O^P̃, M_P^P̃ are ``I<-I``, ``I<-O``, ``O<-O``, ``O<-P``, ``P<-P``; all
-sixteen pairs are computed, because real apps have others (KBQAV: queries per claim, ``P<-O``).
+pairs are computed, because real apps have others (KBQAV: queries per claim, ``P<-O``).
 
 Files are validated on load; a bad file is rejected with a :class:`PDGraphError` that names
 the file, the unit and the field.
@@ -46,7 +47,8 @@ from hermes.core.backend import BackendSpec
 
 SCHEMA_VERSION = 1
 MAX_SAMPLES = 1000
-FEATURES: tuple[str, ...] = ("I", "O", "P", "D")
+FEATURES: tuple[str, ...] = ("I", "O", "P", "D", "T")
+NF = len(FEATURES)
 PAPER_MASKS: tuple[str, ...] = ("I<-I", "I<-O", "O<-O", "O<-P", "P<-P")
 END = ""  # next-unit key meaning "the app ends"
 PROB_TOL = 1e-6
@@ -121,8 +123,8 @@ class Edge(BaseModel):
     """Joined per-run tuples of an (upstream -> unit) pair and the correlation masks found."""
 
     model_config = ConfigDict(extra="forbid")
-    # each tuple: upstream (I, O, P, D) followed by unit (I, O, P, D)
-    joined: list[Annotated[list[NonNegativeFloat], Field(min_length=8, max_length=8)]] = Field(
+    # each tuple: upstream (I, O, P, D, T) followed by unit (I, O, P, D, T)
+    joined: list[Annotated[list[NonNegativeFloat], Field(min_length=2 * NF, max_length=2 * NF)]] = Field(
         default_factory=list, max_length=MAX_SAMPLES
     )
     masks: dict[str, bool] = Field(default_factory=dict)

@@ -18,6 +18,7 @@ from hermes.core.pdgraph import (
     END,
     FEATURES,
     MAX_SAMPLES,
+    NF,
     SCHEMA_VERSION,
     Consumption,
     Edge,
@@ -30,15 +31,16 @@ MIN_JOINED_FOR_MASKS = 20
 MAX_VISIT_INDEX = 64  # visit-indexed branching is kept for the first 64 visits of a unit
 
 
-def visit_features(u: UnitRecord) -> tuple[float, float, float, float]:
-    """Features of one invocation: mean input and output tokens per request, parallelism and
-    tool duration (0 for LLM units)."""
+def visit_features(u: UnitRecord) -> tuple[float, ...]:
+    """Features of one invocation (pdgraph.FEATURES): mean input and output tokens per
+    request, parallelism, tool duration (0 for LLM units) and total output tokens."""
     if u.requests:
         p = len(u.requests)
+        total_out = sum(r.output_tokens for r in u.requests)
         i = sum(r.input_tokens for r in u.requests) / p
-        o = sum(r.output_tokens for r in u.requests) / p
-        return (i, o, float(p), float(u.duration_s or 0.0))
-    return (0.0, 0.0, 1.0, float(u.duration_s if u.duration_s is not None else u.finished - u.started))
+        return (i, total_out / p, float(p), float(u.duration_s or 0.0), float(total_out))
+    dur = u.duration_s if u.duration_s is not None else u.finished - u.started
+    return (0.0, 0.0, 1.0, float(dur), 0.0)
 
 
 def bucketize(values: np.ndarray, buckets: int) -> tuple[np.ndarray, np.ndarray]:
@@ -105,7 +107,7 @@ class Profiler:
         self._entry[rec.units[0].unit] += 1
         visits: Counter = Counter()
         last_by_unit: dict[str, int] = {}
-        feats_cache: dict[int, tuple[float, float, float, float]] = {}
+        feats_cache: dict[int, tuple[float, ...]] = {}
         prev_end = rec.submitted
         for i, u in enumerate(rec.units):
             acc = self._units.get(u.unit)
@@ -196,7 +198,7 @@ class Profiler:
             arr = np.asarray(rows, dtype=np.float64)
             for fi, f in enumerate(FEATURES):
                 for gi, g in enumerate(FEATURES):
-                    r = bucketed_pearson(arr[:, gi], arr[:, 4 + fi], self.buckets)
+                    r = bucketed_pearson(arr[:, gi], arr[:, NF + fi], self.buckets)
                     name = f"{f}<-{g}"
                     rho[name] = round(r, 4)
                     masks[name] = r > self.rho_threshold

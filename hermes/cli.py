@@ -1,0 +1,211 @@
+"""The ``hermes`` command line: serve, profile, estimate, bench, load and admin commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from hermes import __version__
+
+
+def _progress(total: int, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="run", file=sys.stderr, leave=False, disable=None)
+
+
+def _print_table(rows: list[dict], title: str | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    if not rows:
+        print("(no rows)")
+        return
+    table = Table(title=title)
+    for key in rows[0]:
+        table.add_column(str(key), justify="right" if isinstance(rows[0][key], int | float) else "left")
+    for row in rows:
+        table.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()))
+    Console(width=200).print(table)
+
+
+def _write_json(path: str | None, rows: list[dict]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(rows, indent=2) + "\n")
+        print(f"wrote {len(rows)} rows to {path}", file=sys.stderr)
+
+
+# ----------------------------------------------------------------------------- profile
+def cmd_profile(args: argparse.Namespace) -> int:
+    from hermes.core.costmodel import get_cost_model
+    from hermes.core.profiler import Profiler
+    from hermes.core.records import read_records, write_records
+
+    if args.app:
+        if not args.records and not args.out:
+            raise SystemExit("hermes profile --app: give --records OUT.jsonl and/or --out PDGRAPH.json")
+        from workloads.isolated import profile_app
+
+        cost = get_cost_model(args.setup)
+        with _progress(args.runs, f"profiling {args.app}") as bar:
+            records = profile_app(args.app, args.runs, args.seed, cost, progress=lambda d, t: bar.update(1))
+        if args.records:
+            n = write_records(args.records, records)
+            print(f"wrote {n} run records to {args.records}", file=sys.stderr)
+        source = records
+    else:
+        if not args.records or not args.out:
+            raise SystemExit("hermes profile: give --app NAME (simulate) or --records IN.jsonl --out PDGRAPH.json")
+        source = read_records(args.records)
+    if args.out:
+        prof = Profiler(rho_threshold=args.rho, buckets=args.buckets)
+        n = prof.add_many(source)
+        prof.graph.save(args.out)
+        masks = {e: m for e, m in prof.graph.summary()["masks"].items() if m}
+        print(f"learned {prof.graph.app} from {n} runs -> {args.out}", file=sys.stderr)
+        print(json.dumps({"app": prof.graph.app, "runs": n, "units": list(prof.graph.units), "masks": masks}))
+    return 0
+
+
+# ----------------------------------------------------------------------------- estimate
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from hermes.core.costmodel import get_cost_model
+    from hermes.core.estimator import DemandEstimator
+    from hermes.core.pdgraph import PDGraph
+
+    graph = PDGraph.load(args.pdgraph)
+    est = DemandEstimator(graph, get_cost_model(args.setup), n_walks=args.walks, seed=args.seed)
+    summary = est.sample().summary()
+    summary.pop("wall_s")
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        rows = [{"demand": k, **{q: round(v, 2) for q, v in s.items()}} for k, s in summary.items()]
+        _print_table(rows, title=f"{graph.app}: total demand before start ({args.walks} walks)")
+    return 0
+
+
+# ----------------------------------------------------------------------------- bench estimator
+def cmd_bench_estimator(args: argparse.Namespace) -> int:
+    from hermes.bench.estimator import REFINE_APPS, refinement_accuracy, walks_per_second
+    from hermes.core.costmodel import get_cost_model
+    from hermes.kb import open_store
+    from workloads.isolated import profile_app
+
+    cost = get_cost_model(args.setup)
+    store = open_store(args.pdgraphs)
+    apps = args.apps.split(",") if args.apps else store.list_apps()
+    speed = [walks_per_second(store.get(a), cost, n_walks=args.walks) for a in apps if store.get(a)]
+    _print_table(speed, title="Monte Carlo walks from the start of each app")
+    rows = []
+    for app in args.refine_apps.split(","):
+        graph = store.get(app)
+        if graph is None:
+            raise SystemExit(f"no PDGraph for {app!r} in {args.pdgraphs or 'pdgraphs/'}")
+        with _progress(args.runs, f"fresh runs of {app}") as bar:
+            recs = profile_app(app, args.runs, args.seed, cost)
+            rows.append(refinement_accuracy(graph, recs, cost, n_walks=args.walks, progress=bar.update))
+    _print_table(rows, title="Remaining-service MAE when the first unit finishes")
+    _write_json(args.json, [dict(r, table="walks") for r in speed] + [dict(r, table="refinement") for r in rows])
+    assert REFINE_APPS
+    return 0
+
+
+# ----------------------------------------------------------------------------- serve
+def cmd_serve(args: argparse.Namespace) -> int:
+    from hermes.gateway.config import load_config
+    from hermes.gateway.server import serve
+
+    overrides = {k: v for k, v in vars(args).items() if k in _SERVE_KEYS and v is not None}
+    serve(load_config(args.config, **overrides))
+    return 0
+
+
+_SERVE_KEYS = ("host", "port", "policy", "time_scale", "state_dir", "redis", "apps", "auth_file", "pdgraphs", "zmq_bind")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hermes", description=__doc__)
+    p.add_argument("--version", action="version", version=f"hermes {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the gateway and scheduler (embedded defaults: no arguments needed)")
+    s.add_argument("--config", help="hermes.toml (see deploy/hermes.example.toml)")
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    s.add_argument("--policy")
+    s.add_argument("--time-scale", dest="time_scale", type=float, help="built-in engine runs X times faster")
+    s.add_argument("--state-dir", dest="state_dir")
+    s.add_argument("--redis", help="redis://HOST:PORT/DB for shared state and the knowledge base")
+    s.add_argument("--apps", help="Python module registering hosted apps")
+    s.add_argument("--auth-file", dest="auth_file")
+    s.add_argument("--pdgraphs", help="knowledge base: a directory or redis:// URL")
+    s.add_argument("--zmq-bind", dest="zmq_bind", help="ZeroMQ address HermesLets connect to")
+    s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser("profile", help="run a benchmark app in simulation and/or learn a PDGraph from run records")
+    s.add_argument("--app", help="benchmark app to run in simulation (then --records is an output)")
+    s.add_argument("--runs", type=int, default=1000)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--records", help="run records JSONL: written with --app, read otherwise")
+    s.add_argument("--out", help="write the learned PDGraph here")
+    s.add_argument("--setup", default="llama2-7b-a100", help="cost model for simulated runs")
+    s.add_argument("--rho", type=float, default=0.5, help="correlation threshold of the masks")
+    s.add_argument("--buckets", type=int, default=10)
+    s.set_defaults(func=cmd_profile)
+
+    s = sub.add_parser("estimate", help="an app's total demand before it starts")
+    s.add_argument("--pdgraph", required=True)
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--walks", type=int, default=5000)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--setup", default="llama2-7b-a100")
+    s.set_defaults(func=cmd_estimate)
+
+    b = sub.add_parser("bench", help="benchmarks (simulator and live)")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    s = bsub.add_parser("estimator", help="walks per second and the refinement accuracy table")
+    s.add_argument("--pdgraphs", help="knowledge base (default: pdgraphs/)")
+    s.add_argument("--apps", help="apps for the speed table (default: all)")
+    s.add_argument("--refine-apps", dest="refine_apps", default="got_docmerge,factool_kbqa,langchain_mapreduce")
+    s.add_argument("--runs", type=int, default=1000)
+    s.add_argument("--seed", type=int, default=12345, help="seed of the fresh runs (shipped graphs use 0)")
+    s.add_argument("--walks", type=int, default=1000)
+    s.add_argument("--setup", default="llama2-7b-a100")
+    s.add_argument("--json")
+    s.set_defaults(func=cmd_bench_estimator)
+    try:
+        from hermes.bench.cli import add_bench_parsers
+    except ImportError:  # pragma: no cover - while the simulator benchmarks are absent
+        pass
+    else:
+        add_bench_parsers(bsub)
+    try:
+        from hermes.admin import add_admin_parsers
+    except ImportError:
+        pass
+    else:
+        add_admin_parsers(sub)
+    try:
+        from hermes.loadgen import add_load_parser
+    except ImportError:
+        pass
+    else:
+        add_load_parser(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, OSError) as exc:
+        print(f"hermes: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
