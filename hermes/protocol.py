@@ -1,0 +1,266 @@
+"""The scheduler <-> HermesLet wire protocol (ZeroMQ ROUTER/DEALER, one JSON frame a message).
+
+Transport: the scheduler binds a ROUTER (default ``tcp://127.0.0.1:5557``; in-process
+``inproc://hermes-nodes`` with a shared ``zmq.asyncio.Context``); each HermesLet connects a
+DEALER whose identity is its node name. Every message is one frame holding a JSON object with a
+``type`` field; :func:`encode` and :func:`decode` are the only ways in and out, and
+:func:`decode` rejects anything that is not one of the models below (:class:`ProtocolError`).
+
+Keys (``key``, ``rekey.keys``) are computed only by the scheduler (``policy.request_key``)
+and compared as tuples on the node: lower is served first.
+
+Compatibility: fields may be added (with defaults) but never removed or retyped; unknown
+fields from a newer peer are ignored, unknown ``type`` values are rejected. Fields beyond the
+original design note are marked "(additive)".
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+PROTOCOL_VERSION = 1
+DEFAULT_SCHEDULER_ADDRESS = "tcp://127.0.0.1:5557"
+INPROC_ADDRESS = "inproc://hermes-nodes"
+
+Key = list[float]
+EngineKind = Literal["sim", "openai", "vllm"]
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a valid protocol message."""
+
+
+class _Msg(BaseModel):
+    # ranks may be infinite: JSON gets Infinity/NaN (stdlib json reads them back)
+    model_config = ConfigDict(extra="ignore", ser_json_inf_nan="constants")
+
+
+# ----------------------------------------------------------------------------------------------
+# HermesLet -> scheduler
+# ----------------------------------------------------------------------------------------------
+
+
+class EngineInfo(_Msg):
+    """One engine a node serves: requests for ``model`` (or one of ``loras``) go to it."""
+
+    name: str
+    model: str
+    kind: EngineKind
+    loras: list[str] = Field(default_factory=list)
+    max_inflight: int = Field(ge=1)
+
+
+class Hello(_Msg):
+    """First message of a node (and again after a reconnect): what it can serve."""
+
+    type: Literal["hello"] = "hello"
+    node: str
+    engines: list[EngineInfo]
+    tools: list[str] = Field(default_factory=list)  # backend kinds, e.g. ["subprocess", "docker"]
+    version: int = PROTOCOL_VERSION
+
+
+class EngineLoad(_Msg):
+    queued: int = Field(ge=0)
+    inflight: int = Field(ge=0)
+    kv_usage: float | None = None  # 0..1 when the engine reports it
+
+
+class Heartbeat(_Msg):
+    """Sent every second: queue and engine state. ``time`` is the node's wall clock."""
+
+    type: Literal["heartbeat"] = "heartbeat"
+    node: str
+    engines: dict[str, EngineLoad]
+    time: float
+    tools_queued: int = 0  # (additive)
+    tools_running: int = 0  # (additive)
+
+
+class Token(_Msg):
+    """A streamed chunk of a request's output (only when ``submit.stream``)."""
+
+    type: Literal["token"] = "token"
+    request_id: str
+    text: str
+    n_tokens: int = Field(ge=0)
+
+
+class Done(_Msg):
+    """A request finished. ``queue_s``: time in the node's queue; ``service_s``: at the engine."""
+
+    type: Literal["done"] = "done"
+    request_id: str
+    input_tokens: int = Field(ge=0)
+    output_tokens: int = Field(ge=0)
+    text: str
+    finish_reason: str | None = None
+    engine: str
+    queue_s: float = Field(ge=0)
+    service_s: float = Field(ge=0)
+    ttft_s: float | None = None  # (additive) first token, from release to the engine
+    response: dict[str, Any] | None = None  # (additive) the engine's full JSON (non-streamed)
+
+
+class Failed(_Msg):
+    """A request or tool call failed. ``retryable``: the scheduler may resubmit it elsewhere."""
+
+    type: Literal["failed"] = "failed"
+    request_id: str
+    error: str
+    retryable: bool = False
+    status: int | None = None  # (additive) HTTP status from the engine when there was one
+
+
+class ToolDone(_Msg):
+    type: Literal["tool_done"] = "tool_done"
+    request_id: str
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float = Field(ge=0)
+    cold: bool
+    timed_out: bool
+    queue_s: float = 0.0  # (additive)
+
+
+class UnitEvent(_Msg):
+    type: Literal["unit_event"] = "unit_event"
+    run_id: str
+    unit: str
+    event: Literal["start", "finish"]
+    time: float
+
+
+class PrewarmAck(_Msg):
+    """(additive) The node's answer to a ``prewarm`` signal."""
+
+    type: Literal["prewarm_ack"] = "prewarm_ack"
+    backend: str
+    action: Literal["start", "release"]
+    ok: bool
+    detail: str = ""
+
+
+# ----------------------------------------------------------------------------------------------
+# scheduler -> HermesLet
+# ----------------------------------------------------------------------------------------------
+
+
+class Submit(_Msg):
+    """An LLM request to queue. ``engine`` None: the node picks the engine serving ``model``.
+
+    ``body`` is the OpenAI request body without ``model`` and ``stream`` (they are set by the
+    node). ``priority`` (additive) overrides the vLLM ``priority`` the node derives from ``key``.
+    """
+
+    type: Literal["submit"] = "submit"
+    request_id: str
+    run_id: str
+    unit: str
+    engine: str | None = None
+    model: str
+    endpoint: Literal["chat", "completions"]
+    body: dict[str, Any] = Field(default_factory=dict)
+    stream: bool = False
+    key: Key
+    priority: int | None = None
+
+
+class Rekey(_Msg):
+    """Rank changes: new keys for queued requests (unknown or already released ids are ignored)."""
+
+    type: Literal["rekey"] = "rekey"
+    keys: dict[str, Key]
+
+
+class Cancel(_Msg):
+    """Drop queued requests/tool calls and abort in-flight ones at the engine."""
+
+    type: Literal["cancel"] = "cancel"
+    request_ids: list[str]
+
+
+class Tool(_Msg):
+    """A tool call. ``code``: Python source; ``command``: an argv. Exactly one of the two."""
+
+    type: Literal["tool"] = "tool"
+    request_id: str
+    run_id: str
+    unit: str
+    backend: str
+    code: str | None = None
+    command: list[str] | None = None
+    timeout_s: float = Field(default=30.0, gt=0)
+    key: Key
+
+    def model_post_init(self, __context: Any) -> None:
+        if (self.code is None) == (self.command is None):
+            raise ValueError("tool needs exactly one of 'code' and 'command'")
+        if self.command is not None and not self.command:
+            raise ValueError("tool 'command' must not be empty")
+
+
+class Prewarm(_Msg):
+    """Prewarm hook (later issue). Extra fields are kept in ``params``."""
+
+    type: Literal["prewarm"] = "prewarm"
+    backend: str
+    action: Literal["start", "release"]
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class Resync(_Msg):
+    """(additive) Ask a node to send ``hello`` again (e.g. after a scheduler restart)."""
+
+    type: Literal["resync"] = "resync"
+
+
+NodeMessage = Hello | Heartbeat | Token | Done | Failed | ToolDone | UnitEvent | PrewarmAck
+SchedulerMessage = Submit | Rekey | Cancel | Tool | Prewarm | Resync
+Message = Annotated[NodeMessage | SchedulerMessage, Field(discriminator="type")]
+
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
+
+
+def encode(msg: BaseModel) -> bytes:
+    """One frame (UTF-8 JSON) for a message."""
+    return msg.model_dump_json(exclude_none=False).encode()
+
+
+def decode(frame: bytes | str) -> NodeMessage | SchedulerMessage:
+    """Parse and validate one frame; :class:`ProtocolError` names what is wrong."""
+    try:
+        obj = json.loads(frame)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"frame is not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"frame is not a JSON object: {type(obj).__name__}")
+    try:
+        return _ADAPTER.validate_python(obj)
+    except ValidationError as e:
+        raise ProtocolError(f"bad {obj.get('type', '<no type>')!r} message: {e}") from None
+
+
+def key_to_priority(key: Key | tuple[float, ...], scale: float = 1000.0) -> int:
+    """vLLM ``priority`` (lower served first) from a scheduler key: its first component scaled.
+
+    vLLM's priority is an int fixed at submission, so it only orders what is already inside
+    the engine; the node's own queue does the real ordering. Infinite/NaN ranks map to the
+    ends of a signed 63-bit range.
+    """
+    if not key:
+        return 0
+    first = float(key[0])
+    limit = 2**62
+    if first != first:  # NaN
+        return limit
+    scaled = first * scale
+    if scaled >= limit:
+        return limit
+    if scaled <= -limit:
+        return -limit
+    return int(round(scaled))

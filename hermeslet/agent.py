@@ -1,0 +1,350 @@
+"""The HermesLet node agent: one DEALER socket to the scheduler, queues in front of engines.
+
+Per engine, submitted requests wait in a :class:`~hermes.core.ordering.KeyedQueue` ordered by
+the key the scheduler sent (lower first) and are released to the engine through a bounded
+in-flight window (``max_inflight``): at most that many requests are at the engine at once, so
+that ``rekey`` (rank changes) still reorders everything else. Tool calls have their own keyed
+queue and a concurrency limit. The agent never computes keys.
+
+Messages are those of :mod:`hermes.protocol`. On start the agent sends ``hello``, then a
+``heartbeat`` every ``heartbeat_s``; it answers ``resync`` with a new ``hello``.
+
+Cancellation: queued requests are dropped, in-flight ones aborted (their task is cancelled,
+which closes the HTTP stream or removes the request from the simulated engine); each
+cancelled id is answered with ``failed {error: "cancelled", retryable: false}`` so that the
+scheduler can release its bookkeeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from hermes import protocol as P
+from hermes.core.ordering import KeyedQueue
+from hermeslet.engines.base import EngineAdapter, EngineError, GenChunk, GenResult
+from hermeslet.tools import ToolRunner
+
+VERSION = "0.1.0"
+
+
+@dataclass(slots=True)
+class _Queued:
+    msg: P.Submit | P.Tool
+    arrival: float  # monotonic
+
+
+@dataclass(slots=True)
+class _EngineSlot:
+    engine: EngineAdapter
+    queue: KeyedQueue[_Queued] = field(default_factory=KeyedQueue)
+    inflight: dict[str, asyncio.Task] = field(default_factory=dict)
+
+
+class HermesLet:
+    """A node agent. Run it with ``await HermesLet(...).run()`` (or as an asyncio task).
+
+    ``scheduler``: the scheduler's ROUTER address (``tcp://HOST:PORT`` or, in process,
+    ``inproc://hermes-nodes`` with the scheduler's ``ctx``). ``release_log`` (tests,
+    diagnostics) receives ``(engine, request_id)`` each time a request is released.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        scheduler: str,
+        engines: Sequence[EngineAdapter],
+        *,
+        tools: ToolRunner | None = None,
+        tool_concurrency: int = 2,
+        ctx: zmq.asyncio.Context | None = None,
+        heartbeat_s: float = 1.0,
+        priority_scale: float = 1000.0,
+        release_log: Callable[[str, str], None] | None = None,
+    ) -> None:
+        if not engines:
+            raise ValueError("a HermesLet needs at least one engine")
+        names = [e.name for e in engines]
+        if len(set(names)) != len(names):
+            raise ValueError(f"engine names must be unique: {names}")
+        self.node = node
+        self.address = scheduler
+        self.slots = {e.name: _EngineSlot(e) for e in engines}
+        self.tools = tools if tools is not None else ToolRunner()
+        self.tool_concurrency = tool_concurrency
+        self.tool_queue: KeyedQueue[_Queued] = KeyedQueue()
+        self.tool_tasks: dict[str, asyncio.Task] = {}
+        self._own_ctx = ctx is None
+        self.ctx = ctx or zmq.asyncio.Context()
+        self.heartbeat_s = heartbeat_s
+        self.priority_scale = priority_scale
+        self.release_log = release_log
+        self.sock: zmq.asyncio.Socket | None = None
+        self._stop = asyncio.Event()
+        self._started = asyncio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def started(self) -> asyncio.Event:
+        """Set once engines are up and ``hello`` has been sent."""
+        return self._started
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def hello(self) -> P.Hello:
+        return P.Hello(
+            node=self.node,
+            engines=[
+                P.EngineInfo(name=s.engine.name, model=s.engine.model, kind=s.engine.kind,
+                             loras=list(s.engine.loras), max_inflight=s.engine.max_inflight)
+                for s in self.slots.values()
+            ],
+            tools=self.tools.kinds,
+            version=P.PROTOCOL_VERSION,
+        )
+
+    def heartbeat(self) -> P.Heartbeat:
+        return P.Heartbeat(
+            node=self.node,
+            engines={
+                name: P.EngineLoad(queued=len(s.queue), inflight=len(s.inflight),
+                                   kv_usage=s.engine.last_metrics.kv_usage)
+                for name, s in self.slots.items()
+            },
+            time=time.time(),
+            tools_queued=len(self.tool_queue),
+            tools_running=len(self.tool_tasks),
+        )
+
+    async def run(self) -> None:
+        """Start engines, connect, serve until :meth:`stop`; then abort work and close."""
+        for s in self.slots.values():
+            await s.engine.start()
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self.node.encode())
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.address)
+        self.sock = sock
+        tasks: list[asyncio.Task] = []
+        try:
+            await self._send(self.hello())
+            self._started.set()
+            tasks = [
+                asyncio.create_task(self._recv_loop(), name=f"hermeslet-{self.node}-recv"),
+                asyncio.create_task(self._heartbeat_loop(), name=f"hermeslet-{self.node}-hb"),
+            ]
+            stop = asyncio.create_task(self._stop.wait())
+            done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            for t in done:
+                if t is not stop and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+        finally:
+            for t in tasks:
+                t.cancel()
+            work = [t for s in self.slots.values() for t in s.inflight.values()]
+            work += list(self.tool_tasks.values())
+            for t in work:
+                t.cancel()
+            for t in tasks + work:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+            for s in self.slots.values():
+                with contextlib.suppress(Exception):
+                    await s.engine.close()
+            sock.close(linger=0)
+            self.sock = None
+            if self._own_ctx:
+                self.ctx.term()
+
+    async def _send(self, msg) -> None:  # noqa: ANN001
+        if self.sock is not None:
+            await self.sock.send(P.encode(msg))
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            for s in self.slots.values():
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(s.engine.metrics(), timeout=self.heartbeat_s / 2)
+            await self._send(self.heartbeat())
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def _recv_loop(self) -> None:
+        assert self.sock is not None
+        while True:
+            frames = await self.sock.recv_multipart()
+            try:
+                msg = P.decode(frames[-1])
+            except P.ProtocolError as e:
+                print(f"hermeslet {self.node}: dropped bad message: {e}", file=sys.stderr)
+                continue
+            await self.handle(msg)
+
+    # ------------------------------------------------------------------ message handling
+    async def handle(self, msg) -> None:  # noqa: ANN001
+        """Apply one scheduler message (public for in-process drivers and tests)."""
+        match msg:
+            case P.Submit():
+                await self._on_submit(msg)
+            case P.Rekey():
+                self._on_rekey(msg)
+            case P.Cancel():
+                await self._on_cancel(msg)
+            case P.Tool():
+                self.tool_queue.push(msg.request_id, _Queued(msg, time.monotonic()),
+                                     tuple(msg.key), msg.run_id)
+                self._pump_tools()
+            case P.Prewarm():
+                await self._send(P.PrewarmAck(backend=msg.backend, action=msg.action, ok=False,
+                                              detail="prewarming not implemented on this node"))
+            case P.Resync():
+                await self._send(self.hello())
+            case _:
+                print(f"hermeslet {self.node}: ignored {msg.type!r} (node-bound only)",
+                      file=sys.stderr)
+
+    def _pick(self, msg: P.Submit) -> _EngineSlot | None:
+        if msg.engine is not None:
+            return self.slots.get(msg.engine)
+        for s in self.slots.values():
+            if s.engine.serves(msg.model):
+                return s
+        if len(self.slots) == 1:
+            return next(iter(self.slots.values()))
+        return None
+
+    async def _on_submit(self, msg: P.Submit) -> None:
+        slot = self._pick(msg)
+        if slot is None:
+            await self._send(P.Failed(request_id=msg.request_id, retryable=False,
+                                      error=f"no engine on node {self.node!r} serves "
+                                            f"{msg.engine or msg.model!r}"))
+            return
+        slot.queue.push(msg.request_id, _Queued(msg, time.monotonic()), tuple(msg.key),
+                        msg.run_id)
+        self._pump(slot)
+
+    def _on_rekey(self, msg: P.Rekey) -> None:
+        for rid, key in msg.keys.items():
+            k = tuple(key)
+            for s in self.slots.values():
+                if rid in s.queue:
+                    s.queue.rekey(rid, k)
+                    break
+            else:
+                if rid in self.tool_queue:
+                    self.tool_queue.rekey(rid, k)
+
+    async def _on_cancel(self, msg: P.Cancel) -> None:
+        for rid in msg.request_ids:
+            dropped = self.tool_queue.remove(rid) is not None  # queued: report here
+            for s in self.slots.values():
+                dropped = s.queue.remove(rid) is not None or dropped
+                task = s.inflight.get(rid)
+                if task is not None:  # in flight: the task reports `failed`, refills window
+                    task.cancel()
+                    with contextlib.suppress(Exception):
+                        await s.engine.abort(rid)
+            ttask = self.tool_tasks.get(rid)
+            if ttask is not None:
+                ttask.cancel()
+            if dropped:
+                await self._send(P.Failed(request_id=rid, error="cancelled", retryable=False))
+
+    # ------------------------------------------------------------------ engine window
+    def _pump(self, slot: _EngineSlot) -> None:
+        """Release queued requests while the engine's window has room (lowest key first)."""
+        while slot.queue and len(slot.inflight) < slot.engine.max_inflight:
+            key = slot.queue.peek_key() or ()
+            item = slot.queue.pop()
+            assert isinstance(item.msg, P.Submit)
+            sub = item.msg
+            if self.release_log is not None:
+                self.release_log(slot.engine.name, sub.request_id)
+            slot.inflight[sub.request_id] = asyncio.create_task(
+                self._serve(slot, item, key), name=f"req-{sub.request_id}"
+            )
+
+    async def _serve(self, slot: _EngineSlot, item: _Queued, key: tuple[float, ...]) -> None:
+        sub = item.msg
+        assert isinstance(sub, P.Submit)
+        eng = slot.engine
+        released = time.monotonic()
+        ttft: float | None = None
+        prio = sub.priority if sub.priority is not None else \
+            P.key_to_priority(key, self.priority_scale)
+        body = {**sub.body, "model": sub.model}
+        try:
+            result: GenResult | None = None
+            async for out in eng.generate(sub.endpoint, body, sub.stream,
+                                          request_id=sub.request_id, priority=prio):
+                if isinstance(out, GenChunk):
+                    if ttft is None:
+                        ttft = time.monotonic() - released
+                    await self._send(P.Token(request_id=sub.request_id, text=out.text,
+                                             n_tokens=out.n_tokens))
+                else:
+                    result = out
+            if result is None:
+                raise EngineError("engine ended without a result", retryable=True)
+            end = time.monotonic()
+            await self._send(P.Done(
+                request_id=sub.request_id, input_tokens=result.input_tokens,
+                output_tokens=result.output_tokens, text=result.text,
+                finish_reason=result.finish_reason, engine=eng.name,
+                queue_s=released - item.arrival, service_s=end - released,
+                ttft_s=ttft if ttft is not None else (end - released),
+                response=result.response,
+            ))
+        except asyncio.CancelledError:
+            await self._send(P.Failed(request_id=sub.request_id, error="cancelled",
+                                      retryable=False))
+        except EngineError as e:
+            await self._send(P.Failed(request_id=sub.request_id, error=str(e),
+                                      retryable=e.retryable, status=e.status))
+        except Exception as e:  # never let one request kill the agent
+            await self._send(P.Failed(request_id=sub.request_id,
+                                      error=f"{type(e).__name__}: {e}", retryable=True))
+        finally:
+            slot.inflight.pop(sub.request_id, None)
+            if not self._stop.is_set():
+                self._pump(slot)
+
+    # ------------------------------------------------------------------ tools
+    def _pump_tools(self) -> None:
+        while self.tool_queue and len(self.tool_tasks) < self.tool_concurrency:
+            item = self.tool_queue.pop()
+            assert isinstance(item.msg, P.Tool)
+            self.tool_tasks[item.msg.request_id] = asyncio.create_task(self._run_tool(item))
+
+    async def _run_tool(self, item: _Queued) -> None:
+        t = item.msg
+        assert isinstance(t, P.Tool)
+        started = time.monotonic()
+        try:
+            r = await self.tools.run(t.backend, code=t.code, command=t.command,
+                                     timeout_s=t.timeout_s)
+            await self._send(P.ToolDone(
+                request_id=t.request_id, exit_code=r.exit_code, stdout=r.stdout,
+                stderr=r.stderr, duration_s=r.duration_s, cold=r.cold, timed_out=r.timed_out,
+                queue_s=started - item.arrival,
+            ))
+        except asyncio.CancelledError:
+            await self._send(P.Failed(request_id=t.request_id, error="cancelled",
+                                      retryable=False))
+        except Exception as e:
+            await self._send(P.Failed(request_id=t.request_id,
+                                      error=f"tool runner: {type(e).__name__}: {e}",
+                                      retryable=False))
+        finally:
+            self.tool_tasks.pop(t.request_id, None)
+            if not self._stop.is_set():
+                self._pump_tools()

@@ -1,0 +1,122 @@
+"""``hermeslet``: run a node agent, or serve the built-in engine standalone.
+
+- ``hermeslet run --scheduler tcp://HOST:PORT --node NAME --engine sim|openai:URL|vllm[:URL]
+  [--model M] [--max-inflight N] [--time-scale X]`` connects to a scheduler and serves.
+- ``hermeslet sim-engine --port P [--host 127.0.0.1] [--setup llama2-7b-a100]
+  [--time-scale X] [--model NAME]`` serves the simulated engine with vLLM's HTTP surface.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import socket
+import sys
+
+from hermes.protocol import DEFAULT_SCHEDULER_ADDRESS
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hermeslet", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="connect to a Hermes scheduler and serve engines and tools")
+    r.add_argument("--scheduler", default=DEFAULT_SCHEDULER_ADDRESS,
+                   help="scheduler ROUTER address (default %(default)s)")
+    r.add_argument("--node", default=socket.gethostname(), help="node name (default: hostname)")
+    r.add_argument("--engine", action="append", default=None,
+                   help="sim | openai:URL | vllm | vllm:URL (repeatable; default sim)")
+    r.add_argument("--model", help="model name (sim: served name; vllm: model to launch)")
+    r.add_argument("--max-inflight", type=int, default=8,
+                   help="requests released to each engine at once (default %(default)s)")
+    r.add_argument("--time-scale", type=float, default=1.0,
+                   help="sim engine speed-up factor (default %(default)s)")
+    r.add_argument("--setup", default="llama2-7b-a100", help="sim engine cost model")
+    r.add_argument("--max-num-seqs", type=int, default=None,
+                   help="sim engine: override the running-batch limit")
+    r.add_argument("--priority", action=argparse.BooleanOptionalAction, default=None,
+                   help="pass vLLM `priority` (default: on for vllm and sim, off for openai)")
+    r.add_argument("--enable-lora", action="store_true", help="vllm: --enable-lora")
+    r.add_argument("--max-loras", type=int, default=4, help="vllm: --max-loras")
+    r.add_argument("--vllm-python", help="python with vllm (default $HERMES_VLLM_PYTHON)")
+    r.add_argument("--docker", nargs="?", const="", default=None, metavar="BASE_URL",
+                   help="run docker:IMAGE tools in Docker (optional daemon URL)")
+    r.add_argument("--tool-concurrency", type=int, default=2)
+    r.add_argument("--heartbeat-s", type=float, default=1.0)
+
+    s = sub.add_parser("sim-engine", help="serve the simulated engine (vLLM HTTP surface)")
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--setup", default="llama2-7b-a100", help="cost model (engine setup)")
+    s.add_argument("--time-scale", type=float, default=1.0, help="speed-up factor")
+    s.add_argument("--model", default="sim-llama2-7b", help="served model name")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--max-num-seqs", type=int, default=None,
+                   help="override the setup's running-batch limit (e.g. 1 to saturate)")
+    s.add_argument("--log-level", default="warning")
+    return p
+
+
+def build_agent(args: argparse.Namespace):  # noqa: ANN201
+    from hermeslet.agent import HermesLet
+    from hermeslet.engines import make_engine
+    from hermeslet.tools import DockerSandbox, ToolRunner
+
+    engines = []
+    for i, spec in enumerate(args.engine or ["sim"]):
+        kind = spec.partition(":")[0]
+        kw: dict = {}
+        if args.priority is not None:
+            kw["use_priority"] = args.priority
+        if kind == "sim":
+            from hermes.core.costmodel import get_cost_model
+
+            cost = get_cost_model(args.setup)
+            if args.max_num_seqs is not None:
+                cost = cost.with_overrides(max_num_seqs=args.max_num_seqs)
+            kw["cost"] = cost
+        if kind == "vllm":
+            kw.update(enable_lora=args.enable_lora, max_loras=args.max_loras,
+                      python=args.vllm_python)
+        name = kind if len(args.engine or ["sim"]) == 1 else f"{kind}{i}"
+        engines.append(make_engine(spec, name=name, model=args.model,
+                                   max_inflight=args.max_inflight,
+                                   time_scale=args.time_scale, **kw))
+    docker = DockerSandbox(base_url=args.docker or None) if args.docker is not None else None
+    return HermesLet(args.node, args.scheduler, engines,
+                     tools=ToolRunner(docker=docker), tool_concurrency=args.tool_concurrency,
+                     heartbeat_s=args.heartbeat_s)
+
+
+async def _run_agent(args: argparse.Namespace) -> None:
+    agent = build_agent(args)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, agent.stop)
+    await agent.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.cmd == "run":
+        try:
+            asyncio.run(_run_agent(args))
+        except Exception as e:  # a clean one-line error for operators
+            print(f"hermeslet: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
+        return 0
+    if args.cmd == "sim-engine":
+        from hermeslet.sim_server import serve
+
+        serve(host=args.host, port=args.port, setup=args.setup, time_scale=args.time_scale,
+              model=args.model, seed=args.seed, max_num_seqs=args.max_num_seqs,
+              log_level=args.log_level)
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

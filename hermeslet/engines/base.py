@@ -1,0 +1,104 @@
+"""The engine adapter interface: what a HermesLet needs from an LLM engine.
+
+An adapter turns one OpenAI-style request into an async stream: zero or more
+:class:`GenChunk` (text as it is produced) and exactly one final :class:`GenResult` (token
+counts from the engine's own usage report). Aborting is cancelling the consumer's task; an
+adapter that holds engine-side state also implements :meth:`EngineAdapter.abort`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+Endpoint = Literal["chat", "completions"]
+
+
+@dataclass(slots=True)
+class GenChunk:
+    """Streamed output: ``text`` holding ``n_tokens`` tokens."""
+
+    text: str
+    n_tokens: int
+
+
+@dataclass(slots=True)
+class GenResult:
+    """End of a request: the engine's usage and the full text."""
+
+    input_tokens: int
+    output_tokens: int
+    text: str
+    finish_reason: str | None
+    response: dict[str, Any] | None = None  # full JSON body (non-streamed HTTP engines)
+
+
+@dataclass(slots=True)
+class EngineMetrics:
+    running: int | None = None
+    waiting: int | None = None
+    kv_usage: float | None = None  # 0..1
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class EngineError(Exception):
+    """The engine refused or failed a request. ``retryable``: another engine may succeed."""
+
+    def __init__(self, message: str, *, retryable: bool = False, status: int | None = None):
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status
+
+
+class EngineAdapter(ABC):
+    """One engine serving ``model`` (and LoRA adapters ``loras``) on this node."""
+
+    kind: ClassVar[Literal["sim", "openai", "vllm"]]
+
+    def __init__(self, *, name: str, model: str | None, max_inflight: int = 8,
+                 use_priority: bool = False) -> None:
+        if max_inflight < 1:
+            raise ValueError("max_inflight must be >= 1")
+        self.name = name
+        self.model = model or ""
+        self.max_inflight = max_inflight
+        #: pass vLLM's ``priority`` field (the engine runs ``--scheduling-policy priority``)
+        self.use_priority = use_priority
+        self.loras: list[str] = []
+        self.last_metrics = EngineMetrics()
+
+    async def start(self) -> None:
+        """Get ready to serve (launch, connect, learn the model name). Default: nothing."""
+        return None
+
+    async def close(self) -> None:
+        """Release resources (stop a supervised server). Default: nothing."""
+        return None
+
+    def serves(self, model: str) -> bool:
+        return model == self.model or model in self.loras
+
+    @abstractmethod
+    def generate(
+        self,
+        endpoint: Endpoint,
+        body: dict[str, Any],
+        stream: bool,
+        *,
+        request_id: str,
+        priority: int | None = None,
+    ) -> AsyncIterator[GenChunk | GenResult]:
+        """Run one request. ``body`` includes ``model``; the last item is a :class:`GenResult`."""
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request at the engine (default: nothing; cancelling the stream suffices)."""
+        return None
+
+    async def health(self) -> bool:
+        return True
+
+    async def metrics(self) -> EngineMetrics:
+        """Current engine load; also cached in ``last_metrics`` for heartbeats."""
+        return self.last_metrics

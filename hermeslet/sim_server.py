@@ -1,0 +1,286 @@
+"""The built-in simulated engine served standalone with vLLM's HTTP surface.
+
+``hermeslet sim-engine --port P`` runs this app on uvicorn (127.0.0.1 by default). Endpoints:
+``POST /v1/completions`` and ``/v1/chat/completions`` (``stream: true`` as server-sent events
+in OpenAI's chunk format, ``stream_options.include_usage`` honoured), ``GET /v1/models`` (the
+base model and loaded LoRA adapters, with ``parent``), the ``priority`` field (vLLM's
+``--scheduling-policy priority``), ``POST /v1/load_lora_adapter`` / ``unload_lora_adapter``,
+``GET /metrics`` (vLLM metric names) and ``GET /health``. Errors use OpenAI's error JSON.
+A client that disconnects aborts its request in the engine, as in vLLM.
+
+What the engine generates (lengths, text, token counting) is documented in
+:mod:`hermeslet.engines.sim_engine`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from hermeslet.engines.base import EngineError, GenChunk, GenResult
+from hermeslet.engines.sim_engine import SimEngine
+
+_TOKEN = re.compile(r" ?\S+")
+
+
+def error_response(status: int, message: str, type_: str | None = None) -> JSONResponse:
+    """OpenAI's error shape."""
+    types = {400: "BadRequestError", 404: "NotFoundError", 499: "RequestAborted"}
+    return JSONResponse(
+        {"error": {"message": message, "type": type_ or types.get(status, "InternalServerError"),
+                   "param": None, "code": status}},
+        status_code=status,
+    )
+
+
+class _EngineCollector:
+    """Prometheus collector reading the engine's state at scrape time (vLLM names)."""
+
+    def __init__(self, engine: SimEngine) -> None:
+        self.engine = engine
+
+    def collect(self):  # noqa: ANN201
+        m = self.engine.stats()
+        labels = ["model_name", "engine"]
+        vals = [self.engine.model, "0"]
+
+        def gauge(name: str, doc: str, v: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            g.add_metric(vals, v)
+            return g
+
+        def counter(name: str, doc: str, v: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(name, doc, labels=labels)
+            c.add_metric(vals, v)
+            return c
+
+        yield gauge("vllm:num_requests_running", "Requests in the running batch.", m.running or 0)
+        yield gauge("vllm:num_requests_waiting", "Requests waiting.", m.waiting or 0)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", m.kv_usage or 0.0)
+        x = m.extra
+        yield counter("vllm:prefix_cache_queries", "Prefix-cache tokens queried.",
+                      x["prefix_cache_queries"])
+        yield counter("vllm:prefix_cache_hits", "Prefix-cache tokens hit.",
+                      x["prefix_cache_hits"])
+        yield counter("vllm:prompt_tokens", "Prompt tokens.", x["prompt_tokens"])
+        yield counter("vllm:generation_tokens", "Generated tokens.", x["generation_tokens"])
+        yield counter("vllm:request_success", "Finished requests.", x["request_success"])
+
+
+def _completion_obj(endpoint: str, rid: str, model: str, created: int, res: GenResult
+                    ) -> dict[str, Any]:
+    usage = {"prompt_tokens": res.input_tokens, "completion_tokens": res.output_tokens,
+             "total_tokens": res.input_tokens + res.output_tokens}
+    if endpoint == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": res.text},
+                  "logprobs": None, "finish_reason": res.finish_reason}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": res.text, "logprobs": None,
+                  "finish_reason": res.finish_reason}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": model,
+            "choices": [choice], "usage": usage}
+
+
+def create_app(engine: SimEngine) -> FastAPI:
+    """The FastAPI app serving ``engine`` (started and stopped with the app)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # noqa: ANN202
+        await engine.start()
+        yield
+        await engine.close()
+
+    app = FastAPI(title="Hermes simulated engine (vLLM-compatible)", lifespan=lifespan)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_EngineCollector(engine))  # type: ignore[arg-type]
+    app.state.engine = engine
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        now = int(time.time())
+        data = [{"id": engine.model, "object": "model", "created": now, "owned_by": "hermes",
+                 "root": engine.model, "parent": None, "max_model_len":
+                 engine.cost.kv_capacity_tokens}]
+        data += [{"id": name, "object": "model", "created": now, "owned_by": "hermes",
+                  "root": name, "parent": engine.model} for name in engine.loras]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora(request: Request) -> Response:
+        body = await _json(request)
+        if isinstance(body, Response):
+            return body
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not name or not path:
+            return error_response(400, "both 'lora_name' and 'lora_path' must be provided.")
+        try:
+            engine.load_lora(name)
+        except EngineError as e:
+            return error_response(e.status or 400, str(e))
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora(request: Request) -> Response:
+        body = await _json(request)
+        if isinstance(body, Response):
+            return body
+        name = body.get("lora_name")
+        if not name:
+            return error_response(400, "'lora_name' must be provided.")
+        try:
+            engine.unload_lora(name)
+        except EngineError as e:
+            return error_response(e.status or 404, str(e))
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _serve(request, "completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await _serve(request, "chat")
+
+    async def _json(request: Request) -> dict[str, Any] | Response:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return error_response(400, "request body is not valid JSON")
+        if not isinstance(body, dict):
+            return error_response(400, "request body must be a JSON object")
+        return body
+
+    async def _serve(request: Request, endpoint: str) -> Response:
+        body = await _json(request)
+        if isinstance(body, Response):
+            return body
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            return error_response(400, "'model' is required")
+        prio = body.get("priority")
+        if prio is not None and not isinstance(prio, int):
+            return error_response(400, "'priority' must be an integer")
+        prefix = "chatcmpl-" if endpoint == "chat" else "cmpl-"
+        rid = prefix + (request.headers.get("x-request-id") or uuid.uuid4().hex)
+        created = int(time.time())
+        gen = engine.generate(endpoint, body, bool(body.get("stream")), request_id=rid,
+                              priority=prio)
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            try:  # surface validation errors as HTTP errors, not mid-stream
+                first = await anext(gen)
+            except EngineError as e:
+                return error_response(e.status or 500, str(e))
+            return StreamingResponse(
+                _sse(endpoint, rid, model, created, first, gen, include_usage),
+                media_type="text/event-stream",
+            )
+        task = asyncio.ensure_future(_collect(gen))
+        try:
+            while True:  # abort in the engine if the client goes away
+                done, _ = await asyncio.wait({task}, timeout=0.25)
+                if done:
+                    break
+                if await request.is_disconnected():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, EngineError):
+                        await task
+                    return error_response(499, "client disconnected")
+            res = task.result()
+        except EngineError as e:
+            return error_response(e.status or 500, str(e))
+        return JSONResponse(_completion_obj(endpoint, rid, model, created, res))
+
+    return app
+
+
+async def _collect(gen: AsyncIterator[GenChunk | GenResult]) -> GenResult:
+    res: GenResult | None = None
+    async for x in gen:
+        if isinstance(x, GenResult):
+            res = x
+    assert res is not None
+    return res
+
+
+async def _sse(endpoint: str, rid: str, model: str, created: int, first: GenChunk | GenResult,
+               gen: AsyncIterator[GenChunk | GenResult], include_usage: bool
+               ) -> AsyncIterator[bytes]:
+    chat = endpoint == "chat"
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+        d: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model,
+                             "choices": choices}
+        if include_usage:
+            d["usage"] = usage
+        return b"data: " + json.dumps(d).encode() + b"\n\n"
+
+    def choice(text: str | None, finish: str | None, first_chunk: bool = False
+               ) -> dict[str, Any]:
+        if chat:
+            delta: dict[str, Any] = {"content": text} if text is not None else {}
+            if first_chunk:
+                delta = {"role": "assistant", "content": text or ""}
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+    try:
+        if chat:
+            yield chunk([choice("", None, first_chunk=True)])
+        item: GenChunk | GenResult | None = first
+        while item is not None:
+            if isinstance(item, GenChunk):
+                for tok in _TOKEN.findall(item.text):  # one SSE chunk per token, as vLLM
+                    yield chunk([choice(tok, None)])
+                item = await anext(gen, None)
+                continue
+            yield chunk([choice("" if not chat else None, item.finish_reason)])
+            if include_usage:
+                yield chunk([], {"prompt_tokens": item.input_tokens,
+                                 "completion_tokens": item.output_tokens,
+                                 "total_tokens": item.input_tokens + item.output_tokens})
+            break
+        yield b"data: [DONE]\n\n"
+    except EngineError as e:
+        err = {"error": {"message": str(e), "type": "InternalServerError", "code": 500}}
+        yield b"data: " + json.dumps(err).encode() + b"\n\n"
+    finally:
+        await gen.aclose()  # client gone: aborts the request in the engine
+
+
+def serve(*, host: str = "127.0.0.1", port: int = 8000, setup: str = "llama2-7b-a100",
+          time_scale: float = 1.0, model: str = "sim-llama2-7b", seed: int = 0,
+          max_num_seqs: int | None = None, log_level: str = "warning") -> None:
+    """Run the standalone server (blocking): ``hermeslet sim-engine``."""
+    import uvicorn
+
+    from hermes.core.costmodel import get_cost_model
+
+    cost = get_cost_model(setup)
+    if max_num_seqs is not None:
+        cost = cost.with_overrides(max_num_seqs=max_num_seqs)
+    engine = SimEngine(name="sim", model=model, cost=cost, time_scale=time_scale, seed=seed)
+    uvicorn.run(create_app(engine), host=host, port=port, log_level=log_level)

@@ -1,0 +1,48 @@
+"""`hermeslet run` as a separate process over TCP, with a sim and an HTTP engine."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from tests.hermeslet.test_agent import FakeScheduler, submit
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_hermeslet_run_process(sim_url):
+    ctx = zmq.asyncio.Context()
+    sched = FakeScheduler(ctx)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hermeslet.cli", "run", "--scheduler", sched.address,
+         "--node", "cli-node", "--engine", "sim", "--engine", f"openai:{sim_url}",
+         "--model", "sim-7b", "--max-inflight", "3", "--time-scale", "50"],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        hello = await sched.recv("hello", timeout=20)
+        assert hello.node == "cli-node"
+        assert [(e.name, e.kind, e.max_inflight) for e in hello.engines] == [
+            ("sim0", "sim", 3), ("openai1", "openai", 3)]
+        for i in range(6):
+            eng = "sim0" if i % 2 else "openai1"
+            msg = submit(f"r{i}", [float(i)], model="sim-7b", max_tokens=i + 1)
+            await sched.send(msg.model_copy(update={"engine": eng}))
+        done = await sched.collect({"done", "failed"}, 6)
+        got = {m.request_id: (m.type, m.engine, m.output_tokens) for m in done}
+        assert got == {f"r{i}": ("done", "sim0" if i % 2 else "openai1", i + 1)
+                       for i in range(6)}
+        hb = await sched.recv("heartbeat")
+        assert set(hb.engines) == {"sim0", "openai1"}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.to_thread(proc.wait, 10)
+        sched.sock.close(linger=0)
+        ctx.term()
+    assert rc == 0, proc.stderr.read().decode()

@@ -1,0 +1,148 @@
+"""The sim-engine as a real server process, exercised with httpx and the real openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def metrics(url: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for s in fam.samples:
+            out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+
+
+def test_completions_and_chat_with_openai_client(sim_url):
+    c = client(sim_url)
+    r = c.completions.create(model="sim-7b", prompt="a" * 20, max_tokens=9)
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (5, 9)
+    assert len(r.choices[0].text.split()) == 9 and r.choices[0].finish_reason == "length"
+    ids = c.completions.create(model="sim-7b", prompt=[1, 2, 3, 4, 5, 6, 7], max_tokens=2)
+    assert ids.usage.prompt_tokens == 7
+    ch = c.chat.completions.create(
+        model="sim-7b", max_tokens=4,
+        messages=[{"role": "system", "content": "s" * 16}, {"role": "user", "content": "hi"}])
+    assert ch.choices[0].message.role == "assistant"
+    assert len(ch.choices[0].message.content.split()) == 4
+    assert ch.usage.prompt_tokens == 5 + 2 * 4  # ceil(18/4) + 4 per message
+    assert [m.id for m in c.models.list().data] == ["sim-7b"]
+
+
+def test_streaming_chat_and_completions(sim_url):
+    c = client(sim_url)
+    chunks = list(c.chat.completions.create(
+        model="sim-7b", max_tokens=30, stream=True, stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "stream please"}]))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert len(text.split()) == 30
+    assert chunks[-1].usage.completion_tokens == 30
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    comp = list(c.completions.create(model="sim-7b", prompt="p", max_tokens=6, stream=True))
+    assert len("".join(ch.choices[0].text for ch in comp).split()) == 6
+    # raw SSE framing, as vLLM sends it
+    with httpx.stream("POST", sim_url + "/v1/completions",
+                      json={"model": "sim-7b", "prompt": "p", "max_tokens": 3,
+                            "stream": True}) as r:
+        lines = [ln for ln in r.iter_lines() if ln]
+    assert r.headers["content-type"].startswith("text/event-stream")
+    assert all(ln.startswith("data: ") for ln in lines) and lines[-1] == "data: [DONE]"
+    assert json.loads(lines[0][6:])["object"] == "text_completion"
+
+
+def test_errors_use_openai_shape(sim_url):
+    c = client(sim_url)
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="nope", prompt="x", max_tokens=1)
+    with pytest.raises(openai.BadRequestError):
+        c.completions.create(model="sim-7b", prompt="x", max_tokens=0)
+    r = httpx.post(sim_url + "/v1/chat/completions", content=b"{not json")
+    assert r.status_code == 400 and r.json()["error"]["code"] == 400
+
+
+def test_lora_load_and_unload(sim_url):
+    c = client(sim_url)
+    r = httpx.post(sim_url + "/v1/load_lora_adapter",
+                   json={"lora_name": "sql", "lora_path": "/adapters/sql"})
+    assert r.status_code == 200
+    assert httpx.post(sim_url + "/v1/load_lora_adapter",
+                      json={"lora_name": "sql", "lora_path": "/x"}).status_code == 400
+    models = {m.id: m for m in c.models.list().data}
+    assert set(models) == {"sim-7b", "sql"} and models["sql"].parent == "sim-7b"
+    assert c.completions.create(model="sql", prompt="q", max_tokens=2).usage.completion_tokens == 2
+    assert httpx.post(sim_url + "/v1/unload_lora_adapter",
+                      json={"lora_name": "sql"}).status_code == 200
+    assert httpx.post(sim_url + "/v1/unload_lora_adapter",
+                      json={"lora_name": "sql"}).status_code == 404
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="sql", prompt="q", max_tokens=2)
+
+
+def test_metrics_count_tokens_and_prefix_hits(sim_url):
+    before = metrics(sim_url)
+    c = client(sim_url)
+    system = {"role": "system", "content": "You verify claims. " * 20}
+    for q in ("one", "two", "three"):
+        c.chat.completions.create(model="sim-7b", max_tokens=5,
+                                  messages=[system, {"role": "user", "content": q}])
+    after = metrics(sim_url)
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == 15
+    assert after["vllm:request_success_total"] - before["vllm:request_success_total"] == 3
+    q = after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
+    h = after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
+    assert q > 0 and 0 < h < q  # the 2nd and 3rd requests reuse the system prompt
+    assert after["vllm:num_requests_running"] == 0 and after["vllm:kv_cache_usage_perc"] == 0
+
+
+async def test_running_gauge_and_priority_order(serial_sim_url):
+    """One request at a time: a later, lower `priority` value is served before an earlier one."""
+    url = serial_sim_url
+    c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+    order: list[str] = []
+
+    async def req(name: str, prio: int, n: int) -> None:
+        await c.completions.create(model="sim-7b", prompt="p", max_tokens=n,
+                                   extra_body={"priority": prio})
+        order.append(name)
+
+    first = asyncio.create_task(req("first", 0, 50))  # ~0.6 s
+    await asyncio.sleep(0.05)
+    low = asyncio.create_task(req("low", 10, 3))
+    await asyncio.sleep(0.02)
+    high = asyncio.create_task(req("high", 1, 3))
+    await asyncio.sleep(0.02)
+    async with httpx.AsyncClient() as h:
+        text = (await h.get(url + "/metrics")).text
+    m = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert m["vllm:num_requests_running"] == 1 and m["vllm:num_requests_waiting"] == 2
+    assert m["vllm:kv_cache_usage_perc"] > 0
+    await asyncio.gather(first, low, high)
+    assert order == ["first", "high", "low"]
+
+
+async def test_client_disconnect_aborts_in_engine(sim_url):
+    async with httpx.AsyncClient(base_url=sim_url) as h:
+        t = asyncio.create_task(h.post("/v1/completions", json={
+            "model": "sim-7b", "prompt": "p", "max_tokens": 100_000 // 4}))
+        await asyncio.sleep(0.3)
+        assert metrics(sim_url)["vllm:num_requests_running"] == 1
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        for _ in range(20):
+            await asyncio.sleep(0.1)
+            if metrics(sim_url)["vllm:num_requests_running"] == 0:
+                break
+        assert metrics(sim_url)["vllm:num_requests_running"] == 0
