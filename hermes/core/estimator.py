@@ -68,6 +68,17 @@ class _Unit:
     # next-unit tables: (targets, cumulative probs) aggregate and per visit index
     nxt: tuple[np.ndarray, np.ndarray]
     nxt_by_visit: list[tuple[np.ndarray, np.ndarray]]
+    branch: _BranchTable | None = None
+
+
+@dataclass(slots=True)
+class _BranchTable:
+    """Historical invocations of a unit with what came next, indexed by (visit, buckets)."""
+
+    feats: list[int]  # feature columns the next-unit choice depends on
+    cut: list[np.ndarray]  # bucket edges per feature in ``feats``
+    nxt: np.ndarray  # (n,) next unit index, -1 = end
+    index: dict[tuple[int, int], np.ndarray]  # (visit, code) -> rows
 
 
 @dataclass(slots=True)
@@ -143,7 +154,21 @@ class DemandEstimator:
             gap=arr(c.gap_s, 0),
             nxt=self._table(node.next) if node.next else (np.array([-1]), np.array([1.0])),
             nxt_by_visit=[self._table(p) if p else self._table(node.next or {END: 1.0}) for p in node.next_by_visit],
+            branch=self._compile_branch(node) if self.refine and node.branch_masks else None,
         )
+
+    def _compile_branch(self, node) -> _BranchTable:
+        rows = np.asarray(node.branch, dtype=np.float64)
+        feats = [_F[f] for f in node.branch_masks]
+        qs = np.linspace(0, 1, self.graph.buckets + 1)[1:-1]
+        cut = [np.unique(np.quantile(rows[:, f], qs)) for f in feats]
+        nxt = np.array([-1 if t == END else self._idx[t] for t in node.branch_next], dtype=np.int64)
+        code = _bucket_code(rows, feats, cut)
+        visit = rows[:, NF].astype(np.int64)
+        index: dict[tuple[int, int], np.ndarray] = {}
+        for k, c in set(zip(visit.tolist(), code.tolist(), strict=True)):
+            index[(k, c)] = np.flatnonzero((visit == k) & (code == c))
+        return _BranchTable(feats, cut, nxt, index)
 
     def _compile_edge(self, edge) -> _EdgeTable:
         rows = np.asarray(edge.joined, dtype=np.float64)
@@ -188,7 +213,7 @@ class DemandEstimator:
             attained = progress.current_attained_s
         elif last is not None and last.unit in self._idx:
             li = self._idx[last.unit]
-            cur[:] = self._choose_next(li, visits[:, li], rng)
+            cur[:] = self._choose_next(li, visits[:, li], rng, last_feat[:, li])
         else:
             t, c = self._entry
             cur[:] = t[np.searchsorted(c, rng.random(n), side="right").clip(max=len(t) - 1)]
@@ -213,17 +238,33 @@ class DemandEstimator:
                 acc[3, idx] += svc + gap
                 visits[idx, u] += 1
                 last_feat[idx, u] = feats
-                nxt[idx] = self._choose_next(int(u), visits[idx, u], rng)
+                nxt[idx] = self._choose_next(int(u), visits[idx, u], rng, feats)
             first = False
             cur = nxt
         return DemandSamples(acc[0], acc[1], acc[2], acc[3], current_s)
 
-    def _choose_next(self, u: int, visit: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def _choose_next(
+        self, u: int, visit: np.ndarray, rng: np.random.Generator, feats: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Next unit per walk: from the historical invocations with the same visit index and
+        feature buckets when the branch depends on features (refinement), else from the
+        visit-indexed probabilities."""
         unit = self._units[u]
         out = np.empty(visit.shape[0], dtype=np.int64)
+        todo = np.ones(visit.shape[0], dtype=bool)
+        br = unit.branch
+        if br is not None and feats is not None:
+            code = _bucket_code(feats, br.feats, br.cut)
+            for k, c in set(zip(visit.tolist(), code.tolist(), strict=True)):
+                rows = br.index.get((k, c))
+                if rows is None or rows.size < self.min_match:
+                    continue
+                who = np.flatnonzero((visit == k) & (code == c))
+                out[who] = br.nxt[rows[rng.integers(0, rows.size, who.size)]]
+                todo[who] = False
         r = rng.random(visit.shape[0])
-        for k in np.unique(visit):
-            sel = visit == k
+        for k in np.unique(visit[todo]):
+            sel = todo & (visit == k)
             t, c = unit.nxt_by_visit[k - 1] if 1 <= k <= len(unit.nxt_by_visit) else unit.nxt
             out[sel] = t[np.searchsorted(c, r[sel], side="right").clip(max=len(t) - 1)]
         return out
@@ -336,6 +377,13 @@ class DemandEstimator:
             return np.empty(0)
         _, _, _, svc, _ = self._visit(self._idx[unit], None, self.rng, n)
         return svc
+
+
+def _bucket_code(x: np.ndarray, feats: list[int], cut: list[np.ndarray]) -> np.ndarray:
+    code = np.zeros(x.shape[0], dtype=np.int64)
+    for f, edges in zip(feats, cut, strict=True):
+        code = code * 1000 + np.searchsorted(edges, x[:, f], side="right")
+    return code
 
 
 def _obs_features(obs: UnitObservation, llm: bool) -> np.ndarray:

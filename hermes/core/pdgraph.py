@@ -89,6 +89,12 @@ class UnitNode(BaseModel):
     next: dict[str, Probability] = Field(default_factory=dict)
     next_by_visit: list[dict[str, Probability]] = Field(default_factory=list)
     visits_by_index: list[NonNegativeInt] = Field(default_factory=list)
+    # each row: this invocation's features (FEATURES) and its visit index
+    branch: list[Annotated[list[NonNegativeFloat], Field(min_length=NF + 1, max_length=NF + 1)]] = Field(
+        default_factory=list, max_length=MAX_SAMPLES
+    )
+    branch_next: list[str] = Field(default_factory=list, max_length=MAX_SAMPLES)
+    branch_masks: list[str] = Field(default_factory=list)
 
     @field_validator("backend")
     @classmethod
@@ -112,6 +118,11 @@ class UnitNode(BaseModel):
     def _lengths(self) -> UnitNode:
         if self.visits_by_index and len(self.visits_by_index) != len(self.next_by_visit):
             raise ValueError("visits_by_index and next_by_visit differ in length")
+        if len(self.branch) != len(self.branch_next):
+            raise ValueError("branch and branch_next differ in length")
+        for f in self.branch_masks:
+            if f not in FEATURES:
+                raise ValueError(f"bad branch mask {f!r}; expected one of {FEATURES}")
         return self
 
     @property
@@ -178,6 +189,9 @@ class PDGraph(BaseModel):
                     if nxt != END and nxt not in self.units:
                         where = "next" if i == 0 else f"next_by_visit.{i - 1}"
                         raise _RefError(uname, where, f"unknown next unit {nxt!r}")
+            for i, nxt in enumerate(node.branch_next):
+                if nxt != END and nxt not in self.units:
+                    raise _RefError(uname, f"branch_next.{i}", f"unknown next unit {nxt!r}")
         for ename in self.edges:
             v, sep, u = ename.partition("<-")
             if not sep or v not in self.units or u not in self.units:

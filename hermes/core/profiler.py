@@ -28,7 +28,10 @@ from hermes.core.pdgraph import (
 from hermes.core.records import RunRecord, UnitRecord
 
 MIN_JOINED_FOR_MASKS = 20
-MAX_VISIT_INDEX = 64  # visit-indexed branching is kept for the first 64 visits of a unit
+MAX_VISIT_INDEX = 64
+# a binary "went to unit X next" against bucket indices correlates less than two continuous
+# demands do, so the branch threshold is lower than the masks' 0.5
+BRANCH_RHO_THRESHOLD = 0.3  # visit-indexed branching is kept for the first 64 visits of a unit
 
 
 def visit_features(u: UnitRecord) -> tuple[float, ...]:
@@ -69,6 +72,8 @@ class _UnitAcc:
     gap_s: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
     next_counts: Counter = field(default_factory=Counter)
     next_by_visit: list[Counter] = field(default_factory=list)
+    branch: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
+    branch_next: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
 
 
 class Profiler:
@@ -85,6 +90,7 @@ class Profiler:
         self.app = app or (graph.app if graph else None)
         self.rho_threshold = graph.rho_threshold if graph else rho_threshold
         self.buckets = graph.buckets if graph else buckets
+        self.branch_rho_threshold = BRANCH_RHO_THRESHOLD
         self.runs = 0
         self._units: dict[str, _UnitAcc] = {}
         self._entry: Counter = Counter()
@@ -133,6 +139,8 @@ class Profiler:
             # join this visit with the latest visit of every unit seen before it in the run
             # (the declared upstream included): the masks then say which ones matter
             feats = visit_features(u)
+            acc.branch.append((*feats, float(k)))
+            acc.branch_next.append(nxt)
             for up_name, up_idx in last_by_unit.items():
                 key = f"{u.unit}<-{up_name}"
                 self._joined.setdefault(key, deque(maxlen=MAX_SAMPLES)).append(
@@ -177,6 +185,9 @@ class Profiler:
                 next=_normalise(acc.next_counts),
                 next_by_visit=[_normalise(c) for c in acc.next_by_visit],
                 visits_by_index=[sum(c.values()) for c in acc.next_by_visit],
+                branch=[[round(x, 2) for x in r] for r in acc.branch],
+                branch_next=list(acc.branch_next),
+                branch_masks=self._branch_masks(acc),
             )
         edges = {key: self._edge(rows) for key, rows in self._joined.items()}
         return PDGraph(
@@ -204,6 +215,27 @@ class Profiler:
                     masks[name] = r > self.rho_threshold
         return Edge(joined=joined, masks=masks, rho=rho)
 
+    def _branch_masks(self, acc: _UnitAcc) -> list[str]:
+        """Features whose buckets predict the next unit: for some next unit, the bucketed
+        Pearson correlation between the feature and "that unit came next" exceeds
+        ``branch_rho_threshold``."""
+        targets = set(acc.branch_next)
+        if len(acc.branch) < MIN_JOINED_FOR_MASKS or len(targets) < 2:
+            return []
+        arr = np.asarray(acc.branch, dtype=np.float64)
+        nxt = np.asarray(acc.branch_next)
+        out = []
+        for fi, f in enumerate(FEATURES):
+            _, b = bucketize(arr[:, fi], self.buckets)
+            if b.std() == 0:
+                continue
+            for t in targets:
+                y = (nxt == t).astype(float)
+                if y.std() > 0 and abs(np.corrcoef(b, y)[0, 1]) > self.branch_rho_threshold:
+                    out.append(f)
+                    break
+        return out
+
     def _load(self, g: PDGraph) -> None:
         """Resume learning from an existing graph (counts rebuilt from probabilities x visits)."""
         self.runs = g.runs
@@ -218,6 +250,8 @@ class Profiler:
             acc.duration_s.extend(c.duration_s)
             acc.gap_s.extend(c.gap_s)
             acc.next_counts = Counter({k: round(p * node.visits) for k, p in node.next.items()})
+            acc.branch.extend(tuple(r) for r in node.branch)
+            acc.branch_next.extend(node.branch_next)
             for probs, n in zip(node.next_by_visit, node.visits_by_index, strict=False):
                 acc.next_by_visit.append(Counter({k: round(p * n) for k, p in probs.items()}))
             self._units[name] = acc
