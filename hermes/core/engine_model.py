@@ -1,0 +1,429 @@
+"""Continuous-batching engine model (vLLM v1 style), I/O-free and clock-free.
+
+One :class:`EngineModel` is one LLM engine (one model on its GPUs). The simulator drives it in
+virtual time and the built-in engine server drives it in wall-clock time, through the same
+calls: :meth:`EngineModel.add`, :meth:`~EngineModel.abort`, :meth:`~EngineModel.update_key`
+and :meth:`~EngineModel.step`, each taking ``now`` from the caller.
+
+Model of one iteration (what vLLM v1's scheduler does, reduced to token counts):
+
+- A request has ``input_tokens`` (prompt) and will generate ``output_tokens`` (the engine's
+  EOS: known to the engine model, never to the scheduler). ``computed`` tokens have KV in the
+  cache; ``generated`` tokens were emitted. A request is *prefilling* while
+  ``computed < input_tokens + generated`` and *decoding* otherwise.
+- Running requests are scheduled first: a decoding request computes one token and emits one;
+  a prefilling request gets a chunk of the remaining token budget (chunked prefill). Then
+  waiting requests are admitted in policy order (lowest key first, strictly: the head blocks
+  the rest) while ``max_num_seqs``, the token budget ``max_batched_tokens`` and the KV capacity
+  (``kv_capacity_tokens``) allow. No admission in an iteration that preempted.
+- KV usage is the sum of ``computed`` over running requests. When a running request needs a
+  KV slot and none is free, the running request with the *largest* key (lowest priority) is
+  preempted by recompute: it goes back to the waiting queue and loses its KV; it is prefilled
+  again (prompt plus the tokens it had generated) when readmitted.
+- Iteration latency is ``CostModel.iteration_s(prefill_tokens, decode_seqs, decode_ctx)``
+  where ``decode_ctx`` is the summed context (computed tokens) of the decoding requests.
+  A lone request thus takes one prefill iteration and ``output_tokens`` decode iterations.
+
+Speed: :meth:`EngineModel.step` with ``until`` set advances several pure-decode iterations at
+once when nothing can change in between (no prefill in flight, no admission possible, no KV
+exhaustion, no request finishing before the last of them, and every iteration but the last
+starting before ``until``). With the linear cost model the summed latency has a closed form,
+so the accounting is exact: the result equals running the iterations one by one.
+
+Prefix caching (a later issue) plugs in through :class:`PrefixCache`: on admission, the
+engine asks the cache how many leading prompt tokens of ``request.prefix`` are already
+cached and starts prefill after them. The default is no cache.
+
+Dispatch across several engines of one model: :func:`pick_engine` sends a request to the
+engine with the least outstanding work, measured as (requests waiting or running, prompt
+tokens still to prefill), the quantities a live HermesLet can observe without knowing output
+lengths.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from hermes.core.costmodel import CostModel
+from hermes.core.ordering import Key, KeyedQueue
+
+
+class PrefixCache(Protocol):
+    """Hook for a KV prefix cache (later issue). Default: none (nothing cached)."""
+
+    def cached_tokens(self, prefix: str, prefix_tokens: int, now: float) -> int:
+        """Leading prompt tokens of ``prefix`` whose KV is reusable now (0 if none)."""
+        ...
+
+    def on_prefilled(self, prefix: str, prefix_tokens: int, now: float) -> None:
+        """The prefix's KV was computed (the cache may keep it)."""
+        ...
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    """One LLM request inside an engine."""
+
+    request_id: str
+    run_id: str
+    input_tokens: int
+    output_tokens: int  # tokens this request will generate (its EOS), hidden from schedulers
+    key: Key = ()
+    arrival: float = 0.0
+    prefix: str | None = None
+    prefix_tokens: int = 0
+    generated: int = 0
+    computed: int = 0  # tokens with KV in the cache
+    prompt_done: int = 0  # prompt tokens ever prefilled (service accounting; not reset)
+    preemptions: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.generated
+
+    @property
+    def done(self) -> bool:
+        return self.generated >= self.output_tokens and self.computed >= self.total_tokens
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What one call to :meth:`EngineModel.step` did (one or several iterations)."""
+
+    duration_s: float = 0.0
+    iterations: int = 0
+    emitted: dict[str, int] = field(default_factory=dict)  # request id -> tokens emitted
+    prefilled: dict[str, int] = field(default_factory=dict)  # request id -> tokens prefilled
+    finished: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    prefill_tokens: int = 0  # summed over iterations
+    decode_seqs: int = 0  # batch size of the (last) decode iteration
+    decode_tokens: int = 0  # decode tokens summed over iterations
+    # multi-iteration decode runs only (for truncate): latency of iteration j is
+    # iter_base_s + j * iter_growth_s; batch is the running list they advanced
+    iter_base_s: float = 0.0
+    iter_growth_s: float = 0.0
+    batch: list[EngineRequest] | None = None
+
+    @property
+    def idle(self) -> bool:
+        return self.iterations == 0
+
+
+class EngineModel:
+    """A continuous-batching engine: waiting queue by policy key, running batch, KV capacity."""
+
+    def __init__(
+        self, cost: CostModel, *, name: str = "engine0", prefix_cache: PrefixCache | None = None
+    ) -> None:
+        self.cost = cost
+        self.name = name
+        self.prefix_cache = prefix_cache
+        self.waiting: KeyedQueue[EngineRequest] = KeyedQueue()
+        self.running: list[EngineRequest] = []
+        self.requests: dict[str, EngineRequest] = {}
+        self.kv_used = 0
+        self.pending_prefill = 0  # prompt tokens of waiting requests not yet computed
+
+    # ------------------------------------------------------------------ queue management
+    def add(self, req: EngineRequest, now: float) -> None:
+        """Queue a request (its ``key`` orders it among the waiting)."""
+        if req.request_id in self.requests:
+            raise ValueError(f"{self.name}: duplicate request id {req.request_id!r}")
+        if req.input_tokens + req.output_tokens > self.cost.kv_capacity_tokens:
+            raise ValueError(
+                f"{self.name}: request {req.request_id!r} needs "
+                f"{req.input_tokens + req.output_tokens} KV tokens, more than the engine's "
+                f"capacity ({self.cost.kv_capacity_tokens})"
+            )
+        req.arrival = now
+        self.requests[req.request_id] = req
+        self.waiting.push(req.request_id, req, req.key, req.run_id)
+
+    def abort(self, request_id: str) -> EngineRequest | None:
+        """Drop a request wherever it is; frees its KV."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        if self.waiting.remove(request_id) is None:
+            self.running.remove(req)
+            self.kv_used -= req.computed
+        return req
+
+    def update_key(self, request_id: str, key: Key) -> None:
+        """A new key for a request (its run's rank changed); reorders the waiting queue."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return
+        req.key = key
+        self.waiting.rekey(request_id, key)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    def outstanding(self) -> tuple[int, int]:
+        """(requests waiting or running, prompt tokens still to prefill): dispatch load."""
+        todo = sum(r.total_tokens - r.computed for r in self.running)
+        todo += sum(r.total_tokens - r.computed for r in self.waiting.items())
+        return (len(self.running) + len(self.waiting), todo)
+
+    # ------------------------------------------------------------------ iterations
+    def step(self, now: float, until: float | None = None) -> StepResult:
+        """Run one iteration, or several pure-decode ones while every one of them but the
+        last starts before ``until`` (see the module doc). Returns what happened; an idle
+        engine returns a result with ``iterations == 0``."""
+        if until is not None:
+            k = self._decode_run_length(until - now)
+            if k >= 2:
+                return self._multi_decode(k)
+        return self._one_iteration(now)
+
+    def _admissible_head(self, n_decode: int, kv_free: int) -> bool:
+        """Could the head of the waiting queue be admitted next to ``n_decode`` decodes?"""
+        if not self.waiting or len(self.running) >= self.cost.max_num_seqs:
+            return False
+        budget = self.cost.max_batched_tokens - n_decode
+        if budget <= 0:
+            return False
+        head = self.waiting.peek()
+        assert head is not None
+        return min(head.total_tokens - head.computed, budget) <= kv_free
+
+    def _decode_run_length(self, horizon_s: float) -> int:
+        """How many pure-decode iterations can run back to back right now (0 or 1: not
+        applicable, take one ordinary iteration)."""
+        running = self.running
+        n = len(running)
+        if n == 0:
+            return 0
+        ctx = 0
+        k_out = math.inf
+        for r in running:
+            if r.computed != r.total_tokens:
+                return 0
+            ctx += r.computed
+            rem = r.output_tokens - r.generated
+            if rem < k_out:
+                k_out = rem
+        cap = self.cost.kv_capacity_tokens
+        if self._admissible_head(n, cap - self.kv_used - n):
+            return 0
+        k_kv = (cap - self.kv_used) // n
+        k = min(k_out, k_kv)
+        if k < 2:
+            return 0
+        c = self.cost
+        a = c.base_s + c.decode_s_per_seq * n + c.decode_s_per_ctx_token * ctx
+        b = c.decode_s_per_ctx_token * n
+        # largest m with S(m) = m*a + b*m*(m-1)/2 < horizon: m iterations end before
+        # `until`, so iteration m+1 still starts before it.
+        m = self._max_prefix_below(a, b, horizon_s, k)
+        return min(k, m + 1)
+
+    @staticmethod
+    def _max_prefix_below(a: float, b: float, horizon: float, cap: int) -> int:
+        if horizon <= 0:
+            return 0
+        if math.isinf(horizon):
+            return cap
+
+        def s(m: int) -> float:
+            return m * a + b * m * (m - 1) / 2
+
+        if b > 0:
+            qa, qb = b / 2, a - b / 2
+            m = int((-qb + math.sqrt(qb * qb + 4 * qa * horizon)) / (2 * qa))
+        else:
+            m = int(horizon / a)
+        m = max(0, min(m, cap))
+        while m > 0 and s(m) >= horizon:
+            m -= 1
+        while m < cap and s(m + 1) < horizon:
+            m += 1
+        return m
+
+    def _multi_decode(self, k: int) -> StepResult:
+        c = self.cost
+        n = len(self.running)
+        ctx = sum(r.computed for r in self.running)
+        a = c.base_s + c.decode_s_per_seq * n + c.decode_s_per_ctx_token * ctx
+        b = c.decode_s_per_ctx_token * n
+        res = StepResult(
+            duration_s=k * a + b * k * (k - 1) / 2,
+            iterations=k,
+            decode_seqs=n,
+            decode_tokens=n * k,
+            iter_base_s=a,
+            iter_growth_s=b,
+            batch=list(self.running),
+        )
+        still = []
+        for r in self.running:
+            r.computed += k
+            r.generated += k
+            res.emitted[r.request_id] = k
+            if r.generated >= r.output_tokens:
+                res.finished.append(r.request_id)
+                self.kv_used -= r.computed
+                del self.requests[r.request_id]
+            else:
+                still.append(r)
+        self.kv_used += n * k
+        self.running = still
+        return res
+
+    @staticmethod
+    def iterations_started(res: StepResult, elapsed_s: float) -> int:
+        """For a multi-iteration result: the iterations begun by ``elapsed_s`` after its start
+        (an arrival then can join from the next one). 0 when ``elapsed_s <= 0``."""
+        if res.batch is None or elapsed_s <= 0:
+            return 0 if res.batch is not None else res.iterations
+        a, b = res.iter_base_s, res.iter_growth_s
+        m = EngineModel._max_prefix_below(a, b, elapsed_s, res.iterations)
+        # m iterations end strictly before elapsed: iteration m+1 is in progress (or starts)
+        done = m * a + b * m * (m - 1) / 2
+        return min(res.iterations, m + 1 if done < elapsed_s else m)
+
+    def truncate(self, res: StepResult, keep: int) -> None:
+        """Cut the in-flight multi-iteration decode run ``res`` (the last result of
+        :meth:`step`) to its first ``keep`` iterations, undoing the rest exactly."""
+        if res.batch is None:
+            raise ValueError("only a multi-iteration decode run can be truncated")
+        k = res.iterations
+        if keep >= k:
+            return
+        undo = k - keep
+        for r in res.batch:
+            r.computed -= undo
+            r.generated -= undo
+            self.requests[r.request_id] = r
+        self.running = list(res.batch)
+        self.kv_used = sum(r.computed for r in self.running)
+        a, b = res.iter_base_s, res.iter_growth_s
+        res.iterations = keep
+        res.duration_s = keep * a + b * keep * (keep - 1) / 2
+        res.decode_tokens = len(res.batch) * keep
+        res.emitted = {r.request_id: keep for r in res.batch} if keep else {}
+        res.finished = []
+
+    def _preempt_victim(self) -> EngineRequest:
+        return max(self.running, key=lambda r: (r.key, r.arrival))
+
+    def _one_iteration(self, now: float) -> StepResult:
+        c = self.cost
+        res = StepResult()
+        budget = c.max_batched_tokens
+        kv_free = c.kv_capacity_tokens - self.kv_used
+        sched: dict[str, int] = {}  # request id -> tokens computed this iteration
+        preempted: set[str] = set()
+        for r in list(self.running):
+            if r.request_id in preempted:
+                continue
+            need = r.total_tokens - r.computed
+            n = 1 if need == 0 else min(need, budget)
+            if n <= 0:
+                continue
+            while n > kv_free:
+                victim = self._preempt_victim()
+                preempted.add(victim.request_id)
+                if victim.request_id in sched:
+                    got = sched.pop(victim.request_id)
+                    budget += got
+                    kv_free += got
+                kv_free += victim.computed
+                self._preempt(victim, res)
+                if victim is r:
+                    break
+            if r.request_id in preempted:
+                continue
+            sched[r.request_id] = n
+            budget -= n
+            kv_free -= n
+        if not preempted:
+            while (
+                self.waiting and budget > 0 and len(self.running) < c.max_num_seqs
+            ):
+                head = self.waiting.peek()
+                assert head is not None
+                if head.computed == 0 and self.prefix_cache is not None and head.prefix:
+                    hit = self.prefix_cache.cached_tokens(head.prefix, head.prefix_tokens, now)
+                    head.computed = max(0, min(hit, head.input_tokens - 1))
+                    head.prompt_done = max(head.prompt_done, head.computed)
+                n = min(head.total_tokens - head.computed, budget)
+                if n > kv_free - head.computed:
+                    if head.computed and not self.running:
+                        head.computed = 0  # cannot keep the cached prefix: compute it all
+                        continue
+                    break
+                self.waiting.pop()
+                self.running.append(head)
+                self.kv_used += head.computed
+                kv_free -= head.computed
+                sched[head.request_id] = n
+                budget -= n
+                kv_free -= n
+        if not sched:
+            return res
+        prefill = decode = ctx = 0
+        by_id = self.requests
+        for rid, n in sched.items():
+            r = by_id[rid]
+            if r.computed == r.total_tokens:
+                decode += 1
+                ctx += r.computed
+            else:
+                prefill += n
+        res.duration_s = c.iteration_s(prefill, decode, ctx)
+        res.iterations = 1
+        res.prefill_tokens = prefill
+        res.decode_seqs = decode
+        res.decode_tokens = decode
+        finished: set[str] = set()
+        for rid, n in sched.items():
+            r = by_id[rid]
+            if r.computed == r.total_tokens:  # decode: one token in, one token out
+                r.computed += 1
+                r.generated += 1
+                res.emitted[rid] = 1
+            else:
+                r.computed += n
+                res.prefilled[rid] = n
+                if r.computed > r.prompt_done:
+                    r.prompt_done = min(r.computed, r.input_tokens)
+                if (
+                    self.prefix_cache is not None
+                    and r.prefix
+                    and r.computed >= r.prefix_tokens > 0
+                    and r.computed - n < r.prefix_tokens
+                ):
+                    self.prefix_cache.on_prefilled(r.prefix, r.prefix_tokens, now)
+            self.kv_used += n
+            if r.done:
+                finished.add(rid)
+        if finished:
+            self.running = [r for r in self.running if r.request_id not in finished]
+            for rid in finished:
+                r = by_id.pop(rid)
+                self.kv_used -= r.computed
+                res.finished.append(rid)
+        return res
+
+    def _preempt(self, victim: EngineRequest, res: StepResult) -> None:
+        self.running.remove(victim)
+        self.kv_used -= victim.computed
+        victim.computed = 0
+        victim.preemptions += 1
+        self.waiting.push(victim.request_id, victim, victim.key, victim.run_id)
+        res.preempted.append(victim.request_id)
+
+
+def pick_engine(engines: Sequence[EngineModel]) -> EngineModel:
+    """The engine with the least outstanding work (requests, then prompt tokens to prefill);
+    ties go to the first engine."""
+    if len(engines) == 1:
+        return engines[0]
+    return min(engines, key=lambda e: e.outstanding())

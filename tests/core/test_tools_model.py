@@ -1,0 +1,57 @@
+"""Tool servers: cold start then warm, capacity limits, queue ordered by key, idle expiry."""
+
+from __future__ import annotations
+
+import pytest
+
+from hermes.core.tools_model import ToolCall, ToolKindConfig, ToolPool, ToolServer
+
+
+def server(instances=1, cold=1.0, idle=10.0) -> ToolServer:
+    return ToolServer("docker:python:3.10-slim", ToolKindConfig(instances, cold, idle))
+
+
+def test_cold_start_then_warm_then_expired():
+    s = server(cold=1.0, idle=10.0)
+    (a,) = s.submit(ToolCall("a", "r", 2.0), now=0.0)
+    assert a.cold_start_s == pytest.approx(1.0) and a.finish_at == pytest.approx(3.0)
+    assert s.complete("a", 3.0) == []
+    (b,) = s.submit(ToolCall("b", "r", 2.0), now=5.0)  # idle 2 s < 10 s: warm
+    assert b.cold_start_s == 0.0 and b.finish_at == pytest.approx(7.0)
+    s.complete("b", 7.0)
+    (c,) = s.submit(ToolCall("c", "r", 1.0), now=30.0)  # idle 23 s > 10 s: cold again
+    assert c.cold_start_s == pytest.approx(1.0)
+    assert s.cold_starts == 2
+
+
+def test_capacity_limit_and_queue_order_by_key():
+    s = server(instances=2, cold=0.5)
+    started = s.submit(ToolCall("a", "r1", 1.0, key=(5.0,)), 0.0)
+    started += s.submit(ToolCall("b", "r2", 1.0, key=(5.0,)), 0.0)
+    assert [x.call_id for x in started] == ["a", "b"]
+    assert s.submit(ToolCall("c", "r3", 1.0, key=(3.0,)), 0.1) == []
+    assert s.submit(ToolCall("d", "r4", 1.0, key=(1.0,)), 0.2) == []
+    assert s.submit(ToolCall("e", "r5", 1.0, key=(2.0,)), 0.3) == []
+    s.update_key("c", (0.5,))  # c's run got a better rank while waiting
+    (nxt,) = s.complete("a", 1.5)
+    assert nxt.call_id == "c" and nxt.cold_start_s == 0.0 and nxt.queued_s == pytest.approx(1.4)
+    (nxt,) = s.complete("b", 1.6)
+    assert nxt.call_id == "d"
+
+
+def test_prewarm_hides_cold_start():
+    s = server(cold=3.0)
+    assert s.prewarm(0.0)
+    assert not s.prewarm(0.5)  # one is already warming
+    (a,) = s.submit(ToolCall("a", "r", 1.0), now=2.0)
+    assert a.cold_start_s == pytest.approx(1.0)  # waits only for the rest of the warm-up
+    assert s.cold_starts == 1
+
+
+def test_pool_defaults_per_kind():
+    pool = ToolPool()
+    assert pool.server("dnn:resnet50").config.cold_start_s == 3.0
+    assert pool.server("docker:python:3.10-slim").config.cold_start_s == 1.0
+    assert pool.server("api:search").config.cold_start_s == 0.0
+    with pytest.raises(ValueError):
+        pool.server("llm:llama2-7b")
