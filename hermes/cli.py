@@ -119,12 +119,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from hermes.gateway.config import load_config
     from hermes.gateway.server import serve
 
-    overrides = {k: v for k, v in vars(args).items() if k in _SERVE_KEYS and v is not None}
-    serve(load_config(args.config, **overrides))
+    serve(
+        load_config(
+            args.config,
+            host=args.host,
+            port=args.port,
+            policy=args.policy,
+            time_scale=args.time_scale,
+            apps=args.apps or None,
+            kb=args.kb,
+            state_dir=args.state_dir,
+            bind=args.bind,
+        )
+    )
     return 0
-
-
-_SERVE_KEYS = ("host", "port", "policy", "time_scale", "state_dir", "redis", "apps", "auth_file", "pdgraphs", "zmq_bind")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,12 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int)
     s.add_argument("--policy")
     s.add_argument("--time-scale", dest="time_scale", type=float, help="built-in engine runs X times faster")
-    s.add_argument("--state-dir", dest="state_dir")
-    s.add_argument("--redis", help="redis://HOST:PORT/DB for shared state and the knowledge base")
-    s.add_argument("--apps", help="Python module registering hosted apps")
-    s.add_argument("--auth-file", dest="auth_file")
-    s.add_argument("--pdgraphs", help="knowledge base: a directory or redis:// URL")
-    s.add_argument("--zmq-bind", dest="zmq_bind", help="ZeroMQ address HermesLets connect to")
+    s.add_argument("--state-dir", dest="state_dir", help="run records and learned PDGraphs (default .hermes)")
+    s.add_argument("--apps", action="append", help="Python module registering hosted apps (repeatable)")
+    s.add_argument("--kb", help="knowledge base: a directory (default pdgraphs/) or redis://HOST:PORT/DB")
+    s.add_argument("--bind", help="ZeroMQ address HermesLets connect to, e.g. tcp://127.0.0.1:5557")
     s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("profile", help="run a benchmark app in simulation and/or learn a PDGraph from run records")

@@ -1,0 +1,101 @@
+"""The FastAPI application of the gateway: app-run API, OpenAI endpoint, scheduler lifecycle.
+
+:func:`create_app` wires the routers to one :class:`~hermes.gateway.scheduler.LiveScheduler`
+whose lifetime is the app's (FastAPI lifespan): the scheduler binds its ZeroMQ ROUTER, and,
+unless ``scheduler.embedded_node`` is off, one in-process HermesLet (engines from
+``[[engines]]``, the built-in simulated engine by default) connects to it over ``inproc://``.
+OpenAPI docs are at ``/docs``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import zmq.asyncio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from hermes.gateway import openai_api, runs_api
+from hermes.gateway.config import EngineConfig, GatewayConfig
+from hermes.gateway.hosted import HostedRegistry
+from hermes.gateway.scheduler import LiveScheduler
+
+log = logging.getLogger("hermes.gateway")
+
+
+def make_engine_adapter(e: EngineConfig, time_scale: float) -> Any:
+    """The HermesLet engine adapter for one ``[[engines]]`` entry."""
+    from hermeslet.engines import make_engine
+
+    if e.kind == "sim":
+        eng = make_engine("sim", name=e.name, model=e.model, max_inflight=e.max_inflight,
+                          time_scale=time_scale, setup=e.cost_model)
+    elif e.kind == "openai":
+        eng = make_engine(f"openai:{e.url}", name=e.name, model=e.model or None,
+                          max_inflight=e.max_inflight)
+    else:
+        eng = make_engine(f"vllm:{e.url}" if e.url else "vllm", name=e.name,
+                          model=e.model or None, max_inflight=e.max_inflight)
+    for lora in e.loras:
+        if lora not in eng.loras:
+            eng.loras.append(lora)
+    return eng
+
+
+def create_app(config: GatewayConfig | None = None) -> FastAPI:
+    """The gateway as an ASGI app; the scheduler starts and stops with it."""
+    config = config or GatewayConfig()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ctx = zmq.asyncio.Context()
+        sched = LiveScheduler(config, context=ctx)
+        await sched.start()
+        app.state.scheduler = sched
+        node_task: asyncio.Task | None = None
+        agent = None
+        if config.scheduler.embedded_node:
+            from hermeslet.agent import HermesLet
+
+            engines = [make_engine_adapter(e, config.scheduler.time_scale) for e in config.engines]
+            agent = HermesLet("embedded", sched.inproc_address, engines, ctx=ctx)
+            node_task = asyncio.create_task(agent.run(), name="hermeslet-embedded")
+            app.state.node = agent
+            await sched.wait_for_nodes(30.0)
+        try:
+            yield
+        finally:
+            if agent is not None and node_task is not None:
+                agent.stop()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await asyncio.wait_for(node_task, 10.0)
+            await sched.stop()
+            ctx.term()
+
+    app = FastAPI(
+        title="Hermes gateway",
+        version="0.1.0",
+        description="Serving gateway for LLM applications: app-run API and an "
+        "OpenAI-compatible endpoint, scheduled by PDGraph demand estimates.",
+        lifespan=lifespan,
+    )
+    app.state.config = config
+    app.state.node = None  # the embedded HermesLet, once started
+    app.state.hosted = HostedRegistry.from_config(config)
+    app.include_router(runs_api.router)
+    app.include_router(openai_api.router)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        err = exc.errors()[0]
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        msg = f"{param}: {err.get('msg')}" if param else str(err.get("msg"))
+        return openai_api.error_response(422, msg, param=param, code="invalid_value")
+
+    return app

@@ -1,0 +1,246 @@
+"""Gateway configuration: ``hermes.toml`` + ``HERMES_*`` environment variables + overrides.
+
+Precedence (last wins): the defaults below, the TOML file, environment variables, keyword
+overrides from the CLI. Every key and its default is documented in
+``deploy/hermes.example.toml``.
+
+Environment variables: ``HERMES_<SECTION>__<KEY>`` (e.g. ``HERMES_SCHEDULER__POLICY=vllm``)
+or, for keys whose name is unique across sections, ``HERMES_<KEY>`` (e.g. ``HERMES_PORT=9000``,
+``HERMES_TIME_SCALE=20``). Values are parsed as JSON when they parse (numbers, booleans,
+lists), else taken as strings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerConfig(_Section):
+    """HTTP listener."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    log_level: str = "info"
+
+
+class SchedulerConfig(_Section):
+    """The live scheduler (decision core driver)."""
+
+    policy: str = "hermes"
+    k: float = Field(default=0.5, ge=0.0, le=1.0)
+    seed: int = 0
+    #: ZeroMQ ROUTER address that external HermesLets connect to; "" binds none
+    bind: str = "tcp://127.0.0.1:5557"
+    #: run one HermesLet inside the gateway process (over inproc://)
+    embedded_node: bool = True
+    #: cost model used to turn tokens into service seconds (estimator, attained service)
+    cost_model: str = "llama2-7b-a100"
+    n_walks: int = Field(default=1000, ge=1)
+    refine: bool = True
+    min_match: int = Field(default=20, ge=1)
+    #: the simulated engine and the scheduler clock run this many times faster than wall time
+    time_scale: float = Field(default=1.0, gt=0.0)
+    #: how often (wall seconds) every queued request's key is recomputed and changes resent
+    rekey_interval_s: float = Field(default=0.5, gt=0.0)
+    #: resubmissions of a request whose node reported a retryable failure
+    max_retries: int = Field(default=2, ge=0)
+    #: a client-driven run with nothing in flight for this long (wall s) is finished
+    run_idle_timeout_s: float = Field(default=600.0, gt=0.0)
+    #: model used for requests/hosted-app steps naming a model no engine serves ("" = the
+    #: first engine's model); OpenAI requests naming an unknown model get 404 unless
+    #: ``route_unknown_models``
+    default_model: str = ""
+    route_unknown_models: bool = False
+    #: finished runs kept in memory for GET /v1/runs/{id}
+    keep_finished_runs: int = Field(default=10_000, ge=1)
+    #: how long a request may wait for an engine before it fails (wall s)
+    request_timeout_s: float = Field(default=600.0, gt=0.0)
+
+
+class StoresConfig(_Section):
+    """Knowledge base and local state."""
+
+    #: PDGraph knowledge base: a directory of PDGraph JSON files or redis://HOST:PORT/DB
+    kb: str = "pdgraphs/"
+    #: where run records (records.jsonl) are appended
+    state_dir: str = ".hermes"
+    #: write the learned PDGraph back to the knowledge base once an app has N new finished
+    #: runs (0: never write back; the estimator is updated anyway)
+    kb_write_every: int = Field(default=1, ge=0)
+    #: how often (wall s) learned PDGraphs are rebuilt for the estimator and written back
+    learn_interval_s: float = Field(default=1.0, gt=0.0)
+
+
+class EngineConfig(_Section):
+    """One engine of the embedded HermesLet."""
+
+    name: str = "sim0"
+    kind: Literal["sim", "openai", "vllm"] = "sim"
+    model: str = "llama-2-7b"
+    #: cost model of a ``sim`` engine
+    cost_model: str = "llama2-7b-a100"
+    #: URL of an ``openai``/``vllm`` engine server
+    url: str = ""
+    max_inflight: int = Field(default=32, ge=1)
+    loras: list[str] = Field(default_factory=list)
+
+
+class AppsConfig(_Section):
+    """Hosted applications."""
+
+    #: Python modules defining hosted apps (``--apps MODULE``)
+    modules: list[str] = Field(default_factory=list)
+    #: load hosted apps from the ``hermes.apps`` entry-point group
+    entry_points: bool = True
+    #: host the ten benchmark apps (input: {"seed": int})
+    benchmark: bool = True
+
+
+class ToolsConfig(_Section):
+    """Tool calls of hosted benchmark apps."""
+
+    #: "simulate": docker/dnn/api steps sleep their duration; "runner": docker steps are sent
+    #: to a HermesLet tool runner (needs a node that announces a tool runner)
+    docker_steps: Literal["simulate", "runner"] = "simulate"
+    #: default timeout of a tool call (s)
+    timeout_s: float = Field(default=30.0, gt=0.0)
+
+
+class GatewayConfig(_Section):
+    """Everything ``hermes serve`` needs."""
+
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    stores: StoresConfig = Field(default_factory=StoresConfig)
+    engines: list[EngineConfig] = Field(default_factory=lambda: [EngineConfig()])
+    apps: AppsConfig = Field(default_factory=AppsConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the source and the key."""
+
+
+_SECTIONS: dict[str, type[_Section]] = {
+    "server": ServerConfig,
+    "scheduler": SchedulerConfig,
+    "stores": StoresConfig,
+    "apps": AppsConfig,
+    "tools": ToolsConfig,
+}
+
+
+def _unique_keys() -> dict[str, str]:
+    """Key name -> section, for keys that appear in exactly one section."""
+    seen: dict[str, list[str]] = {}
+    for sec, model in _SECTIONS.items():
+        for key in model.model_fields:
+            seen.setdefault(key, []).append(sec)
+    return {k: v[0] for k, v in seen.items() if len(v) == 1}
+
+
+def _parse_env_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _deep_merge(base: dict, extra: Mapping) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _place(flat: Mapping[str, Any], source: str) -> dict:
+    """Turn ``{key|section.key|section: {...}: value}`` into the nested config layout."""
+    unique = _unique_keys()
+    out: dict[str, Any] = {}
+    for raw_key, value in flat.items():
+        key = raw_key.lower()
+        if key == "apps" and isinstance(value, list | tuple):  # CLI: --apps MODULE (repeatable)
+            out = _deep_merge(out, {"apps": {"modules": list(value)}})
+        elif key in _SECTIONS or key == "engines":
+            out = _deep_merge(out, {key: value})
+        elif "." in key:
+            sec, sub = key.split(".", 1)
+            out = _deep_merge(out, {sec: {sub: value}})
+        elif key in unique:
+            out = _deep_merge(out, {unique[key]: {key: value}})
+        else:
+            raise ConfigError(f"{source}: unknown or ambiguous key {raw_key!r}")
+    return out
+
+
+def _env_layer(environ: Mapping[str, str]) -> dict:
+    flat: dict[str, Any] = {}
+    for name, text in environ.items():
+        if not name.startswith("HERMES_"):
+            continue
+        rest = name[len("HERMES_") :].lower()
+        if "__" in rest:
+            sec, key = rest.split("__", 1)
+            if sec not in _SECTIONS:
+                continue
+            flat[f"{sec}.{key}"] = _parse_env_value(text)
+        elif rest in _unique_keys():
+            flat[rest] = _parse_env_value(text)
+        elif rest == "engines":
+            flat["engines"] = _parse_env_value(text)
+    return _place(flat, "environment") if flat else {}
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> GatewayConfig:
+    """Build the gateway configuration.
+
+    ``path``: a ``hermes.toml`` (None: defaults only). ``environ``: the environment to read
+    ``HERMES_*`` variables from (default ``os.environ``). ``overrides``: CLI values by key name
+    (``port=9000``, ``policy="vllm"``, ``time_scale=20``, ``apps=["my.apps"]`` for hosted-app
+    modules) or by
+    section (``scheduler={"k": 0.3}``); ``None`` values are ignored so CLI defaults can be
+    passed straight through.
+    """
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        p = Path(path)
+        source = str(p)
+        try:
+            data = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{p}: no such config file") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: {e}") from None
+        unknown = set(data) - set(_SECTIONS) - {"engines"}
+        if unknown:
+            raise ConfigError(f"{p}: unknown section(s) {sorted(unknown)}")
+    data = _deep_merge(data, _env_layer(os.environ if environ is None else environ))
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    if clean:
+        data = _deep_merge(data, _place(clean, "overrides"))
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ConfigError(f"{source}: key {loc}: {err['msg']}") from None

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from hermes.gateway.config import ConfigError, GatewayConfig, load_config
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "hermes.example.toml"
+
+
+def test_example_documents_every_key_with_its_default() -> None:
+    data = tomllib.loads(EXAMPLE.read_text())
+    defaults = GatewayConfig().model_dump()
+    for section, values in defaults.items():
+        if section == "engines":
+            assert data["engines"] == values
+            continue
+        assert set(data[section]) == set(values), section
+        assert data[section] == values, section
+    assert load_config(EXAMPLE, environ={}) == GatewayConfig()
+
+
+def test_precedence_file_env_overrides(tmp_path: Path) -> None:
+    p = tmp_path / "hermes.toml"
+    p.write_text('[scheduler]\npolicy = "vllm"\nk = 0.2\n[server]\nport = 9100\n'
+                 '[[engines]]\nname = "a"\nmodel = "m1"\nmax_inflight = 4\n')
+    env = {"HERMES_SCHEDULER__K": "0.3", "HERMES_PORT": "9200", "HERMES_TIME_SCALE": "20",
+           "OTHER": "x"}
+    cfg = load_config(p, environ=env, port=9300, policy=None, apps=["my.apps"])
+    assert cfg.apps.modules == ["my.apps"]
+    assert cfg.scheduler.policy == "vllm"  # file (the None override is ignored)
+    assert cfg.scheduler.k == 0.3  # env beats file
+    assert cfg.scheduler.time_scale == 20.0
+    assert cfg.server.port == 9300  # override beats env
+    assert [(e.name, e.model, e.max_inflight) for e in cfg.engines] == [("a", "m1", 4)]
+
+
+def test_errors_name_the_source_and_key(tmp_path: Path) -> None:
+    p = tmp_path / "bad.toml"
+    p.write_text("[scheduler]\ntime_scale = -1\n")
+    with pytest.raises(ConfigError, match=r"bad.toml: key scheduler.time_scale"):
+        load_config(p, environ={})
+    p.write_text("[nope]\nx = 1\n")
+    with pytest.raises(ConfigError, match="unknown section"):
+        load_config(p, environ={})
+    with pytest.raises(ConfigError, match="unknown or ambiguous key 'colour'"):
+        load_config(None, environ={}, colour="red")
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "missing.toml", environ={})

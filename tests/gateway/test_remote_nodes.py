@@ -1,0 +1,65 @@
+"""The scheduler with HermesLets as separate processes over TCP (no embedded node)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+from hermes.gateway.server import gateway_state
+
+MODEL = "remote-model"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_remote_nodes_over_tcp_share_the_load(make_gateway) -> None:  # noqa: ANN001
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    srv = make_gateway(bind=address, embedded_node=False)
+    sched = gateway_state(srv).scheduler
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "hermeslet.cli", "run", "--scheduler", address, "--node", f"n{i}",
+         "--engine", "sim", "--model", MODEL, "--time-scale", "50", "--max-inflight", "4"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for i in range(2)]
+    try:
+        deadline = time.monotonic() + 30
+        while len(sched.nodes) < 2:
+            assert time.monotonic() < deadline, [p.stderr.read() for p in procs if p.poll() is not None]
+            time.sleep(0.05)
+        assert httpx.get(srv.url + "/v1/models").json()["data"][0]["id"] == MODEL
+
+        async def scenario() -> list[dict]:
+            async with httpx.AsyncClient(base_url=srv.url, timeout=60) as http:
+                async def one(i: int) -> dict:
+                    run_id = (await http.post("/v1/runs", json={"app": "remote"})).json()["run_id"]
+                    for unit, n in (("a", 2 + i % 3), ("b", 1 + i % 5)):
+                        r = await http.post("/v1/completions", headers={
+                            "X-Hermes-Run": run_id, "X-Hermes-Unit": unit},
+                            json={"model": MODEL, "prompt": "x" * 8, "max_tokens": n})
+                        assert r.status_code == 200, r.text
+                    return (await http.post(f"/v1/runs/{run_id}/finish")).json()
+
+                return await asyncio.gather(*(one(i) for i in range(20)))
+
+        runs = asyncio.run(scenario())
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)
+    for i, run in enumerate(runs):
+        assert run["state"] == "finished"
+        assert [u["unit"] for u in run["units"]] == ["a", "b"]
+        assert [u["requests"][0]["output_tokens"] for u in run["units"]] == [2 + i % 3, 1 + i % 5]
+        assert all(u["requests"][0]["input_tokens"] == 2 for u in run["units"])
+    assert sched.requests == {}
+    used = {u["requests"][0]["node"] for run in runs for u in run["units"]}
+    assert used == {"n0", "n1"}  # dispatch spread the load over both nodes
