@@ -1,0 +1,1 @@
+"""Benchmarks behind ``hermes bench ...`` (simulator scheduling studies, estimator speed)."""

@@ -1,0 +1,407 @@
+"""Scheduling benchmarks on the simulator: ``sched``, ``ddl``, ``ablation``, ``overhead``.
+
+Each benchmark returns a flat list of row dicts (what ``--json`` writes); :func:`print_table`
+prints them, :func:`plot_act_cdf` draws the ACT CDF per policy.
+
+Workload (as the Hermes paper's evaluation): ``apps`` application runs, app names drawn from
+the paper's mix (``workloads.registry.sample_mix``), arrival times resampled from a Mooncake
+trace into the submission window (:mod:`hermes.sim.arrivals`), one seed per run; the same
+arrivals for every policy. VTC's tenants are the apps (fair share among applications).
+Simulations of different (window, policy) pairs run in parallel worker processes.
+
+- ``sched``: rows ``{window_min, policy, mean_act_s, p50_act_s, p95_act_s, p99_act_s, runs}``.
+- ``ddl``: deadline = submit + isolated run time (``workloads.isolated.run_isolated`` on the
+  setup's cost model) x a factor drawn from 1.2 / 1.5 / 2.0 (tight / modest / loose); rows
+  ``{policy, dsr, dsr_tight, dsr_modest, dsr_loose}``.
+- ``ablation``: rows ``{policy, mean_act_s, normalized}`` for hermes, hermes-no-refine, srpt,
+  oracle; ``normalized`` = mean ACT / mean ACT of ``oracle`` (1.0 = the oracle).
+- ``overhead``: rows ``{active_runs, buckets, median_ms, p99_ms}``: wall time of one
+  re-rank of every active run (``policy.rank(run, now)`` for all of them) with the ``hermes``
+  policy, over runs placed at random points of their apps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from hermes.sim.arrivals import resample_arrivals
+from hermes.sim.simulator import Arrival, Simulator, setup_engines
+
+DEFAULT_POLICIES = (
+    "hermes",
+    "vllm",
+    "parrot",
+    "vtc",
+    "srpt",
+    "llmsched",
+    "seallm",
+    "oracle",
+    "hermes-no-refine",
+)
+DDL_POLICIES = ("hermes-ddl", "edf", "hermes", "srpt", "parrot", "vllm")
+ABLATION_POLICIES = ("hermes", "hermes-no-refine", "srpt", "oracle")
+DEADLINE_FACTORS = {"tight": 1.2, "modest": 1.5, "loose": 2.0}
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+# ---------------------------------------------------------------------------- workload
+def build_arrivals(
+    n_apps: int,
+    window_min: float,
+    *,
+    seed: int = 0,
+    trace: str = "conversation",
+    deadlines: bool = False,
+    setup: str = "llama2-7b-a100",
+) -> tuple[list[Arrival], list[str | None]]:
+    """The arrivals of one experiment and, with ``deadlines``, each run's tightness class."""
+    from workloads.registry import get_app, sample_mix
+
+    times = resample_arrivals(n_apps, window_min * 60.0, trace=trace, seed=seed)
+    rng = np.random.default_rng([seed, 1])
+    names = sample_mix(rng, n_apps)
+    seeds = rng.integers(0, 2**31 - 1, size=n_apps)
+    classes: list[str | None] = [None] * n_apps
+    out = []
+    cost, _ = setup_engines(setup)
+    for i, (t, app, s) in enumerate(zip(times, names, seeds, strict=False)):
+        deadline = None
+        if deadlines:
+            from workloads.isolated import run_isolated
+
+            rec = run_isolated(get_app(app), np.random.default_rng(int(s)), cost, run_id=f"i{i}")
+            cls = str(rng.choice(list(DEADLINE_FACTORS)))
+            classes[i] = cls
+            deadline = float(t) + rec.act_s * DEADLINE_FACTORS[cls]
+        out.append(Arrival(float(t), app, int(s), deadline=deadline, run_id=f"{app}-{i}"))
+    return out, classes
+
+
+_GRAPHS: dict[str, dict] = {}
+
+
+def load_graphs(pdgraph_dir: str | Path | None = None) -> dict:
+    """The shipped PDGraphs (``pdgraphs/NAME.json``), by app name; cached per process."""
+    from hermes.core.pdgraph import PDGraph
+
+    d = Path(pdgraph_dir) if pdgraph_dir else repo_root() / "pdgraphs"
+    key = str(d)
+    if key not in _GRAPHS:
+        graphs = {}
+        for p in sorted(d.glob("*.json")):
+            g = PDGraph.load(p)
+            graphs[g.app] = g
+        _GRAPHS[key] = graphs
+    return _GRAPHS[key]
+
+
+def make_sim_policy(name: str, setup: str, *, seed: int = 0, pdgraph_dir: str | None = None, **kw):
+    """Build policy ``name``; estimator-driven ones get an EstimatorPool over the PDGraphs."""
+    from hermes.core.policies import make_policy, policy_class
+
+    cls = policy_class(name)
+    if getattr(cls, "uses_estimator", False):
+        from hermes.core.estimator import EstimatorPool
+
+        graphs = load_graphs(pdgraph_dir)
+        if not graphs:
+            raise FileNotFoundError(
+                f"policy {name!r} needs PDGraphs but none were found in "
+                f"{pdgraph_dir or repo_root() / 'pdgraphs'}"
+            )
+        cost, _ = setup_engines(setup)
+        pool = EstimatorPool(graphs, cost, refine=getattr(cls, "refine", True), seed=seed)
+        return make_policy(name, estimators=pool, seed=seed, **kw)
+    try:
+        return make_policy(name, seed=seed, **kw)
+    except TypeError:
+        return make_policy(name, **kw)
+
+
+def _simulate(job: tuple) -> tuple[tuple, np.ndarray, np.ndarray, float]:
+    """Worker: one simulation. Returns (tag, ACTs, met flags (nan: no deadline), wall)."""
+    tag, policy, setup, arrivals, seed, pdgraph_dir = job
+    cost, n_engines = setup_engines(setup)
+    pol = make_sim_policy(policy, setup, seed=seed, pdgraph_dir=pdgraph_dir)
+    res = Simulator(pol, cost=cost, n_engines=n_engines, record=False).run(arrivals)
+    by_id = {r.run_id: r for r in res.runs}
+    ordered = [by_id[a.run_id] for a in arrivals]
+    acts = np.array([r.act_s for r in ordered])
+    met = np.array([np.nan if r.met is None else float(r.met) for r in ordered])
+    return tag, acts, met, res.wall_s
+
+
+def run_jobs(jobs: list[tuple], *, workers: int | None = None, progress: bool = True) -> dict:
+    """Run simulation jobs (in parallel processes); returns ``{tag: (acts, met)}``."""
+    from tqdm import tqdm
+
+    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    out: dict = {}
+    bar = tqdm(total=len(jobs), desc="simulations", file=sys.stderr, disable=not progress)
+    if workers <= 1:
+        for job in jobs:
+            tag, acts, met, _ = _simulate(job)
+            out[tag] = (acts, met)
+            bar.update(1)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as ex:
+            for tag, acts, met, _ in ex.map(_simulate, jobs):
+                out[tag] = (acts, met)
+                bar.update(1)
+    bar.close()
+    return out
+
+
+def _order_jobs(jobs: list[tuple]) -> list[tuple]:
+    # slow policies first so that the parallel tail is short
+    slow = {"hermes": 0, "hermes-no-refine": 0, "hermes-ddl": 0, "srpt": 1, "llmsched": 1, "seallm": 1}
+    return sorted(jobs, key=lambda j: slow.get(j[1], 2))
+
+
+# ---------------------------------------------------------------------------- benchmarks
+def bench_sched(
+    apps: int = 300,
+    windows: Sequence[float] = (10, 15, 30),
+    policies: Sequence[str] = DEFAULT_POLICIES,
+    seed: int = 0,
+    trace: str = "conversation",
+    setup: str = "llama2-7b-a100",
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    pdgraph_dir: str | None = None,
+) -> tuple[list[dict], dict]:
+    """Fig. 9/10. Returns the rows and ``{(window_min, policy): ACT array}`` for plotting."""
+    jobs = []
+    for w in windows:
+        arrivals, _ = build_arrivals(apps, w, seed=seed, trace=trace, setup=setup)
+        for p in policies:
+            jobs.append(((w, p), p, setup, arrivals, seed, pdgraph_dir))
+    results = run_jobs(_order_jobs(jobs), workers=workers, progress=progress)
+    rows, acts = [], {}
+    for w in windows:
+        for p in policies:
+            a = results[(w, p)][0]
+            acts[(w, p)] = a
+            rows.append(
+                {
+                    "window_min": w,
+                    "policy": p,
+                    "mean_act_s": float(a.mean()),
+                    "p50_act_s": float(np.percentile(a, 50)),
+                    "p95_act_s": float(np.percentile(a, 95)),
+                    "p99_act_s": float(np.percentile(a, 99)),
+                    "runs": int(a.size),
+                }
+            )
+    return rows, acts
+
+
+def bench_ddl(
+    apps: int = 300,
+    window: float = 15,
+    policies: Sequence[str] = DDL_POLICIES,
+    seed: int = 0,
+    trace: str = "conversation",
+    setup: str = "llama2-7b-a100",
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    pdgraph_dir: str | None = None,
+) -> list[dict]:
+    """Fig. 11: deadline satisfaction ratio per policy, overall and per tightness class."""
+    arrivals, classes = build_arrivals(
+        apps, window, seed=seed, trace=trace, deadlines=True, setup=setup
+    )
+    jobs = [(p, p, setup, arrivals, seed, pdgraph_dir) for p in policies]
+    results = run_jobs(_order_jobs(jobs), workers=workers, progress=progress)
+    cls = np.array(classes)
+    rows = []
+    for p in policies:
+        met = results[p][1]
+        row = {"policy": p, "dsr": float(np.nanmean(met))}
+        for name in DEADLINE_FACTORS:
+            sel = cls == name
+            row[f"dsr_{name}"] = float(np.nanmean(met[sel])) if sel.any() else float("nan")
+        rows.append(row)
+    return rows
+
+
+def bench_ablation(
+    apps: int = 300,
+    window: float = 15,
+    policies: Sequence[str] = ABLATION_POLICIES,
+    seed: int = 0,
+    trace: str = "conversation",
+    setup: str = "llama2-7b-a100",
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    pdgraph_dir: str | None = None,
+) -> list[dict]:
+    """Fig. 12: mean ACT per policy, normalized to the ``oracle`` (or to the first policy
+    when the oracle is not among them)."""
+    arrivals, _ = build_arrivals(apps, window, seed=seed, trace=trace, setup=setup)
+    jobs = [(p, p, setup, arrivals, seed, pdgraph_dir) for p in policies]
+    results = run_jobs(_order_jobs(jobs), workers=workers, progress=progress)
+    ref = "oracle" if "oracle" in policies else policies[0]
+    base = float(results[ref][0].mean())
+    return [
+        {
+            "policy": p,
+            "mean_act_s": float(results[p][0].mean()),
+            "normalized": float(results[p][0].mean()) / base,
+        }
+        for p in policies
+    ]
+
+
+def _active_runs(n: int, setup: str, seed: int) -> list:
+    """``n`` runs of mixed apps, each stopped at a random point of its app (unit boundary or
+    inside a unit), as the scheduler would see them."""
+    from hermes.core.state import RunProgress, RunState, UnitObservation
+    from workloads.isolated import step_service_s
+    from workloads.registry import get_app, sample_mix
+
+    cost, _ = setup_engines(setup)
+    rng = np.random.default_rng(seed)
+    runs = []
+    for i, app_name in enumerate(sample_mix(rng, n)):
+        steps = list(get_app(app_name).steps(np.random.default_rng(int(rng.integers(1 << 31)))))
+        k = int(rng.integers(0, len(steps)))
+        prog = RunProgress()
+        attained = 0.0
+        for s in steps[:k]:
+            svc = step_service_s(s, cost)
+            attained += svc
+            prog.finished.append(
+                UnitObservation(
+                    unit=s.unit,
+                    input_tokens=sum(r.input_tokens for r in s.requests),
+                    output_tokens=sum(r.output_tokens for r in s.requests),
+                    parallelism=max(1, len(s.requests)),
+                    duration_s=svc,
+                    service_s=svc,
+                )
+            )
+        prog.current = steps[k].unit
+        prog.current_attained_s = float(rng.uniform(0, 1)) * step_service_s(steps[k], cost)
+        attained += prog.current_attained_s
+        runs.append(
+            RunState(run_id=f"r{i}", app=app_name, submitted=0.0, progress=prog, attained_s=attained)
+        )
+    return runs
+
+
+def bench_overhead(
+    active_runs: Sequence[int] = (100, 1000, 5000),
+    buckets: Sequence[int] = (10, 20, 50, 100),
+    *,
+    repeats: int = 20,
+    max_s_per_config: float = 5.0,
+    seed: int = 0,
+    setup: str = "llama2-7b-a100",
+    progress: bool = True,
+    pdgraph_dir: str | None = None,
+) -> list[dict]:
+    """Fig. 15: wall time of re-ranking every active run with the ``hermes`` policy."""
+    from tqdm import tqdm
+
+    rows = []
+    bar = tqdm(total=len(active_runs) * len(buckets), desc="overhead", file=sys.stderr,
+               disable=not progress)
+    for n in active_runs:
+        runs = _active_runs(n, setup, seed)
+        for b in buckets:
+            pol = make_sim_policy("hermes", setup, seed=seed, pdgraph_dir=pdgraph_dir, buckets=b)
+            for r in runs:  # set-up as a live gateway would have done (not timed)
+                pol.on_unit_start(r, r.progress.current, 0.0)
+            times = []
+            t_cfg = time.perf_counter()
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                for r in runs:
+                    r.rank = pol.rank(r, 1.0)
+                times.append(time.perf_counter() - t0)
+                if time.perf_counter() - t_cfg > max_s_per_config and len(times) >= 3:
+                    break
+            ms = np.array(times) * 1e3
+            rows.append(
+                {
+                    "active_runs": n,
+                    "buckets": b,
+                    "median_ms": float(np.median(ms)),
+                    "p99_ms": float(np.percentile(ms, 99)),
+                    "rounds": len(times),
+                }
+            )
+            bar.update(1)
+    bar.close()
+    return rows
+
+
+# ---------------------------------------------------------------------------- output
+def print_table(rows: Sequence[dict], title: str | None = None, file=None) -> None:  # noqa: ANN001
+    """Print rows as a table on stdout (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if not rows:
+        return
+    table = Table(title=title)
+    cols = list(rows[0])
+    for c in cols:
+        table.add_column(c, justify="left" if isinstance(rows[0][c], str) else "right")
+    for r in rows:
+        table.add_row(*(_fmt(r.get(c)) for c in cols))
+    Console(file=file or sys.stdout, width=200).print(table)
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
+    return str(v)
+
+
+def write_json(path: str | Path, rows: Iterable[dict]) -> None:
+    Path(path).write_text(json.dumps(list(rows), indent=1) + "\n")
+
+
+def plot_act_cdf(acts: dict, path: str | Path, title: str = "ACT CDF") -> None:
+    """One panel per window: the empirical ACT CDF of every policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    windows = sorted({w for w, _ in acts})
+    fig, axes = plt.subplots(1, len(windows), figsize=(5 * len(windows), 4), squeeze=False)
+    for ax, w in zip(axes[0], windows, strict=False):
+        for (ww, p), a in acts.items():
+            if ww != w:
+                continue
+            x = np.sort(a)
+            ax.plot(x, np.arange(1, x.size + 1) / x.size, label=p)
+        ax.set_xscale("log")
+        ax.set_xlabel("ACT (s)")
+        ax.set_ylabel("CDF")
+        ax.set_title(f"{title}, {w:g}-min window")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+BenchFn = Callable[..., list[dict]]

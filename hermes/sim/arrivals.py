@@ -1,0 +1,97 @@
+"""Application arrival times from a Mooncake trace, resampled into a submission window.
+
+The Hermes paper samples application arrival times from the Mooncake trace's arrival-time
+distribution and rescales them into the submission window (10, 15 or 30 minutes for 3x, 2x
+and 1x load). :func:`resample_arrivals` draws ``n`` request timestamps from the trace
+(without replacement when the trace has enough, so bursts are kept), sorts them and maps the
+trace's span ``[first, last]`` linearly onto ``[0, window_s]``. Seeded.
+
+Trace files (JSONL, ``timestamp`` in ms) are found by name or path: an explicit path, then
+the directory in ``$HERMES_TRACES``, then ``<repo>/../shared/traces``. The names
+``conversation`` and ``synthetic`` map to ``mooncake_conversation_trace.jsonl`` and
+``mooncake_synthetic_trace.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+TRACE_FILES = {
+    "conversation": "mooncake_conversation_trace.jsonl",
+    "synthetic": "mooncake_synthetic_trace.jsonl",
+}
+
+
+class TraceNotFoundError(FileNotFoundError):
+    """The arrival trace could not be found; the message lists where it was looked for."""
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def trace_path(trace: str | os.PathLike[str]) -> Path:
+    """Resolve a trace name (``conversation``/``synthetic``) or path to an existing file."""
+    text = str(trace)
+    fname = TRACE_FILES.get(text, text)
+    tried: list[Path] = []
+    direct = Path(fname).expanduser()
+    if text not in TRACE_FILES or direct.is_absolute():
+        tried.append(direct)
+        if direct.is_file():
+            return direct
+    env = os.environ.get("HERMES_TRACES")
+    if env:
+        tried.append(Path(env) / Path(fname).name)
+    tried.append(_repo_root().parent / "shared" / "traces" / Path(fname).name)
+    for p in tried:
+        if p.is_file():
+            return p
+    raise TraceNotFoundError(
+        f"arrival trace {text!r} not found; looked in: {', '.join(str(p) for p in tried)} "
+        f"(pass a path, set HERMES_TRACES to the traces directory, or use one of "
+        f"{', '.join(TRACE_FILES)})"
+    )
+
+
+@lru_cache(maxsize=8)
+def _load(path: str) -> np.ndarray:
+    ts = []
+    with open(path) as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                ts.append(float(json.loads(line)["timestamp"]))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{lineno}: bad trace line (need 'timestamp' in ms): {exc}") from None
+    if not ts:
+        raise ValueError(f"{path}: empty trace")
+    arr = np.sort(np.asarray(ts)) / 1000.0
+    arr.setflags(write=False)
+    return arr
+
+
+def load_trace_timestamps(trace: str | os.PathLike[str]) -> np.ndarray:
+    """Sorted request timestamps of a Mooncake trace, in seconds (read-only array)."""
+    return _load(str(trace_path(trace)))
+
+
+def resample_arrivals(
+    n: int, window_s: float, *, trace: str | os.PathLike[str] = "conversation", seed: int = 0
+) -> np.ndarray:
+    """``n`` sorted arrival times in ``[0, window_s]`` following the trace's arrival pattern."""
+    if n <= 0:
+        return np.zeros(0)
+    ts = load_trace_timestamps(trace)
+    rng = np.random.default_rng(seed)
+    picked = np.sort(rng.choice(ts, size=n, replace=n > ts.size))
+    lo, hi = float(ts[0]), float(ts[-1])
+    if hi <= lo:
+        return np.zeros(n)
+    return (picked - lo) / (hi - lo) * window_s
