@@ -29,20 +29,43 @@ class UnitObservation:
     finished: float = 0.0
 
     @classmethod
+    def from_requests(
+        cls,
+        unit: str,
+        inputs: list[int],
+        outputs: list[int],
+        cost: CostModel,
+        *,
+        duration_s: float,
+        started: float,
+        finished: float,
+    ) -> UnitObservation:
+        """An LLM invocation observed through its requests' token counts."""
+        import numpy as np
+
+        i = np.array([inputs], dtype=float)
+        o = np.array([outputs], dtype=float)
+        return cls(
+            unit=unit,
+            input_tokens=int(i.sum()),
+            output_tokens=int(o.sum()),
+            parallelism=max(1, len(inputs)),
+            duration_s=duration_s,
+            service_s=float(cost.unit_service_s(i, o)[0]),
+            started=started,
+            finished=finished,
+        )
+
+    @classmethod
     def from_record(cls, u: UnitRecord, cost: CostModel) -> UnitObservation:
         """The observation a live system makes of a finished unit (one run-record entry)."""
         if u.requests:
-            import numpy as np
-
-            i = np.array([[r.input_tokens for r in u.requests]], dtype=float)
-            o = np.array([[r.output_tokens for r in u.requests]], dtype=float)
-            return cls(
-                unit=u.unit,
-                input_tokens=int(i.sum()),
-                output_tokens=int(o.sum()),
-                parallelism=len(u.requests),
+            return cls.from_requests(
+                u.unit,
+                [r.input_tokens for r in u.requests],
+                [r.output_tokens for r in u.requests],
+                cost,
                 duration_s=u.finished - u.started,
-                service_s=float(cost.unit_service_s(i, o)[0]),
                 started=u.started,
                 finished=u.finished,
             )
@@ -91,6 +114,29 @@ class RunState:
     finished: float | None = None
     true_remaining_s: float | None = None  # simulator only, for the oracle baseline
     policy_state: dict = field(default_factory=dict)  # per-policy scratch (e.g. SeaLLM budget)
+
+    # State transitions, shared by both drivers; each is followed by the matching policy hook.
+    def begin_unit(self, unit: str) -> None:
+        """A unit invocation starts (then ``policy.on_unit_start``)."""
+        self.progress.current = unit
+        self.progress.current_attained_s = 0.0
+
+    def end_unit(self, obs: UnitObservation, current: str | None = None) -> None:
+        """A unit invocation finished (then ``policy.on_unit_finish``). ``current``: a unit
+        still running in parallel, if any."""
+        self.progress.finished.append(obs)
+        self.progress.current = current
+        self.progress.current_attained_s = 0.0
+
+    def credit(self, seconds: float, tokens: int = 0, *, unit_attained_s: float | None = None) -> None:
+        """Service delivered (then ``policy.on_service``). ``unit_attained_s``: the current
+        invocation's attained service when the driver tracks it absolutely."""
+        self.attained_s += seconds
+        self.attained_tokens += tokens
+        if unit_attained_s is None:
+            self.progress.current_attained_s += seconds
+        else:
+            self.progress.current_attained_s = unit_attained_s
 
 
 @dataclass(slots=True)

@@ -503,8 +503,7 @@ class LiveScheduler:
         if run.status == "queued":
             run.status = "running"
         st = run.state
-        st.progress.current = unit
-        st.progress.current_attained_s = 0.0
+        st.begin_unit(unit)
         self.policy.on_unit_start(st, unit, now)
         self._rekey_run(run, now)
         return inv
@@ -548,35 +547,34 @@ class LiveScheduler:
         if inv in run.open:
             run.open.remove(inv)
         results = inv.llm_results()
-        ins = [d.input_tokens for d in results]
-        outs = [d.output_tokens for d in results]
+        duration = float(inv.duration_s if inv.duration_s is not None else inv.finished - inv.started)
         if results:
-            service = float(self.cost.unit_service_s(np.array([ins]), np.array([outs]))[0])
+            obs = UnitObservation.from_requests(
+                inv.unit,
+                [d.input_tokens for d in results],
+                [d.output_tokens for d in results],
+                self.cost,
+                duration_s=duration,
+                started=inv.started,
+                finished=inv.finished,
+            )
         else:
-            service = float(inv.duration_s or 0.0)
-        obs = UnitObservation(
-            unit=inv.unit,
-            input_tokens=int(sum(ins)),
-            output_tokens=int(sum(outs)),
-            parallelism=max(1, len(results)),
-            duration_s=float(inv.duration_s if inv.duration_s is not None else inv.finished - inv.started),
-            service_s=service,
-            started=inv.started,
-            finished=inv.finished,
-        )
+            obs = UnitObservation(
+                unit=inv.unit,
+                duration_s=duration,
+                service_s=float(inv.duration_s or 0.0),
+                started=inv.started,
+                finished=inv.finished,
+            )
         st = run.state
-        st.progress.finished.append(obs)
-        st.progress.current = run.open[-1].unit if run.open else None
-        st.progress.current_attained_s = 0.0
+        st.end_unit(obs, run.open[-1].unit if run.open else None)
         self.policy.on_unit_finish(st, obs, now)
         self._rekey_run(run, now)
 
     # ------------------------------------------------------------------ service accounting
     def _credit(self, run: LiveRun, seconds: float, tokens: int, now: float) -> None:
         st = run.state
-        st.attained_s += seconds
-        st.attained_tokens += tokens
-        st.progress.current_attained_s += seconds
+        st.credit(seconds, tokens)
         before = st.rank
         self.policy.on_service(st, seconds, tokens, now)
         if st.rank != before:

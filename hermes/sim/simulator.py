@@ -197,7 +197,7 @@ class Simulator:
         self._app_cache: dict[str, AppModel] = {}
         self.uses_truth = bool(getattr(policy, "uses_truth", False))
         # policies whose request keys read state other than the run (VTC's tenant counters)
-        self.dynamic_keys = bool(getattr(policy, "dynamic_keys", getattr(policy, "name", "") == "vtc"))
+        self.dynamic_keys = policy.dynamic_keys
 
     # ------------------------------------------------------------------ setup helpers
     def app(self, name: str) -> AppModel:
@@ -316,8 +316,7 @@ class Simulator:
         run, step = payload
         run.step = step
         st = run.state
-        st.progress.current = step.unit
-        st.progress.current_attained_s = 0.0
+        st.begin_unit(step.unit)
         run.unit_started = now
         run.unit_attained = 0.0
         run.unit_tokens = 0
@@ -410,9 +409,7 @@ class Simulator:
                     upstream=step.upstream,
                 )
             )
-        st.progress.finished.append(obs)
-        st.progress.current = None
-        st.progress.current_attained_s = 0.0
+        st.end_unit(obs)
         run.step = None
         run.llm_reqs = []
         run.tool_call = None
@@ -534,9 +531,7 @@ class Simulator:
             run.unit_attained = new
             run.unit_tokens = new_tokens
             st = run.state
-            st.attained_s += delta
-            st.attained_tokens += ntok
-            st.progress.current_attained_s = new
+            st.credit(delta, ntok, unit_attained_s=new)
             self._truth(run)
             self._policy_call(run, now, self.policy.on_service, st, delta, ntok, now)
         for rid in res.finished:
@@ -563,8 +558,7 @@ class Simulator:
         dur = float(step.duration_s or 0.0)
         run.unit_attained = dur
         st = run.state
-        st.attained_s += dur
-        st.progress.current_attained_s = dur
+        st.credit(dur, 0, unit_attained_s=dur)
         self._truth(run)
         self._policy_call(run, now, self.policy.on_service, st, dur, 0, now)
         self._finish_unit(run, now)

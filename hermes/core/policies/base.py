@@ -34,6 +34,9 @@ class SchedulingPolicy(ABC):
     uses_estimator: ClassVar[bool] = False
     #: whether the policy reads RunState.true_remaining_s (the oracle)
     uses_truth: ClassVar[bool] = False
+    #: whether request keys change without a rank change (VTC's live tenant counters), so a
+    #: driver must re-key waiting queues before each dispatch
+    dynamic_keys: ClassVar[bool] = False
     #: whether the driver builds the EstimatorPool with online refinement (estimator policies)
     refine: ClassVar[bool] = True
 

@@ -34,6 +34,7 @@ class VirtualTokenCounterPolicy(SchedulingPolicy):
     """Smallest per-tenant virtual token counter first."""
 
     name: ClassVar[str] = "vtc"
+    dynamic_keys: ClassVar[bool] = True
 
     def __init__(self, *, input_weight: float = 1.0, output_weight: float = 2.0) -> None:
         self.input_weight = input_weight
