@@ -22,6 +22,8 @@ def _ints(text: str) -> list[int]:
 
 
 def _names(text: str) -> list[str]:
+    if text.strip() == "all":
+        return list(B.ALL_POLICIES)
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
@@ -38,8 +40,13 @@ def _common(p: argparse.ArgumentParser, *, window: bool) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
-def _finish(rows: list[dict], args: argparse.Namespace, title: str, t0: float) -> int:
+def _finish(
+    rows: list[dict], args: argparse.Namespace, title: str, t0: float,
+    extra: tuple[list[dict], str] | None = None,
+) -> int:
     B.print_table(rows, title=title)
+    if extra and extra[0]:
+        B.print_table(extra[0], title=extra[1])
     if args.json:
         B.write_json(args.json, rows)
     print(f"wall time: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
@@ -54,7 +61,9 @@ def cmd_sched(args: argparse.Namespace) -> int:
     )
     if args.plot:
         B.plot_act_cdf(acts, args.plot, title=f"{args.setup}, {args.trace}")
-    return _finish(rows, args, f"sched ({args.setup}, {args.trace}, seed {args.seed})", t0)
+    ratios = (B.ratio_rows(rows), "hermes ACT / policy ACT, same arrivals (< 1: hermes faster)")
+    title = f"sched ({args.setup}, {args.trace}, seed {args.seed})"
+    return _finish(rows, args, title, t0, extra=ratios)
 
 
 def cmd_ddl(args: argparse.Namespace) -> int:
@@ -89,7 +98,8 @@ def add_bench_parsers(bsub: argparse._SubParsersAction) -> None:
     s = bsub.add_parser("sched", help="ACT per policy and window (paper Fig. 9/10)")
     _common(s, window=False)
     s.add_argument("--window", default="10,15,30", help="submission windows, minutes")
-    s.add_argument("--policies", default=",".join(B.DEFAULT_POLICIES))
+    s.add_argument("--policies", default=",".join(B.DEFAULT_POLICIES),
+                   help="comma-separated policy names, or 'all' (adds the ablations)")
     s.add_argument("--plot", default=None, help="write the ACT CDF per policy to FILE.png")
     s.set_defaults(func=cmd_sched)
 

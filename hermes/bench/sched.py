@@ -35,17 +35,10 @@ import numpy as np
 from hermes.sim.arrivals import resample_arrivals
 from hermes.sim.simulator import Arrival, Simulator, setup_engines
 
-DEFAULT_POLICIES = (
-    "hermes",
-    "vllm",
-    "parrot",
-    "vtc",
-    "srpt",
-    "llmsched",
-    "seallm",
-    "oracle",
-    "hermes-no-refine",
-)
+#: Fig. 9/10: Hermes against the systems users would otherwise run; the ablations (srpt,
+#: oracle, hermes-no-refine) are ``bench ablation``'s (``--policies all`` runs every one here)
+DEFAULT_POLICIES = ("hermes", "vllm", "parrot", "vtc", "llmsched", "seallm")
+ALL_POLICIES = (*DEFAULT_POLICIES, "srpt", "oracle", "hermes-no-refine")
 DDL_POLICIES = ("hermes-ddl", "edf", "hermes", "srpt", "parrot", "vllm")
 ABLATION_POLICIES = ("hermes", "hermes-no-refine", "srpt", "oracle")
 DEADLINE_FACTORS = {"tight": 1.2, "modest": 1.5, "loose": 2.0}
@@ -352,6 +345,26 @@ def bench_overhead(
 
 
 # ---------------------------------------------------------------------------- output
+def ratio_rows(rows: Sequence[dict], ref: str = "hermes") -> list[dict]:
+    """``ref``'s mean and P95 ACT over every other policy's, per window (same run, same
+    arrivals): the figures the paper reports (e.g. Hermes 0.23x vLLM)."""
+    by = {(r["window_min"], r["policy"]): r for r in rows}
+    out = []
+    for (w, p), r in by.items():
+        base = by.get((w, ref))
+        if p == ref or base is None:
+            continue
+        out.append(
+            {
+                "window_min": w,
+                "vs": p,
+                f"{ref}_mean_ratio": base["mean_act_s"] / r["mean_act_s"],
+                f"{ref}_p95_ratio": base["p95_act_s"] / r["p95_act_s"],
+            }
+        )
+    return out
+
+
 def print_table(rows: Sequence[dict], title: str | None = None, file=None) -> None:  # noqa: ANN001
     """Print rows as a table on stdout (rich)."""
     from rich.console import Console

@@ -42,7 +42,74 @@ class DemandSamples:
     output_tokens: np.ndarray
     service_s: np.ndarray  # isolated service seconds under the cost model
     wall_s: np.ndarray  # service plus client gaps between units
-    current_s: np.ndarray | None = None  # remaining service of the current unit (None: no unit running)
+    current_s: np.ndarray | None = None  # remaining service of the running unit (None: none)
+    #: each walk's first invocation: the running unit's remaining part, or (between units)
+    #: the next unit the walk chose, whole; ``head_gap_s`` is the client gap before it
+    head_unit: np.ndarray | None = None  # unit names (str array)
+    head_s: np.ndarray | None = None
+    head_input_tokens: np.ndarray | None = None
+    head_output_tokens: np.ndarray | None = None
+    head_gap_s: np.ndarray | None = None
+
+    def _subset(self, keep: np.ndarray) -> dict[str, np.ndarray | None]:
+        return {
+            f: None if getattr(self, f) is None else getattr(self, f)[keep]
+            for f in self.__slots__  # type: ignore[attr-defined]
+        }
+
+    def given_attained(self, more_s: float, *, min_keep: int = 1) -> DemandSamples | None:
+        """The same walks, the running unit having attained ``more_s`` more seconds.
+
+        Rejection on walks already drawn: a walk whose running invocation would have
+        finished within ``more_s`` is inconsistent with what was observed and is dropped; the
+        others keep their downstream demand and lose ``more_s`` of the running invocation
+        (its tokens pro rata). This is the estimator's conditional X > a at the cost of a
+        filter, which makes a rank refresh at every bucket boundary cheap (Hermes §4.2).
+        ``None`` when no unit is running or fewer than ``min_keep`` walks survive (the
+        caller then draws afresh).
+        """
+        if self.current_s is None or self.head_s is None:
+            return None
+        if more_s <= 0:
+            return self
+        keep = self.head_s > more_s
+        if int(keep.sum()) < min_keep:
+            return None
+        f = self._subset(keep)
+        head = f["head_s"]
+        frac = (head - more_s) / head
+        cut_i = f["head_input_tokens"] * (1.0 - frac)
+        cut_o = f["head_output_tokens"] * (1.0 - frac)
+        f.update(
+            input_tokens=f["input_tokens"] - cut_i,
+            output_tokens=f["output_tokens"] - cut_o,
+            service_s=f["service_s"] - more_s,
+            wall_s=f["wall_s"] - more_s,
+            current_s=head - more_s,
+            head_s=head - more_s,
+            head_input_tokens=f["head_input_tokens"] - cut_i,
+            head_output_tokens=f["head_output_tokens"] - cut_o,
+        )
+        return DemandSamples(**f)
+
+    def given_next(self, unit: str, *, min_keep: int = 1) -> DemandSamples | None:
+        """Walks drawn between units, conditioned on ``unit`` being the one that started.
+
+        Keeps the walks whose next invocation is ``unit`` (rejection: the estimator's draw
+        conditioned on the observed branch) and makes that invocation the running one, its
+        client gap elapsed. ``None`` when a unit was running when the walks were drawn, or
+        fewer than ``min_keep`` walks chose ``unit``.
+        """
+        if self.current_s is not None or self.head_unit is None:
+            return None
+        keep = self.head_unit == unit
+        if int(keep.sum()) < min_keep:
+            return None
+        f = self._subset(keep)
+        f["wall_s"] = f["wall_s"] - f["head_gap_s"]
+        f["head_gap_s"] = np.zeros_like(f["head_gap_s"])
+        f["current_s"] = f["head_s"]
+        return DemandSamples(**f)
 
     def summary(self) -> dict[str, dict[str, float]]:
         out = {}
@@ -219,19 +286,27 @@ class DemandEstimator:
             cur[:] = t[np.searchsorted(c, rng.random(n), side="right").clip(max=len(t) - 1)]
 
         first = progress.current is not None
-        current_s = np.zeros(n) if first else None
+        head_unit = np.empty(n, dtype=object)
+        head = np.zeros((4, n), dtype=np.float64)  # service, input, output, gap
+        step0 = True
         for _ in range(MAX_STEPS):
             alive = np.flatnonzero(cur >= 0)
             if alive.size == 0:
                 break
             nxt = np.full(n, -1, dtype=np.int64)
-            for u in np.unique(cur[alive]):
-                idx = alive[cur[alive] == u]
-                feats, itok, otok, svc, gap = self._visit(int(u), last_feat[idx], rng)
+            cu = cur[alive]
+            here = np.unique(cu)
+            for u in here:
+                idx = alive if here.size == 1 else alive[cu == u]
+                feats, itok, otok, svc, gap = self._visit(int(u), last_feat, rng, rows=idx)
                 if first:
-                    itok, otok, svc = _condition_on_attained(svc, itok, otok, attained)
+                    pick = _consistent_draws(svc, attained)
+                    feats, itok, otok, svc = feats[pick], itok[pick], otok[pick], svc[pick]
+                    itok, otok, svc = _remaining_part(svc, itok, otok, attained)
                     gap = np.zeros_like(gap)
-                    current_s[idx] = svc  # type: ignore[index]
+                if step0:
+                    head_unit[idx] = self._units[int(u)].name
+                    head[0, idx], head[1, idx], head[2, idx], head[3, idx] = svc, itok, otok, gap
                 acc[0, idx] += itok
                 acc[1, idx] += otok
                 acc[2, idx] += svc
@@ -239,9 +314,16 @@ class DemandEstimator:
                 visits[idx, u] += 1
                 last_feat[idx, u] = feats
                 nxt[idx] = self._choose_next(int(u), visits[idx, u], rng, feats)
-            first = False
+            step0 = first = False
             cur = nxt
-        return DemandSamples(acc[0], acc[1], acc[2], acc[3], current_s)
+        running = progress.current is not None
+        return DemandSamples(
+            acc[0], acc[1], acc[2], acc[3],
+            current_s=head[0].copy() if running else None,
+            head_unit=head_unit.astype(str),
+            head_s=head[0], head_input_tokens=head[1], head_output_tokens=head[2],
+            head_gap_s=head[3],
+        )
 
     def _choose_next(
         self, u: int, visit: np.ndarray, rng: np.random.Generator, feats: np.ndarray | None = None
@@ -270,42 +352,54 @@ class DemandEstimator:
         return out
 
     def _visit(
-        self, u: int, last_feat: np.ndarray | None, rng: np.random.Generator, m: int | None = None
+        self,
+        u: int,
+        last_feat: np.ndarray | None,
+        rng: np.random.Generator,
+        m: int | None = None,
+        *,
+        rows: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Draw one invocation of unit ``u`` for each walk, given the walks' latest features of
-        every unit (``last_feat``, (m, U, NF), NaN where not visited; ``None``: marginal).
-        Returns features (m, NF), input and output tokens (m,), service seconds (m,) and the gap
-        before the invocation (m,)."""
+        """Draw one invocation of unit ``u`` for each walk ``rows`` (default: all), given the
+        walks' latest features of every unit (``last_feat``, (walks, U, NF), NaN where not
+        visited; ``None``: marginal, ``m`` draws). Returns features (m, NF), input and output
+        tokens (m,), service seconds (m,) and the gap before the invocation (m,)."""
         unit = self._units[u]
-        m = last_feat.shape[0] if last_feat is not None else int(m or 0)
+        if last_feat is not None and rows is None:
+            rows = np.arange(last_feat.shape[0])
+        m = rows.size if rows is not None else int(m or 0)
         par = unit.par[rng.integers(0, unit.par.size, m)]
         dur = unit.dur[rng.integers(0, unit.dur.size, m)]
         gap = unit.gap[rng.integers(0, unit.gap.size, m)]
-        cond_i = np.full(m, np.nan)
-        cond_o = np.full(m, np.nan)
         edges = self._edges.get(u, []) if last_feat is not None else []
+        cond_i = np.full(m, np.nan) if edges else None
+        cond_o = np.full(m, np.nan) if edges else None
         todo = np.ones(m, dtype=bool)  # walks not conditioned yet
         for up, table in edges:
-            sel = np.flatnonzero(todo & ~np.isnan(last_feat[:, up, 0]))  # type: ignore[index]
+            up_feat = last_feat[rows, up]  # type: ignore[index]
+            sel = np.flatnonzero(todo & ~np.isnan(up_feat[:, 0]))
             if sel.size == 0:
                 continue
-            rows = self._match(table, last_feat[sel, up], rng)  # type: ignore[index]
-            ok = rows >= 0
+            match = self._match(table, up_feat[sel], rng)
+            ok = match >= 0
             if ok.any():
-                s, d = sel[ok], table.down[rows[ok]]
+                s, d = sel[ok], table.down[match[ok]]
                 todo[s] = False
                 if _F["P"] in table.dep_feats:
                     par[s] = d[:, _F["P"]]
                 if _F["D"] in table.dep_feats:
                     dur[s] = d[:, _F["D"]]
                 if _F["I"] in table.dep_feats:
-                    cond_i[s] = d[:, _F["I"]]
+                    cond_i[s] = d[:, _F["I"]]  # type: ignore[index]
                 if _F["O"] in table.dep_feats:
-                    cond_o[s] = d[:, _F["O"]]
+                    cond_o[s] = d[:, _F["O"]]  # type: ignore[index]
         par = np.maximum(par, 1).astype(np.int64)
+        feats = np.zeros((m, NF))
+        feats[:, _F["P"]] = par
         if not unit.llm:
-            feats = np.column_stack([np.zeros(m), np.zeros(m), par.astype(float), dur, np.zeros(m)])
-            return feats, np.zeros(m), np.zeros(m), dur, gap
+            feats[:, _F["D"]] = dur
+            zero = np.zeros(m)
+            return feats, zero, zero, dur, gap
         pmax = int(par.max())
         cols = np.arange(pmax)[None, :] < par[:, None]
         imat = unit.inp[rng.integers(0, unit.inp.size, (m, pmax))]
@@ -315,14 +409,18 @@ class DemandEstimator:
         # conditioned per-request means: rescale the marginal draws of the row to that mean,
         # which keeps their spread (the slowest of P parallel requests sets the unit's time)
         for mat, cond in ((imat, cond_i), (omat, cond_o)):
-            rows = np.flatnonzero(~np.isnan(cond))
-            if rows.size:
-                mean = mat[rows].sum(axis=1) / par[rows]
-                scale = np.divide(cond[rows], mean, out=np.ones(rows.size), where=mean > 0)
-                mat[rows] *= scale[:, None]
+            if cond is None:
+                continue
+            hit = np.flatnonzero(~np.isnan(cond))
+            if hit.size:
+                mean = mat[hit].sum(axis=1) / par[hit]
+                scale = np.divide(cond[hit], mean, out=np.ones(hit.size), where=mean > 0)
+                mat[hit] *= scale[:, None]
         itok, otok = imat.sum(axis=1), omat.sum(axis=1)
         svc = self.cost.unit_service_s(imat, omat)
-        feats = np.column_stack([itok / par, otok / par, par.astype(float), np.zeros(m), otok])
+        feats[:, _F["I"]] = itok / par
+        feats[:, _F["O"]] = otok / par
+        feats[:, _F["T"]] = otok
         return feats, itok, otok, svc, gap
 
     def _match(self, table: _EdgeTable, feats: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -393,24 +491,30 @@ def _obs_features(obs: UnitObservation, llm: bool) -> np.ndarray:
     return np.array([0.0, 0.0, float(p), obs.duration_s, 0.0])
 
 
-def _condition_on_attained(
-    svc: np.ndarray, itok: np.ndarray, otok: np.ndarray, attained: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Condition the current invocation on X > attained: keep the part still to come.
+def _consistent_draws(svc: np.ndarray, attained: float) -> np.ndarray:
+    """Index of the draw each walk uses once the current invocation is conditioned on X > a.
 
-    Walks whose draw is already exceeded by the attained service are given the samples of
-    walks that are consistent (resampling from the conditional); if none is, the invocation
-    is taken as about to finish (remaining 0).
+    Walks whose draw is already exceeded by the attained service take the draw (features,
+    tokens, service) of a consistent walk (resampling from the conditional); if none is
+    consistent every walk keeps its own and the invocation is taken as about to finish.
     """
+    pick = np.arange(svc.size)
     if attained <= 0:
-        return itok, otok, svc
+        return pick
     ok = svc > attained
     if ok.any() and not ok.all():
         src = np.flatnonzero(ok)
         bad = np.flatnonzero(~ok)
-        pick = src[np.arange(bad.size) % src.size]
-        svc, itok, otok = svc.copy(), itok.copy(), otok.copy()
-        svc[bad], itok[bad], otok[bad] = svc[pick], itok[pick], otok[pick]
+        pick[bad] = src[np.arange(bad.size) % src.size]
+    return pick
+
+
+def _remaining_part(
+    svc: np.ndarray, itok: np.ndarray, otok: np.ndarray, attained: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The part of an invocation still to come after ``attained`` seconds (tokens pro rata)."""
+    if attained <= 0:
+        return itok, otok, svc
     rem = np.maximum(svc - attained, 0.0)
     frac = np.divide(rem, svc, out=np.zeros_like(rem), where=svc > 0)
     return itok * frac, otok * frac, rem

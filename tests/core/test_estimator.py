@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hermes.core.costmodel import get_cost_model
-from hermes.core.estimator import DemandEstimator, EstimatorPool
+from hermes.core.estimator import DemandEstimator, DemandSamples, EstimatorPool
 from hermes.core.profiler import learn
 from hermes.core.state import RunProgress, UnitObservation
 from tests.core.toyapps import kbqa_like_records, loop_records
@@ -121,3 +121,42 @@ def test_thousand_walks_fast(kbqa) -> None:
         est.sample()
     per = (time.perf_counter() - t0) / 20
     assert per < 0.05  # generous bound for a loaded CI box; `hermes bench estimator` reports the figure
+
+
+def test_given_attained_is_rejection_on_the_same_walks() -> None:
+    s = DemandSamples(
+        input_tokens=np.array([10.0, 20.0, 30.0]), output_tokens=np.array([4.0, 8.0, 12.0]),
+        service_s=np.array([2.0, 6.0, 9.0]), wall_s=np.array([3.0, 7.0, 10.0]),
+        current_s=np.array([1.0, 3.0, 5.0]), head_unit=np.array(["u", "u", "u"]),
+        head_s=np.array([1.0, 3.0, 5.0]), head_input_tokens=np.array([10.0, 10.0, 10.0]),
+        head_output_tokens=np.array([2.0, 4.0, 4.0]), head_gap_s=np.zeros(3),
+    )
+    later = s.given_attained(2.0)
+    assert later is not None
+    # the 1 s walk is inconsistent with 2 s attained; the others lose 2 s and tokens pro rata
+    assert later.service_s.tolist() == [4.0, 7.0]
+    assert later.current_s.tolist() == [1.0, 3.0]
+    assert later.input_tokens.tolist() == pytest.approx([20 - 10 * 2 / 3, 30 - 10 * 2 / 5])
+    assert later.output_tokens.tolist() == pytest.approx([8 - 4 * 2 / 3, 12 - 4 * 2 / 5])
+    assert s.given_attained(2.0, min_keep=3) is None  # too few survivors: draw afresh
+    between = DemandSamples(*(getattr(s, f) for f in ("input_tokens", "output_tokens", "service_s", "wall_s")))
+    assert between.given_attained(1.0) is None  # no unit running
+
+
+def test_given_next_matches_a_fresh_draw_from_the_unit_that_started(kbqa) -> None:
+    est = DemandEstimator(kbqa, COST, n_walks=4000, seed=5)
+    done = [UnitObservation("extract", 700, 20 * 4 + 5, 1), UnitObservation("query", 4 * 360, 4 * 17, 4)]
+    between = est.sample(RunProgress(finished=done))
+    assert set(between.head_unit) == {"search"} and between.current_s is None
+    kept = between.given_next("search")
+    fresh = est.sample(RunProgress(finished=done, current="search"))
+    assert kept is not None and kept.current_s is not None
+    assert kept.service_s.mean() == pytest.approx(fresh.service_s.mean(), rel=0.05)
+    assert kept.wall_s.mean() == pytest.approx(fresh.wall_s.mean(), rel=0.05)
+    assert between.given_next("verify") is None  # no walk goes to verify next
+    # conditioning the kept walks on attained service matches the estimator's own conditional
+    a = float(np.median(kept.current_s))
+    later = kept.given_attained(a)
+    direct = est.sample(RunProgress(finished=done, current="search", current_attained_s=a))
+    assert later is not None and later.service_s.size < kept.service_s.size
+    assert later.service_s.mean() == pytest.approx(direct.service_s.mean(), rel=0.05)

@@ -11,7 +11,9 @@ unit's service-time distribution (``buckets`` quantile boundaries from
 ``estimator.unit_service_boundaries``, offset by the service attained when the unit started;
 both kept in ``run.policy_state``; drivers set ``progress.current`` before calling
 ``on_unit_start``). Between two boundaries the conditional distribution
-changes little, so a driver can skip the work (``run.next_refresh_attained_s``).
+changes little, so a driver can skip the work (``run.next_refresh_attained_s``). Walks are
+drawn about once per unit and conditioned at the other refresh points
+(:meth:`EstimatedPolicy.samples`).
 
 Unknown apps (``pool.get(app) is None``: no PDGraph yet) fall back to least attained service
 first: rank = ``run.attained_s``, refreshed every ``las_quantum_s`` seconds of service.
@@ -23,14 +25,16 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from hermes.core.estimator import DemandSamples
 from hermes.core.policies.base import SchedulingPolicy
 from hermes.core.state import RunState, UnitObservation
 
 if TYPE_CHECKING:
-    from hermes.core.estimator import DemandEstimator, DemandSamples, EstimatorPool
+    from hermes.core.estimator import DemandEstimator, EstimatorPool
 
 _OFFSET = "unit_start_attained_s"
 _BOUNDS = "unit_bounds_s"
+_WALKS = "walks"  # (finished units, running unit or None, its attained when drawn, samples)
 
 
 class EstimatedPolicy(SchedulingPolicy):
@@ -46,6 +50,7 @@ class EstimatedPolicy(SchedulingPolicy):
         buckets: int = 10,
         n_walks: int | None = None,
         las_quantum_s: float = 1.0,
+        min_keep: int = 32,
         seed: int = 0,
     ) -> None:
         if buckets < 1:
@@ -54,6 +59,7 @@ class EstimatedPolicy(SchedulingPolicy):
         self.buckets = buckets
         self.n_walks = n_walks  # None: the estimator's own default
         self.las_quantum_s = las_quantum_s
+        self.min_keep = min_keep
         self.seed = seed
 
     # -- what subclasses define -------------------------------------------------------------
@@ -70,7 +76,40 @@ class EstimatedPolicy(SchedulingPolicy):
         return None if self.estimators is None else self.estimators.get(run.app)
 
     def samples(self, run: RunState, est: DemandEstimator) -> DemandSamples:
-        return est.sample(run.progress, self.n_walks)
+        """Remaining-demand samples of ``run`` now, drawn about once per unit.
+
+        The walks drawn at the last refresh point are kept in ``run.policy_state`` with the
+        state they were drawn in (finished units, running unit, service attained in it).
+        When the next unit starts, the walks drawn when the previous one finished are
+        conditioned on the unit that actually started (:meth:`DemandSamples.given_next`);
+        at a bucket boundary, the running unit's walks are conditioned on the service it
+        attained since (:meth:`DemandSamples.given_attained`). Both are rejection on walks
+        already drawn, i.e. the estimator's own conditional distribution at the cost of a
+        filter. Fresh walks are drawn when fewer than ``min_keep`` survive.
+        """
+        progress = run.progress
+        done = len(progress.finished)
+        walks: DemandSamples | None = None
+        cached = run.policy_state.get(_WALKS)
+        if cached is not None and cached[0] == done:
+            _, unit, base_s, drawn = cached
+            if unit is None and progress.current is not None:
+                # drawn between units: keep the walks that chose the unit that started
+                walks = drawn.given_next(progress.current, min_keep=self.min_keep)
+                unit, base_s = progress.current, 0.0
+                if walks is not None:
+                    run.policy_state[_WALKS] = (done, unit, base_s, walks)
+            elif unit is not None and unit == progress.current:
+                walks = drawn
+            if walks is not None:
+                more_s = progress.current_attained_s - base_s
+                walks = walks.given_attained(more_s, min_keep=self.min_keep) if more_s > 0 else walks
+        if walks is None:
+            walks = est.sample(progress, self.n_walks)
+            if isinstance(walks, DemandSamples) and walks.head_unit is not None:
+                base_s = progress.current_attained_s if progress.current is not None else 0.0
+                run.policy_state[_WALKS] = (done, progress.current, base_s, walks)
+        return walks
 
     def rank(self, run: RunState, now: float) -> float:
         est = self.estimator(run)

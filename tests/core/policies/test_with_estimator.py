@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 
 from hermes.core.costmodel import get_cost_model
 from hermes.core.estimator import EstimatorPool
 from hermes.core.policies import make_policy
+from hermes.core.policies.gittins import gittins_rank
 from hermes.core.profiler import learn
 from hermes.core.records import RequestRecord, RunRecord, UnitRecord
 from hermes.core.state import RunState
@@ -70,3 +72,55 @@ def test_rerank_of_1000_runs_is_cheap_enough() -> None:
     per_run_ms = (time.perf_counter() - t0) / len(runs) * 1e3
     assert np.isfinite(ranks).all()
     assert per_run_ms < 5.0  # generous for a loaded CI box; the benchmark reports the figure
+
+
+class CountingPool(EstimatorPool):
+    """The real pool, counting the estimator's draws (walk batches)."""
+
+    draws = 0
+
+    def get(self, app):
+        est = super().get(app)
+        if est is not None and not getattr(est, "_counted", False):
+            inner = est.sample
+
+            def sample(progress=None, n=None, inner=inner):
+                CountingPool.draws += 1
+                return inner(progress, n)
+
+            est.sample, est._counted = sample, True
+        return est
+
+
+def test_walks_drawn_once_per_unit_and_conditioned_at_other_refresh_points() -> None:
+    from tests.core.toyapps import kbqa_like_records
+
+    graphs = {"toy_kbqa": learn(kbqa_like_records(600))}
+    pool = CountingPool(graphs, get_cost_model("llama2-7b-a100"), n_walks=2000, seed=0)
+    hermes = make_policy("hermes", estimators=pool)
+    r = RunState(run_id="r", app="toy_kbqa", submitted=0.0)
+    CountingPool.draws = 0
+    hermes.on_arrival(r, 0.0)
+    assert CountingPool.draws == 1
+    r.progress.current = "extract"
+    hermes.on_unit_start(r, "extract", 0.0)  # conditions the arrival walks on the first unit
+    assert CountingPool.draws == 1
+    at_start = r.rank
+    # crossing a bucket boundary conditions the same walks on the attained service
+    r.progress.current_attained_s = r.attained_s = r.next_refresh_attained_s
+    hermes.on_service(r, r.attained_s, 0, 1.0)
+    assert CountingPool.draws == 1 and r.rank != at_start
+    est = pool.get("toy_kbqa")
+    direct = est.sample(r.progress)  # the estimator's own conditional, drawn afresh
+    CountingPool.draws -= 1
+    assert r.rank == pytest.approx(gittins_rank(direct.service_s), rel=0.1)
+    # a unit finishing draws new walks (the observation refines them)
+    from hermes.core.state import UnitObservation
+
+    r.progress.finished.append(UnitObservation("extract", 700, 185, 1))
+    r.progress.current, r.progress.current_attained_s = None, 0.0
+    hermes.on_unit_finish(r, r.progress.finished[-1], 2.0)
+    assert CountingPool.draws == 2 and r.rank_refreshed_at == 2.0
+    r.progress.current = "query"
+    hermes.on_unit_start(r, "query", 2.0)
+    assert CountingPool.draws == 2
