@@ -21,9 +21,8 @@ first: rank = ``run.attained_s``, refreshed every ``las_quantum_s`` seconds of s
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import TYPE_CHECKING, ClassVar
-
-import numpy as np
 
 from hermes.core.estimator import DemandSamples
 from hermes.core.policies.base import SchedulingPolicy
@@ -34,6 +33,8 @@ if TYPE_CHECKING:
 
 _OFFSET = "unit_start_attained_s"
 _BOUNDS = "unit_bounds_s"
+_ABS = "unit_bounds_abs"  # the boundaries in run.attained_s terms (a sorted list)
+_TABLE = "rank_table"  # (finished units, bucket starts, ranks, first attained not covered)
 _WALKS = "walks"  # (finished units, running unit or None, its attained when drawn, samples)
 
 
@@ -42,6 +43,9 @@ class EstimatedPolicy(SchedulingPolicy):
 
     uses_estimator: ClassVar[bool] = True
     refine: ClassVar[bool] = True
+    #: the rank is a function of the samples alone (not of ``now`` or of state the policy
+    #: keeps), so each bucket's rank can be computed ahead when the unit's walks are drawn
+    tabulate: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -112,31 +116,81 @@ class EstimatedPolicy(SchedulingPolicy):
         return walks
 
     def rank(self, run: RunState, now: float) -> float:
+        if self.tabulate:
+            hit = self._from_table(run)
+            if hit is not None:
+                return hit
         est = self.estimator(run)
         if est is None:
             run.next_refresh_attained_s = run.attained_s + self.las_quantum_s
             return self.fallback_rank(run, now)
         self._set_next_refresh(run)
-        return self.rank_from_samples(run, self.samples(run, est), now)
+        walks = self.samples(run, est)
+        rank = self.rank_from_samples(run, walks, now)
+        if self.tabulate and run.progress.current is not None and isinstance(walks, DemandSamples):
+            self._build_table(run, walks, rank, now)
+        return rank
 
     def on_unit_start(self, run: RunState, unit: str, now: float) -> None:
         run.policy_state[_OFFSET] = run.attained_s
+        run.policy_state[_TABLE] = None
         est = self.estimator(run)
         bounds = None if est is None else est.unit_service_boundaries(unit, self.buckets)
         run.policy_state[_BOUNDS] = bounds
+        run.policy_state[_ABS] = (
+            None if bounds is None else [run.attained_s + float(b) for b in bounds]
+        )
         run.rank = self.rank(run, now)
         run.rank_refreshed_at = now
 
     def on_unit_finish(self, run: RunState, obs: UnitObservation, now: float) -> None:
-        run.policy_state[_BOUNDS] = None
+        run.policy_state[_BOUNDS] = run.policy_state[_ABS] = run.policy_state[_TABLE] = None
         super().on_unit_finish(run, obs, now)
+
+    # -- per-bucket rank tables (Hermes §4.2: the index is constant within a bucket) -----------
+    def _build_table(self, run: RunState, walks: DemandSamples, rank: float, now: float) -> None:
+        """Ranks of the running unit at each bucket boundary still ahead, from the same walks.
+
+        Built when the unit's walks are (re)drawn; a bucket-boundary refresh is then a lookup,
+        which keeps re-ranking every active run cheap (``hermes bench overhead``). The table
+        stops at the first boundary that fewer than ``min_keep`` walks reach (a refresh there
+        draws afresh). Cost: one conditioning and one rank per boundary, linear in buckets.
+        """
+        bounds = run.policy_state.get(_ABS) or []
+        at = run.attained_s
+        ahead = [b for b in bounds if b > at]
+        ranks = [rank]
+        for b in ahead:
+            cond = walks.given_attained(b - at, min_keep=self.min_keep)
+            if cond is None:
+                break
+            ranks.append(self.rank_from_samples(run, cond, now))
+        starts = [at, *ahead[: len(ranks) - 1]]
+        limit = ahead[len(ranks) - 1] if len(ranks) <= len(ahead) else float("inf")
+        run.policy_state[_TABLE] = (len(run.progress.finished), starts, ranks, limit)
+
+    def _from_table(self, run: RunState) -> float | None:
+        """The tabulated rank at the run's attained service (and its next refresh point), or
+        ``None`` outside what the table covers. The hot path of a re-rank: two compares and
+        one bisection."""
+        table = run.policy_state.get(_TABLE)
+        if table is None:
+            return None
+        done, starts, ranks, limit = table
+        a = run.attained_s
+        if done != len(run.progress.finished) or a >= limit:
+            return None
+        i = bisect_right(starts, a)
+        if i == 0:
+            return None
+        run.next_refresh_attained_s = starts[i] if i < len(starts) else limit
+        return ranks[i - 1]
 
     def _set_next_refresh(self, run: RunState) -> None:
         """Next refresh: the first bucket boundary of the current unit above attained service."""
-        bounds = run.policy_state.get(_BOUNDS)
-        if bounds is None or len(bounds) == 0:
+        absolute = run.policy_state.get(_ABS)
+        if not absolute:
             run.next_refresh_attained_s = float("inf")
             return
-        absolute = run.policy_state.get(_OFFSET, 0.0) + np.asarray(bounds, dtype=np.float64)
-        i = int(np.searchsorted(absolute, run.attained_s, side="right"))
-        run.next_refresh_attained_s = float(absolute[i]) if i < absolute.size else float("inf")
+        i = bisect_right(absolute, run.attained_s)
+        run.next_refresh_attained_s = absolute[i] if i < len(absolute) else float("inf")

@@ -26,6 +26,7 @@ class HermesPolicy(EstimatedPolicy):
     """Gittins rank on the estimator's remaining service-time samples."""
 
     name: ClassVar[str] = "hermes"
+    tabulate: ClassVar[bool] = True
 
     def rank_from_samples(self, run: RunState, samples: DemandSamples, now: float) -> float:
         return gittins_rank(samples.service_s)

@@ -25,6 +25,7 @@ class MeanSRPTPolicy(EstimatedPolicy):
     """SRPT on the estimated mean remaining service."""
 
     name: ClassVar[str] = "srpt"
+    tabulate: ClassVar[bool] = True
 
     def rank_from_samples(self, run: RunState, samples: DemandSamples, now: float) -> float:
         return float(samples.service_s.mean())

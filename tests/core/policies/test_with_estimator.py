@@ -124,3 +124,30 @@ def test_walks_drawn_once_per_unit_and_conditioned_at_other_refresh_points() -> 
     r.progress.current = "query"
     hermes.on_unit_start(r, "query", 2.0)
     assert CountingPool.draws == 2
+
+
+def test_bucket_ranks_are_tabulated_at_unit_start_from_the_same_walks() -> None:
+    from tests.core.toyapps import kbqa_like_records
+
+    graphs = {"toy_kbqa": learn(kbqa_like_records(600))}
+    pool = CountingPool(graphs, get_cost_model("llama2-7b-a100"), n_walks=2000, seed=1)
+    hermes = make_policy("hermes", estimators=pool, buckets=5)
+    r = RunState(run_id="r", app="toy_kbqa", submitted=0.0, attained_s=3.0)
+    r.progress.current = "extract"
+    CountingPool.draws = 0
+    hermes.on_unit_start(r, "extract", 0.0)
+    walks = r.policy_state["walks"][3]
+    bounds = [b for b in r.policy_state["unit_bounds_abs"]]
+    assert len(bounds) == 4 and bounds[0] > 3.0
+    for lo, hi in zip(bounds, [*bounds[1:], bounds[-1] + 1.0], strict=True):
+        expect = walks.given_attained(lo - 3.0, min_keep=hermes.min_keep)
+        for attained in (lo, (lo + hi) / 2):
+            r.attained_s = attained
+            r.progress.current_attained_s = attained - 3.0
+            got = hermes.rank(r, 1.0)
+            if expect is not None:  # the boundary is tabulated: a lookup, no new walks
+                assert got == pytest.approx(gittins_rank(expect.service_s))
+                assert CountingPool.draws == 1
+            assert r.next_refresh_attained_s == (hi if hi in bounds else float("inf"))
+    # hermes-ddl's rank depends on the clock: never tabulated
+    assert not type(make_policy("hermes-ddl", estimators=pool)).tabulate
