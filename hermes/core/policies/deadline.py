@@ -33,6 +33,7 @@ class HermesDeadlinePolicy(EstimatedPolicy):
     """Least worst-case slack first; Gittins among runs without a deadline."""
 
     name: ClassVar[str] = "hermes-ddl"
+    tabulate: ClassVar[bool] = True  # deadline − worst case: no clock, no hidden state
 
     def __init__(
         self,
