@@ -15,11 +15,16 @@ def test_sched_rows_and_outputs(tmp_path, capsys):
     rows, acts = B.bench_sched(12, windows=(1, 2), policies=("vllm", "parrot"), seed=0,
                                workers=1, progress=False)
     assert [(r["window_min"], r["policy"]) for r in rows] == [
-        (1, "vllm"), (1, "parrot"), (2, "vllm"), (2, "parrot")]
+        (1, "vllm"), (1, "parrot"), (1, "isolated"), (2, "vllm"), (2, "parrot"), (2, "isolated")]
     for r in rows:
         assert r["runs"] == 12
         assert 0 < r["p50_act_s"] <= r["p95_act_s"] <= r["p99_act_s"]
         assert r["mean_act_s"] == pytest.approx(acts[(r["window_min"], r["policy"])].mean())
+    for w in (1, 2):  # a run alone on the engine is never slower than under contention
+        assert (acts[(w, "isolated")] <= acts[(w, "vllm")] * 1.0001 + 1e-6).all()
+    ratios = B.ratio_rows(rows, ref="parrot")
+    assert {r["vs"] for r in ratios} == {"vllm"}
+    assert all(0 < r["best_mean_ratio"] <= 1.0001 for r in ratios)
     B.write_json(tmp_path / "rows.json", rows)
     assert json.loads((tmp_path / "rows.json").read_text()) == rows
     B.plot_act_cdf(acts, tmp_path / "cdf.png")
