@@ -10,7 +10,8 @@
 - :class:`LoraPrewarmer`: runtime ``POST /v1/load_lora_adapter`` / ``unload_lora_adapter`` on
   a vLLM-compatible server, keeping at most ``max_loras`` adapters it loaded (LRU unload).
 - :class:`KVPrefixPrewarmer`: a prefill-only request (``max_tokens: 1``) carrying the next
-  unit's shared prompt prefix, so that the engine's prefix cache holds it.
+  unit's shared prompt prefix (its system message), so that the engine's prefix cache holds
+  it.
 - :class:`DnnHook`: load/unload callables of a DNN tool model, with the measured load time.
 
 :class:`NodePrewarmer` routes the protocol's ``prewarm`` messages (``backend``, ``action``,
@@ -309,10 +310,13 @@ class KVPrefixPrewarmer:
 
         t0 = time.monotonic()
         async with httpx.AsyncClient(timeout=self.timeout_s) as http:
+            # the prefix as the system message, as the unit's own requests carry it: the
+            # engine caches its KV blocks (vLLM: --enable-prefix-caching)
             r = await http.post(
-                f"{self.base_url}/v1/completions",
-                json={"model": model or self.model, "prompt": prefix, "max_tokens": 1,
-                      "temperature": 0.0},
+                f"{self.base_url}/v1/chat/completions",
+                json={"model": model or self.model, "max_tokens": 1, "temperature": 0.0,
+                      "messages": [{"role": "system", "content": prefix},
+                                   {"role": "user", "content": "."}]},
             )
         dt = time.monotonic() - t0
         if r.status_code >= 400:
