@@ -15,12 +15,16 @@ possible next unit ``v`` whose resources are cold:
 
 - ``p_s``: the branch probability of ``v`` after the current unit (the PDGraph's next-unit
   table for this visit index);
-- ``t_c``: samples of the time until the current unit completes (the estimator's remaining
-  service of the current unit, :attr:`DemandSamples.current_s`, plus ``v``'s client gap);
+- ``t_c``: samples of the time until the current unit completes: the estimator's remaining
+  service of the current unit (:attr:`DemandSamples.current_s`) times the observed stretch of
+  wall time over service time of LLM units (queueing and batching under load; an EWMA over
+  finished units), plus ``v``'s median client gap;
 - ``t_p``: the resource's warm-up time, learned online (:class:`WarmupLearner`, an EWMA of
   observed warm-ups seeded with :data:`DEFAULT_WARMUP_S`).
 
-No prewarm when ``p_s < K``; otherwise start at ``t_s`` (seconds from now) where
+No prewarm when ``p_s < K``; a resource that is already warm but evictable (a cached prefix,
+a resident adapter) is *held* from now on (pinned against eviction); a cold one starts warming
+at ``t_s`` (seconds from now) where
 ``p_s * P(t_c > t_s + t_p) = K``, i.e. ``t_s = Q_{t_c}(1 - K/p_s) - t_p`` clipped at 0
 (:func:`start_offset`). A higher K demands a higher chance that the warm-up is over before the
 backend is needed, so it prewarms fewer branches and starts them earlier; a lower K prewarms
@@ -61,6 +65,8 @@ DEFAULT_K = 0.5
 #: from host memory, prefix prefill); replaced by observations as they come in
 DEFAULT_WARMUP_S: dict[str, float] = {"docker": 1.0, "dnn": 3.0, "lora": 0.3, "kv": 0.1}
 DEFAULT_IDLE_TIMEOUT_S = 60.0
+#: resources that a warm cache could evict before use: the planner holds them when warm
+HOLDABLE = ("kv", "lora")
 
 
 def resource_kind(resource: str) -> str:
@@ -168,6 +174,7 @@ class PrewarmAction:
     unit: str
     pid: int
     used: bool = False  # release only: whether the warm backend served its unit
+    prefetch: bool = False  # start only: for a request already queued (epwq), not planned
 
 
 @dataclass(slots=True)
@@ -175,6 +182,7 @@ class PrewarmStats:
     """Counters a driver exports (``stats()`` is a flat dict for metrics)."""
 
     planned: int = 0
+    prefetched: int = 0  # fetched for a request already queued (epwq; not planned ahead)
     started: int = 0
     used: int = 0  # started, and its branch was taken
     late: int = 0  # planned, branch taken before the planned start (not started)
@@ -240,6 +248,10 @@ class PrewarmStrategy(ABC):
         self.estimators = estimators
         self.n_walks = n_walks
         self.counters = PrewarmStats()
+        # wall seconds per isolated service second of LLM units (queueing and batching under
+        # load), learned from finished units: the estimator's t_c is in service seconds
+        self.stretch = 1.0
+        self.stretch_alpha = 0.1
         self._ids = itertools.count(1)
         self._by_run: dict[str, list[Prewarm]] = {}
         self._pending: dict[int, Prewarm] = {}  # not started yet
@@ -261,6 +273,7 @@ class PrewarmStrategy(ABC):
         """``unit`` of ``run`` starts: resolve the run's prewarms (used / cancelled), then plan
         for the units that may follow."""
         out = self._resolve(run.run_id, unit, now)
+        self._learn_stretch(run)
         if self.plans:
             self._plan(run, unit, now, warm)
             out.extend(self.due(now))
@@ -276,12 +289,8 @@ class PrewarmStrategy(ABC):
         for res in self.resources(run, run.app, unit, backend):
             if warm.is_warm(res, now):
                 continue
-            pw = self._new(run.run_id, unit, res, 1.0, now, now)
-            pw.state = "used"  # it serves a request already waiting for it
-            pw.started_at = pw.ended_at = now
-            self.counters.started += 1
-            self.counters.used += 1
-            out.append(PrewarmAction("start", res, run.run_id, unit, pw.pid))
+            self.counters.prefetched += 1  # serves a request already waiting: never wasted
+            out.append(PrewarmAction("start", res, run.run_id, unit, 0, prefetch=True))
         return out
 
     def on_run_finish(self, run: RunState, now: float) -> list[PrewarmAction]:
@@ -302,7 +311,7 @@ class PrewarmStrategy(ABC):
                 out.append(PrewarmAction("start", pw.resource, pw.run_id, pw.unit, pid))
         for pid, pw in list(self._live.items()):
             ready = pw.ready_at or now
-            if now - ready >= self.idle_timeout_s:
+            if now >= ready + self.idle_timeout_s - 1e-9:  # same sum as next_due
                 self._end(pw, "released", now)
                 self.counters.released_idle += 1
                 out.append(PrewarmAction("release", pw.resource, pw.run_id, pw.unit, pid))
@@ -326,6 +335,15 @@ class PrewarmStrategy(ABC):
         return [p for p in self._by_run.get(run_id, []) if p.state in ("pending", "started")]
 
     # ------------------------------------------------------------------ internals
+    def _learn_stretch(self, run: RunState) -> None:
+        fin = run.progress.finished
+        if not fin:
+            return
+        last = fin[-1]
+        if last.input_tokens > 0 and last.service_s > 0 and last.duration_s > 0:
+            ratio = min(100.0, max(1.0, last.duration_s / last.service_s))
+            self.stretch += self.stretch_alpha * (ratio - self.stretch)
+
     def _new(self, run_id: str, unit: str, res: str, p_s: float, now: float, at: float) -> Prewarm:
         pw = Prewarm(next(self._ids), run_id, unit, res, p_s, now, at, self.learner.estimate(res))
         self._by_run.setdefault(run_id, []).append(pw)
@@ -357,6 +375,8 @@ class PrewarmStrategy(ABC):
                 if pw.unit == unit:
                     self._end(pw, "used", now)
                     self.counters.used += 1
+                    out.append(PrewarmAction("release", pw.resource, run_id, pw.unit, pw.pid,
+                                             used=True))
                 else:
                     self._end(pw, "cancelled", now)
                     self.counters.cancelled += 1
@@ -375,14 +395,22 @@ class PrewarmStrategy(ABC):
             if nxt == END or p_s < k or p_s <= 0.0:
                 continue
             node = graph.units[nxt]
-            cold = [r for r in self.resources(run, run.app, nxt, node.backend)
-                    if not warm.is_warm(r, now)]
+            cold = []
+            for r in self.resources(run, run.app, nxt, node.backend):
+                if not warm.is_warm(r, now):
+                    cold.append(r)
+                elif resource_kind(r) in HOLDABLE:
+                    # warm now: hold it (no eviction) until the branch resolves
+                    pw = self._new(run.run_id, nxt, r, p_s, now, now)
+                    pw.t_p = 0.0
+                    self._pending[pw.pid] = pw
+                    self.counters.planned += 1
             if not cold:
                 continue
             if tc is None:
                 tc = self._completion_samples(run, unit)
             gap = np.asarray(node.consumption.gap_s, dtype=float)
-            t = tc + (float(np.median(gap)) if gap.size else 0.0)
+            t = tc * self.stretch + (float(np.median(gap)) if gap.size else 0.0)
             for res in cold:
                 off = start_offset(t, p_s, k, self.learner.estimate(res))
                 if off is None:

@@ -6,14 +6,15 @@ the built-in engine can drive them in wall-clock time.
 :class:`PrefixCacheModel` (implements the engine model's ``PrefixCache`` hook): the KV of
 shared prompt prefixes (system prompts), with a GPU tier of ``capacity_tokens`` (from GB via
 the model's KV bytes per token, :func:`gb_to_tokens`) and a host-memory (CPU) tier. Least
-recently used prefixes are evicted from the GPU tier to the CPU tier, and dropped from there.
+recently used prefixes are evicted from the GPU tier to the CPU tier, and dropped from there;
+prefixes *pinned* by prewarms (held for a unit that is about to run) are evicted only when
+everything else is gone.
 A request admitted with its prefix on the GPU skips that part of its prefill (a *hit*); with
 its prefix on the CPU the engine first swaps it in, which stalls the iteration for
 ``tokens * kv_bytes_per_token / swap_bytes_per_s`` (vLLM swaps synchronously). A prefetch
 (:meth:`PrefixCacheModel.prefetch`) swaps a CPU-resident prefix in asynchronously; a prefix
 that is nowhere must be prefilled (the driver submits a prefill-only request, and
-:meth:`on_prefilled` stores it). Prefetched entries are pinned (not evicted) until used or
-released.
+:meth:`on_prefilled` stores it).
 
 :class:`LoraSlots`: adapters resident on the GPU (``max_loras`` slots) and in host memory
 (``max_cpu_loras``), vLLM style. An adapter that is not on the GPU when a request using it is
@@ -29,6 +30,9 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
 GB = 1024**3
+#: prefix-name mark of a prewarm's own prefill-only request: cached like any other, but its
+#: lookups are not counted in the hit statistics (they measure the workload's requests)
+UNCOUNTED = "\x00prewarm:"
 
 
 def gb_to_tokens(gb: float, kv_bytes_per_token: int) -> int:
@@ -63,7 +67,7 @@ class CacheStats:
 class _Entry:
     tokens: int
     ready_at: float
-    pinned: bool = False
+    pins: int = 0  # prewarms holding it for a unit about to run (not evicted while > 0)
 
 
 class PrefixCacheModel:
@@ -88,16 +92,19 @@ class PrefixCacheModel:
         self.cpu_used = 0
         self.stats = CacheStats()
         self._stall = 0.0
+        self._pending_pins: dict[str, int] = {}
 
     # ------------------------------------------------------------------ engine hook
     def cached_tokens(self, prefix: str, prefix_tokens: int, now: float) -> int:
         """Admission of a request with ``prefix``: how many prompt tokens are cached."""
         st = self.stats
+        if prefix.startswith(UNCOUNTED):
+            prefix = prefix[len(UNCOUNTED):]
+            st = CacheStats()  # not counted
         st.lookups += 1
         e = self.gpu.get(prefix)
         if e is not None:
             self.gpu.move_to_end(prefix)
-            e.pinned = False
             if e.ready_at <= now:
                 st.hits += 1
             else:
@@ -109,13 +116,14 @@ class PrefixCacheModel:
             self.cpu_used -= tokens
             st.cpu_hits += 1
             self._stall += tokens * self.swap_s_per_token
-            self._put(prefix, tokens, now, pinned=False)
+            self._put(prefix, tokens, now)
             return min(tokens, prefix_tokens)
         st.misses += 1
         return 0
 
     def on_prefilled(self, prefix: str, prefix_tokens: int, now: float) -> None:
         """The prefix's KV was computed: keep it (most recently used)."""
+        prefix = prefix.removeprefix(UNCOUNTED)
         if not self.enabled or prefix_tokens <= 0:
             return
         e = self.gpu.get(prefix)
@@ -123,7 +131,7 @@ class PrefixCacheModel:
             self.gpu.move_to_end(prefix)
             e.ready_at = min(e.ready_at, now)
             return
-        self._put(prefix, prefix_tokens, now, pinned=False)
+        self._put(prefix, prefix_tokens, now)
 
     def take_stall_s(self) -> float:
         """Synchronous swap-in time accrued by admissions since the last call."""
@@ -139,8 +147,8 @@ class PrefixCacheModel:
     def where(self, prefix: str) -> str:
         return "gpu" if prefix in self.gpu else "cpu" if prefix in self.cpu else "none"
 
-    def prefetch(self, prefix: str, now: float) -> float | None:
-        """Swap a CPU-resident prefix in asynchronously (pinned until used or released).
+    def prefetch(self, prefix: str, now: float, *, pin: bool = False) -> float | None:
+        """Swap a CPU-resident prefix in asynchronously (``pin``: held until released).
         Returns when it is ready; ``None`` when it is not on the CPU (already on the GPU, or
         must be prefilled)."""
         if not self.enabled or prefix not in self.cpu:
@@ -148,44 +156,56 @@ class PrefixCacheModel:
         tokens = self.cpu.pop(prefix)
         self.cpu_used -= tokens
         ready = now + tokens * self.swap_s_per_token
-        self._put(prefix, tokens, ready, pinned=True)
+        if pin:
+            self.pin(prefix)
+        self._put(prefix, tokens, ready)
         self.stats.prefetches += 1
         return ready
 
     def pin(self, prefix: str) -> None:
+        """Hold ``prefix`` on the GPU for a coming unit (if it is not there yet, from when it
+        arrives: a prefill under way)."""
         e = self.gpu.get(prefix)
         if e is not None:
-            e.pinned = True
+            e.pins += 1
+        else:
+            self._pending_pins[prefix] = self._pending_pins.get(prefix, 0) + 1
 
     def release(self, prefix: str) -> None:
-        """A prefetch is no longer needed: its entry becomes evictable."""
+        """One hold on ``prefix`` ends (its unit ran, or its branch was not taken)."""
         e = self.gpu.get(prefix)
-        if e is not None:
-            e.pinned = False
+        if e is not None and e.pins > 0:
+            e.pins -= 1
+        elif prefix in self._pending_pins:
+            self._pending_pins[prefix] -= 1
+            if self._pending_pins[prefix] <= 0:
+                del self._pending_pins[prefix]
 
     # ------------------------------------------------------------------ internals
-    def _put(self, prefix: str, tokens: int, ready_at: float, *, pinned: bool) -> None:
+    def _put(self, prefix: str, tokens: int, ready_at: float) -> None:
         if tokens > self.capacity:
             return
-        self.gpu[prefix] = _Entry(tokens, ready_at, pinned)
+        self.gpu[prefix] = _Entry(tokens, ready_at, self._pending_pins.pop(prefix, 0))
         self.gpu_used += tokens
         if self.gpu_used > self.capacity:
             for key in list(self.gpu):
                 if self.gpu_used <= self.capacity:
                     break
                 e = self.gpu[key]
-                if e.pinned or key == prefix:
+                if e.pins > 0 or key == prefix:
                     continue
                 del self.gpu[key]
                 self.gpu_used -= e.tokens
                 self.stats.evictions += 1
                 self._to_cpu(key, e.tokens)
-            if self.gpu_used > self.capacity:  # all pinned: unpin the oldest
-                for key in list(self.gpu):
+            if self.gpu_used > self.capacity:
+                # everything else is held: the newcomer is not kept, unless it is held too,
+                # then the oldest holds give way
+                new = self.gpu[prefix]
+                victims = [prefix] if new.pins == 0 else [k for k in self.gpu if k != prefix]
+                for key in victims:
                     if self.gpu_used <= self.capacity:
                         break
-                    if key == prefix:
-                        continue
                     e = self.gpu.pop(key)
                     self.gpu_used -= e.tokens
                     self.stats.evictions += 1
@@ -224,7 +244,18 @@ class LoraSlots:
         self.cpu_load_s = cpu_load_s
         self.gpu: OrderedDict[str, float] = OrderedDict()  # adapter -> ready_at
         self.cpu: OrderedDict[str, None] = OrderedDict()  # host-memory cache (GPU ones too)
+        self.pins: dict[str, int] = {}  # adapters held for a coming unit
         self.stats = CacheStats()
+
+    def pin(self, adapter: str) -> None:
+        self.pins[adapter] = self.pins.get(adapter, 0) + 1
+
+    def release(self, adapter: str) -> None:
+        n = self.pins.get(adapter, 0) - 1
+        if n > 0:
+            self.pins[adapter] = n
+        else:
+            self.pins.pop(adapter, None)
 
     def load_time_s(self, adapter: str) -> float:
         return self.cpu_load_s if adapter in self.cpu else self.disk_load_s
@@ -272,7 +303,10 @@ class LoraSlots:
     def _load(self, adapter: str, ready_at: float) -> None:
         self.gpu[adapter] = ready_at
         if len(self.gpu) > self.max_loras:
-            self.gpu.popitem(last=False)
+            victim = next((a for a in self.gpu if a not in self.pins and a != adapter), None)
+            if victim is None:  # all held: the least recently used goes anyway
+                victim = next(iter(self.gpu))
+            del self.gpu[victim]
             self.stats.evictions += 1
         self.cpu[adapter] = None
         self.cpu.move_to_end(adapter)

@@ -27,7 +27,7 @@ from hermes.core.engine_model import EngineModel, EngineRequest, pick_engine
 from hermes.core.prewarm import PrewarmAction, PrewarmStrategy
 from hermes.core.state import RunState
 from hermes.core.tools_model import ToolPool
-from hermes.core.warm_models import LoraSlots, PrefixCacheModel, gb_to_tokens
+from hermes.core.warm_models import UNCOUNTED, LoraSlots, PrefixCacheModel, gb_to_tokens
 from workloads.base import LLMCall, Step
 
 if TYPE_CHECKING:
@@ -88,6 +88,7 @@ class SimWarmState:
         self._wake: float | None = None
         self._prefill_seq = 0
         self._prefix_tokens: dict[str, int] = {}
+        self._held: dict[int, int] = {}  # prewarm id -> engine index holding its resource
 
     # ------------------------------------------------------------------ wiring
     def bind(self, sim: Simulator) -> None:
@@ -102,8 +103,10 @@ class SimWarmState:
         return self.sim.engines
 
     # ------------------------------------------------------------------ names
-    def prefix_name(self, model: str, app: str, prefix: str) -> str:
-        return f"{model}/{app}/{prefix}"
+    def prefix_name(self, model: str, tenant: str, prefix: str) -> str:
+        """Prompt prefixes are per model and tenant (the tenant is the app unless the
+        workload deploys an app for several tenants, each with its own prompts)."""
+        return f"{model}/{tenant}/{prefix}"
 
     def resources(self, run: RunState | None, app: str, unit: str, backend: str) -> list[str]:
         """The strategy's resource mapping for the simulator: the tenant's adapter, and the
@@ -118,7 +121,8 @@ class SimWarmState:
         if lora and self.loras[0] is not None:
             out.append(f"lora:{lora}")
         if self.caches[0] is not None:
-            out.append(f"kv:{self.prefix_name(spec.name, app, unit)}")
+            tenant = run.tenant if run is not None else app
+            out.append(f"kv:{self.prefix_name(spec.name, tenant, unit)}")
         return out
 
     # ------------------------------------------------------------------ WarmView
@@ -140,7 +144,7 @@ class SimWarmState:
         """Name the request's prefix per model and app, and give it its adapter."""
         spec = BackendSpec.parse(step.backend)
         if req.prefix:
-            req.prefix = self.prefix_name(spec.name, run.app, req.prefix)
+            req.prefix = self.prefix_name(spec.name, run.tenant, req.prefix)
             self._prefix_tokens[req.prefix] = req.prefix_tokens
         req.lora = self.adapter(run, run.app, step.unit) if self.adapter else spec.lora
 
@@ -182,16 +186,18 @@ class SimWarmState:
     def _apply(self, actions: list[PrewarmAction], now: float) -> None:
         for a in actions:
             if a.action == "start":
-                self._start(a.resource, now)
+                self._start(a.resource, now, prefetch=a.prefetch, pid=a.pid)
             else:
-                self._release(a.resource, now)
+                self._release(a.resource, now, used=a.used, pid=a.pid)
         nxt = self.strategy.next_due()
         if nxt is not None and (self._wake is None or nxt < self._wake - 1e-12):
             assert self.sim is not None
             self._wake = max(nxt, now)
             self.sim.schedule_prewarm(self._wake)
 
-    def _start(self, resource: str, now: float) -> None:
+    def _start(self, resource: str, now: float, *, prefetch: bool = False, pid: int = 0) -> None:
+        """Warm ``resource``; a planned prewarm (not a queued request's prefetch) also holds
+        a prefix or adapter against eviction until it is released."""
         kind, _, name = resource.partition(":")
         if kind in ("docker", "dnn"):
             assert self.tools is not None
@@ -204,21 +210,29 @@ class SimWarmState:
         if kind == "lora":
             slots = self.loras[ei]
             if slots is not None:
+                if not prefetch:
+                    slots.pin(name)
+                    self._held[pid] = ei
                 t = slots.load_time_s(name)
                 if slots.prefetch(name, now) is not None:
                     self.strategy.observe_warmup(resource, t)
             return
         if kind == "kv":
             cache = self.caches[ei]
-            if cache is None or not cache.enabled or cache.is_warm(name):
+            if cache is None or not cache.enabled:
+                return
+            if not prefetch:
+                cache.pin(name)
+                self._held[pid] = ei
+            if cache.is_warm(name):
                 return
             ready = cache.prefetch(name, now)
             if ready is not None:
                 self.strategy.observe_warmup(resource, ready - now)
                 return
             tokens = self._prefix_tokens.get(name, 0)
-            if tokens <= 0:
-                return
+            if tokens <= 0 or prefetch:
+                return  # a queued request prefills its prefix itself
             assert self.sim is not None
             self._prefill_seq += 1
             req = EngineRequest(
@@ -227,22 +241,28 @@ class SimWarmState:
                 input_tokens=tokens + 1,
                 output_tokens=1,
                 key=(float("-inf"),),
-                prefix=name,
+                prefix=UNCOUNTED + name,
                 prefix_tokens=tokens,
             )
             engines[ei].add(req, now)
             self.strategy.observe_warmup(resource, self.cost.iteration_s(tokens, 0, 0))
             self.sim.prewarm_request_added(ei, now)
 
-    def _release(self, resource: str, now: float) -> None:
+    def _release(self, resource: str, now: float, *, used: bool = False, pid: int = 0) -> None:
+        """End a prewarm: unhold a prefix or adapter; shut down an unused tool instance."""
         kind, _, name = resource.partition(":")
         if kind in ("docker", "dnn"):
-            assert self.tools is not None
-            self.tools.server(resource).release(now)
-        elif kind == "kv":
-            for c in self.caches:
-                if c is not None:
-                    c.release(name)
+            if not used:
+                assert self.tools is not None
+                self.tools.server(resource).release(now)
+            return
+        ei = self._held.pop(pid, None)
+        if ei is None:
+            return
+        if kind == "kv" and self.caches[ei] is not None:
+            self.caches[ei].release(name)  # type: ignore[union-attr]
+        elif kind == "lora" and self.loras[ei] is not None:
+            self.loras[ei].release(name)  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ results
     def stats(self) -> dict[str, float]:

@@ -92,8 +92,8 @@ def test_plan_start_use_and_no_prewarm_below_k():
     assert p.due(11.0) == []
     (start,) = p.due(pw.start_at)
     assert (start.action, start.resource) == ("start", "docker:img")
-    acts = p.on_unit_start(run(), "exec", "docker:img", 20.0, warm)
-    assert acts == []  # used: nothing to release
+    (used,) = p.on_unit_start(run(), "exec", "docker:img", 20.0, warm)
+    assert (used.action, used.used) == ("release", True)  # used: the unit has it now
     st = p.stats()
     assert (st["started"], st["used"], st["cancelled"], st["wasted"]) == (1, 1, 0, 0)
     # warm from start + t_p (13.75) until used (20): idle, counted as waste
@@ -108,7 +108,8 @@ def test_wrong_branch_is_cancelled_and_its_time_counted_as_waste():
     started = p.due(100.0)  # both start
     assert len(started) == 2
     acts = p.on_unit_start(run(), "classify", "dnn:resnet", 103.0, warm)
-    assert [(a.action, a.resource) for a in acts] == [("release", "docker:img")]
+    assert sorted((a.action, a.resource, a.used) for a in acts) == [
+        ("release", "dnn:resnet", True), ("release", "docker:img", False)]
     st = p.stats()
     assert st["cancelled"] == 1 and st["used"] == 1 and st["wasted"] == 1
     assert st["wasted_backend_s"] >= 3.0  # the container ran 3 s for nothing
@@ -218,3 +219,25 @@ def test_lora_slots_hits_and_eviction():
     assert s.stats.hits == 1 and s.stats.misses == 3
     with pytest.raises(ValueError, match="max_cpu_loras"):
         LoraSlots(4, 2)
+
+
+def test_warm_prefix_is_held_while_its_unit_is_coming():
+    """A prefix that is cached now but evictable is held (pinned) until the branch resolves."""
+    g = PDGraph.from_dict({
+        "version": 1, "app": "toy", "entry": {"a": 1.0},
+        "units": {"a": {"backend": "llm:m", "next": {"b": 1.0}},
+                  "b": {"backend": "llm:m", "next": {"": 1.0}}},
+    })
+    p = HermesPrewarm(k=0.5, graphs={"toy": g}.get, estimators={"toy": FixedEstimator(TC)}.get)
+    r = RunState(run_id="r1", app="toy", submitted=0.0)
+    r.begin_unit("a")
+    acts = p.on_unit_start(r, "a", "llm:m", 0.0, WarmSet({"kv:m/toy/b"}))
+    assert [(a.action, a.resource) for a in acts] == [("start", "kv:m/toy/b")]  # hold now
+    c = PrefixCacheModel(1000)
+    c.on_prefilled("b", 600, 0.0)
+    c.pin("b")
+    c.on_prefilled("x", 600, 1.0)  # would evict b (least recent) were it not held
+    assert c.where("b") == "gpu" and c.where("x") == "none"
+    c.release("b")
+    c.on_prefilled("y", 600, 2.0)
+    assert c.where("b") == "none"

@@ -158,8 +158,9 @@ def test_cg_execute_code_finds_a_warm_container(docker_client):
         planner.observe_warmup(start.resource, t_p)
         run.end_unit(_obs("generate_code"))
         run.begin_unit("execute_code")
-        assert planner.on_unit_start(run, "execute_code", "docker:" + IMAGE, pw.start_at + 5,
-                                     WarmSet()) == []
+        (used,) = planner.on_unit_start(run, "execute_code", "docker:" + IMAGE, pw.start_at + 5,
+                                        WarmSet())
+        assert used.used and used.action == "release"  # the unit has it: nothing to stop
         warm = await runner.run(f"docker:{IMAGE}", command=cmd, timeout_s=20)
         return cold, warm, t_p
 
