@@ -52,6 +52,7 @@ class WarmJob:
     walks: int = 200
     seed: int = 0
     pdgraph_dir: str | None = None
+    single_use_sandboxes: bool = True  # docker instances serve one call (the live pool's way)
 
 
 def _adapter_fn(job: WarmJob):  # noqa: ANN202
@@ -80,7 +81,11 @@ def simulate(job: WarmJob) -> tuple[tuple, np.ndarray, dict, float]:
         adapter=_adapter_fn(job) if job.adapters else None,
     )
     pol = make_sim_policy(job.policy, job.setup, seed=job.seed, pdgraph_dir=job.pdgraph_dir)
-    res = Simulator(pol, cost=cost, n_engines=n_engines, record=False, warm=warm).run(
+    from hermes.core.tools_model import ToolPool
+
+    tools = ToolPool(docker={"single_use": job.single_use_sandboxes})
+    res = Simulator(pol, cost=cost, n_engines=n_engines, record=False, warm=warm,
+                    tools=tools).run(
         list(job.arrivals)
     )
     by_id = {r.run_id: r for r in res.runs}

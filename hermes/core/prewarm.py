@@ -66,7 +66,7 @@ DEFAULT_K = 0.5
 DEFAULT_WARMUP_S: dict[str, float] = {"docker": 1.0, "dnn": 3.0, "lora": 0.3, "kv": 0.1}
 DEFAULT_IDLE_TIMEOUT_S = 60.0
 #: resources that a warm cache could evict before use: the planner holds them when warm
-HOLDABLE = ("kv", "lora")
+HOLDABLE = ("kv",)
 
 
 def resource_kind(resource: str) -> str:

@@ -34,6 +34,9 @@ class ToolKindConfig:
     instances: int
     cold_start_s: float
     idle_timeout_s: float
+    #: an instance serves one call and is then destroyed (code sandboxes: no state may leak
+    #: from one run's call into another's, as in the HermesLet's container pool)
+    single_use: bool = False
 
 
 #: Defaults per backend kind. Instances: a node's container pool, a couple of DNN replicas,
@@ -113,6 +116,8 @@ class ToolServer:
         inst = self._serving.pop(call_id)
         inst.busy = None
         inst.idle_since = now
+        if self.config.single_use:
+            self._instances.remove(inst)
         return self._dispatch(now)
 
     def update_key(self, call_id: str, key: Key) -> None:

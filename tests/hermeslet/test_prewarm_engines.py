@@ -61,7 +61,7 @@ def test_node_prewarmer_routes_lora_signal_and_requests_use_the_adapter(sim_url)
 
 
 def test_kv_prefix_prewarm_makes_the_units_request_hit(sim_url):
-    system = "You are the verifier of claims number %d. " % time.time_ns() + "Check facts. " * 40
+    system = f"You are the verifier of claims number {time.time_ns()}. " + "Check facts. " * 40
     pw = KVPrefixPrewarmer(sim_url, "sim-7b")
     body = {"model": "sim-7b", "max_tokens": 2,
             "messages": [{"role": "system", "content": system},
