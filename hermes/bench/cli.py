@@ -195,7 +195,7 @@ def add_prewarm_parsers(bsub: argparse._SubParsersAction) -> None:
     _prewarm_common(s)
     s.add_argument("--apps", default="CG,PE", help="apps (short or full names)")
     s.add_argument("--k", default="0.1,0.3,0.5,0.7,0.9")
-    s.add_argument("--runs", type=int, default=300)
+    s.add_argument("--runs", type=int, default=100)
     s.add_argument("--window", type=float, default=15.0, help="submission window, minutes")
     s.add_argument("--cache-gb", dest="cache_gb", type=float, default=8.0)
     s.add_argument("--plot", default=None, help="write the figure to FILE.png")
