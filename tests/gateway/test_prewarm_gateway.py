@@ -11,9 +11,9 @@ import time
 import httpx
 
 from hermes.gateway.server import gateway_state
-from hermeslet.agent import HermesLet
-from hermeslet.engines.sim_engine import SimEngine
-from hermeslet.prewarmers import DnnHook, NodePrewarmer
+
+# hermeslet is imported inside the helpers: importing the package while the gateway tests are
+# collected would shadow tests/hermeslet (a package of the same name) for pytest
 
 MODEL = "pw-model"
 
@@ -46,14 +46,19 @@ class _Node:
     """A HermesLet with a DNN prewarmer, on its own event loop in a thread."""
 
     def __init__(self, address: str) -> None:
+        from hermeslet.prewarmers import DnnHook, NodePrewarmer
+
         self.hook = DnnHook(load_fn=lambda: time.sleep(0.05) or object())
         self.prewarmer = NodePrewarmer(dnn={"resnet50": self.hook})
         self.loop = asyncio.new_event_loop()
-        self.agent: HermesLet | None = None
+        self.agent = None
         self.thread = threading.Thread(target=self._main, args=(address,), daemon=True)
         self.thread.start()
 
     def _main(self, address: str) -> None:
+        from hermeslet.agent import HermesLet
+        from hermeslet.engines.sim_engine import SimEngine
+
         asyncio.set_event_loop(self.loop)
         engine = SimEngine(name="sim", model=MODEL, time_scale=50.0)
         self.agent = HermesLet("pw-node", address, [engine], heartbeat_s=0.2,
