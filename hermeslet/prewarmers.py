@@ -413,3 +413,21 @@ class NodePrewarmer:
             out[f"dnn_{model}_loads"] = hook.loads
             out[f"dnn_{model}_load_s"] = hook.load_s or 0.0
         return out
+
+
+def build_node_prewarmer(
+    engines: list[Any], *, docker_url: str | None = None, lora: bool = False, max_loras: int = 4
+) -> tuple[PooledDockerSandbox | None, NodePrewarmer]:
+    """The prewarmers a node can run: a container pool when Docker is configured (``""``: the
+    default daemon) and, per HTTP engine, KV prefixes and (``lora``) runtime LoRA loading.
+    Returns the pooled Docker sandbox for the tool runner (or ``None``) and the prewarmer."""
+    pool = ContainerPool(base_url=docker_url or None) if docker_url is not None else None
+    node = NodePrewarmer(containers=pool)
+    for e in engines:
+        url, model = getattr(e, "url", None), getattr(e, "model", None)
+        if not url or not model:
+            continue  # the in-process sim engine: its prefix cache warms from use
+        node.prefixes[model] = KVPrefixPrewarmer(url, model)
+        if lora:
+            node.loras[model] = LoraPrewarmer(url, max_loras=max_loras)
+    return (PooledDockerSandbox(pool) if pool is not None else None), node

@@ -95,3 +95,18 @@ def test_dnn_hook_measures_load_time():
 
     asyncio.run(go())
     assert hook.loads == 1 and hook.load_s is not None and hook.load_s >= 0.05
+
+
+def test_hermeslet_cli_builds_prewarmers_for_http_engines(sim_url):
+    from hermeslet.cli import _parser as build_parser
+    from hermeslet.cli import build_agent
+
+    args = build_parser().parse_args(
+        ["run", "--scheduler", "tcp://127.0.0.1:1", "--engine", f"openai:{sim_url}",
+         "--model", "sim-7b", "--prewarm", "--enable-lora", "--max-loras", "3"])
+    agent = build_agent(args)
+    pw = agent.prewarmer
+    assert pw is not None and pw.containers is None
+    assert set(pw.prefixes) == {"sim-7b"} and pw.loras["sim-7b"].max_loras == 3
+    assert build_agent(build_parser().parse_args(
+        ["run", "--scheduler", "tcp://127.0.0.1:1"])).prewarmer is None
