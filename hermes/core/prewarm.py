@@ -22,8 +22,9 @@ possible next unit ``v`` whose resources are cold:
 - ``t_p``: the resource's warm-up time, learned online (:class:`WarmupLearner`, an EWMA of
   observed warm-ups seeded with :data:`DEFAULT_WARMUP_S`).
 
-No prewarm when ``p_s < K``; a resource that is already warm but evictable (a cached prefix,
-a resident adapter) is *held* from now on (pinned against eviction); a cold one starts warming
+No prewarm when ``p_s < K``; a cached prompt prefix that is already warm but evictable is
+*held* from now on (pinned against eviction; adapters are not held: with few GPU slots a hold
+evicts adapters that other runs use); a cold resource starts warming
 at ``t_s`` (seconds from now) where
 ``p_s * P(t_c > t_s + t_p) = K``, i.e. ``t_s = Q_{t_c}(1 - K/p_s) - t_p`` clipped at 0
 (:func:`start_offset`). A higher K demands a higher chance that the warm-up is over before the
