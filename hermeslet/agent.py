@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import zmq
 import zmq.asyncio
@@ -31,6 +32,9 @@ from hermes import protocol as P
 from hermes.core.ordering import KeyedQueue
 from hermeslet.engines.base import EngineAdapter, EngineError, GenChunk, GenResult
 from hermeslet.tools import ToolRunner
+
+if TYPE_CHECKING:
+    from hermeslet.prewarmers import NodePrewarmer
 
 VERSION = "0.1.0"
 
@@ -68,6 +72,7 @@ class HermesLet:
         heartbeat_s: float = 1.0,
         priority_scale: float = 1000.0,
         release_log: Callable[[str, str], None] | None = None,
+        prewarmer: NodePrewarmer | None = None,
     ) -> None:
         if not engines:
             raise ValueError("a HermesLet needs at least one engine")
@@ -86,6 +91,7 @@ class HermesLet:
         self.heartbeat_s = heartbeat_s
         self.priority_scale = priority_scale
         self.release_log = release_log
+        self.prewarmer = prewarmer  # hermeslet.prewarmers.NodePrewarmer (issue 5), optional
         self.sock: zmq.asyncio.Socket | None = None
         self._stop = asyncio.Event()
         self._started = asyncio.Event()
@@ -202,6 +208,8 @@ class HermesLet:
                 self.tool_queue.push(msg.request_id, _Queued(msg, time.monotonic()),
                                      tuple(msg.key), msg.run_id)
                 self._pump_tools()
+            case P.Prewarm() if self.prewarmer is not None:
+                asyncio.get_running_loop().create_task(self._on_prewarm(msg))
             case P.Prewarm():
                 await self._send(P.PrewarmAck(backend=msg.backend, action=msg.action, ok=False,
                                               detail="prewarming not implemented on this node"))
@@ -210,6 +218,12 @@ class HermesLet:
             case _:
                 print(f"hermeslet {self.node}: ignored {msg.type!r} (node-bound only)",
                       file=sys.stderr)
+
+    async def _on_prewarm(self, msg: P.Prewarm) -> None:
+        """Carry out a prewarm signal off the receive loop, then ack (with ``warmup_s=``)."""
+        assert self.prewarmer is not None
+        ok, detail = await self.prewarmer.handle(msg.backend, msg.action, msg.params)
+        await self._send(P.PrewarmAck(backend=msg.backend, action=msg.action, ok=ok, detail=detail))
 
     def _pick(self, msg: P.Submit) -> _EngineSlot | None:
         if msg.engine is not None:

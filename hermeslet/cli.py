@@ -44,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--docker", nargs="?", const="", default=None, metavar="BASE_URL",
                    help="run docker:IMAGE tools in Docker (optional daemon URL)")
     r.add_argument("--tool-concurrency", type=int, default=2)
+    r.add_argument("--prewarm", action="store_true",
+                   help="act on the scheduler's prewarm signals: warm container pool (with "
+                        "--docker), LoRA adapters (with --enable-lora) and KV prefixes on "
+                        "HTTP engines")
     r.add_argument("--heartbeat-s", type=float, default=1.0)
 
     s = sub.add_parser("sim-engine", help="serve the simulated engine (vLLM HTTP surface)")
@@ -85,9 +89,16 @@ def build_agent(args: argparse.Namespace):  # noqa: ANN201
                                    max_inflight=args.max_inflight,
                                    time_scale=args.time_scale, **kw))
     docker = DockerSandbox(base_url=args.docker or None) if args.docker is not None else None
+    prewarmer = None
+    if getattr(args, "prewarm", False):
+        from hermeslet.prewarmers import build_node_prewarmer
+
+        pooled, prewarmer = build_node_prewarmer(engines, docker_url=args.docker,
+                                                 lora=args.enable_lora, max_loras=args.max_loras)
+        docker = pooled or docker
     return HermesLet(args.node, args.scheduler, engines,
                      tools=ToolRunner(docker=docker), tool_concurrency=args.tool_concurrency,
-                     heartbeat_s=args.heartbeat_s)
+                     heartbeat_s=args.heartbeat_s, prewarmer=prewarmer)
 
 
 async def _run_agent(args: argparse.Namespace) -> None:

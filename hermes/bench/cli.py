@@ -93,6 +93,60 @@ def cmd_overhead(args: argparse.Namespace) -> int:
     return _finish(rows, args, "overhead (re-rank of all active runs, hermes policy)", t0)
 
 
+def cmd_prewarm(args: argparse.Namespace) -> int:
+    from hermes.bench import prewarm as W
+
+    t0 = time.perf_counter()
+    common = dict(seed=args.seed, trace=args.trace, setup=args.setup, policy=args.policy,
+                  walks=args.walks, workers=args.workers, progress=not args.no_progress,
+                  pdgraph_dir=args.pdgraphs, k=args.k)
+    if args.lora:
+        rows = W.bench_prewarm_lora(
+            args.apps or 1000, args.window or 25.0, _names(args.strategies),
+            adapters=args.adapters, max_loras=args.max_loras, max_cpu_loras=args.max_cpu_loras,
+            tenants=args.tenants or 8, **common,
+        )
+        title = (f"prewarm --lora ({args.adapters} adapters, max-loras {args.max_loras}, "
+                 f"max-cpu-loras {args.max_cpu_loras}, seed {args.seed})")
+    else:
+        rows = W.bench_prewarm_kv(
+            args.apps or 500, args.window or 15.0, _floats(args.cache_gb), _names(args.strategies),
+            tenants=args.tenants or 1, cpu_cache_gb=args.cpu_cache_gb, **common,
+        )
+        title = f"prewarm KV prefixes (cpu tier {args.cpu_cache_gb:g} GB, seed {args.seed})"
+    return _finish(rows, args, title, t0)
+
+
+def cmd_knob(args: argparse.Namespace) -> int:
+    from hermes.bench import prewarm as W
+
+    t0 = time.perf_counter()
+    rows = W.bench_knob(
+        _names(args.apps), _floats(args.k), args.runs, args.window, cache_gb=args.cache_gb,
+        cpu_cache_gb=args.cpu_cache_gb, seed=args.seed, trace=args.trace, setup=args.setup,
+        policy=args.policy, walks=args.walks, workers=args.workers,
+        progress=not args.no_progress, pdgraph_dir=args.pdgraphs,
+    )
+    if args.plot:
+        W.plot_knob(rows, args.plot)
+    return _finish(rows, args, f"knob: K sweep ({args.apps}, {args.runs} runs, seed {args.seed})",
+                   t0)
+
+
+def _prewarm_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", default="conversation", help="conversation | synthetic | PATH")
+    p.add_argument("--setup", default="llama2-7b-a100", help="llama2-7b-a100 | llama3-70b-h800x8")
+    p.add_argument("--policy", default="vllm", help="scheduling policy (same for all strategies)")
+    p.add_argument("--walks", type=int, default=200, help="Monte Carlo walks per prewarm plan")
+    p.add_argument("--pdgraphs", default=None, help="PDGraph directory (default: pdgraphs/)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: cores)")
+    p.add_argument("--cpu-cache-gb", dest="cpu_cache_gb", type=float, default=4.0,
+                   help="host-memory KV tier per engine, GB (vLLM's default swap space: 4)")
+    p.add_argument("--json", default=None, help="write the rows as a JSON list to FILE")
+    p.add_argument("--no-progress", action="store_true")
+
+
 def add_bench_parsers(bsub: argparse._SubParsersAction) -> None:
     """Add ``sched``, ``ddl``, ``ablation`` and ``overhead`` to ``hermes bench``."""
     s = bsub.add_parser("sched", help="ACT per policy and window (paper Fig. 9/10)")
@@ -123,3 +177,36 @@ def add_bench_parsers(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", default=None)
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=cmd_overhead)
+    add_prewarm_parsers(bsub)
+
+
+def add_prewarm_parsers(bsub: argparse._SubParsersAction) -> None:
+    """Add ``prewarm`` and ``knob`` to ``hermes bench``."""
+    s = bsub.add_parser("prewarm", help="KV prefix / LoRA hit ratio and ACT per prewarm strategy "
+                                         "(paper Fig. 13)")
+    _prewarm_common(s)
+    s.add_argument("--cache-gb", dest="cache_gb", default="8,16,32",
+                   help="KV prefix cache sizes per engine, GB")
+    s.add_argument("--lora", action="store_true", help="LoRA adapters instead of KV prefixes")
+    s.add_argument("--strategies", default="hermes,epwq,lru")
+    s.add_argument("--apps", type=int, default=None, help="runs (default 500; --lora: 1000)")
+    s.add_argument("--window", type=float, default=None,
+                   help="submission window, minutes (default 15; --lora: 25)")
+    s.add_argument("--tenants", type=int, default=None,
+                   help="tenants per app, each with its own prompts/adapters "
+                        "(default 1; --lora: 8)")
+    s.add_argument("--adapters", type=int, default=200)
+    s.add_argument("--max-loras", dest="max_loras", type=int, default=10)
+    s.add_argument("--max-cpu-loras", dest="max_cpu_loras", type=int, default=20)
+    s.add_argument("--k", type=float, default=0.5, help="prewarm knob K of the hermes strategy")
+    s.set_defaults(func=cmd_prewarm)
+
+    s = bsub.add_parser("knob", help="K sweep: ACT reduction vs wasted backend-seconds (Fig. 14)")
+    _prewarm_common(s)
+    s.add_argument("--apps", default="CG,PE", help="apps (short or full names)")
+    s.add_argument("--k", default="0.1,0.3,0.5,0.7,0.9")
+    s.add_argument("--runs", type=int, default=100)
+    s.add_argument("--window", type=float, default=15.0, help="submission window, minutes")
+    s.add_argument("--cache-gb", dest="cache_gb", type=float, default=8.0)
+    s.add_argument("--plot", default=None, help="write the figure to FILE.png")
+    s.set_defaults(func=cmd_knob)

@@ -45,6 +45,7 @@ class CostModel:
     kv_capacity_tokens: int
     max_num_seqs: int = 256
     max_batched_tokens: int = 8192
+    kv_bytes_per_token: int = 512 * 1024  # KV cache bytes per token (all layers, K and V)
 
     def iteration_s(self, prefill_tokens: int, decode_seqs: int, decode_ctx_tokens: int) -> float:
         """Latency of one engine iteration (a continuous-batching step)."""
@@ -100,6 +101,7 @@ SETUPS: dict[str, CostModel] = {
         decode_s_per_ctx_token=0.024e-6,
         kv_capacity_tokens=400_000,
         max_num_seqs=256,
+        kv_bytes_per_token=320 * 1024,
     ),
 }
 DEFAULT_SETUP = "llama2-7b-a100"

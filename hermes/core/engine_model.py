@@ -63,6 +63,16 @@ class PrefixCache(Protocol):
         ...
 
 
+class AdmissionHook(Protocol):
+    """Hook for backend warm state at admission (prewarming): LoRA adapter loads and prefix
+    swap-ins that the engine performs synchronously before the iteration runs."""
+
+    def on_admit(self, req: EngineRequest, now: float) -> float:
+        """``req`` is admitted in the iteration starting at ``now``: extra seconds the
+        iteration is stalled for (0 when everything it needs is warm)."""
+        ...
+
+
 @dataclass(slots=True)
 class EngineRequest:
     """One LLM request inside an engine."""
@@ -75,6 +85,7 @@ class EngineRequest:
     arrival: float = 0.0
     prefix: str | None = None
     prefix_tokens: int = 0
+    lora: str | None = None  # LoRA adapter the request runs with (prewarming)
     generated: int = 0
     computed: int = 0  # tokens with KV in the cache
     prompt_done: int = 0  # prompt tokens ever prefilled (service accounting; not reset)
@@ -117,11 +128,17 @@ class EngineModel:
     """A continuous-batching engine: waiting queue by policy key, running batch, KV capacity."""
 
     def __init__(
-        self, cost: CostModel, *, name: str = "engine0", prefix_cache: PrefixCache | None = None
+        self,
+        cost: CostModel,
+        *,
+        name: str = "engine0",
+        prefix_cache: PrefixCache | None = None,
+        admission_hook: AdmissionHook | None = None,
     ) -> None:
         self.cost = cost
         self.name = name
         self.prefix_cache = prefix_cache
+        self.admission_hook = admission_hook
         self.waiting: KeyedQueue[EngineRequest] = KeyedQueue()
         self.running: list[EngineRequest] = []
         self.requests: dict[str, EngineRequest] = {}
@@ -343,6 +360,7 @@ class EngineModel:
             sched[r.request_id] = n
             budget -= n
             kv_free -= n
+        stall = 0.0
         if not preempted:
             while (
                 self.waiting and budget > 0 and len(self.running) < c.max_num_seqs
@@ -360,6 +378,8 @@ class EngineModel:
                         continue
                     break
                 self.waiting.pop()
+                if self.admission_hook is not None:
+                    stall += self.admission_hook.on_admit(head, now)
                 self.running.append(head)
                 self.kv_used += head.computed
                 kv_free -= head.computed
@@ -377,7 +397,7 @@ class EngineModel:
                 ctx += r.computed
             else:
                 prefill += n
-        res.duration_s = c.iteration_s(prefill, decode, ctx)
+        res.duration_s = c.iteration_s(prefill, decode, ctx) + stall
         res.iterations = 1
         res.prefill_tokens = prefill
         res.decode_seqs = decode

@@ -34,6 +34,9 @@ class ToolKindConfig:
     instances: int
     cold_start_s: float
     idle_timeout_s: float
+    #: an instance serves one call and is then destroyed (code sandboxes: no state may leak
+    #: from one run's call into another's, as in the HermesLet's container pool)
+    single_use: bool = False
 
 
 #: Defaults per backend kind. Instances: a node's container pool, a couple of DNN replicas,
@@ -73,6 +76,7 @@ class _Instance:
     ready_at: float  # end of its cold start
     busy: str | None = None  # call id being served
     idle_since: float = 0.0
+    prewarmed: bool = False  # started by a prewarm, not yet used
 
 
 @dataclass(slots=True)
@@ -85,6 +89,8 @@ class ToolServer:
     _instances: list[_Instance] = field(default_factory=list)
     _serving: dict[str, _Instance] = field(default_factory=dict)
     cold_starts: int = 0
+    calls: int = 0  # calls dispatched
+    warm_hits: int = 0  # calls that found a warm idle instance (no cold start at all)
 
     def _expire(self, now: float) -> None:
         timeout = self.config.idle_timeout_s
@@ -110,6 +116,8 @@ class ToolServer:
         inst = self._serving.pop(call_id)
         inst.busy = None
         inst.idle_since = now
+        if self.config.single_use:
+            self._instances.remove(inst)
         return self._dispatch(now)
 
     def update_key(self, call_id: str, key: Key) -> None:
@@ -126,9 +134,23 @@ class ToolServer:
         if len(self._instances) >= self.config.instances:
             return False
         ready = now + self.config.cold_start_s
-        self._instances.append(_Instance(ready_at=ready, idle_since=ready))
+        self._instances.append(_Instance(ready_at=ready, idle_since=ready, prewarmed=True))
         self.cold_starts += 1
         return True
+
+    def is_warm(self, now: float) -> bool:
+        """An idle instance is warm or warming (a call would not start a new one)."""
+        self._expire(now)
+        return any(i.busy is None for i in self._instances)
+
+    def release(self, now: float) -> bool:
+        """Shut down one unused prewarmed idle instance (a prewarm that was not needed)."""
+        self._expire(now)
+        for i, inst in enumerate(self._instances):
+            if inst.busy is None and inst.prewarmed:
+                del self._instances[i]
+                return True
+        return False
 
     def _dispatch(self, now: float) -> list[ToolStart]:
         started: list[ToolStart] = []
@@ -153,6 +175,10 @@ class ToolServer:
             if best is None:
                 break
             call = self.queue.pop()
+            self.calls += 1
+            if best_start <= now:
+                self.warm_hits += 1
+            best.prewarmed = False
             best.busy = call.call_id
             self._serving[call.call_id] = best
             started.append(

@@ -39,6 +39,8 @@ class SchedulerConfig(_Section):
 
     policy: str = "hermes"
     k: float = Field(default=0.5, ge=0.0, le=1.0)
+    #: prewarm strategy: hermes (planner with K) | epwq | lru | none
+    prewarm: str = "hermes"
     seed: int = 0
     #: ZeroMQ ROUTER address that external HermesLets connect to; "" binds none
     bind: str = "tcp://127.0.0.1:5557"

@@ -305,6 +305,9 @@ class LiveScheduler:
         state_dir.mkdir(parents=True, exist_ok=True)
         self.records_path = state_dir / "records.jsonl"
         self.stats = {"runs_finished": 0, "records_written": 0, "rekeys_sent": 0}
+        from hermes.gateway.prewarm import GatewayPrewarmer
+
+        self.prewarm = GatewayPrewarmer.from_scheduler(self)  # prewarm planner (issue 5)
 
     # ------------------------------------------------------------------ lifecycle
     def _build_pool(self) -> Any | None:
@@ -475,6 +478,7 @@ class LiveScheduler:
         return run
 
     def _retire(self, run: LiveRun) -> None:
+        self.prewarm.on_run_finish(run.state, self.now())
         run.finished_event.set()
         self._finished_order[run.run_id] = None
         while len(self._finished_order) > self.config.scheduler.keep_finished_runs:
@@ -505,6 +509,7 @@ class LiveScheduler:
         st = run.state
         st.begin_unit(unit)
         self.policy.on_unit_start(st, unit, now)
+        self.prewarm.on_unit_start(st, unit, backend, now)
         self._rekey_run(run, now)
         return inv
 
@@ -659,6 +664,7 @@ class LiveScheduler:
         if not self.nodes:
             await self.wait_for_nodes()
         now = self.now()
+        self.prewarm.note_request(run.app, inv.unit, body)
         rid = f"req-{uuid.uuid4().hex[:16]}"
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         view = self._view(run, inv, rid, _estimate_tokens(endpoint, body), max_tokens, now)
@@ -949,6 +955,7 @@ class LiveScheduler:
                 self.unit_event(run, msg.unit, msg.event)
         elif isinstance(msg, PrewarmAck):
             log.debug("prewarm ack %s", msg)
+            self.prewarm.on_ack(msg)
 
     def _node_by_identity(self, identity: bytes) -> Node | None:
         node = self.nodes.get(identity.decode(errors="replace"))

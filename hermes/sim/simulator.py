@@ -59,6 +59,7 @@ SETUP_ENGINES: dict[str, tuple[str, int]] = {
 }
 
 _ARRIVE, _START, _ENGINE, _TOOL = 0, 1, 2, 3
+_PREWARM = 4  # prewarm planner wake-up (hermes.sim.warm)
 
 
 def setup_engines(setup: str) -> tuple[CostModel, int]:
@@ -113,6 +114,7 @@ class SimResult:
     cold_starts: int
     wall_s: float
     end_time: float
+    warm: dict = field(default_factory=dict)  # prewarm / cache counters (SimWarmState.stats)
 
     def acts(self) -> np.ndarray:
         return np.array([r.act_s for r in self.runs])
@@ -187,6 +189,7 @@ class Simulator:
         apps: Callable[[str], AppModel] | Mapping[str, AppModel] | None = None,
         tools: ToolPool | None = None,
         record: bool = True,
+        warm: object | None = None,
     ) -> None:
         self.policy = policy
         self.cost = cost
@@ -198,6 +201,10 @@ class Simulator:
         self.uses_truth = bool(getattr(policy, "uses_truth", False))
         # policies whose request keys read state other than the run (VTC's tenant counters)
         self.dynamic_keys = policy.dynamic_keys
+        # backend warm state and prewarming (hermes.sim.warm.SimWarmState), optional
+        self.warm = warm
+        if warm is not None:
+            warm.bind(self)
 
     # ------------------------------------------------------------------ setup helpers
     def app(self, name: str) -> AppModel:
@@ -246,6 +253,8 @@ class Simulator:
                 self._tool_done(payload, now)  # type: ignore[arg-type]
             elif kind == _START:
                 self._start_unit(payload, now)  # type: ignore[arg-type]
+            elif kind == _PREWARM:
+                self.warm.due(now)  # type: ignore[union-attr]
             else:
                 self._arrive(*payload, now)  # type: ignore[misc]
         unfinished = [r.state.run_id for r in self._runs.values()]
@@ -261,10 +270,19 @@ class Simulator:
             cold_starts=sum(s.cold_starts for s in self.tools.servers.values()),
             wall_s=time.perf_counter() - t_wall,
             end_time=now,
+            warm=self.warm.stats() if self.warm is not None else {},
         )
 
     def _push(self, t: float, kind: int, payload: object) -> None:
         heapq.heappush(self._heap, (t, next(self._seq), kind, payload))
+
+    def schedule_prewarm(self, t: float) -> None:
+        """Prewarm hook: wake the warm state's planner at ``t``."""
+        self._push(t, _PREWARM, None)
+
+    def prewarm_request_added(self, ei: int, now: float) -> None:
+        """Prewarm hook: a prefill-only request was queued on engine ``ei``."""
+        self._engine_changed(ei, now)
 
     # ------------------------------------------------------------------ runs and units
     def _arrive(self, a: Arrival, i: int, now: float) -> None:
@@ -322,6 +340,8 @@ class Simulator:
         run.unit_tokens = 0
         self._truth(run)
         self.policy.on_unit_start(st, step.unit, now)
+        if self.warm is not None:
+            self.warm.on_unit_start(st, step, now)
         if step.is_llm:
             run.llm_reqs = []
             if not step.requests:
@@ -348,11 +368,15 @@ class Simulator:
                     prefix=call.prefix,
                     prefix_tokens=call.prefix_tokens,
                 )
+                if self.warm is not None:
+                    self.warm.on_request(st, step, call, req)
                 ei = self.engines.index(pick_engine(self.engines))
                 self.engines[ei].add(req, now)
                 run.llm_reqs.append(req)
                 run.views[rid] = (view, ei)
                 touched.add(ei)
+            if self.warm is not None:
+                self.warm.on_enqueue(st, step, now)
             for ei in touched:
                 self._engine_changed(ei, now)
         else:
@@ -364,6 +388,8 @@ class Simulator:
             call = ToolCall(cid, st.run_id, float(step.duration_s or 0.0),
                             key=policy_key(self.policy, st, view, now))
             server = self.tools.server(step.backend)
+            if self.warm is not None:
+                self.warm.on_enqueue(st, step, now)
             self._tool_starts(server.submit(call, now), step.backend)
 
     def _finish_unit(self, run: _Run, now: float) -> None:
@@ -421,6 +447,8 @@ class Simulator:
         st = run.state
         st.finished = now
         self.policy.on_finish(st, now)
+        if self.warm is not None:
+            self.warm.on_run_finish(st, now)
         del self._runs[st.run_id]
         self._results.append(
             RunResult(
@@ -477,7 +505,9 @@ class Simulator:
         eng = self.engines[ei]
         runs = self._runs
         for req in list(eng.waiting.items()):
-            run = runs[req.run_id]
+            run = runs.get(req.run_id)
+            if run is None:
+                continue  # a prewarm's prefill-only request
             view, _ = run.views[req.request_id]
             eng.update_key(req.request_id, policy_key(self.policy, run.state, view, now))
 
@@ -522,7 +552,9 @@ class Simulator:
         touched = dict.fromkeys(rid.rsplit("/", 2)[0] for rid in res.emitted)
         touched.update(dict.fromkeys(rid.rsplit("/", 2)[0] for rid in res.prefilled))
         for run_id in touched:
-            run = runs[run_id]
+            run = runs.get(run_id)
+            if run is None:
+                continue  # a prewarm's prefill-only request
             new, new_tokens = _unit_attained(run.llm_reqs, self.cost)
             delta = new - run.unit_attained
             ntok = new_tokens - run.unit_tokens
@@ -536,7 +568,9 @@ class Simulator:
             self._policy_call(run, now, self.policy.on_service, st, delta, ntok, now)
         for rid in res.finished:
             run_id = rid.rsplit("/", 2)[0]
-            run = runs[run_id]
+            run = runs.get(run_id)
+            if run is None:
+                continue  # a prewarm's prefill-only request
             del run.views[rid]
             run.pending -= 1
             if run.pending == 0:

@@ -55,3 +55,19 @@ def test_pool_defaults_per_kind():
     assert pool.server("api:search").config.cold_start_s == 0.0
     with pytest.raises(ValueError):
         pool.server("llm:llama2-7b")
+
+
+def test_single_use_instances_are_destroyed_after_their_call():
+    from hermes.core.tools_model import ToolCall, ToolKindConfig, ToolServer
+
+    srv = ToolServer("docker:x", ToolKindConfig(instances=2, cold_start_s=1.0,
+                                                idle_timeout_s=100.0, single_use=True))
+    (s,) = srv.submit(ToolCall("a", "r", 2.0), 0.0)
+    assert s.cold_start_s == 1.0
+    srv.complete("a", s.finish_at)
+    assert srv.warm_idle(s.finish_at) == 0  # not reused
+    (s2,) = srv.submit(ToolCall("b", "r", 2.0), s.finish_at)
+    assert s2.cold_start_s == 1.0
+    assert srv.prewarm(10.0)  # a prewarmed sandbox hides the next call's cold start
+    (s3,) = srv.submit(ToolCall("c", "r", 2.0), 12.0)
+    assert s3.cold_start_s == 0.0 and srv.warm_hits == 1

@@ -1,0 +1,319 @@
+"""Prewarming benchmarks on the simulator: ``prewarm`` (KV / LoRA) and ``knob`` (K sweep).
+
+Every strategy of one experiment sees the same arrivals (``hermes.bench.sched.build_arrivals``:
+the paper's app mix, Mooncake arrival pattern) under the same scheduling policy (default
+``vllm``, so that only the prewarm strategy differs). The ``hermes`` strategy's planner draws
+``--walks`` Monte Carlo walks per plan (default 200, fewer than the scheduler's 1000, to keep
+the run short).
+
+- ``prewarm --cache-gb 8,16,32`` (paper Fig. 13a): a KV prefix cache of that many GB per
+  engine (tokens = GB / the cost model's KV bytes per token) and a host-memory tier of
+  ``--cpu-cache-gb``; rows ``{cache_gb, strategy, kv_hit_ratio, mean_act_s, ...}``. Prefixes
+  are the units' system prompts; with ``--tenants T`` every app is deployed by T tenants, each
+  with its own prompts (T x the distinct prefixes).
+- ``prewarm --lora`` (Fig. 13b): ``--adapters`` rank-8 LoRA adapters, one per (tenant, app,
+  LLM unit) until there are that many, tenants drawn uniformly per run; ``--max-loras`` GPU
+  slots and ``--max-cpu-loras`` host slots; rows ``{strategy, lora_hit_ratio, mean_act_s, ...}``.
+- ``knob --apps CG,PE --k ...`` (Fig. 14): only those apps; per K the mean ACT, its reduction
+  against ``lru`` (no prewarm) measured on the same arrivals, and the wasted backend-seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from hermes.bench.sched import build_arrivals, load_graphs, make_sim_policy
+from hermes.sim.simulator import Arrival, Simulator, setup_engines
+
+STRATEGIES = ("hermes", "epwq", "lru")
+
+
+@dataclass(frozen=True, slots=True)
+class WarmJob:
+    """One simulation: a strategy and the warm-state configuration."""
+
+    tag: tuple
+    strategy: str
+    arrivals: tuple[Arrival, ...]
+    setup: str = "llama2-7b-a100"
+    policy: str = "vllm"
+    k: float = 0.5
+    cache_gb: float | None = None
+    cpu_cache_gb: float = 0.0
+    max_loras: int | None = None
+    max_cpu_loras: int | None = None
+    adapters: tuple[tuple[str, str, str], ...] = ()  # (tenant, app, unit) -> index = adapter
+    walks: int = 200
+    seed: int = 0
+    pdgraph_dir: str | None = None
+    single_use_sandboxes: bool = True  # docker instances serve one call (the live pool's way)
+
+
+def _adapter_fn(job: WarmJob):  # noqa: ANN202
+    table = {key: f"adapter{i}" for i, key in enumerate(job.adapters)}
+
+    def adapter(run, app: str, unit: str) -> str | None:  # noqa: ANN001
+        return table.get((run.tenant, app, unit))
+
+    return adapter
+
+
+def simulate(job: WarmJob) -> tuple[tuple, np.ndarray, dict, float]:
+    """Worker: one simulation; returns (tag, ACTs in arrival order, warm stats, wall s)."""
+    from hermes.core.estimator import EstimatorPool
+    from hermes.core.prewarm import make_prewarm
+    from hermes.sim.warm import SimWarmState
+
+    cost, n_engines = setup_engines(job.setup)
+    graphs = load_graphs(job.pdgraph_dir)
+    pool = EstimatorPool(graphs, cost, n_walks=job.walks, seed=job.seed)
+    strategy = make_prewarm(job.strategy, k=job.k, graphs=graphs.get, estimators=pool.get,
+                            n_walks=job.walks)
+    warm = SimWarmState(
+        strategy, cost, n_engines=n_engines, cache_gb=job.cache_gb, cpu_cache_gb=job.cpu_cache_gb,
+        max_loras=job.max_loras, max_cpu_loras=job.max_cpu_loras,
+        adapter=_adapter_fn(job) if job.adapters else None,
+    )
+    pol = make_sim_policy(job.policy, job.setup, seed=job.seed, pdgraph_dir=job.pdgraph_dir)
+    from hermes.core.tools_model import ToolPool
+
+    tools = ToolPool(docker={"single_use": job.single_use_sandboxes})
+    res = Simulator(pol, cost=cost, n_engines=n_engines, record=False, warm=warm,
+                    tools=tools).run(
+        list(job.arrivals)
+    )
+    by_id = {r.run_id: r for r in res.runs}
+    acts = np.array([by_id[a.run_id].act_s for a in job.arrivals])
+    return job.tag, acts, res.warm, res.wall_s
+
+
+def run_warm_jobs(jobs: Sequence[WarmJob], *, workers: int | None = None,
+                  progress: bool = True) -> dict:
+    """Run the jobs (in parallel processes); ``{tag: (acts, stats)}``."""
+    from tqdm import tqdm
+
+    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    out: dict = {}
+    bar = tqdm(total=len(jobs), desc="simulations", file=sys.stderr, disable=not progress)
+    if workers <= 1:
+        for job in jobs:
+            tag, acts, stats, _ = simulate(job)
+            out[tag] = (acts, stats)
+            bar.update(1)
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as ex:
+            for tag, acts, stats, _ in ex.map(simulate, jobs):
+                out[tag] = (acts, stats)
+                bar.update(1)
+    bar.close()
+    return out
+
+
+def with_tenants(arrivals: Sequence[Arrival], tenants: int, seed: int) -> list[Arrival]:
+    """Give every run a tenant ``t0..t{T-1}`` of its app, uniformly at random."""
+    rng = np.random.default_rng([seed, 7])
+    ids = rng.integers(0, tenants, size=len(arrivals))
+    return [replace(a, tenant=f"{a.app}#t{int(t)}") for a, t in zip(arrivals, ids, strict=True)]
+
+
+def _row_stats(stats: dict, keys: Sequence[str]) -> dict:
+    return {k: stats.get(k, 0.0) for k in keys}
+
+
+def bench_prewarm_kv(
+    apps: int = 500,
+    window_min: float = 15.0,
+    cache_gbs: Sequence[float] = (8, 16, 32),
+    strategies: Sequence[str] = STRATEGIES,
+    *,
+    tenants: int = 1,
+    cpu_cache_gb: float = 64.0,
+    k: float = 0.5,
+    seed: int = 0,
+    trace: str = "conversation",
+    setup: str = "llama2-7b-a100",
+    policy: str = "vllm",
+    walks: int = 200,
+    workers: int | None = None,
+    progress: bool = True,
+    pdgraph_dir: str | None = None,
+) -> list[dict]:
+    """Fig. 13a: KV prefix hit ratio and mean ACT per (cache size, strategy)."""
+    arrivals, _ = build_arrivals(apps, window_min, seed=seed, trace=trace, setup=setup)
+    if tenants > 1:
+        arrivals = with_tenants(arrivals, tenants, seed)
+    jobs = [
+        WarmJob((gb, s), s, tuple(arrivals), setup, policy, k, cache_gb=gb,
+                cpu_cache_gb=cpu_cache_gb, walks=walks, seed=seed, pdgraph_dir=pdgraph_dir)
+        for gb in cache_gbs
+        for s in strategies
+    ]
+    res = run_warm_jobs(jobs, workers=workers, progress=progress)
+    rows = []
+    for gb in cache_gbs:
+        for s in strategies:
+            acts, st = res[(gb, s)]
+            rows.append({
+                "cache_gb": gb,
+                "strategy": s,
+                "kv_hit_ratio": st.get("kv_hit_ratio", 0.0),
+                "mean_act_s": float(acts.mean()),
+                "p95_act_s": float(np.percentile(acts, 95)),
+                **_row_stats(st, ("kv_cpu_hits", "kv_warming_hits", "prewarm_started",
+                                  "prewarm_used", "prewarm_wasted", "prewarm_wasted_backend_s")),
+                "runs": int(acts.size),
+            })
+    return rows
+
+
+def lora_adapters(arrivals: Sequence[Arrival], n_adapters: int) -> tuple[tuple[str, str, str], ...]:
+    """(tenant, app, LLM unit) triples, one adapter each, for the tenants in ``arrivals``:
+    tenants in order of first appearance, units of each app from its shipped PDGraph."""
+    graphs = load_graphs()
+    out: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+    for a in arrivals:
+        t = a.tenant or a.app
+        if t in seen:
+            continue
+        seen.add(t)
+        g = graphs.get(a.app)
+        if g is None:
+            continue
+        for unit, node in g.units.items():
+            if node.is_llm and len(out) < n_adapters:
+                out.append((t, a.app, unit))
+    return tuple(out)
+
+
+def bench_prewarm_lora(
+    apps: int = 1000,
+    window_min: float = 25.0,
+    strategies: Sequence[str] = STRATEGIES,
+    *,
+    adapters: int = 200,
+    max_loras: int = 10,
+    max_cpu_loras: int = 20,
+    tenants: int = 8,
+    k: float = 0.5,
+    seed: int = 0,
+    trace: str = "conversation",
+    setup: str = "llama2-7b-a100",
+    policy: str = "vllm",
+    walks: int = 200,
+    workers: int | None = None,
+    progress: bool = True,
+    pdgraph_dir: str | None = None,
+) -> list[dict]:
+    """Fig. 13b: LoRA adapter hit ratio and mean ACT per strategy."""
+    arrivals, _ = build_arrivals(apps, window_min, seed=seed, trace=trace, setup=setup)
+    arrivals = with_tenants(arrivals, tenants, seed)
+    table = lora_adapters(arrivals, adapters)
+    jobs = [
+        WarmJob((s,), s, tuple(arrivals), setup, policy, k, max_loras=max_loras,
+                max_cpu_loras=max_cpu_loras, adapters=table, walks=walks, seed=seed,
+                pdgraph_dir=pdgraph_dir)
+        for s in strategies
+    ]
+    res = run_warm_jobs(jobs, workers=workers, progress=progress)
+    rows = []
+    for s in strategies:
+        acts, st = res[(s,)]
+        rows.append({
+            "strategy": s,
+            "adapters": len(table),
+            "lora_hit_ratio": st.get("lora_hit_ratio", 0.0),
+            "mean_act_s": float(acts.mean()),
+            "p95_act_s": float(np.percentile(acts, 95)),
+            **_row_stats(st, ("lora_cpu_hits", "lora_warming_hits", "lora_stall_s",
+                              "prewarm_started", "prewarm_used", "prewarm_wasted")),
+            "runs": int(acts.size),
+        })
+    return rows
+
+
+def bench_knob(
+    app_names: Sequence[str] = ("CG", "PE"),
+    ks: Sequence[float] = (0.1, 0.3, 0.5, 0.7, 0.9),
+    apps: int = 200,
+    window_min: float = 10.0,
+    *,
+    cache_gb: float | None = 8.0,
+    cpu_cache_gb: float = 64.0,
+    seed: int = 0,
+    trace: str = "conversation",
+    setup: str = "llama2-7b-a100",
+    policy: str = "vllm",
+    walks: int = 200,
+    workers: int | None = None,
+    progress: bool = True,
+    pdgraph_dir: str | None = None,
+) -> list[dict]:
+    """Fig. 14: per K, mean ACT reduction against ``lru`` and wasted backend-seconds."""
+    from workloads.registry import APPS
+
+    by_short = {cls.short: name for name, cls in APPS.items()}
+    names = [by_short.get(a, a) for a in app_names]
+    for n in names:
+        if n not in APPS:
+            raise ValueError(f"unknown app {n!r}; known: {', '.join(sorted(by_short))}")
+    arrivals = _arrivals_of(names, apps, window_min, seed, trace)
+    base = WarmJob(("lru",), "lru", tuple(arrivals), setup, policy, cache_gb=cache_gb,
+                   cpu_cache_gb=cpu_cache_gb, walks=walks, seed=seed, pdgraph_dir=pdgraph_dir)
+    jobs = [base] + [replace(base, tag=("k", k), strategy="hermes", k=k) for k in ks]
+    res = run_warm_jobs(jobs, workers=workers, progress=progress)
+    acts0, _ = res[("lru",)]
+    rows = []
+    for k in ks:
+        acts, st = res[("k", k)]
+        rows.append({
+            "apps": ",".join(app_names),
+            "k": k,
+            "mean_act_s": float(acts.mean()),
+            "lru_mean_act_s": float(acts0.mean()),
+            "latency_reduction": 1.0 - float(acts.mean()) / float(acts0.mean()),
+            "wasted_backend_s": st.get("prewarm_wasted_backend_s", 0.0),
+            **_row_stats(st, ("prewarm_planned", "prewarm_started", "prewarm_used",
+                              "prewarm_wasted", "tool_hit_ratio")),
+        })
+    return rows
+
+
+def _arrivals_of(names: Sequence[str], n: int, window_min: float, seed: int,
+                 trace: str) -> list[Arrival]:
+    from hermes.sim.arrivals import resample_arrivals
+
+    times = resample_arrivals(n, window_min * 60.0, trace=trace, seed=seed)
+    rng = np.random.default_rng([seed, 1])
+    picks = rng.integers(0, len(names), size=n)
+    seeds = rng.integers(0, 2**31 - 1, size=n)
+    return [Arrival(float(t), names[int(p)], int(s), run_id=f"{names[int(p)]}-{i}")
+            for i, (t, p, s) in enumerate(zip(times, picks, seeds, strict=True))]
+
+
+def plot_knob(rows: Sequence[dict], path: str) -> None:
+    """Latency reduction vs wasted backend-seconds, one point per K."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 4))
+    x = [r["wasted_backend_s"] for r in rows]
+    y = [100 * r["latency_reduction"] for r in rows]
+    ax.plot(x, y, "o-")
+    for r, xi, yi in zip(rows, x, y, strict=True):
+        ax.annotate(f"K={r['k']:g}", (xi, yi), textcoords="offset points", xytext=(4, 4))
+    ax.set_xlabel("wasted backend-seconds")
+    ax.set_ylabel("mean ACT reduction vs lru (%)")
+    ax.set_title(f"K sweep ({rows[0]['apps'] if rows else ''})")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,497 @@
+"""Backend prewarming with the K knob: the planner and its baselines (pure, no I/O, no clock).
+
+A *resource* is one thing that can be warm or cold, named by a string key:
+
+- ``docker:IMAGE``: a started container of the image (tool units);
+- ``dnn:MODEL``: a loaded DNN tool model;
+- ``lora:MODEL@ADAPTER``: a LoRA adapter resident on the GPU of the engine serving MODEL;
+- ``kv:MODEL/APP/UNIT``: the KV cache of the unit's shared prompt prefix (its system prompt).
+
+:func:`default_resources` maps a unit's backend spec to the resources it needs; a driver may
+pass its own mapping (e.g. one that knows the tenant's adapter).
+
+The Hermes planner (:class:`HermesPrewarm`), at the start of a unit of a run and for each
+possible next unit ``v`` whose resources are cold:
+
+- ``p_s``: the branch probability of ``v`` after the current unit (the PDGraph's next-unit
+  table for this visit index);
+- ``t_c``: samples of the time until the current unit completes: the estimator's remaining
+  service of the current unit (:attr:`DemandSamples.current_s`) times the observed stretch of
+  wall time over service time of LLM units (queueing and batching under load; an EWMA over
+  finished units), plus ``v``'s median client gap;
+- ``t_p``: the resource's warm-up time, learned online (:class:`WarmupLearner`, an EWMA of
+  observed warm-ups seeded with :data:`DEFAULT_WARMUP_S`).
+
+No prewarm when ``p_s < K``; a cached prompt prefix that is already warm but evictable is
+*held* from now on (pinned against eviction; adapters are not held: with few GPU slots a hold
+evicts adapters that other runs use); a cold resource starts warming
+at ``t_s`` (seconds from now) where
+``p_s * P(t_c > t_s + t_p) = K``, i.e. ``t_s = Q_{t_c}(1 - K/p_s) - t_p`` clipped at 0
+(:func:`start_offset`). A higher K demands a higher chance that the warm-up is over before the
+backend is needed, so it prewarms fewer branches and starts them earlier; a lower K prewarms
+unlikely branches too and starts late. When the run's next unit starts, prewarms of the branch
+taken are *used* and the others are *cancelled* (released if already started). A started
+prewarm that is neither used nor cancelled is *released* after ``idle_timeout_s``.
+
+K comes, in order of precedence, from the run (``RunState.k``, set per request through the
+API), its tenant, its app, then the default 0.5.
+
+Baselines, selectable like policies (:func:`make_prewarm`): ``lru`` (no prewarm; backends are
+cached reactively and evicted least recently used), ``epwq`` (prefetch only for requests
+already in a waiting queue: when a request is queued its resources start warming instead of at
+admission), ``none`` (no prewarm and no prefix caching), ``hermes`` (the planner, plus the
+``epwq`` prefetch for what it did not foresee).
+
+Waste accounting (:class:`PrewarmStats`): a prewarm that was started and not used wastes the
+backend from its start to its release; a used one wastes the time it sat warm and idle before
+the unit needed it. Both are summed in ``wasted_backend_s``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from abc import ABC
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import ClassVar, Literal, Protocol
+
+import numpy as np
+
+from hermes.core.backend import BackendSpec
+from hermes.core.pdgraph import END, PDGraph
+from hermes.core.state import RunProgress, RunState
+
+DEFAULT_K = 0.5
+#: seeds of the warm-up time per resource kind, seconds (container start, DNN load, LoRA load
+#: from host memory, prefix prefill); replaced by observations as they come in
+DEFAULT_WARMUP_S: dict[str, float] = {"docker": 1.0, "dnn": 3.0, "lora": 0.3, "kv": 0.1}
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+#: resources that a warm cache could evict before use: the planner holds them when warm
+HOLDABLE = ("kv",)
+
+
+def resource_kind(resource: str) -> str:
+    """``docker`` / ``dnn`` / ``lora`` / ``kv`` of a resource key."""
+    return resource.partition(":")[0]
+
+
+def default_resources(run: RunState | None, app: str, unit: str, backend: str) -> list[str]:
+    """The resources a unit needs warm: a container, a DNN model, a LoRA adapter, the KV of its
+    prompt prefix (API tools have nothing to warm)."""
+    spec = BackendSpec.parse(backend)
+    if spec.kind == "docker":
+        return [f"docker:{spec.name}"]
+    if spec.kind == "dnn":
+        return [f"dnn:{spec.name}"]
+    if spec.kind == "llm":
+        out = [f"lora:{spec.name}@{spec.lora}"] if spec.lora else []
+        out.append(f"kv:{spec.name}/{app}/{unit}")
+        return out
+    return []
+
+
+ResourcesFn = Callable[[RunState | None, str, str, str], Sequence[str]]
+
+
+class WarmView(Protocol):
+    """What the driver tells the planner about backends: is a resource warm (or warming)?"""
+
+    def is_warm(self, resource: str, now: float) -> bool: ...
+
+
+def start_offset(tc: np.ndarray, p_s: float, k: float, t_p: float) -> float | None:
+    """Seconds from now at which to start warming, or ``None`` when ``p_s < k``.
+
+    Solves ``p_s * P(t_c > t_s + t_p) = k`` on the empirical distribution of ``tc``: the
+    warm-up must be over before the current unit completes with probability ``k / p_s``.
+    Starts now (0) when even an immediate start does not reach that probability.
+    """
+    if p_s <= 0.0 or p_s < k:
+        return None
+    if tc.size == 0:
+        return 0.0
+    q = 1.0 - min(1.0, k / p_s)
+    x = float(np.quantile(tc, q))
+    return max(0.0, x - t_p)
+
+
+class WarmupLearner:
+    """Warm-up time per resource: EWMA of observations, seeded per kind."""
+
+    def __init__(self, defaults: dict[str, float] | None = None, alpha: float = 0.3) -> None:
+        self.defaults = dict(DEFAULT_WARMUP_S)
+        if defaults:
+            self.defaults.update(defaults)
+        self.alpha = alpha
+        self._est: dict[str, float] = {}
+        self.observations = 0
+
+    def estimate(self, resource: str) -> float:
+        got = self._est.get(resource)
+        if got is not None:
+            return got
+        return self.defaults.get(resource_kind(resource), 1.0)
+
+    def observe(self, resource: str, seconds: float) -> None:
+        """A warm-up of ``resource`` took ``seconds`` (measured by a prewarmer or the engine)."""
+        if seconds < 0:
+            raise ValueError(f"warm-up time of {resource!r} must be >= 0, got {seconds}")
+        self.observations += 1
+        old = self._est.get(resource)
+        self._est[resource] = seconds if old is None else old + self.alpha * (seconds - old)
+
+
+PrewarmStateName = Literal["pending", "started", "used", "cancelled", "released"]
+
+
+@dataclass(slots=True)
+class Prewarm:
+    """One planned prewarm of one resource for one (run, next unit)."""
+
+    pid: int
+    run_id: str
+    unit: str  # the next unit it is for
+    resource: str
+    p_s: float
+    planned_at: float
+    start_at: float
+    t_p: float
+    state: PrewarmStateName = "pending"
+    started_at: float | None = None
+    ended_at: float | None = None
+
+    @property
+    def ready_at(self) -> float | None:
+        return None if self.started_at is None else self.started_at + self.t_p
+
+
+@dataclass(frozen=True, slots=True)
+class PrewarmAction:
+    """A decision for the driver: ``start`` warming ``resource`` now, or ``release`` it."""
+
+    action: Literal["start", "release"]
+    resource: str
+    run_id: str
+    unit: str
+    pid: int
+    used: bool = False  # release only: whether the warm backend served its unit
+    prefetch: bool = False  # start only: for a request already queued (epwq), not planned
+
+
+@dataclass(slots=True)
+class PrewarmStats:
+    """Counters a driver exports (``stats()`` is a flat dict for metrics)."""
+
+    planned: int = 0
+    prefetched: int = 0  # fetched for a request already queued (epwq; not planned ahead)
+    started: int = 0
+    used: int = 0  # started, and its branch was taken
+    late: int = 0  # planned, branch taken before the planned start (not started)
+    cancelled: int = 0  # started, branch not taken: released (wasted)
+    dropped: int = 0  # planned, branch not taken before the start: nothing spent
+    released_idle: int = 0  # started, neither used nor cancelled within the idle timeout
+    wasted_backend_s: float = 0.0
+    idle_backend_s: float = 0.0  # part of wasted_backend_s: used prewarms warm before needed
+
+    @property
+    def wasted(self) -> int:
+        return self.cancelled + self.released_idle
+
+    def as_dict(self) -> dict[str, float]:
+        d = asdict(self)
+        d["wasted"] = self.wasted
+        return d
+
+
+EstimatorLookup = Callable[[str], object | None]  # app -> DemandEstimator (or None)
+GraphLookup = Callable[[str], PDGraph | None]
+
+
+class PrewarmStrategy(ABC):
+    """Base of every prewarm strategy: K resolution, bookkeeping, resolution of branches.
+
+    Driver calls (each takes ``now``): :meth:`on_unit_start` when a unit of a run starts,
+    :meth:`on_enqueue` when a request of a unit waits in a queue, :meth:`on_run_finish`,
+    :meth:`due` at (or after) :meth:`next_due`. Each returns the actions to carry out.
+    """
+
+    name: ClassVar[str]
+    #: whether the driver keeps backends warm after use (prefix cache, idle containers)
+    caches: ClassVar[bool] = True
+    #: whether queued requests' resources are fetched on enqueue (epwq)
+    prefetch_queued: ClassVar[bool] = False
+    #: whether the planner prewarms predicted next units
+    plans: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        k: float = DEFAULT_K,
+        k_by_app: dict[str, float] | None = None,
+        k_by_tenant: dict[str, float] | None = None,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        resources: ResourcesFn = default_resources,
+        learner: WarmupLearner | None = None,
+        graphs: GraphLookup | None = None,
+        estimators: EstimatorLookup | None = None,
+        n_walks: int = 200,
+    ) -> None:
+        for where, v in [("k", k), *(("k_by_app." + a, x) for a, x in (k_by_app or {}).items()),
+                         *(("k_by_tenant." + t, x) for t, x in (k_by_tenant or {}).items())]:
+            _check_k(v, where)
+        self.k = k
+        self.k_by_app = dict(k_by_app or {})
+        self.k_by_tenant = dict(k_by_tenant or {})
+        self.idle_timeout_s = idle_timeout_s
+        self.resources = resources
+        self.learner = learner or WarmupLearner()
+        self.graphs = graphs
+        self.estimators = estimators
+        self.n_walks = n_walks
+        self.counters = PrewarmStats()
+        # wall seconds per isolated service second of LLM units (queueing and batching under
+        # load), learned from finished units: the estimator's t_c is in service seconds
+        self.stretch = 1.0
+        self.stretch_alpha = 0.1
+        self._ids = itertools.count(1)
+        self._by_run: dict[str, list[Prewarm]] = {}
+        self._pending: dict[int, Prewarm] = {}  # not started yet
+        self._live: dict[int, Prewarm] = {}  # started, unresolved
+
+    # ------------------------------------------------------------------ K
+    def k_for(self, run: RunState) -> float:
+        """K of a run: per request, then per tenant, then per app, then the default."""
+        if run.k is not None:
+            return run.k
+        if run.tenant in self.k_by_tenant:
+            return self.k_by_tenant[run.tenant]
+        return self.k_by_app.get(run.app, self.k)
+
+    # ------------------------------------------------------------------ driver calls
+    def on_unit_start(
+        self, run: RunState, unit: str, backend: str, now: float, warm: WarmView
+    ) -> list[PrewarmAction]:
+        """``unit`` of ``run`` starts: resolve the run's prewarms (used / cancelled), then plan
+        for the units that may follow."""
+        out = self._resolve(run.run_id, unit, now)
+        self._learn_stretch(run)
+        if self.plans:
+            self._plan(run, unit, now, warm)
+            out.extend(self.due(now))
+        return out
+
+    def on_enqueue(
+        self, run: RunState, unit: str, backend: str, now: float, warm: WarmView
+    ) -> list[PrewarmAction]:
+        """A request of ``unit`` waits in a queue: fetch its cold resources (epwq)."""
+        if not self.prefetch_queued:
+            return []
+        out = []
+        for res in self.resources(run, run.app, unit, backend):
+            if warm.is_warm(res, now):
+                continue
+            self.counters.prefetched += 1  # serves a request already waiting: never wasted
+            out.append(PrewarmAction("start", res, run.run_id, unit, 0, prefetch=True))
+        return out
+
+    def on_run_finish(self, run: RunState, now: float) -> list[PrewarmAction]:
+        """The run ended: whatever it still had planned is not needed."""
+        return self._resolve(run.run_id, None, now)
+
+    def due(self, now: float) -> list[PrewarmAction]:
+        """Prewarms whose start time has come (``start``) and started ones idle past the
+        timeout (``release``)."""
+        out: list[PrewarmAction] = []
+        for pid, pw in list(self._pending.items()):
+            if pw.start_at <= now + 1e-12:
+                del self._pending[pid]
+                pw.state = "started"
+                pw.started_at = now
+                self._live[pid] = pw
+                self.counters.started += 1
+                out.append(PrewarmAction("start", pw.resource, pw.run_id, pw.unit, pid))
+        for pid, pw in list(self._live.items()):
+            ready = pw.ready_at or now
+            if now >= ready + self.idle_timeout_s - 1e-9:  # same sum as next_due
+                self._end(pw, "released", now)
+                self.counters.released_idle += 1
+                out.append(PrewarmAction("release", pw.resource, pw.run_id, pw.unit, pid))
+        return out
+
+    def next_due(self) -> float | None:
+        """When :meth:`due` next has something to do (``None``: nothing planned)."""
+        times = [pw.start_at for pw in self._pending.values()]
+        times += [(pw.ready_at or 0.0) + self.idle_timeout_s for pw in self._live.values()]
+        return min(times) if times else None
+
+    def observe_warmup(self, resource: str, seconds: float) -> None:
+        self.learner.observe(resource, seconds)
+
+    def stats(self) -> dict[str, float]:
+        """Flat counters: planned, started, used, late, cancelled, dropped, released_idle,
+        wasted, wasted_backend_s, idle_backend_s."""
+        return self.counters.as_dict()
+
+    def outstanding(self, run_id: str) -> list[Prewarm]:
+        return [p for p in self._by_run.get(run_id, []) if p.state in ("pending", "started")]
+
+    # ------------------------------------------------------------------ internals
+    def _learn_stretch(self, run: RunState) -> None:
+        fin = run.progress.finished
+        if not fin:
+            return
+        last = fin[-1]
+        if last.input_tokens > 0 and last.service_s > 0 and last.duration_s > 0:
+            ratio = min(100.0, max(1.0, last.duration_s / last.service_s))
+            self.stretch += self.stretch_alpha * (ratio - self.stretch)
+
+    def _new(self, run_id: str, unit: str, res: str, p_s: float, now: float, at: float) -> Prewarm:
+        pw = Prewarm(next(self._ids), run_id, unit, res, p_s, now, at, self.learner.estimate(res))
+        self._by_run.setdefault(run_id, []).append(pw)
+        return pw
+
+    def _end(self, pw: Prewarm, state: PrewarmStateName, now: float) -> None:
+        self._live.pop(pw.pid, None)
+        self._pending.pop(pw.pid, None)
+        pw.state = state
+        pw.ended_at = now
+        if pw.started_at is not None:
+            if state == "used":
+                idle = max(0.0, now - (pw.ready_at or now))
+                self.counters.idle_backend_s += idle
+                self.counters.wasted_backend_s += idle
+            else:
+                self.counters.wasted_backend_s += now - pw.started_at
+
+    def _resolve(self, run_id: str, unit: str | None, now: float) -> list[PrewarmAction]:
+        out: list[PrewarmAction] = []
+        for pw in self._by_run.pop(run_id, []):
+            if pw.state == "pending":
+                if pw.unit == unit:
+                    self.counters.late += 1
+                else:
+                    self.counters.dropped += 1
+                self._end(pw, "cancelled", now)
+            elif pw.state == "started":
+                if pw.unit == unit:
+                    self._end(pw, "used", now)
+                    self.counters.used += 1
+                    out.append(PrewarmAction("release", pw.resource, run_id, pw.unit, pw.pid,
+                                             used=True))
+                else:
+                    self._end(pw, "cancelled", now)
+                    self.counters.cancelled += 1
+                    out.append(PrewarmAction("release", pw.resource, run_id, pw.unit, pw.pid))
+        return out
+
+    def _plan(self, run: RunState, unit: str, now: float, warm: WarmView) -> None:
+        graph = self.graphs(run.app) if self.graphs else None
+        if graph is None or unit not in graph.units:
+            return
+        k = self.k_for(run)
+        visit = run.progress.visits(unit) + 1
+        probs = graph.next_probs(unit, visit)
+        tc: np.ndarray | None = None
+        for nxt, p_s in probs.items():
+            if nxt == END or p_s < k or p_s <= 0.0:
+                continue
+            node = graph.units[nxt]
+            cold = []
+            for r in self.resources(run, run.app, nxt, node.backend):
+                if not warm.is_warm(r, now):
+                    cold.append(r)
+                elif resource_kind(r) in HOLDABLE:
+                    # warm now: hold it (no eviction) until the branch resolves
+                    pw = self._new(run.run_id, nxt, r, p_s, now, now)
+                    pw.t_p = 0.0
+                    self._pending[pw.pid] = pw
+                    self.counters.planned += 1
+            if not cold:
+                continue
+            if tc is None:
+                tc = self._completion_samples(run, unit)
+            gap = np.asarray(node.consumption.gap_s, dtype=float)
+            t = tc * self.stretch + (float(np.median(gap)) if gap.size else 0.0)
+            for res in cold:
+                off = start_offset(t, p_s, k, self.learner.estimate(res))
+                if off is None:
+                    continue
+                pw = self._new(run.run_id, nxt, res, p_s, now, now + off)
+                self._pending[pw.pid] = pw
+                self.counters.planned += 1
+
+    def _completion_samples(self, run: RunState, unit: str) -> np.ndarray:
+        """Samples of the current unit's remaining time (estimator), or an empty array."""
+        est = self.estimators(run.app) if self.estimators else None
+        if est is None:
+            return np.empty(0)
+        prog = RunProgress(
+            finished=run.progress.finished,
+            current=unit,
+            current_attained_s=run.progress.current_attained_s,
+        )
+        s = est.sample(prog, n=self.n_walks)  # type: ignore[attr-defined]
+        return s.current_s if s.current_s is not None else np.empty(0)
+
+
+def _check_k(v: float, where: str) -> None:
+    if not isinstance(v, int | float) or not 0.0 <= float(v) <= 1.0:
+        raise ValueError(f"prewarm knob {where} must be a number in [0, 1], got {v!r}")
+
+
+class HermesPrewarm(PrewarmStrategy):
+    """The PDGraph planner with the K knob (module docstring), plus prefetch on enqueue."""
+
+    name = "hermes"
+    plans = True
+    prefetch_queued = True
+
+
+class LRUPrewarm(PrewarmStrategy):
+    """Reactive caching: no prewarm; warm backends stay until evicted (LRU) or idle."""
+
+    name = "lru"
+
+
+class EPWQPrewarm(PrewarmStrategy):
+    """Prefetch only for requests already in a waiting queue."""
+
+    name = "epwq"
+    prefetch_queued = True
+
+
+class NoPrewarm(PrewarmStrategy):
+    """No prewarm and no prefix caching (a lower bound)."""
+
+    name = "none"
+    caches = False
+
+
+_STRATEGIES: dict[str, type[PrewarmStrategy]] = {
+    c.name: c for c in (HermesPrewarm, LRUPrewarm, EPWQPrewarm, NoPrewarm)
+}
+
+
+def prewarm_names() -> list[str]:
+    return list(_STRATEGIES)
+
+
+def make_prewarm(name: str, **kw: object) -> PrewarmStrategy:
+    """Build the prewarm strategy ``name`` (``hermes``, ``lru``, ``epwq``, ``none``)."""
+    try:
+        cls = _STRATEGIES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown prewarm strategy {name!r}; known: {', '.join(_STRATEGIES)}"
+        ) from None
+    return cls(**kw)  # type: ignore[arg-type]
+
+
+@dataclass(slots=True)
+class WarmSet:
+    """A simple :class:`WarmView`: a set of warm resources (tests, live nodes' reports)."""
+
+    warm: set[str] = field(default_factory=set)
+
+    def is_warm(self, resource: str, now: float) -> bool:
+        return resource in self.warm

@@ -1,0 +1,317 @@
+"""Warm-state models of LLM-engine backends: KV prefix cache and LoRA adapter slots.
+
+Pure and clock-free (every call takes ``now``); the simulator drives them in virtual time and
+the built-in engine can drive them in wall-clock time.
+
+:class:`PrefixCacheModel` (implements the engine model's ``PrefixCache`` hook): the KV of
+shared prompt prefixes (system prompts), with a GPU tier of ``capacity_tokens`` (from GB via
+the model's KV bytes per token, :func:`gb_to_tokens`) and a host-memory (CPU) tier. Least
+recently used prefixes are evicted from the GPU tier to the CPU tier, and dropped from there;
+prefixes *pinned* by prewarms (held for a unit that is about to run) are evicted only when
+everything else is gone.
+A request admitted with its prefix on the GPU skips that part of its prefill (a *hit*); with
+its prefix on the CPU the engine first swaps it in, which stalls the iteration for
+``tokens * kv_bytes_per_token / swap_bytes_per_s`` (vLLM swaps synchronously). A prefetch
+(:meth:`PrefixCacheModel.prefetch`) swaps a CPU-resident prefix in asynchronously; a prefix
+that is nowhere must be prefilled (the driver submits a prefill-only request, and
+:meth:`on_prefilled` stores it).
+
+:class:`LoraSlots`: adapters resident on the GPU (``max_loras`` slots) and in host memory
+(``max_cpu_loras``), vLLM style. An adapter that is not on the GPU when a request using it is
+admitted is loaded synchronously (from host memory, or from disk), stalling the iteration; a
+prefetch loads it in the background. Eviction is least recently used. (Simplification: vLLM
+also refuses to batch more than ``max_loras`` distinct adapters at once; here a slot is simply
+reassigned.)
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+
+GB = 1024**3
+#: prefix-name mark of a prewarm's own prefill-only request: cached like any other, but its
+#: lookups are not counted in the hit statistics (they measure the workload's requests)
+UNCOUNTED = "\x00prewarm:"
+
+
+def gb_to_tokens(gb: float, kv_bytes_per_token: int) -> int:
+    """KV tokens that fit in ``gb`` GiB."""
+    if gb < 0:
+        raise ValueError(f"cache size must be >= 0 GB, got {gb}")
+    return int(gb * GB // kv_bytes_per_token)
+
+
+@dataclass(slots=True)
+class CacheStats:
+    lookups: int = 0
+    hits: int = 0  # resident and ready on the GPU
+    warming_hits: int = 0  # prefetch under way: waited for its rest
+    cpu_hits: int = 0  # swapped (or loaded) in synchronously from host memory
+    misses: int = 0
+    evictions: int = 0
+    prefetches: int = 0
+    stall_s: float = 0.0
+
+    @property
+    def hit_ratio(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        d = asdict(self)
+        d["hit_ratio"] = self.hit_ratio
+        return d
+
+
+@dataclass(slots=True)
+class _Entry:
+    tokens: int
+    ready_at: float
+    pins: int = 0  # prewarms holding it for a unit about to run (not evicted while > 0)
+
+
+class PrefixCacheModel:
+    """GPU + CPU tiers of cached prompt-prefix KV (see the module docstring)."""
+
+    def __init__(
+        self,
+        capacity_tokens: int,
+        *,
+        cpu_capacity_tokens: int = 0,
+        kv_bytes_per_token: int = 512 * 1024,
+        swap_bytes_per_s: float = 16e9,
+        enabled: bool = True,
+    ) -> None:
+        self.capacity = capacity_tokens
+        self.cpu_capacity = cpu_capacity_tokens
+        self.swap_s_per_token = kv_bytes_per_token / swap_bytes_per_s
+        self.enabled = enabled
+        self.gpu: OrderedDict[str, _Entry] = OrderedDict()
+        self.cpu: OrderedDict[str, int] = OrderedDict()
+        self.gpu_used = 0
+        self.cpu_used = 0
+        self.stats = CacheStats()
+        self._stall = 0.0
+        self._pending_pins: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ engine hook
+    def cached_tokens(self, prefix: str, prefix_tokens: int, now: float) -> int:
+        """Admission of a request with ``prefix``: how many prompt tokens are cached."""
+        st = self.stats
+        if prefix.startswith(UNCOUNTED):
+            prefix = prefix[len(UNCOUNTED):]
+            st = CacheStats()  # not counted
+        st.lookups += 1
+        e = self.gpu.get(prefix)
+        if e is not None:
+            self.gpu.move_to_end(prefix)
+            if e.ready_at <= now:
+                st.hits += 1
+            else:
+                st.warming_hits += 1
+                self._stall += e.ready_at - now
+            return min(e.tokens, prefix_tokens)
+        if prefix in self.cpu:
+            tokens = self.cpu.pop(prefix)
+            self.cpu_used -= tokens
+            st.cpu_hits += 1
+            self._stall += tokens * self.swap_s_per_token
+            self._put(prefix, tokens, now)
+            return min(tokens, prefix_tokens)
+        st.misses += 1
+        return 0
+
+    def on_prefilled(self, prefix: str, prefix_tokens: int, now: float) -> None:
+        """The prefix's KV was computed: keep it (most recently used)."""
+        prefix = prefix.removeprefix(UNCOUNTED)
+        if not self.enabled or prefix_tokens <= 0:
+            return
+        e = self.gpu.get(prefix)
+        if e is not None:
+            self.gpu.move_to_end(prefix)
+            e.ready_at = min(e.ready_at, now)
+            return
+        self._put(prefix, prefix_tokens, now)
+
+    def take_stall_s(self) -> float:
+        """Synchronous swap-in time accrued by admissions since the last call."""
+        s, self._stall = self._stall, 0.0
+        self.stats.stall_s += s
+        return s
+
+    # ------------------------------------------------------------------ prefetch
+    def is_warm(self, prefix: str) -> bool:
+        """On the GPU (or being swapped in)."""
+        return prefix in self.gpu
+
+    def where(self, prefix: str) -> str:
+        return "gpu" if prefix in self.gpu else "cpu" if prefix in self.cpu else "none"
+
+    def prefetch(self, prefix: str, now: float, *, pin: bool = False) -> float | None:
+        """Swap a CPU-resident prefix in asynchronously (``pin``: held until released).
+        Returns when it is ready; ``None`` when it is not on the CPU (already on the GPU, or
+        must be prefilled)."""
+        if not self.enabled or prefix not in self.cpu:
+            return None
+        tokens = self.cpu.pop(prefix)
+        self.cpu_used -= tokens
+        ready = now + tokens * self.swap_s_per_token
+        if pin:
+            self.pin(prefix)
+        self._put(prefix, tokens, ready)
+        self.stats.prefetches += 1
+        return ready
+
+    def pin(self, prefix: str) -> None:
+        """Hold ``prefix`` on the GPU for a coming unit (if it is not there yet, from when it
+        arrives: a prefill under way)."""
+        e = self.gpu.get(prefix)
+        if e is not None:
+            e.pins += 1
+        else:
+            self._pending_pins[prefix] = self._pending_pins.get(prefix, 0) + 1
+
+    def release(self, prefix: str) -> None:
+        """One hold on ``prefix`` ends (its unit ran, or its branch was not taken)."""
+        e = self.gpu.get(prefix)
+        if e is not None and e.pins > 0:
+            e.pins -= 1
+        elif prefix in self._pending_pins:
+            self._pending_pins[prefix] -= 1
+            if self._pending_pins[prefix] <= 0:
+                del self._pending_pins[prefix]
+
+    # ------------------------------------------------------------------ internals
+    def _put(self, prefix: str, tokens: int, ready_at: float) -> None:
+        if tokens > self.capacity:
+            return
+        self.gpu[prefix] = _Entry(tokens, ready_at, self._pending_pins.pop(prefix, 0))
+        self.gpu_used += tokens
+        if self.gpu_used > self.capacity:
+            for key in list(self.gpu):
+                if self.gpu_used <= self.capacity:
+                    break
+                e = self.gpu[key]
+                if e.pins > 0 or key == prefix:
+                    continue
+                del self.gpu[key]
+                self.gpu_used -= e.tokens
+                self.stats.evictions += 1
+                self._to_cpu(key, e.tokens)
+            if self.gpu_used > self.capacity:
+                # everything else is held: the newcomer is not kept, unless it is held too,
+                # then the oldest holds give way
+                new = self.gpu[prefix]
+                victims = [prefix] if new.pins == 0 else [k for k in self.gpu if k != prefix]
+                for key in victims:
+                    if self.gpu_used <= self.capacity:
+                        break
+                    e = self.gpu.pop(key)
+                    self.gpu_used -= e.tokens
+                    self.stats.evictions += 1
+                    self._to_cpu(key, e.tokens)
+
+    def _to_cpu(self, prefix: str, tokens: int) -> None:
+        if tokens > self.cpu_capacity:
+            return
+        self.cpu[prefix] = tokens
+        self.cpu_used += tokens
+        while self.cpu_used > self.cpu_capacity:
+            _, t = self.cpu.popitem(last=False)
+            self.cpu_used -= t
+
+
+class LoraSlots:
+    """LoRA adapters on the GPU and in host memory (see the module docstring)."""
+
+    def __init__(
+        self,
+        max_loras: int,
+        max_cpu_loras: int,
+        *,
+        disk_load_s: float = 0.25,
+        cpu_load_s: float = 0.02,
+    ) -> None:
+        if max_loras < 1:
+            raise ValueError(f"max_loras must be >= 1, got {max_loras}")
+        if max_cpu_loras < max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({max_cpu_loras}) must be >= max_loras ({max_loras}), as in vLLM"
+            )
+        self.max_loras = max_loras
+        self.max_cpu_loras = max_cpu_loras
+        self.disk_load_s = disk_load_s
+        self.cpu_load_s = cpu_load_s
+        self.gpu: OrderedDict[str, float] = OrderedDict()  # adapter -> ready_at
+        self.cpu: OrderedDict[str, None] = OrderedDict()  # host-memory cache (GPU ones too)
+        self.pins: dict[str, int] = {}  # adapters held for a coming unit
+        self.stats = CacheStats()
+
+    def pin(self, adapter: str) -> None:
+        self.pins[adapter] = self.pins.get(adapter, 0) + 1
+
+    def release(self, adapter: str) -> None:
+        n = self.pins.get(adapter, 0) - 1
+        if n > 0:
+            self.pins[adapter] = n
+        else:
+            self.pins.pop(adapter, None)
+
+    def load_time_s(self, adapter: str) -> float:
+        return self.cpu_load_s if adapter in self.cpu else self.disk_load_s
+
+    def is_warm(self, adapter: str) -> bool:
+        return adapter in self.gpu
+
+    def admit(self, adapter: str, now: float) -> float:
+        """A request using ``adapter`` is admitted: the stall (seconds) to load it first."""
+        st = self.stats
+        st.lookups += 1
+        ready = self.gpu.get(adapter)
+        if ready is not None:
+            self.gpu.move_to_end(adapter)
+            self._touch_cpu(adapter)
+            if ready <= now:
+                st.hits += 1
+                return 0.0
+            st.warming_hits += 1
+            st.stall_s += ready - now
+            return ready - now
+        stall = self.load_time_s(adapter)
+        if adapter in self.cpu:
+            st.cpu_hits += 1
+        else:
+            st.misses += 1
+        self._load(adapter, now + stall)
+        st.stall_s += stall
+        return stall
+
+    def prefetch(self, adapter: str, now: float) -> float | None:
+        """Load ``adapter`` in the background; returns when it is ready (``None``: already
+        on the GPU)."""
+        if adapter in self.gpu:
+            return None
+        ready = now + self.load_time_s(adapter)
+        self._load(adapter, ready)
+        self.stats.prefetches += 1
+        return ready
+
+    def _touch_cpu(self, adapter: str) -> None:
+        if adapter in self.cpu:
+            self.cpu.move_to_end(adapter)
+
+    def _load(self, adapter: str, ready_at: float) -> None:
+        self.gpu[adapter] = ready_at
+        if len(self.gpu) > self.max_loras:
+            victim = next((a for a in self.gpu if a not in self.pins and a != adapter), None)
+            if victim is None:  # all held: the least recently used goes anyway
+                victim = next(iter(self.gpu))
+            del self.gpu[victim]
+            self.stats.evictions += 1
+        self.cpu[adapter] = None
+        self.cpu.move_to_end(adapter)
+        if len(self.cpu) > self.max_cpu_loras:
+            for key in list(self.cpu):
+                if key not in self.gpu:
+                    del self.cpu[key]
+                    break

@@ -1,0 +1,158 @@
+"""The live scheduler's prewarming: the core planner driven in wall-clock time.
+
+:class:`GatewayPrewarmer` holds one :class:`~hermes.core.prewarm.PrewarmStrategy` (``hermes``
+by default, ``scheduler.prewarm`` in the config; ``scheduler.k`` is the default K, a run's own
+``k`` from the runs API overrides it) and turns its actions into ``prewarm`` messages to the
+HermesLet that will serve the backend: containers and DNN models to the least-loaded tool
+node, LoRA adapters and KV prefixes to the node with an engine of the model. The planner's
+wake-ups are timers on the event loop; its warm-up estimates learn from the ``warmup_s=`` the
+nodes report in their acks. A KV-prefix prewarm carries the unit's shared prompt prefix (the
+system message its requests were last seen with), so it is only sent once the unit has run.
+
+The scheduler calls :meth:`on_unit_start`, :meth:`on_run_finish`, :meth:`note_request` and
+:meth:`on_ack`; :meth:`stats` is a flat dict for metrics (started / used / wasted prewarms,
+wasted backend-seconds, messages sent, acks failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from hermes.core.backend import BackendSpec
+from hermes.core.prewarm import PrewarmAction, PrewarmStrategy, make_prewarm, resource_kind
+from hermes.core.state import RunState
+from hermes.protocol import Prewarm, PrewarmAck
+
+if TYPE_CHECKING:
+    from hermes.gateway.scheduler import LiveScheduler
+
+log = logging.getLogger("hermes.prewarm")
+
+
+class GatewayPrewarmer:
+    """Planner + signalling for a :class:`LiveScheduler` (see the module docstring)."""
+
+    def __init__(self, sched: LiveScheduler, strategy: PrewarmStrategy) -> None:
+        self.sched = sched
+        self.strategy = strategy
+        strategy.resources = self.resources
+        self.warm: set[str] = set()  # resources we asked a node to warm and not released
+        self.prefixes: dict[tuple[str, str], str] = {}  # (app, unit) -> system prompt
+        self.sent = {"start": 0, "release": 0}
+        self.acks_failed = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+
+    @classmethod
+    def from_scheduler(cls, sched: LiveScheduler) -> GatewayPrewarmer:
+        sc = sched.config.scheduler
+        name = getattr(sc, "prewarm", "hermes")
+
+        def estimators(app: str) -> Any:
+            return sched.pool.get(app) if sched.pool is not None else None
+
+        strategy = make_prewarm(name, k=sc.k, graphs=sched.app_graph, estimators=estimators,
+                                n_walks=min(200, sc.n_walks))
+        return cls(sched, strategy)
+
+    # ------------------------------------------------------------------ naming
+    def resources(self, run: RunState | None, app: str, unit: str, backend: str) -> list[str]:
+        spec = BackendSpec.parse(backend)
+        if spec.kind in ("docker", "dnn"):
+            return [f"{spec.kind}:{spec.name}"]
+        if spec.kind != "llm":
+            return []
+        out = [f"lora:{spec.name}@{spec.lora}"] if spec.lora else []
+        if (app, unit) in self.prefixes:
+            out.append(f"kv:{spec.name}/{app}/{unit}")
+        return out
+
+    def is_warm(self, resource: str, now: float) -> bool:
+        return resource in self.warm
+
+    # ------------------------------------------------------------------ scheduler hooks
+    def note_request(self, app: str, unit: str, body: dict[str, Any]) -> None:
+        """Remember a unit's shared prefix: the system message of its chat requests."""
+        msgs = body.get("messages")
+        if isinstance(msgs, list) and len(msgs) > 1 and isinstance(msgs[0], dict):
+            if msgs[0].get("role") == "system" and isinstance(msgs[0].get("content"), str):
+                self.prefixes[(app, unit)] = msgs[0]["content"]
+
+    def on_unit_start(self, run: RunState, unit: str, backend: str, now: float) -> None:
+        self._apply(self.strategy.on_unit_start(run, unit, backend, now, self), now)
+
+    def on_run_finish(self, run: RunState, now: float) -> None:
+        self._apply(self.strategy.on_run_finish(run, now), now)
+
+    def on_ack(self, msg: PrewarmAck) -> None:
+        if not msg.ok:
+            self.acks_failed += 1
+            self.warm.discard(msg.backend)
+            log.info("prewarm %s %s failed: %s", msg.action, msg.backend, msg.detail)
+            return
+        if msg.action == "start" and msg.detail.startswith("warmup_s="):
+            try:
+                self.strategy.observe_warmup(msg.backend, float(msg.detail.split("=", 1)[1]))
+            except ValueError:
+                pass
+
+    def stats(self) -> dict[str, float]:
+        out = {f"prewarm_{k}": v for k, v in self.strategy.stats().items()}
+        out["prewarm_sent_start"] = self.sent["start"]
+        out["prewarm_sent_release"] = self.sent["release"]
+        out["prewarm_acks_failed"] = self.acks_failed
+        return out
+
+    # ------------------------------------------------------------------ internals
+    def _due(self) -> None:
+        self._timer = self._timer_at = None
+        try:
+            now = self.sched.now()
+            self._apply(self.strategy.due(now), now)
+        except Exception:
+            log.exception("prewarm wake-up failed")
+
+    def _apply(self, actions: list[PrewarmAction], now: float) -> None:
+        for a in actions:
+            if a.action == "release" and a.used and resource_kind(a.resource) in ("docker", "dnn"):
+                self.warm.discard(a.resource)  # the unit took the instance
+                continue
+            self._signal(a)
+        nxt = self.strategy.next_due()
+        if nxt is None or (self._timer_at is not None and self._timer_at <= nxt):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = nxt
+        self._timer = loop.call_later(max(0.0, self.sched.wall_s(nxt - now)), self._due)
+
+    def _signal(self, a: PrewarmAction) -> None:
+        kind, _, name = a.resource.partition(":")
+        params: dict[str, Any] = {"run_id": a.run_id, "unit": a.unit, "pid": a.pid}
+        try:
+            if kind in ("docker", "dnn"):
+                node = self.sched._pick_tool_node(a.resource)
+            else:
+                model = name.partition("@")[0] if kind == "lora" else name.partition("/")[0]
+                node, _ = self.sched._pick_engine(model)
+                if kind == "kv":
+                    _, app, unit = name.split("/", 2)
+                    prefix = self.prefixes.get((app, unit))
+                    if prefix is None:
+                        return
+                    params["prefix"] = prefix
+            self.sched._send(node, Prewarm(backend=a.resource, action=a.action, params=params))
+        except Exception as exc:  # no node for it: the unit will warm it reactively
+            log.debug("prewarm %s %s not sent: %s", a.action, a.resource, exc)
+            return
+        self.sent[a.action] += 1
+        if a.action == "start":
+            self.warm.add(a.resource)
+        else:
+            self.warm.discard(a.resource)

@@ -1,0 +1,289 @@
+"""Backend warm state in the simulator: the prewarm strategy driven in virtual time.
+
+:class:`SimWarmState` owns, per engine, a KV prefix cache (:class:`PrefixCacheModel`) and LoRA
+slots (:class:`LoraSlots`), uses the simulator's tool pool for containers and DNN models, and
+carries out the decisions of a :class:`~hermes.core.prewarm.PrewarmStrategy`:
+
+- ``start kv:...``: swap the prefix in from host memory, or, when it is cached nowhere, submit
+  a prefill-only request (the prefix, one output token) to the engine: it costs engine time
+  like any request;
+- ``start lora:...``: load the adapter into a GPU slot in the background;
+- ``start docker:...`` / ``dnn:...``: start a tool instance (its cold start);
+- ``release``: unpin the prefix, or shut down an unused prewarmed tool instance.
+
+The simulator calls :meth:`on_unit_start`, :meth:`on_request`, :meth:`on_enqueue`,
+:meth:`on_run_finish` and :meth:`due` (at the wake-ups it is asked for); the engines call
+:meth:`on_admit` through their admission hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from hermes.core.backend import BackendSpec
+from hermes.core.costmodel import CostModel
+from hermes.core.engine_model import EngineModel, EngineRequest, pick_engine
+from hermes.core.prewarm import PrewarmAction, PrewarmStrategy
+from hermes.core.state import RunState
+from hermes.core.tools_model import ToolPool
+from hermes.core.warm_models import UNCOUNTED, LoraSlots, PrefixCacheModel, gb_to_tokens
+from workloads.base import LLMCall, Step
+
+if TYPE_CHECKING:
+    from hermes.sim.simulator import Simulator
+
+#: (run, step) -> LoRA adapter name of an LLM step, or None
+AdapterFn = Callable[[RunState, str, str], "str | None"]
+
+PREWARM_RUN = "prewarm"  # run id of the prefill-only requests a prewarm submits
+
+
+class SimWarmState:
+    """Warm state of every backend of one simulation (see the module docstring)."""
+
+    def __init__(
+        self,
+        strategy: PrewarmStrategy,
+        cost: CostModel,
+        *,
+        n_engines: int = 1,
+        cache_gb: float | None = None,
+        cpu_cache_gb: float = 0.0,
+        swap_bytes_per_s: float = 16e9,
+        max_loras: int | None = None,
+        max_cpu_loras: int | None = None,
+        lora_disk_load_s: float = 0.25,
+        lora_cpu_load_s: float = 0.02,
+        adapter: AdapterFn | None = None,
+    ) -> None:
+        self.strategy = strategy
+        strategy.resources = self.resources
+        self.cost = cost
+        self.adapter = adapter
+        self.caches: list[PrefixCacheModel | None] = []
+        self.loras: list[LoraSlots | None] = []
+        for _ in range(n_engines):
+            if cache_gb is None:
+                self.caches.append(None)
+            else:
+                self.caches.append(
+                    PrefixCacheModel(
+                        gb_to_tokens(cache_gb, cost.kv_bytes_per_token),
+                        cpu_capacity_tokens=gb_to_tokens(cpu_cache_gb, cost.kv_bytes_per_token),
+                        kv_bytes_per_token=cost.kv_bytes_per_token,
+                        swap_bytes_per_s=swap_bytes_per_s,
+                        enabled=strategy.caches,
+                    )
+                )
+            if max_loras is None:
+                self.loras.append(None)
+            else:
+                self.loras.append(
+                    LoraSlots(max_loras, max_cpu_loras or max_loras, disk_load_s=lora_disk_load_s,
+                              cpu_load_s=lora_cpu_load_s)
+                )
+        self.sim: Simulator | None = None
+        self.tools: ToolPool | None = None
+        self._wake: float | None = None
+        self._prefill_seq = 0
+        self._prefix_tokens: dict[str, int] = {}
+        self._held: dict[int, int] = {}  # prewarm id -> engine index holding its resource
+
+    # ------------------------------------------------------------------ wiring
+    def bind(self, sim: Simulator) -> None:
+        self.sim = sim
+        self.tools = sim.tools
+        for i, eng in enumerate(sim.engines):
+            eng.prefix_cache = self.caches[i]
+            eng.admission_hook = self
+
+    def _engines(self) -> list[EngineModel]:
+        assert self.sim is not None
+        return self.sim.engines
+
+    # ------------------------------------------------------------------ names
+    def prefix_name(self, model: str, tenant: str, prefix: str) -> str:
+        """Prompt prefixes are per model and tenant (the tenant is the app unless the
+        workload deploys an app for several tenants, each with its own prompts)."""
+        return f"{model}/{tenant}/{prefix}"
+
+    def resources(self, run: RunState | None, app: str, unit: str, backend: str) -> list[str]:
+        """The strategy's resource mapping for the simulator: the tenant's adapter, and the
+        unit's prompt prefix only when its prefix length is known (it has run once)."""
+        spec = BackendSpec.parse(backend)
+        if spec.kind in ("docker", "dnn"):
+            return [f"{spec.kind}:{spec.name}"]
+        if spec.kind != "llm":
+            return []
+        out = []
+        lora = self.adapter(run, app, unit) if (self.adapter and run is not None) else spec.lora
+        if lora and self.loras[0] is not None:
+            out.append(f"lora:{lora}")
+        if self.caches[0] is not None:
+            tenant = run.tenant if run is not None else app
+            out.append(f"kv:{self.prefix_name(spec.name, tenant, unit)}")
+        return out
+
+    # ------------------------------------------------------------------ WarmView
+    def is_warm(self, resource: str, now: float) -> bool:
+        kind, _, name = resource.partition(":")
+        if kind == "kv":
+            if name not in self._prefix_tokens:
+                return True  # never seen: nothing known to warm
+            return any(c is None or c.is_warm(name) for c in self.caches)
+        if kind == "lora":
+            return any(s is None or s.is_warm(name) for s in self.loras)
+        if kind in ("docker", "dnn"):
+            assert self.tools is not None
+            return self.tools.server(resource).is_warm(now)
+        return True
+
+    # ------------------------------------------------------------------ simulator hooks
+    def on_request(self, run: RunState, step: Step, call: LLMCall, req: EngineRequest) -> None:
+        """Name the request's prefix per model and app, and give it its adapter."""
+        spec = BackendSpec.parse(step.backend)
+        if req.prefix:
+            req.prefix = self.prefix_name(spec.name, run.tenant, req.prefix)
+            self._prefix_tokens[req.prefix] = req.prefix_tokens
+        req.lora = self.adapter(run, run.app, step.unit) if self.adapter else spec.lora
+
+    def on_unit_start(self, run: RunState, step: Step, now: float) -> None:
+        self._apply(self.strategy.on_unit_start(run, step.unit, step.backend, now, self), now)
+
+    def on_enqueue(self, run: RunState, step: Step, now: float) -> None:
+        self._apply(self.strategy.on_enqueue(run, step.unit, step.backend, now, self), now)
+
+    def on_run_finish(self, run: RunState, now: float) -> None:
+        self._apply(self.strategy.on_run_finish(run, now), now)
+
+    def due(self, now: float) -> None:
+        self._wake = None
+        self._apply(self.strategy.due(now), now)
+
+    def on_admit(self, req: EngineRequest, now: float) -> float:
+        """Engine admission hook: synchronous LoRA load and prefix swap-in stalls."""
+        stall = 0.0
+        ei = self._engine_index(req)
+        cache = self.caches[ei]
+        if cache is not None:
+            stall += cache.take_stall_s()
+        slots = self.loras[ei]
+        if slots is not None and req.lora:
+            stall += slots.admit(req.lora, now)
+        return stall
+
+    # ------------------------------------------------------------------ actions
+    def _engine_index(self, req: EngineRequest) -> int:
+        engines = self._engines()
+        if len(engines) == 1:
+            return 0
+        for i, e in enumerate(engines):
+            if req.request_id in e.requests:
+                return i
+        return 0
+
+    def _apply(self, actions: list[PrewarmAction], now: float) -> None:
+        for a in actions:
+            if a.action == "start":
+                self._start(a.resource, now, prefetch=a.prefetch, pid=a.pid)
+            else:
+                self._release(a.resource, now, used=a.used, pid=a.pid)
+        nxt = self.strategy.next_due()
+        if nxt is not None and (self._wake is None or nxt < self._wake - 1e-12):
+            assert self.sim is not None
+            self._wake = max(nxt, now)
+            self.sim.schedule_prewarm(self._wake)
+
+    def _start(self, resource: str, now: float, *, prefetch: bool = False, pid: int = 0) -> None:
+        """Warm ``resource``; a planned prewarm (not a queued request's prefetch) also holds
+        a prefix or adapter against eviction until it is released."""
+        kind, _, name = resource.partition(":")
+        if kind in ("docker", "dnn"):
+            assert self.tools is not None
+            srv = self.tools.server(resource)
+            if srv.prewarm(now):
+                self.strategy.observe_warmup(resource, srv.config.cold_start_s)
+            return
+        engines = self._engines()
+        ei = engines.index(pick_engine(engines))
+        if kind == "lora":
+            slots = self.loras[ei]
+            if slots is not None:
+                if not prefetch:
+                    slots.pin(name)
+                    self._held[pid] = ei
+                t = slots.load_time_s(name)
+                if slots.prefetch(name, now) is not None:
+                    self.strategy.observe_warmup(resource, t)
+            return
+        if kind == "kv":
+            cache = self.caches[ei]
+            if cache is None or not cache.enabled:
+                return
+            if not prefetch:
+                cache.pin(name)
+                self._held[pid] = ei
+            if cache.is_warm(name):
+                return
+            ready = cache.prefetch(name, now)
+            if ready is not None:
+                self.strategy.observe_warmup(resource, ready - now)
+                return
+            tokens = self._prefix_tokens.get(name, 0)
+            if tokens <= 0 or prefetch:
+                return  # a queued request prefills its prefix itself
+            assert self.sim is not None
+            self._prefill_seq += 1
+            req = EngineRequest(
+                request_id=f"{PREWARM_RUN}/{self._prefill_seq}/0",
+                run_id=PREWARM_RUN,
+                input_tokens=tokens + 1,
+                output_tokens=1,
+                key=(float("-inf"),),
+                prefix=UNCOUNTED + name,
+                prefix_tokens=tokens,
+            )
+            engines[ei].add(req, now)
+            self.strategy.observe_warmup(resource, self.cost.iteration_s(tokens, 0, 0))
+            self.sim.prewarm_request_added(ei, now)
+
+    def _release(self, resource: str, now: float, *, used: bool = False, pid: int = 0) -> None:
+        """End a prewarm: unhold a prefix or adapter; shut down an unused tool instance."""
+        kind, _, name = resource.partition(":")
+        if kind in ("docker", "dnn"):
+            if not used:
+                assert self.tools is not None
+                self.tools.server(resource).release(now)
+            return
+        ei = self._held.pop(pid, None)
+        if ei is None:
+            return
+        if kind == "kv" and self.caches[ei] is not None:
+            self.caches[ei].release(name)  # type: ignore[union-attr]
+        elif kind == "lora" and self.loras[ei] is not None:
+            self.loras[ei].release(name)  # type: ignore[union-attr]
+
+    # ------------------------------------------------------------------ results
+    def stats(self) -> dict[str, float]:
+        """Flat counters: the strategy's, and hit ratios of prefixes, adapters and tools."""
+        out = {f"prewarm_{k}": v for k, v in self.strategy.stats().items()}
+        for label, models in (("kv", self.caches), ("lora", self.loras)):
+            ms = [m for m in models if m is not None]
+            if not ms:
+                continue
+            look = sum(m.stats.lookups for m in ms)
+            hits = sum(m.stats.hits for m in ms)
+            out[f"{label}_lookups"] = look
+            out[f"{label}_hits"] = hits
+            out[f"{label}_hit_ratio"] = hits / look if look else 0.0
+            out[f"{label}_warming_hits"] = sum(m.stats.warming_hits for m in ms)
+            out[f"{label}_cpu_hits"] = sum(m.stats.cpu_hits for m in ms)
+            out[f"{label}_stall_s"] = sum(m.stats.stall_s for m in ms)
+        if self.tools is not None:
+            calls = sum(s.calls for s in self.tools.servers.values() if not s.backend.startswith("api:"))
+            hits = sum(s.warm_hits for s in self.tools.servers.values() if not s.backend.startswith("api:"))
+            out["tool_calls"] = calls
+            out["tool_warm_hits"] = hits
+            out["tool_hit_ratio"] = hits / calls if calls else 0.0
+        return out

@@ -1,0 +1,433 @@
+"""Prewarmers on the HermesLet: warm backends ahead of use when the scheduler says so.
+
+- :class:`ContainerPool` (Docker SDK): containers of an image created and started ahead of use
+  (``prewarm``), each handed to exactly one tool call (single use: no state leaks between
+  calls), removed afterwards; idle ones are reaped after ``idle_timeout_s``. Sandboxed like
+  :class:`~hermeslet.tools.DockerSandbox`: no network, memory/CPU/pids limits, read-only root
+  with a tmpfs ``/tmp``, user ``nobody``; a call past its timeout is killed with its container.
+  :class:`PooledDockerSandbox` is the tool runner's Docker sandbox backed by the pool: a call
+  that finds a warm container skips the create+start (``cold=False``).
+- :class:`LoraPrewarmer`: runtime ``POST /v1/load_lora_adapter`` / ``unload_lora_adapter`` on
+  a vLLM-compatible server, keeping at most ``max_loras`` adapters it loaded (LRU unload).
+- :class:`KVPrefixPrewarmer`: a prefill-only request (``max_tokens: 1``) carrying the next
+  unit's shared prompt prefix (its system message), so that the engine's prefix cache holds
+  it.
+- :class:`DnnHook`: load/unload callables of a DNN tool model, with the measured load time.
+
+:class:`NodePrewarmer` routes the protocol's ``prewarm`` messages (``backend``, ``action``,
+``params``) to them and counts started/used/wasted prewarms and wasted backend-seconds
+(:meth:`NodePrewarmer.stats`, a flat dict for metrics). Every warm-up time it measures is
+reported in the ack (``detail``), so the scheduler's planner learns ``t_p``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hermeslet.tools import DEFAULT_MAX_OUTPUT, Sandbox, ToolLimits, ToolResult, _argv, _truncate
+
+IDLE_CMD = ["sleep", "86400"]
+
+
+@dataclass(slots=True)
+class PrewarmCounters:
+    started: int = 0
+    used: int = 0
+    wasted: int = 0  # started and released/reaped without being used
+    wasted_backend_s: float = 0.0
+    cold_starts: int = 0  # calls that had to create+start a container themselves
+    warm_hits: int = 0
+    warmup_s_last: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class _Warm:
+    container: Any
+    image: str
+    started_at: float  # monotonic, when the prewarm began
+    ready_at: float
+
+
+class ContainerPool:
+    """Warm, sandboxed, single-use containers per image (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str | None = None,
+        client: Any = None,
+        limits: ToolLimits | None = None,
+        idle_timeout_s: float = 120.0,
+        max_per_image: int = 8,
+        max_output_chars: int = DEFAULT_MAX_OUTPUT,
+        label: str = "hermes-prewarm",
+    ) -> None:
+        self._base_url = base_url
+        self._client = client
+        self.limits = limits or ToolLimits()
+        self.idle_timeout_s = idle_timeout_s
+        self.max_per_image = max_per_image
+        self.max_output_chars = max_output_chars
+        self.label = label
+        self.idle: dict[str, list[_Warm]] = {}
+        self.counters = PrewarmCounters()
+
+    def _docker(self) -> Any:
+        if self._client is None:
+            import docker
+
+            self._client = (
+                docker.DockerClient(base_url=self._base_url) if self._base_url else docker.from_env()
+            )
+        return self._client
+
+    def _create_started(self, image: str) -> Any:
+        c = self._docker().containers.create(
+            image,
+            IDLE_CMD,
+            network_mode="none",
+            mem_limit=int(self.limits.memory_bytes),
+            nano_cpus=int(self.limits.cpus * 1e9),
+            pids_limit=self.limits.pids,
+            read_only=True,
+            user="65534:65534",  # nobody, numeric: images without /etc/passwd
+            tmpfs={"/tmp": "size=64m"},
+            working_dir="/tmp",
+            labels={self.label: "1"},
+            detach=True,
+        )
+        c.start()
+        return c
+
+    # ------------------------------------------------------------------ blocking API
+    def prewarm(self, image: str) -> float:
+        """Create and start one container of ``image``; returns the measured warm-up seconds."""
+        if len(self.idle.get(image, [])) >= self.max_per_image:
+            return 0.0
+        t0 = time.monotonic()
+        c = self._create_started(image)
+        t1 = time.monotonic()
+        self.idle.setdefault(image, []).append(_Warm(c, image, t0, t1))
+        self.counters.started += 1
+        self.counters.warmup_s_last = t1 - t0
+        return t1 - t0
+
+    def release(self, image: str) -> bool:
+        """Remove one idle prewarmed container (its prewarm was not needed)."""
+        lst = self.idle.get(image)
+        if not lst:
+            return False
+        w = lst.pop()
+        self._waste(w, time.monotonic())
+        _remove(w.container)
+        return True
+
+    def reap(self, now: float | None = None) -> int:
+        """Remove containers idle longer than ``idle_timeout_s``; returns how many."""
+        now = time.monotonic() if now is None else now
+        n = 0
+        for image, lst in self.idle.items():
+            keep = []
+            for w in lst:
+                if now - w.ready_at > self.idle_timeout_s:
+                    self._waste(w, now)
+                    _remove(w.container)
+                    n += 1
+                else:
+                    keep.append(w)
+            self.idle[image] = keep
+        return n
+
+    def close(self) -> None:
+        for lst in self.idle.values():
+            for w in lst:
+                _remove(w.container)
+        self.idle.clear()
+
+    def _waste(self, w: _Warm, now: float) -> None:
+        self.counters.wasted += 1
+        self.counters.wasted_backend_s += now - w.started_at
+
+    def run_blocking(self, argv: list[str], image: str, timeout_s: float) -> ToolResult:
+        """Run one call in a warm container of ``image`` (or a new one: cold), then remove it."""
+        t0 = time.monotonic()
+        lst = self.idle.get(image)
+        cold = not lst
+        if cold:
+            c = self._create_started(image)
+            self.counters.cold_starts += 1
+        else:
+            w = lst.pop(0)  # type: ignore[union-attr]
+            c = w.container
+            self.counters.used += 1
+            self.counters.warm_hits += 1
+        try:
+            rc, out, err, timed_out = _exec(c, argv, timeout_s)
+            dt = time.monotonic() - t0  # the call's latency; removal is off its path
+        finally:
+            threading.Thread(target=_remove, args=(c,), daemon=True).start()
+        return ToolResult(
+            exit_code=rc,
+            stdout=_truncate(out, self.max_output_chars),
+            stderr=_truncate(err, self.max_output_chars),
+            duration_s=dt,
+            cold=cold,
+            timed_out=timed_out,
+        )
+
+    def stats(self) -> dict[str, float]:
+        d = self.counters.as_dict()
+        d["idle"] = sum(len(v) for v in self.idle.values())
+        return d
+
+
+def _exec(c: Any, argv: list[str], timeout_s: float) -> tuple[int, bytes, bytes, bool]:
+    """``docker exec`` with a timeout: on expiry the container is killed (and the exec ends)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["res"] = c.exec_run(argv, demux=True, user="65534:65534", workdir="/tmp")
+        except Exception as exc:  # the container was killed under it
+            box["exc"] = exc
+
+    th = threading.Thread(target=target, daemon=True)
+    th.start()
+    th.join(timeout_s)
+    if th.is_alive():
+        try:
+            c.kill()
+        except Exception:
+            pass
+        th.join(5.0)
+        return -9, b"", b"killed: timeout\n", True
+    if "exc" in box:
+        return -1, b"", str(box["exc"]).encode(), False
+    res = box["res"]
+    out, err = res.output if isinstance(res.output, tuple) else (res.output, b"")
+    return int(res.exit_code if res.exit_code is not None else -1), out or b"", err or b"", False
+
+
+def _remove(c: Any) -> None:
+    try:
+        c.remove(force=True)
+    except Exception:
+        pass
+
+
+class PooledDockerSandbox(Sandbox):
+    """The tool runner's Docker sandbox, served from a :class:`ContainerPool`."""
+
+    kind = "docker"
+
+    def __init__(self, pool: ContainerPool, *, default_image: str = "python:3.10-slim") -> None:
+        self.pool = pool
+        self.default_image = default_image
+
+    async def run(
+        self,
+        *,
+        code: str | None = None,
+        command: list[str] | None = None,
+        timeout_s: float = 30.0,
+        image: str | None = None,
+    ) -> ToolResult:
+        argv = _argv(code, command, "python3")
+        return await asyncio.to_thread(
+            self.pool.run_blocking, argv, image or self.default_image, timeout_s
+        )
+
+
+class LoraPrewarmer:
+    """Runtime LoRA loading on a vLLM-compatible server (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``)."""
+
+    def __init__(self, base_url: str, *, max_loras: int = 8, timeout_s: float = 30.0,
+                 paths: dict[str, str] | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.max_loras = max_loras
+        self.timeout_s = timeout_s
+        self.paths = dict(paths or {})  # adapter name -> path on the engine's host
+        self.loaded: OrderedDict[str, float] = OrderedDict()  # name -> load seconds
+        self.counters = PrewarmCounters()
+
+    async def load(self, name: str, path: str | None = None) -> float:
+        """Load ``name`` (LRU-unloading one of ours beyond ``max_loras``); returns seconds."""
+        import httpx
+
+        if name in self.loaded:
+            self.loaded.move_to_end(name)
+            return 0.0
+        path = path or self.paths.get(name)
+        if not path:
+            raise ValueError(f"no path known for LoRA adapter {name!r}")
+        async with httpx.AsyncClient(timeout=self.timeout_s) as http:
+            while len(self.loaded) >= self.max_loras:
+                old, _ = self.loaded.popitem(last=False)
+                await http.post(f"{self.base_url}/v1/unload_lora_adapter", json={"lora_name": old})
+            t0 = time.monotonic()
+            r = await http.post(f"{self.base_url}/v1/load_lora_adapter",
+                                json={"lora_name": name, "lora_path": path})
+            dt = time.monotonic() - t0
+        if r.status_code >= 400 and "already" not in r.text:
+            raise RuntimeError(f"load_lora_adapter {name!r}: HTTP {r.status_code}: {r.text[:200]}")
+        self.loaded[name] = dt
+        self.counters.started += 1
+        self.counters.warmup_s_last = dt
+        return dt
+
+    async def unload(self, name: str) -> bool:
+        import httpx
+
+        if name not in self.loaded:
+            return False
+        async with httpx.AsyncClient(timeout=self.timeout_s) as http:
+            r = await http.post(f"{self.base_url}/v1/unload_lora_adapter", json={"lora_name": name})
+        self.loaded.pop(name, None)
+        return r.status_code < 400
+
+
+class KVPrefixPrewarmer:
+    """Warms an engine's prefix cache with a prefill-only completion (``max_tokens: 1``)."""
+
+    def __init__(self, base_url: str, model: str, *, timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.timeout_s = timeout_s
+        self.counters = PrewarmCounters()
+
+    async def warm(self, prefix: str, model: str | None = None) -> float:
+        """Prefill ``prefix`` on the engine; returns the measured seconds."""
+        import httpx
+
+        t0 = time.monotonic()
+        async with httpx.AsyncClient(timeout=self.timeout_s) as http:
+            # the prefix as the system message, as the unit's own requests carry it: the
+            # engine caches its KV blocks (vLLM: --enable-prefix-caching)
+            r = await http.post(
+                f"{self.base_url}/v1/chat/completions",
+                json={"model": model or self.model, "max_tokens": 1, "temperature": 0.0,
+                      "messages": [{"role": "system", "content": prefix},
+                                   {"role": "user", "content": "."}]},
+            )
+        dt = time.monotonic() - t0
+        if r.status_code >= 400:
+            raise RuntimeError(f"prefix prewarm: HTTP {r.status_code}: {r.text[:200]}")
+        self.counters.started += 1
+        self.counters.warmup_s_last = dt
+        return dt
+
+
+@dataclass(slots=True)
+class DnnHook:
+    """Load/unload of one DNN tool model; the load time is measured on every load."""
+
+    load_fn: Callable[[], Any]
+    unload_fn: Callable[[Any], None] = lambda _m: None
+    model: Any = None
+    load_s: float | None = None
+    loads: int = 0
+
+    def load(self) -> float:
+        if self.model is not None:
+            return 0.0
+        t0 = time.monotonic()
+        self.model = self.load_fn()
+        self.load_s = time.monotonic() - t0
+        self.loads += 1
+        return self.load_s
+
+    def unload(self) -> None:
+        if self.model is not None:
+            self.unload_fn(self.model)
+            self.model = None
+
+
+@dataclass(slots=True)
+class NodePrewarmer:
+    """Routes ``prewarm`` signals by backend kind; see the module docstring."""
+
+    containers: ContainerPool | None = None
+    loras: dict[str, LoraPrewarmer] = field(default_factory=dict)  # model -> prewarmer
+    prefixes: dict[str, KVPrefixPrewarmer] = field(default_factory=dict)  # model -> prewarmer
+    dnn: dict[str, DnnHook] = field(default_factory=dict)  # model -> hook
+
+    async def handle(self, backend: str, action: str, params: dict | None = None) -> tuple[bool, str]:
+        """Carry out one signal; returns (ok, detail) for the ack (detail has ``warmup_s=``)."""
+        params = params or {}
+        kind, _, name = backend.partition(":")
+        try:
+            if kind == "docker" and self.containers is not None:
+                if action == "start":
+                    dt = await asyncio.to_thread(self.containers.prewarm, name)
+                    return True, f"warmup_s={dt:.4f}"
+                return await asyncio.to_thread(self.containers.release, name), "released"
+            if kind == "lora":
+                model, _, adapter = name.partition("@")
+                pw = self.loras.get(model)
+                if pw is not None:
+                    if action == "start":
+                        dt = await pw.load(adapter, params.get("path"))
+                        return True, f"warmup_s={dt:.4f}"
+                    return await pw.unload(adapter), "unloaded"
+            if kind == "kv":
+                model = name.partition("/")[0]
+                pw = self.prefixes.get(model)
+                if pw is not None and action == "start":
+                    prefix = params.get("prefix")
+                    if not prefix:
+                        return False, "kv prewarm needs params.prefix (the shared prompt prefix)"
+                    dt = await pw.warm(prefix)
+                    return True, f"warmup_s={dt:.4f}"
+                if pw is not None:
+                    return True, "released (the engine's cache evicts it)"
+            if kind == "dnn" and name in self.dnn:
+                hook = self.dnn[name]
+                if action == "start":
+                    dt = await asyncio.to_thread(hook.load)
+                    return True, f"warmup_s={dt:.4f}"
+                await asyncio.to_thread(hook.unload)
+                return True, "unloaded"
+        except Exception as exc:  # report, never crash the node
+            return False, f"{type(exc).__name__}: {exc}"
+        return False, f"no prewarmer for {backend!r} on this node"
+
+    def stats(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.containers is not None:
+            out.update({f"docker_{k}": v for k, v in self.containers.stats().items()})
+        for model, pw in self.loras.items():
+            out.update({f"lora_{model}_{k}": v for k, v in pw.counters.as_dict().items()})
+            out[f"lora_{model}_loaded"] = len(pw.loaded)
+        for model, pw in self.prefixes.items():
+            out.update({f"kv_{model}_{k}": v for k, v in pw.counters.as_dict().items()})
+        for model, hook in self.dnn.items():
+            out[f"dnn_{model}_loads"] = hook.loads
+            out[f"dnn_{model}_load_s"] = hook.load_s or 0.0
+        return out
+
+
+def build_node_prewarmer(
+    engines: list[Any], *, docker_url: str | None = None, lora: bool = False, max_loras: int = 4
+) -> tuple[PooledDockerSandbox | None, NodePrewarmer]:
+    """The prewarmers a node can run: a container pool when Docker is configured (``""``: the
+    default daemon) and, per HTTP engine, KV prefixes and (``lora``) runtime LoRA loading.
+    Returns the pooled Docker sandbox for the tool runner (or ``None``) and the prewarmer."""
+    pool = ContainerPool(base_url=docker_url or None) if docker_url is not None else None
+    node = NodePrewarmer(containers=pool)
+    for e in engines:
+        url, model = getattr(e, "url", None), getattr(e, "model", None)
+        if not url or not model:
+            continue  # the in-process sim engine: its prefix cache warms from use
+        node.prefixes[model] = KVPrefixPrewarmer(url, model)
+        if lora:
+            node.loras[model] = LoraPrewarmer(url, max_loras=max_loras)
+    return (PooledDockerSandbox(pool) if pool is not None else None), node

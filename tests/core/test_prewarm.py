@@ -1,0 +1,243 @@
+"""The prewarm planner and its baselines on hand-built PDGraphs, and the warm-state models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hermes.core.estimator import DemandSamples
+from hermes.core.pdgraph import PDGraph
+from hermes.core.prewarm import (
+    HermesPrewarm,
+    WarmSet,
+    WarmupLearner,
+    make_prewarm,
+    start_offset,
+)
+from hermes.core.state import RunState
+from hermes.core.warm_models import LoraSlots, PrefixCacheModel, gb_to_tokens
+
+
+def graph() -> PDGraph:
+    """gen -> exec (p 0.8) | classify (p 0.2); exec -> end."""
+    return PDGraph.from_dict({
+        "version": 1,
+        "app": "toy",
+        "entry": {"gen": 1.0},
+        "units": {
+            "gen": {"backend": "llm:m", "next": {"exec": 0.8, "classify": 0.2}},
+            "exec": {"backend": "docker:img", "next": {"": 1.0}},
+            "classify": {"backend": "dnn:resnet", "next": {"": 1.0}},
+        },
+    })
+
+
+class FixedEstimator:
+    """Remaining time of the current unit: the given samples (a stand-in for the estimator's
+    ``current_s``, whose own tests live in test_estimator.py)."""
+
+    def __init__(self, tc: np.ndarray) -> None:
+        self.tc = tc
+
+    def sample(self, progress, n=None):  # noqa: ANN001, ANN201
+        z = np.zeros(self.tc.size)
+        return DemandSamples(z, z, z, z, current_s=self.tc)
+
+
+TC = np.linspace(0.0, 10.0, 1001)  # uniform remaining time of `gen` in [0, 10] s
+
+
+def planner(k: float = 0.5, **kw) -> HermesPrewarm:  # noqa: ANN003
+    g = graph()
+    est = FixedEstimator(TC)
+    return HermesPrewarm(k=k, graphs={"toy": g}.get, estimators={"toy": est}.get,
+                         resources=lambda run, app, unit, backend: _res(backend), **kw)
+
+
+def _res(backend: str) -> list[str]:
+    kind, _, name = backend.partition(":")
+    return [backend] if kind in ("docker", "dnn") else []
+
+
+def run(k: float | None = None, tenant: str = "toy") -> RunState:
+    r = RunState(run_id="r1", app="toy", submitted=0.0, tenant=tenant, k=k)
+    r.begin_unit("gen")
+    return r
+
+
+def test_start_offset_solves_the_k_equation():
+    t_p = 1.0
+    for p_s, k in [(1.0, 0.5), (0.8, 0.5), (0.9, 0.3), (1.0, 0.9)]:
+        ts = start_offset(TC, p_s, k, t_p)
+        assert ts is not None
+        eff = p_s * float(np.mean(TC > ts + t_p))
+        assert eff == pytest.approx(k, abs=0.01)
+    assert start_offset(TC, 0.2, 0.5, t_p) is None  # p_s < K: no prewarm
+    assert start_offset(TC, 1.0, 0.99, 20.0) == 0.0  # cannot be in time: start at once
+    # higher K: start earlier (to be ready with a higher probability)
+    offs = [start_offset(TC, 1.0, k, t_p) for k in (0.1, 0.3, 0.5, 0.7, 0.9)]
+    assert all(a > b for a, b in zip(offs, offs[1:], strict=False))
+
+
+def test_plan_start_use_and_no_prewarm_below_k():
+    p = planner(k=0.5)
+    warm = WarmSet()
+    acts = p.on_unit_start(run(), "gen", "llm:m", 10.0, warm)
+    assert acts == []  # planned for later
+    (pw,) = p.outstanding("r1")  # only exec (p 0.8); classify (p 0.2) is below K
+    assert pw.unit == "exec" and pw.resource == "docker:img"
+    # P(tc > ts + 1) = 0.5 / 0.8 -> ts = Q(0.375) - 1 = 2.75 s after the unit started
+    assert pw.start_at == pytest.approx(10.0 + 2.75, abs=0.02)
+    assert p.next_due() == pytest.approx(pw.start_at)
+    assert p.due(11.0) == []
+    (start,) = p.due(pw.start_at)
+    assert (start.action, start.resource) == ("start", "docker:img")
+    (used,) = p.on_unit_start(run(), "exec", "docker:img", 20.0, warm)
+    assert (used.action, used.used) == ("release", True)  # used: the unit has it now
+    st = p.stats()
+    assert (st["started"], st["used"], st["cancelled"], st["wasted"]) == (1, 1, 0, 0)
+    # warm from start + t_p (13.75) until used (20): idle, counted as waste
+    assert st["wasted_backend_s"] == pytest.approx(20.0 - pw.start_at - 1.0, abs=0.02)
+
+
+def test_wrong_branch_is_cancelled_and_its_time_counted_as_waste():
+    p = planner(k=0.1)  # low K: both branches are prewarmed
+    warm = WarmSet()
+    p.on_unit_start(run(), "gen", "llm:m", 0.0, warm)
+    assert sorted(pw.unit for pw in p.outstanding("r1")) == ["classify", "exec"]
+    started = p.due(100.0)  # both start
+    assert len(started) == 2
+    acts = p.on_unit_start(run(), "classify", "dnn:resnet", 103.0, warm)
+    assert sorted((a.action, a.resource, a.used) for a in acts) == [
+        ("release", "dnn:resnet", True), ("release", "docker:img", False)]
+    st = p.stats()
+    assert st["cancelled"] == 1 and st["used"] == 1 and st["wasted"] == 1
+    assert st["wasted_backend_s"] >= 3.0  # the container ran 3 s for nothing
+
+
+def test_pending_prewarm_of_a_branch_not_taken_costs_nothing():
+    p = planner(k=0.5)
+    p.on_unit_start(run(), "gen", "llm:m", 0.0, WarmSet())
+    acts = p.on_unit_start(run(), "classify", "dnn:resnet", 1.0, WarmSet())  # before the start
+    assert acts == []
+    st = p.stats()
+    assert st["dropped"] == 1 and st["started"] == 0 and st["wasted_backend_s"] == 0.0
+
+
+def test_unclaimed_prewarm_released_after_idle_timeout():
+    p = planner(k=0.5, idle_timeout_s=5.0)
+    p.on_unit_start(run(), "gen", "llm:m", 0.0, WarmSet())
+    (s,) = p.due(3.0)
+    ready = 3.0 + p.learner.estimate("docker:img")
+    assert p.due(ready + 4.0) == []
+    (rel,) = p.due(ready + 5.0)
+    assert rel.action == "release"
+    assert p.stats()["released_idle"] == 1
+
+
+def test_warm_backend_is_not_prewarmed():
+    p = planner(k=0.5)
+    p.on_unit_start(run(), "gen", "llm:m", 0.0, WarmSet({"docker:img"}))
+    assert p.outstanding("r1") == []
+
+
+def test_k_precedence_and_validation():
+    p = planner(k=0.5, k_by_app={"toy": 0.6}, k_by_tenant={"vip": 0.2})
+    assert p.k_for(run()) == 0.6
+    assert p.k_for(run(tenant="vip")) == 0.2
+    assert p.k_for(run(k=0.9, tenant="vip")) == 0.9
+    with pytest.raises(ValueError, match="k_by_app.toy"):
+        planner(k_by_app={"toy": 1.5})
+    # per-request K high enough disables the 0.8 branch too
+    p2 = planner(k=0.5)
+    p2.on_unit_start(run(k=0.9), "gen", "llm:m", 0.0, WarmSet())
+    assert p2.outstanding("r1") == []
+
+
+def test_learned_warmup_moves_the_start_earlier():
+    p = planner(k=0.5)
+    p.on_unit_start(run(), "gen", "llm:m", 0.0, WarmSet())
+    first = p.outstanding("r1")[0].start_at
+    learner = WarmupLearner()
+    for _ in range(20):
+        learner.observe("docker:img", 2.0)
+    assert learner.estimate("docker:img") == pytest.approx(2.0, rel=1e-3)
+    p2 = planner(k=0.5, learner=learner)
+    p2.on_unit_start(run(), "gen", "llm:m", 0.0, WarmSet())
+    assert p2.outstanding("r1")[0].start_at == pytest.approx(first - 1.0, abs=0.02)
+    with pytest.raises(ValueError):
+        learner.observe("docker:img", -1.0)
+
+
+def test_baselines():
+    warm = WarmSet({"docker:img"})
+    lru = make_prewarm("lru")
+    assert lru.on_unit_start(run(), "gen", "llm:m", 0.0, warm) == []
+    assert lru.on_enqueue(run(), "exec", "docker:img", 0.0, warm) == []
+    epwq = make_prewarm("epwq", resources=lambda r, a, u, b: _res(b))
+    assert epwq.on_unit_start(run(), "gen", "llm:m", 0.0, warm) == []  # never plans ahead
+    assert epwq.on_enqueue(run(), "exec", "docker:img", 0.0, warm) == []  # already warm
+    (a,) = epwq.on_enqueue(run(), "classify", "dnn:resnet", 0.0, warm)
+    assert (a.action, a.resource) == ("start", "dnn:resnet")
+    assert make_prewarm("none").caches is False
+    with pytest.raises(ValueError, match="unknown prewarm strategy 'nope'"):
+        make_prewarm("nope")
+
+
+# ---------------------------------------------------------------------------- warm models
+def test_prefix_cache_lru_eviction_cpu_swap_and_prefetch():
+    c = PrefixCacheModel(1000, cpu_capacity_tokens=1000, kv_bytes_per_token=1000,
+                         swap_bytes_per_s=1e6)  # 1 ms per token swapped
+    assert c.cached_tokens("a", 600, 0.0) == 0  # miss
+    c.on_prefilled("a", 600, 0.0)
+    c.on_prefilled("b", 300, 1.0)
+    assert c.cached_tokens("a", 600, 2.0) == 600  # hit, a becomes most recent
+    c.on_prefilled("c", 300, 3.0)  # 1200 > 1000: evict b (least recent) to the CPU tier
+    assert c.where("b") == "cpu" and c.where("a") == "gpu"
+    assert c.cached_tokens("b", 300, 4.0) == 300  # swapped in synchronously
+    assert c.take_stall_s() == pytest.approx(0.3)
+    assert c.where("a") == "cpu"  # made room for b
+    ready = c.prefetch("a", 5.0)  # background swap-in: 0.6 s
+    assert ready == pytest.approx(5.6)
+    assert c.cached_tokens("a", 600, 5.2) == 600  # still warming: waits the rest
+    assert c.take_stall_s() == pytest.approx(0.4)
+    s = c.stats
+    assert (s.lookups, s.hits, s.cpu_hits, s.warming_hits, s.misses) == (4, 1, 1, 1, 1)
+    assert gb_to_tokens(8, 512 * 1024) == 16384
+
+
+def test_lora_slots_hits_and_eviction():
+    s = LoraSlots(2, 3, disk_load_s=0.5, cpu_load_s=0.05)
+    assert s.admit("x", 0.0) == 0.5  # from disk
+    assert s.admit("x", 1.0) == 0.0  # resident
+    s.admit("y", 1.0)
+    s.admit("z", 2.0)  # evicts x from the GPU (it stays in host memory)
+    assert not s.is_warm("x")
+    assert s.admit("x", 3.0) == pytest.approx(0.05)
+    s.prefetch("q", 4.0)
+    assert s.admit("q", 4.2) == pytest.approx(0.3)  # waits for the rest of the load
+    assert s.stats.hits == 1 and s.stats.misses == 3
+    with pytest.raises(ValueError, match="max_cpu_loras"):
+        LoraSlots(4, 2)
+
+
+def test_warm_prefix_is_held_while_its_unit_is_coming():
+    """A prefix that is cached now but evictable is held (pinned) until the branch resolves."""
+    g = PDGraph.from_dict({
+        "version": 1, "app": "toy", "entry": {"a": 1.0},
+        "units": {"a": {"backend": "llm:m", "next": {"b": 1.0}},
+                  "b": {"backend": "llm:m", "next": {"": 1.0}}},
+    })
+    p = HermesPrewarm(k=0.5, graphs={"toy": g}.get, estimators={"toy": FixedEstimator(TC)}.get)
+    r = RunState(run_id="r1", app="toy", submitted=0.0)
+    r.begin_unit("a")
+    acts = p.on_unit_start(r, "a", "llm:m", 0.0, WarmSet({"kv:m/toy/b"}))
+    assert [(a.action, a.resource) for a in acts] == [("start", "kv:m/toy/b")]  # hold now
+    c = PrefixCacheModel(1000)
+    c.on_prefilled("b", 600, 0.0)
+    c.pin("b")
+    c.on_prefilled("x", 600, 1.0)  # would evict b (least recent) were it not held
+    assert c.where("b") == "gpu" and c.where("x") == "none"
+    c.release("b")
+    c.on_prefilled("y", 600, 2.0)
+    assert c.where("b") == "none"

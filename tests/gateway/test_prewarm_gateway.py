@@ -1,0 +1,141 @@
+"""Prewarm signals end to end: a real gateway plans, a HermesLet (over TCP) warms and acks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import httpx
+
+from hermes.gateway.server import gateway_state
+
+# hermeslet is imported inside the helpers: importing the package while the gateway tests are
+# collected would shadow tests/hermeslet (a package of the same name) for pytest
+
+MODEL = "pw-model"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _graph(p_classify: float) -> dict:
+    """gen (LLM) -> classify (dnn:resnet50) with p, else -> answer (LLM)."""
+    nxt = {"classify": p_classify, "answer": round(1 - p_classify, 6)}
+    nxt = {k: v for k, v in nxt.items() if v > 0}
+    return {
+        "version": 1, "app": "pwapp", "entry": {"gen": 1.0},
+        "units": {
+            "gen": {"backend": f"llm:{MODEL}", "next": nxt, "consumption": {
+                "input_tokens": [400] * 20, "output_tokens": [300, 350, 400, 450] * 5,
+                "parallelism": [1] * 20}},
+            "classify": {"backend": "dnn:resnet50", "next": {"": 1.0},
+                         "consumption": {"duration_s": [1.0] * 20}},
+            "answer": {"backend": f"llm:{MODEL}", "next": {"": 1.0}, "consumption": {
+                "input_tokens": [100] * 20, "output_tokens": [20] * 20, "parallelism": [1] * 20}},
+        },
+    }
+
+
+class _Node:
+    """A HermesLet with a DNN prewarmer, on its own event loop in a thread."""
+
+    def __init__(self, address: str) -> None:
+        from hermeslet.prewarmers import DnnHook, NodePrewarmer
+
+        self.hook = DnnHook(load_fn=lambda: time.sleep(0.05) or object())
+        self.prewarmer = NodePrewarmer(dnn={"resnet50": self.hook})
+        self.loop = asyncio.new_event_loop()
+        self.agent = None
+        self.thread = threading.Thread(target=self._main, args=(address,), daemon=True)
+        self.thread.start()
+
+    def _main(self, address: str) -> None:
+        from hermeslet.agent import HermesLet
+        from hermeslet.engines.sim_engine import SimEngine
+
+        asyncio.set_event_loop(self.loop)
+        engine = SimEngine(name="sim", model=MODEL, time_scale=50.0)
+        self.agent = HermesLet("pw-node", address, [engine], heartbeat_s=0.2,
+                               prewarmer=self.prewarmer)
+        self.loop.run_until_complete(self.agent.run())
+
+    def stop(self) -> None:
+        if self.agent is not None:
+            self.loop.call_soon_threadsafe(self.agent.stop)
+        self.thread.join(10)
+
+
+def test_gateway_prewarms_the_next_units_dnn_model_on_the_node(make_gateway) -> None:  # noqa: ANN001
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    srv = make_gateway(bind=address, embedded_node=False)
+    sched = gateway_state(srv).scheduler
+    node = _Node(address)
+    try:
+        deadline = time.monotonic() + 20
+        while not sched.nodes:
+            assert time.monotonic() < deadline, "the HermesLet did not connect"
+            time.sleep(0.05)
+        with httpx.Client(base_url=srv.url, timeout=30) as http:
+            r = http.put("/v1/apps/pwapp", content=json.dumps(_graph(1.0)))
+            assert r.status_code in (200, 201), r.text
+            run_id = http.post("/v1/runs", json={"app": "pwapp"}).json()["run_id"]
+            ev = f"/v1/runs/{run_id}/events"
+            assert http.post(ev, json={"unit": "gen", "event": "start",
+                                       "backend": f"llm:{MODEL}"}).status_code == 200
+            # gen takes ~4-6 model s (= ~0.1 s wall at time scale 50): the planner starts
+            # the DNN load before it ends and the node loads the model
+            deadline = time.monotonic() + 10
+            while node.hook.loads == 0:
+                assert time.monotonic() < deadline, sched.prewarm.stats()
+                time.sleep(0.02)
+            deadline = time.monotonic() + 5
+            while sched.prewarm.strategy.learner.observations == 0:  # the ack taught t_p
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            assert sched.prewarm.strategy.learner.estimate("dnn:resnet50") >= 0.05
+            http.post(ev, json={"unit": "gen", "event": "finish"})
+            http.post(ev, json={"unit": "classify", "event": "start", "backend": "dnn:resnet50"})
+            http.post(ev, json={"unit": "classify", "event": "finish"})
+            assert http.post(f"/v1/runs/{run_id}/finish").status_code == 200
+        st = sched.prewarm.stats()
+        assert st["prewarm_started"] == 1 and st["prewarm_used"] == 1 and st["prewarm_wasted"] == 0
+        assert st["prewarm_sent_start"] == 1 and st["prewarm_acks_failed"] == 0
+        assert node.prewarmer.stats()["dnn_resnet50_loads"] == 1
+    finally:
+        node.stop()
+
+
+def test_per_request_k_above_the_branch_probability_sends_nothing(make_gateway) -> None:  # noqa: ANN001
+    srv = make_gateway()
+    sched = gateway_state(srv).scheduler
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        assert http.put("/v1/apps/pwapp", content=json.dumps(_graph(0.6))).status_code in (200, 201)
+        run_id = http.post("/v1/runs", json={"app": "pwapp", "k": 0.8}).json()["run_id"]
+        http.post(f"/v1/runs/{run_id}/events", json={"unit": "gen", "event": "start",
+                                                     "backend": f"llm:{MODEL}"})
+        time.sleep(0.3)
+        assert sched.prewarm.stats()["prewarm_planned"] == 0  # p 0.6 < K 0.8
+        # (run 1 stays open: a finished run would teach the profiler that gen ends the app)
+        run2 = http.post("/v1/runs", json={"app": "pwapp", "k": 0.5}).json()["run_id"]
+        http.post(f"/v1/runs/{run2}/events", json={"unit": "gen", "event": "start",
+                                                   "backend": f"llm:{MODEL}"})
+        deadline = time.monotonic() + 5
+        while sched.prewarm.stats()["prewarm_sent_start"] == 0:
+            assert time.monotonic() < deadline, sched.prewarm.stats()
+            time.sleep(0.02)
+        # the embedded node has no prewarmer: it says so, and the planner counts it
+        while sched.prewarm.stats()["prewarm_acks_failed"] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        # the run ends before classify: the started prewarm is released and counted as waste
+        http.post(f"/v1/runs/{run2}/finish")
+        st = sched.prewarm.stats()
+        assert st["prewarm_cancelled"] == 1 and st["prewarm_wasted"] == 1
+        assert st["prewarm_sent_release"] == 1
+        http.post(f"/v1/runs/{run_id}/finish")
