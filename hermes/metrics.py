@@ -50,6 +50,8 @@ REFRESH_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    math.inf)
 ERROR_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000, math.inf)
 
+#: tool backend types whose latency series exist from the start
+TOOL_TYPES: tuple[str, ...] = ("docker", "dnn", "api")
 #: where the scheduler keeps its prewarm component (planner), first match wins
 PREWARM_ATTRS: tuple[str, ...] = ("prewarm", "prewarmer", "prewarm_planner", "prewarming")
 #: backend types whose prewarm counters exist from the start (at zero)
@@ -128,6 +130,9 @@ class GatewayMetrics:
                                   "total service of the same runs.", ["app"], registry=r)
         self.policy_switches = Counter("hermes_policy_switches", "Live policy switches.",
                                        registry=r)
+        for btype in TOOL_TYPES:  # exported from the start, so the first calls count in rate()
+            for start in ("cold", "warm"):
+                self.tool.labels(btype, start)
         self.switch_count = 0
         self.scheduler: Any = None
         self._pred: dict[str, float] = {}

@@ -298,7 +298,8 @@ async def knobs_set(request: Request) -> Response:
         table.pop(body.name, None)
     else:
         table[body.name] = float(body.k)
-    return JSONResponse({"scope": body.scope, "name": body.name, "k": body.k, "knobs": s.knobs})
+    return JSONResponse({"set": {"scope": body.scope, "name": body.name, "k": body.k},
+                         "k": s.config.scheduler.k, "knobs": s.knobs})
 
 
 # ---------------------------------------------------------------------------------- engines, top
