@@ -136,6 +136,7 @@ class GatewayMetrics:
         self.switch_count = 0
         self.scheduler: Any = None
         self._pred: dict[str, float] = {}
+        self._engine_children: dict[tuple[str | None, str], tuple[Any, Any]] = {}
         self._prior: dict[str, tuple[int, float, float]] = {}  # app -> (id(est), expiry, mean)
         r.register(_SchedulerCollector(self))
 
@@ -175,9 +176,13 @@ class GatewayMetrics:
 
     def on_request_done(self, node: str | None, engine: str, queue_s: float,
                         service_s: float) -> None:
-        n = node or ""
-        self.queue.labels(n, engine).observe(queue_s)
-        self.service.labels(n, engine).observe(service_s)
+        children = self._engine_children.get((node, engine))
+        if children is None:
+            n = node or ""
+            children = self._engine_children[(node, engine)] = (
+                self.queue.labels(n, engine), self.service.labels(n, engine))
+        children[0].observe(queue_s)
+        children[1].observe(service_s)
 
     def on_tool_done(self, backend: str, duration_s: float, cold: bool) -> None:
         self.tool.labels(backend_type(backend), "cold" if cold else "warm").observe(duration_s)
