@@ -25,9 +25,11 @@ are exported at zero for the standard backend types.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -135,7 +137,7 @@ class GatewayMetrics:
                 self.tool.labels(btype, start)
         self.switch_count = 0
         self.scheduler: Any = None
-        self._pred: dict[str, float] = {}
+        self._prior_pending: set[str] = set()
         self._engine_children: dict[tuple[str | None, str], tuple[Any, Any]] = {}
         self._prior: dict[str, tuple[int, float, float]] = {}  # app -> (id(est), expiry, mean)
         r.register(_SchedulerCollector(self))
@@ -154,18 +156,16 @@ class GatewayMetrics:
     def on_run_created(self, run: Any) -> None:
         st = run.state
         self.runs_started.labels(st.app, st.tenant).inc()
-        pred = self._prior_mean(st.app)
-        if pred is not None:
-            self._pred[st.run_id] = pred
+        self._prior_mean(st.app)  # refresh the app's prediction in the background if stale
 
     def on_run_end(self, run: Any) -> None:
         """The run is finished, failed or cancelled (called once, from ``_retire``)."""
         st = run.state
         app, tenant, state = st.app, st.tenant, run.status
         self.runs_ended.labels(app, tenant, state).inc()
-        pred = self._pred.pop(st.run_id, None)
         if state == "finished" and st.finished is not None:
             self.act.labels(app, tenant).observe(st.finished - st.submitted)
+            pred = self._prior_mean(app)
             if pred is not None:
                 self.est_pred.labels(app).inc(pred)
                 self.est_actual.labels(app).inc(st.attained_s)
@@ -196,24 +196,44 @@ class GatewayMetrics:
 
     # ------------------------------------------------------------------ estimator error
     def _prior_mean(self, app: str) -> float | None:
-        """Mean total service the estimator predicts for a run of ``app`` before it starts
-        (cached per estimator for :data:`PRIOR_TTL_S`)."""
+        """Mean total service the estimator predicts for a run of ``app`` before it starts.
+
+        Never blocks the event loop: Monte Carlo walks cost 10-100 ms, so the value is computed
+        in a worker thread on a private estimator (the scheduler's estimators and their random
+        streams are untouched) and cached; it is refreshed when the app's estimator changed and
+        the cached value is older than :data:`PRIOR_TTL_S`. ``None`` until the first value.
+        """
         pool = getattr(self.scheduler, "pool", None)
         if pool is None:
             return None
         est = pool.get(app)
         if est is None:
             return None
-        now = time.monotonic()
         hit = self._prior.get(app)
-        if hit is not None and (hit[0] == id(est) or now < hit[1]):
-            return hit[2]
-        try:
-            mean = float(est.sample(None, 200).service_s.mean())
-        except Exception:
-            return None
-        self._prior[app] = (id(est), now + PRIOR_TTL_S, mean)
-        return mean
+        now = time.monotonic()
+        fresh = hit is not None and (hit[0] == id(est) or now < hit[1])
+        if not fresh and app not in self._prior_pending:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+            if loop is not None:
+                self._prior_pending.add(app)
+                fut = loop.run_in_executor(None, _prior_of, est.graph, pool.cost)
+                fut.add_done_callback(partial(self._prior_done, app, id(est)))
+        return hit[2] if hit is not None else None
+
+    def _prior_done(self, app: str, key: int, fut: asyncio.Future) -> None:
+        self._prior_pending.discard(app)
+        if not fut.cancelled() and fut.exception() is None:
+            self._prior[app] = (key, time.monotonic() + PRIOR_TTL_S, fut.result())
+
+
+def _prior_of(graph: Any, cost: Any, n: int = 200) -> float:
+    """Mean total service of a run of ``graph``'s app from its start (worker thread)."""
+    from hermes.core.estimator import DemandEstimator
+
+    return float(DemandEstimator(graph, cost, n_walks=n, seed=0).sample(None, n).service_s.mean())
 
 
 class _SchedulerCollector:

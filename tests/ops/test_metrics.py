@@ -44,11 +44,15 @@ def test_metrics_count_runs_requests_tools_and_engine_state(make_ops_gateway) ->
         met = sum(1 for r in mine if r["finished"] <= r["deadline"])
         assert total(m, "hermes_run_deadline_total", app=app, outcome="met") == met
         assert total(m, "hermes_run_deadline_total", app=app, outcome="missed") == len(mine) - met
-        # estimator error: actual = the runs' attained service; the prediction is positive
-        assert total(m, "hermes_estimator_actual_service_seconds_total", app=app) == \
-            pytest.approx(sum(r["attained_s"] for r in mine), rel=1e-9)
+        # estimator error: runs that finished once the app's prediction was ready (it is
+        # computed off the event loop when the first run arrives): actual = their service
+        n_err = total(m, "hermes_estimator_abs_error_seconds_count", app=app)
+        assert 1 <= n_err <= len(mine)
         assert total(m, "hermes_estimator_predicted_service_seconds_total", app=app) > 0
-        assert total(m, "hermes_estimator_abs_error_seconds_count", app=app) == len(mine)
+        actual = total(m, "hermes_estimator_actual_service_seconds_total", app=app)
+        if n_err == len(mine):
+            assert actual == pytest.approx(sum(r["attained_s"] for r in mine), rel=1e-9)
+        assert 0 < actual <= sum(r["attained_s"] for r in mine) * (1 + 1e-9)
     assert 0 < sum(1 for r in runs if r["finished"] <= r["deadline"]) < len(runs)
     # every LLM request (hosted steps and chats) was observed once at its engine
     llm = sum(1 for r in runs for u in r["units"] for q in u["requests"] if q["kind"] == "llm")
