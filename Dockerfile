@@ -10,6 +10,9 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+# optional: a private package index (air-gapped builds; the CI build test serves one on loopback)
+ARG PIP_INDEX_URL
+ARG PIP_TRUSTED_HOST
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -45,6 +48,6 @@ USER 10001:10001
 # 8000: HTTP (API, /metrics, /admin); 5557: ZeroMQ for HermesLets; 9100: HermesLet metrics
 EXPOSE 8000 5557 9100
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2)"]
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('HERMES_PORT', '8000'), timeout=2)"]
 ENTRYPOINT ["hermes"]
 CMD ["serve", "--config", "/etc/hermes/hermes.toml"]

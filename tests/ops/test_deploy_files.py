@@ -9,8 +9,8 @@
 - Kubernetes manifests parse, the gateway ConfigMap's hermes.toml loads with the gateway's own
   config loader, and the sidecar points at the gateway Service and at the vLLM container.
 
-No image is built here: base images cannot be pulled on these machines, and the build stage
-installs the dependencies from PyPI (see the report in the README's "Operating Hermes").
+No image is built here (base images cannot be pulled on these machines): the slow tier's
+``test_docker_image.py`` builds it from a locally imported base and runs it.
 """
 
 from __future__ import annotations
