@@ -97,8 +97,8 @@ def test_every_dashboard_query_returns_data(make_ops_gateway, prometheus) -> Non
         prom = prometheus({"hermes-gateway": gw, "hermeslet": f"127.0.0.1:{mport}"})
         wait_scraped(prom, {"hermes-gateway", "hermeslet"})
         start = time.time()
-        load = drive_load(srv.url, runs=12, chats=10, tools=2)
-        time.sleep(2.5 * SCRAPE_S)
+        load = drive_load(srv.url, runs=8, chats=8, tools=2)
+        time.sleep(2 * SCRAPE_S)
         end = time.time()
         assert all(r["state"] == "finished" for r in load["runs"]), load["runs"]
         up = httpx.get(prom + "/api/v1/query", params={"query": "up"}).json()["data"]["result"]
