@@ -138,6 +138,7 @@ class GatewayMetrics:
         self.switch_count = 0
         self.scheduler: Any = None
         self._prior_pending: set[str] = set()
+        self._seen: set[tuple[str, str]] = set()  # (app, tenant) with series created
         self._engine_children: dict[tuple[str | None, str], tuple[Any, Any]] = {}
         self._prior: dict[str, tuple[int, float, float]] = {}  # app -> (id(est), expiry, mean)
         r.register(_SchedulerCollector(self))
@@ -155,8 +156,25 @@ class GatewayMetrics:
     # ------------------------------------------------------------------ hooks (scheduler)
     def on_run_created(self, run: Any) -> None:
         st = run.state
+        key = (st.app, st.tenant)
+        if key not in self._seen:
+            self._init_series(*key)
         self.runs_started.labels(st.app, st.tenant).inc()
         self._prior_mean(st.app)  # refresh the app's prediction in the background if stale
+
+    def _init_series(self, app: str, tenant: str) -> None:
+        """Create an (app, tenant)'s run series at zero when its first run arrives, so that
+        the first runs to end show up in ``rate()`` (a series born at its first increment
+        has no earlier sample to compare with)."""
+        self._seen.add((app, tenant))
+        for state in ("finished", "failed", "cancelled"):
+            self.runs_ended.labels(app, tenant, state)
+        for outcome in ("met", "missed"):
+            self.deadline.labels(app, tenant, outcome)
+        self.act.labels(app, tenant)
+        self.est_abs_err.labels(app)
+        self.est_pred.labels(app)
+        self.est_actual.labels(app)
 
     def on_run_end(self, run: Any) -> None:
         """The run is finished, failed or cancelled (called once, from ``_retire``)."""
