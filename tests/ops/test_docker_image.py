@@ -86,6 +86,8 @@ def docker_env() -> Iterator[dict[str, str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+        # dockerd leaves its default network namespace mounted under the exec root
+        subprocess.run(["umount", str(root / "x" / "netns" / "default")], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
 
 
