@@ -61,8 +61,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
             raise SystemExit("hermes profile: give --app NAME (simulate) or --records IN.jsonl --out PDGRAPH.json")
         source = read_records(args.records)
     if args.out:
+        from tqdm import tqdm
+
         prof = Profiler(rho_threshold=args.rho, buckets=args.buckets)
-        n = prof.add_many(source)
+        n = prof.add_many(tqdm(source, desc="learning", unit="run", file=sys.stderr, leave=False,
+                               disable=None))
         prof.graph.save(args.out)
         masks = {e: m for e, m in prof.graph.summary()["masks"].items() if m}
         print(f"learned {prof.graph.app} from {n} runs -> {args.out}", file=sys.stderr)

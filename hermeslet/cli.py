@@ -1,7 +1,8 @@
 """``hermeslet``: run a node agent, or serve the built-in engine standalone.
 
 - ``hermeslet run --scheduler tcp://HOST:PORT --node NAME --engine sim|openai:URL|vllm[:URL]
-  [--model M] [--max-inflight N] [--time-scale X]`` connects to a scheduler and serves.
+  [--model M] [--max-inflight N] [--time-scale X] [--metrics-port P]`` connects to a scheduler
+  and serves (Prometheus metrics on ``--metrics-port``).
 - ``hermeslet sim-engine --port P [--host 127.0.0.1] [--setup llama2-7b-a100]
   [--time-scale X] [--model NAME]`` serves the simulated engine with vLLM's HTTP surface.
 """
@@ -49,6 +50,10 @@ def _parser() -> argparse.ArgumentParser:
                         "--docker), LoRA adapters (with --enable-lora) and KV prefixes on "
                         "HTTP engines")
     r.add_argument("--heartbeat-s", type=float, default=1.0)
+    r.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this port (GET /metrics; 0: any free port)")
+    r.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address of the metrics listener (default %(default)s)")
 
     s = sub.add_parser("sim-engine", help="serve the simulated engine (vLLM HTTP surface)")
     s.add_argument("--port", type=int, required=True)
@@ -107,7 +112,19 @@ async def _run_agent(args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, agent.stop)
-    await agent.run()
+    metrics = None
+    if getattr(args, "metrics_port", None) is not None:
+        from hermeslet.metrics import MetricsServer, node_registry
+
+        metrics = await MetricsServer(node_registry(agent)).start(args.metrics_host,
+                                                                  args.metrics_port)
+        print(f"hermeslet {agent.node}: metrics on http://{args.metrics_host}:{metrics.port}"
+              "/metrics", file=sys.stderr, flush=True)
+    try:
+        await agent.run()
+    finally:
+        if metrics is not None:
+            await metrics.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -242,6 +242,7 @@ class PrewarmStrategy(ABC):
         self.k = k
         self.k_by_app = dict(k_by_app or {})
         self.k_by_tenant = dict(k_by_tenant or {})
+        self.k_default: dict[str, float] = {}  # {"": k} overrides ``k`` (live knob setting)
         self.idle_timeout_s = idle_timeout_s
         self.resources = resources
         self.learner = learner or WarmupLearner()
@@ -249,6 +250,7 @@ class PrewarmStrategy(ABC):
         self.estimators = estimators
         self.n_walks = n_walks
         self.counters = PrewarmStats()
+        self.by_type: dict[str, PrewarmStats] = {}  # the same counters per backend type
         # wall seconds per isolated service second of LLM units (queueing and batching under
         # load), learned from finished units: the estimator's t_c is in service seconds
         self.stretch = 1.0
@@ -260,12 +262,16 @@ class PrewarmStrategy(ABC):
 
     # ------------------------------------------------------------------ K
     def k_for(self, run: RunState) -> float:
-        """K of a run: per request, then per tenant, then per app, then the default."""
+        """K of a run: per request, then per tenant, then per app, then the default
+        (``k_default[""]`` when set, e.g. by ``hermes knob set``, else ``k``); the same order
+        as :func:`hermes.core.policy_switch.resolve_k`."""
         if run.k is not None:
             return run.k
         if run.tenant in self.k_by_tenant:
             return self.k_by_tenant[run.tenant]
-        return self.k_by_app.get(run.app, self.k)
+        if run.app in self.k_by_app:
+            return self.k_by_app[run.app]
+        return self.k_default.get("", self.k)
 
     # ------------------------------------------------------------------ driver calls
     def on_unit_start(
@@ -290,7 +296,7 @@ class PrewarmStrategy(ABC):
         for res in self.resources(run, run.app, unit, backend):
             if warm.is_warm(res, now):
                 continue
-            self.counters.prefetched += 1  # serves a request already waiting: never wasted
+            self._bump(res, "prefetched", 1)  # serves a request already waiting: never wasted
             out.append(PrewarmAction("start", res, run.run_id, unit, 0, prefetch=True))
         return out
 
@@ -308,13 +314,13 @@ class PrewarmStrategy(ABC):
                 pw.state = "started"
                 pw.started_at = now
                 self._live[pid] = pw
-                self.counters.started += 1
+                self._bump(pw.resource, "started", 1)
                 out.append(PrewarmAction("start", pw.resource, pw.run_id, pw.unit, pid))
         for pid, pw in list(self._live.items()):
             ready = pw.ready_at or now
             if now >= ready + self.idle_timeout_s - 1e-9:  # same sum as next_due
                 self._end(pw, "released", now)
-                self.counters.released_idle += 1
+                self._bump(pw.resource, "released_idle", 1)
                 out.append(PrewarmAction("release", pw.resource, pw.run_id, pw.unit, pid))
         return out
 
@@ -331,6 +337,14 @@ class PrewarmStrategy(ABC):
         """Flat counters: planned, started, used, late, cancelled, dropped, released_idle,
         wasted, wasted_backend_s, idle_backend_s."""
         return self.counters.as_dict()
+
+    def stats_by_type(self) -> dict[str, dict[str, float]]:
+        """The same counters per backend type (``docker``, ``lora``, ``kv``, ``dnn``)."""
+        return {kind: c.as_dict() for kind, c in self.by_type.items()}
+
+    def _bump(self, resource: str, field: str, amount: float = 1) -> None:
+        for c in (self.counters, self.by_type.setdefault(resource_kind(resource), PrewarmStats())):
+            setattr(c, field, getattr(c, field) + amount)
 
     def outstanding(self, run_id: str) -> list[Prewarm]:
         return [p for p in self._by_run.get(run_id, []) if p.state in ("pending", "started")]
@@ -358,29 +372,29 @@ class PrewarmStrategy(ABC):
         if pw.started_at is not None:
             if state == "used":
                 idle = max(0.0, now - (pw.ready_at or now))
-                self.counters.idle_backend_s += idle
-                self.counters.wasted_backend_s += idle
+                self._bump(pw.resource, "idle_backend_s", idle)
+                self._bump(pw.resource, "wasted_backend_s", idle)
             else:
-                self.counters.wasted_backend_s += now - pw.started_at
+                self._bump(pw.resource, "wasted_backend_s", now - pw.started_at)
 
     def _resolve(self, run_id: str, unit: str | None, now: float) -> list[PrewarmAction]:
         out: list[PrewarmAction] = []
         for pw in self._by_run.pop(run_id, []):
             if pw.state == "pending":
                 if pw.unit == unit:
-                    self.counters.late += 1
+                    self._bump(pw.resource, "late", 1)
                 else:
-                    self.counters.dropped += 1
+                    self._bump(pw.resource, "dropped", 1)
                 self._end(pw, "cancelled", now)
             elif pw.state == "started":
                 if pw.unit == unit:
                     self._end(pw, "used", now)
-                    self.counters.used += 1
+                    self._bump(pw.resource, "used", 1)
                     out.append(PrewarmAction("release", pw.resource, run_id, pw.unit, pw.pid,
                                              used=True))
                 else:
                     self._end(pw, "cancelled", now)
-                    self.counters.cancelled += 1
+                    self._bump(pw.resource, "cancelled", 1)
                     out.append(PrewarmAction("release", pw.resource, run_id, pw.unit, pw.pid))
         return out
 
@@ -405,7 +419,7 @@ class PrewarmStrategy(ABC):
                     pw = self._new(run.run_id, nxt, r, p_s, now, now)
                     pw.t_p = 0.0
                     self._pending[pw.pid] = pw
-                    self.counters.planned += 1
+                    self._bump(r, "planned", 1)
             if not cold:
                 continue
             if tc is None:
@@ -418,7 +432,7 @@ class PrewarmStrategy(ABC):
                     continue
                 pw = self._new(run.run_id, nxt, res, p_s, now, now + off)
                 self._pending[pw.pid] = pw
-                self.counters.planned += 1
+                self._bump(res, "planned", 1)
 
     def _completion_samples(self, run: RunState, unit: str) -> np.ndarray:
         """Samples of the current unit's remaining time (estimator), or an empty array."""

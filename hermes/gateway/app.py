@@ -20,10 +20,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from hermes.gateway import openai_api, runs_api
+from hermes.gateway import admin_api, openai_api, runs_api
 from hermes.gateway.config import EngineConfig, GatewayConfig
 from hermes.gateway.hosted import HostedRegistry
 from hermes.gateway.scheduler import LiveScheduler
+from hermes.metrics import GatewayMetrics
 
 log = logging.getLogger("hermes.gateway")
 
@@ -55,6 +56,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ctx = zmq.asyncio.Context()
         sched = LiveScheduler(config, context=ctx)
+        app.state.metrics.attach(sched)
         await sched.start()
         app.state.scheduler = sched
         node_task: asyncio.Task | None = None
@@ -64,6 +66,9 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
 
             engines = [make_engine_adapter(e, config.scheduler.time_scale) for e in config.engines]
             agent = HermesLet("embedded", sched.inproc_address, engines, ctx=ctx)
+            from hermeslet.metrics import NodeCollector
+
+            app.state.metrics.add_collector(NodeCollector(agent))
             node_task = asyncio.create_task(agent.run(), name="hermeslet-embedded")
             app.state.node = agent
             await sched.wait_for_nodes(30.0)
@@ -89,6 +94,8 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     app.state.hosted = HostedRegistry.from_config(config)
     app.include_router(runs_api.router)
     app.include_router(openai_api.router)
+    app.state.metrics = GatewayMetrics()  # its own registry: several apps per process
+    admin_api.install(app)  # /admin/... (HERMES_ADMIN_TOKEN) and GET /metrics
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

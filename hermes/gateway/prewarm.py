@@ -55,6 +55,11 @@ class GatewayPrewarmer:
 
         strategy = make_prewarm(name, k=sc.k, graphs=sched.app_graph, estimators=estimators,
                                 n_walks=min(200, sc.n_walks))
+        knobs = getattr(sched, "knobs", None)
+        if knobs is not None:  # live K settings (admin API, `hermes knob set`) apply at once
+            strategy.k_by_app = knobs.setdefault("app", {})
+            strategy.k_by_tenant = knobs.setdefault("tenant", {})
+            strategy.k_default = knobs.setdefault("default", {})
         return cls(sched, strategy)
 
     # ------------------------------------------------------------------ naming
@@ -98,8 +103,11 @@ class GatewayPrewarmer:
             except ValueError:
                 pass
 
-    def stats(self) -> dict[str, float]:
-        out = {f"prewarm_{k}": v for k, v in self.strategy.stats().items()}
+    def stats(self) -> dict[str, Any]:
+        """Planner counters, overall (``prewarm_*``) and per backend type (``by_type``: what
+        ``hermes.metrics`` exports as ``hermes_prewarm_*{backend_type=...}``)."""
+        out: dict[str, Any] = {f"prewarm_{k}": v for k, v in self.strategy.stats().items()}
+        out["by_type"] = self.strategy.stats_by_type()
         out["prewarm_sent_start"] = self.sent["start"]
         out["prewarm_sent_release"] = self.sent["release"]
         out["prewarm_acks_failed"] = self.acks_failed

@@ -263,6 +263,7 @@ class Node:
     outstanding: dict[str, int] = field(default_factory=dict)  # engine -> our requests there
     tools_outstanding: int = 0
     queued: dict[str, int] = field(default_factory=dict)  # engine -> node-reported queue
+    kv_usage: dict[str, float | None] = field(default_factory=dict)  # engine -> KV use (0..1)
 
 
 # ---------------------------------------------------------------------------------- driver
@@ -305,6 +306,11 @@ class LiveScheduler:
         state_dir.mkdir(parents=True, exist_ok=True)
         self.records_path = state_dir / "records.jsonl"
         self.stats = {"runs_finished": 0, "records_written": 0, "rekeys_sent": 0}
+        #: metrics hooks (a :class:`hermes.metrics.GatewayMetrics`, set by the app) or None
+        self.metrics: Any = None
+        #: the K knob per scope, set by the admin API: {"default": {"": k}, "app": {name: k},
+        #: "tenant": {name: k}}; read with :func:`hermes.core.policy_switch.resolve_k`
+        self.knobs: dict[str, dict[str, float]] = {"default": {}, "app": {}, "tenant": {}}
         from hermes.gateway.prewarm import GatewayPrewarmer
 
         self.prewarm = GatewayPrewarmer.from_scheduler(self)  # prewarm planner (issue 5)
@@ -411,6 +417,8 @@ class LiveScheduler:
         run = LiveRun(state=state, hosted=hosted, auto_finish=auto_finish, input=input)
         self.runs[rid] = run
         self.policy.on_arrival(state, now)
+        if self.metrics is not None:
+            self.metrics.on_run_created(run)
         return run
 
     def get_run(self, run_id: str) -> LiveRun:
@@ -479,6 +487,8 @@ class LiveScheduler:
 
     def _retire(self, run: LiveRun) -> None:
         self.prewarm.on_run_finish(run.state, self.now())
+        if self.metrics is not None:
+            self.metrics.on_run_end(run)
         run.finished_event.set()
         self._finished_order[run.run_id] = None
         while len(self._finished_order) > self.config.scheduler.keep_finished_runs:
@@ -816,6 +826,8 @@ class LiveScheduler:
             return
         self._untrack(req)
         req.result = msg
+        if self.metrics is not None:
+            self.metrics.on_request_done(req.node, msg.engine, msg.queue_s, msg.service_s)
         run, now = req.run, self.now()
         service = float(self.cost.unit_service_s(np.array([[msg.input_tokens]]), np.array([[msg.output_tokens]]))[0])
         self._credit(run, max(0.0, service - req.credited_s), msg.input_tokens + msg.output_tokens, now)
@@ -843,6 +855,8 @@ class LiveScheduler:
             return
         self._untrack(req)
         req.result = msg
+        if self.metrics is not None and isinstance(req.msg, Tool):
+            self.metrics.on_tool_done(req.msg.backend, msg.duration_s, msg.cold)
         req.inv.duration_s = (req.inv.duration_s or 0.0) + msg.duration_s
         self._credit(req.run, msg.duration_s, 0, self.now())
         if not req.future.done():
@@ -905,6 +919,34 @@ class LiveScheduler:
             self._recompute(req, now, changes)
         self._send_rekeys(changes)
 
+    def switch_policy(self, name: str) -> dict[str, Any]:
+        """Install policy ``name`` live: every active run is ranked afresh and every queued
+        request re-keyed at its node (``ValueError`` for an unknown policy)."""
+        from hermes.core.policy_switch import adopt_runs
+
+        cls = policy_class(name)  # ValueError names the known policies
+        previous = self.config.scheduler.policy
+        self.config.scheduler.policy = name
+        try:
+            pool = self._build_pool() if getattr(cls, "uses_estimator", False) else None
+            if pool is not None:
+                for prof in self._profilers.values():
+                    with contextlib.suppress(Exception):
+                        pool.update(prof.graph)
+            policy = make_policy(name, estimators=pool, seed=self.config.scheduler.seed)
+        except Exception:
+            self.config.scheduler.policy = previous
+            raise
+        self.pool, self.policy = pool, policy
+        now = self.now()
+        n = adopt_runs(policy, (r.state for r in self.runs.values() if r.status in ACTIVE), now)
+        before = self.stats["rekeys_sent"]
+        self.rekey_all()
+        if self.metrics is not None:
+            self.metrics.on_policy_switch()
+        return {"policy": name, "previous": previous, "runs_reranked": n,
+                "requests_rekeyed": self.stats["rekeys_sent"] - before}
+
     # ------------------------------------------------------------------ node protocol
     async def _recv_loop(self) -> None:
         assert self._socket is not None
@@ -947,6 +989,7 @@ class LiveScheduler:
         elif isinstance(msg, Heartbeat):
             if node is not None:
                 node.queued = {name: load.queued for name, load in msg.engines.items()}
+                node.kv_usage = {name: load.kv_usage for name, load in msg.engines.items()}
         elif isinstance(msg, Hello):
             self._on_hello(identity, msg)
         elif isinstance(msg, UnitEvent):
@@ -989,7 +1032,10 @@ class LiveScheduler:
         while True:
             await asyncio.sleep(sc.rekey_interval_s)
             try:
+                t0 = time.perf_counter()
                 self.rekey_all()
+                if self.metrics is not None:
+                    self.metrics.on_rank_refresh(time.perf_counter() - t0)
                 self._reap_nodes()
                 self._reap_idle_runs()
             except Exception:

@@ -1,0 +1,53 @@
+# Hermes: the gateway (`hermes serve`) and the node agent (`hermeslet run`) in one image.
+#
+#   docker build -t hermes:latest .
+#   docker run --rm -p 8000:8000 hermes:latest                        # gateway, built-in engine
+#   docker run --rm --entrypoint hermeslet hermes:latest run --help   # node agent
+#
+# Two stages: `build` installs the package into a virtual environment; `runtime` copies only
+# that environment, the shipped PDGraphs and the example config, and runs as a non-root user.
+# PYTHON_IMAGE lets an air-gapped build start from a locally imported base image.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+# optional: a private package index (air-gapped builds; the CI build test serves one on loopback)
+ARG PIP_INDEX_URL
+ARG PIP_TRUSTED_HOST
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY hermes ./hermes
+COPY hermeslet ./hermeslet
+COPY workloads ./workloads
+RUN python -m venv /opt/hermes \
+    && /opt/hermes/bin/pip install --no-cache-dir . \
+    && find /opt/hermes -name '__pycache__' -type d -prune -exec rm -rf {} +
+
+FROM ${PYTHON_IMAGE} AS runtime
+LABEL org.opencontainers.image.title="hermes" \
+      org.opencontainers.image.description="Hermes gateway and HermesLet node agent" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --system --gid 10001 hermes \
+    && useradd --system --uid 10001 --gid hermes --home-dir /var/lib/hermes --create-home \
+       --shell /usr/sbin/nologin hermes
+COPY --from=build /opt/hermes /opt/hermes
+COPY pdgraphs /opt/hermes/share/pdgraphs
+COPY deploy/hermes.example.toml /etc/hermes/hermes.toml
+# Container defaults (docs/configuration.md): listen on all interfaces inside the container,
+# accept HermesLets on 5557, shipped PDGraphs read-only, learned state in /var/lib/hermes.
+ENV PATH=/opt/hermes/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    HERMES_HOST=0.0.0.0 \
+    HERMES_BIND=tcp://0.0.0.0:5557 \
+    HERMES_KB=/opt/hermes/share/pdgraphs \
+    HERMES_STATE_DIR=/var/lib/hermes
+WORKDIR /var/lib/hermes
+USER 10001:10001
+# 8000: HTTP (API, /metrics, /admin); 5557: ZeroMQ for HermesLets; 9100: HermesLet metrics
+EXPOSE 8000 5557 9100
+HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('HERMES_PORT', '8000'), timeout=2)"]
+ENTRYPOINT ["hermes"]
+CMD ["serve", "--config", "/etc/hermes/hermes.toml"]
