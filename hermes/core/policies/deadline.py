@@ -7,7 +7,11 @@ to all runs at a decision, so the stored rank is the time-invariant ``deadline �
 (the latest time the run can still start its remaining work alone): ranks refreshed at
 different times stay comparable. Runs without a deadline come after every run with one and
 are ordered among themselves by their Gittins rank; the tier is the first element of the
-request key (``run.policy_state["tier"]``: 0 with a deadline, 1 without).
+request key (``run.policy_state["tier"]``: 0 with a deadline, 1 without). A run whose deadline
+is lost even in the optimistic case (``deadline − now`` below the ``1 − quantile`` quantile of
+its remaining time, service plus client gaps) is checked at every refresh point and moved to
+tier 1: serving lost causes first is what makes least-slack and EDF collapse under overload.
+The check reads the clock, so these ranks are not tabulated per bucket.
 
 ``edf``: earliest deadline first (Liu & Layland, 1973); runs without a deadline rank ``+inf``
 and, among themselves, first come first served.
@@ -33,7 +37,6 @@ class HermesDeadlinePolicy(EstimatedPolicy):
     """Least worst-case slack first; Gittins among runs without a deadline."""
 
     name: ClassVar[str] = "hermes-ddl"
-    tabulate: ClassVar[bool] = True  # deadline − worst case: no clock, no hidden state
 
     def __init__(
         self,
@@ -62,9 +65,20 @@ class HermesDeadlinePolicy(EstimatedPolicy):
             return float("inf")
         return run.rank - now
 
+    def best_case_s(self, samples: DemandSamples) -> float:
+        """Optimistic remaining time to completion (service plus client gaps)."""
+        return float(np.quantile(samples.wall_s, 1.0 - self.quantile))
+
     def rank_from_samples(self, run: RunState, samples: DemandSamples, now: float) -> float:
         if run.deadline is None:
             run.policy_state["tier"] = 1
+            return gittins_rank(samples.service_s)
+        if run.deadline - now < self.best_case_s(samples):
+            # even the optimistic case misses the deadline: least slack would keep serving a
+            # lost cause first and drag feasible runs past theirs (EDF's domino effect under
+            # overload), so the run joins the runs without a deadline, Gittins-ordered
+            run.policy_state["tier"] = 1
+            run.policy_state["deadline_lost"] = True
             return gittins_rank(samples.service_s)
         run.policy_state["tier"] = 0
         return run.deadline - self.worst_case_s(samples)

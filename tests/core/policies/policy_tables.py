@@ -20,6 +20,11 @@ class Samples:
     input_tokens: np.ndarray | None = None
     output_tokens: np.ndarray | None = None
     current_s: np.ndarray | None = None
+    wall_s: np.ndarray | None = None  # default: service only (no client gaps)
+
+    def __post_init__(self) -> None:
+        if self.wall_s is None:
+            self.wall_s = self.service_s
 
 
 class TableEstimator:

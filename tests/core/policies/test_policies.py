@@ -124,6 +124,23 @@ def test_hermes_ddl_least_worst_case_slack_first() -> None:
     assert order(ddl50, runs) == ["near", "far", "free"]
 
 
+def test_hermes_ddl_demotes_a_run_whose_deadline_is_lost_even_optimistically() -> None:
+    pool = pool_of(long=np.arange(10.0, 20.0), short=np.full(10, 5.0), free=np.full(10, 0.1))
+    lost = run("lost", "long", deadline=8.0)  # needs >= ~10.5 s even in the p5 case
+    tight = run("tight", "short", deadline=30.0)
+    free = run("free", "free")
+    ddl = make_policy("hermes-ddl", estimators=pool)
+    arrive(ddl, [lost, tight, free])
+    # least slack alone would put "lost" first (8 - 19.55 < 30 - 5); it now competes with the
+    # runs without a deadline, by Gittins rank (free 0.1 < lost ~10)
+    assert lost.policy_state["deadline_lost"] is True
+    assert order(ddl, [lost, tight, free]) == ["tight", "free", "lost"]
+    # the same run with time to spare keeps its slack order
+    early = run("early", "long", deadline=25.0)
+    arrive(ddl, [early, tight])
+    assert order(ddl, [early, tight]) == ["early", "tight"]
+
+
 def test_edf_no_deadline_last_then_fcfs() -> None:
     runs = [run("late", submitted=5.0), run("early", submitted=1.0), run("d", submitted=9.0,
                                                                        deadline=1e6)]
