@@ -19,14 +19,18 @@ that is nowhere must be prefilled (the driver submits a prefill-only request, an
 :class:`LoraSlots`: adapters resident on the GPU (``max_loras`` slots) and in host memory
 (``max_cpu_loras``), vLLM style. An adapter that is not on the GPU when a request using it is
 admitted is loaded synchronously (from host memory, or from disk), stalling the iteration; a
-prefetch loads it in the background. Eviction is least recently used. (Simplification: vLLM
-also refuses to batch more than ``max_loras`` distinct adapters at once; here a slot is simply
-reassigned.)
+prefetch loads it in the background. Eviction is least recently used among the adapters no
+running request uses; a prefetch also spares the adapters of queued requests (and a planned
+prewarm those held for coming units), and loads into host memory only when no slot is free of
+them. vLLM batches at most ``max_loras`` distinct adapters; the engine model enforces that rule
+(``EngineModel(max_loras=...)``), so a slot that no running request uses always exists at
+admission.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 GB = 1024**3
@@ -93,6 +97,9 @@ class PrefixCacheModel:
         self.stats = CacheStats()
         self._stall = 0.0
         self._pending_pins: dict[str, int] = {}
+        #: whether a running request uses the prefix (wired to the engine by the driver): its
+        #: KV blocks are referenced, so it is never evicted (vLLM's block ref counts)
+        self.in_use: Callable[[str], bool] = lambda prefix: False
 
     # ------------------------------------------------------------------ engine hook
     def cached_tokens(self, prefix: str, prefix_tokens: int, now: float) -> int:
@@ -192,7 +199,7 @@ class PrefixCacheModel:
                 if self.gpu_used <= self.capacity:
                     break
                 e = self.gpu[key]
-                if e.pins > 0 or key == prefix:
+                if e.pins > 0 or key == prefix or self.in_use(key):
                     continue
                 del self.gpu[key]
                 self.gpu_used -= e.tokens
@@ -203,6 +210,7 @@ class PrefixCacheModel:
                 # then the oldest holds give way
                 new = self.gpu[prefix]
                 victims = [prefix] if new.pins == 0 else [k for k in self.gpu if k != prefix]
+                victims = [k for k in victims if k == prefix or not self.in_use(k)]
                 for key in victims:
                     if self.gpu_used <= self.capacity:
                         break
@@ -222,7 +230,15 @@ class PrefixCacheModel:
 
 
 class LoraSlots:
-    """LoRA adapters on the GPU and in host memory (see the module docstring)."""
+    """LoRA adapters on the GPU and in host memory (see the module docstring).
+
+    ``running(adapter)`` / ``queued(adapter)`` tell whether a request running in / waiting at
+    the engine uses the adapter (wired to the engine model's counters by the driver). An
+    adapter that a running request uses is never evicted (vLLM cannot: the batch computes with
+    it); a prefetch evicts neither a running nor a queued request's adapter, nor (a planned
+    one) an adapter held for a coming unit: when no GPU slot is free of those it loads the
+    adapter into host memory only.
+    """
 
     def __init__(
         self,
@@ -231,6 +247,8 @@ class LoraSlots:
         *,
         disk_load_s: float = 0.25,
         cpu_load_s: float = 0.02,
+        running: Callable[[str], bool] | None = None,
+        queued: Callable[[str], bool] | None = None,
     ) -> None:
         if max_loras < 1:
             raise ValueError(f"max_loras must be >= 1, got {max_loras}")
@@ -242,8 +260,11 @@ class LoraSlots:
         self.max_cpu_loras = max_cpu_loras
         self.disk_load_s = disk_load_s
         self.cpu_load_s = cpu_load_s
+        self.running = running or (lambda a: False)
+        self.queued = queued or (lambda a: False)
         self.gpu: OrderedDict[str, float] = OrderedDict()  # adapter -> ready_at
-        self.cpu: OrderedDict[str, None] = OrderedDict()  # host-memory cache (GPU ones too)
+        # host-memory cache (GPU ones too), LRU order: adapter -> when it is in host memory
+        self.cpu: OrderedDict[str, float] = OrderedDict()
         self.pins: dict[str, int] = {}  # adapters held for a coming unit
         self.stats = CacheStats()
 
@@ -277,41 +298,85 @@ class LoraSlots:
             st.warming_hits += 1
             st.stall_s += ready - now
             return ready - now
-        stall = self.load_time_s(adapter)
         if adapter in self.cpu:
             st.cpu_hits += 1
+            stall = max(0.0, self.cpu[adapter] - now) + self.cpu_load_s
         else:
             st.misses += 1
-        self._load(adapter, now + stall)
+            stall = self.disk_load_s
+        victim = self._victim(self._admit_order)
+        if victim is None and len(self.gpu) >= self.max_loras:
+            # only without the engine's batch rule: every slot serves a running request
+            victim = next(iter(self.gpu))
+        self._load(adapter, now + stall, victim)
         st.stall_s += stall
         return stall
 
-    def prefetch(self, adapter: str, now: float) -> float | None:
-        """Load ``adapter`` in the background; returns when it is ready (``None``: already
-        on the GPU)."""
+    def prefetch(self, adapter: str, now: float, *, planned: bool = False) -> float | None:
+        """Load ``adapter`` in the background (``planned``: a speculative prewarm, which also
+        spares adapters held for coming units). Returns when it is ready on the GPU, or
+        ``None`` when it already is there or when no slot could be taken (then it is loaded
+        into host memory, if it was not there)."""
         if adapter in self.gpu:
             return None
-        ready = now + self.load_time_s(adapter)
-        self._load(adapter, ready)
+        victim = self._victim(self._planned_order if planned else self._prefetch_order)
+        if victim is None and len(self.gpu) >= self.max_loras:
+            if adapter not in self.cpu:
+                self._to_cpu(adapter, now + self.disk_load_s)
+                self.stats.prefetches += 1
+            return None
+        ready = max(now, self.cpu.get(adapter, now)) + self.load_time_s(adapter)
+        self._load(adapter, ready, victim)
         self.stats.prefetches += 1
         return ready
+
+    # victim classes, best first; an adapter of a running request is never one
+    def _admit_order(self, a: str) -> int | None:
+        if self.running(a):
+            return None
+        return (1 if self.queued(a) else 0) + (2 if a in self.pins else 0)
+
+    def _prefetch_order(self, a: str) -> int | None:
+        if self.running(a) or self.queued(a):
+            return None
+        return 1 if a in self.pins else 0
+
+    def _planned_order(self, a: str) -> int | None:
+        if self.running(a) or self.queued(a) or a in self.pins:
+            return None
+        return 0
+
+    def _victim(self, order: Callable[[str], int | None]) -> str | None:
+        """The least recently used GPU adapter of the best class, when every slot is taken
+        (``None``: a slot is free, or no adapter may be evicted)."""
+        if len(self.gpu) < self.max_loras:
+            return None
+        best: tuple[int, str] | None = None
+        for a in self.gpu:  # LRU first
+            c = order(a)
+            if c is not None and (best is None or c < best[0]):
+                best = (c, a)
+                if c == 0:
+                    break
+        return None if best is None else best[1]
 
     def _touch_cpu(self, adapter: str) -> None:
         if adapter in self.cpu:
             self.cpu.move_to_end(adapter)
 
-    def _load(self, adapter: str, ready_at: float) -> None:
-        self.gpu[adapter] = ready_at
-        if len(self.gpu) > self.max_loras:
-            victim = next((a for a in self.gpu if a not in self.pins and a != adapter), None)
-            if victim is None:  # all held: the least recently used goes anyway
-                victim = next(iter(self.gpu))
+    def _load(self, adapter: str, ready_at: float, victim: str | None) -> None:
+        if victim is not None:
             del self.gpu[victim]
             self.stats.evictions += 1
-        self.cpu[adapter] = None
+        self.gpu[adapter] = ready_at
+        self._to_cpu(adapter, min(ready_at, self.cpu.get(adapter, ready_at)))
+
+    def _to_cpu(self, adapter: str, ready_at: float) -> None:
+        self.cpu[adapter] = ready_at
         self.cpu.move_to_end(adapter)
         if len(self.cpu) > self.max_cpu_loras:
-            for key in list(self.cpu):
-                if key not in self.gpu:
-                    del self.cpu[key]
-                    break
+            cands = [k for k in self.cpu if k not in self.gpu and k != adapter]
+            keep = [k for k in cands if k in self.pins or self.queued(k)]
+            drop = next((k for k in cands if k not in keep), None) or next(iter(keep), None)
+            if drop is not None:
+                del self.cpu[drop]
