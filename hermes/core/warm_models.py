@@ -68,6 +68,35 @@ class CacheStats:
 
 
 @dataclass(slots=True)
+class _IterationStall:
+    """Synchronous transfers before one iteration's forward pass (admissions at the same
+    ``now``): they run one after the other, and waiting for a transfer already under way
+    costs only what is left of it. The iteration stalls until the last one is done, so the
+    stalls handed to the engine (summed over its admissions) add up to that, not to each
+    admission's full wait (two requests of one adapter admitted together wait for one load)."""
+
+    now: float = float("-inf")
+    end: float = float("-inf")
+
+    def _at(self, now: float) -> None:
+        if now != self.now:
+            self.now = self.end = now
+
+    def wait(self, now: float, ready_at: float) -> float:
+        """Wait for something ready at ``ready_at``: the extra stall (seconds)."""
+        self._at(now)
+        extra = max(0.0, ready_at - self.end)
+        self.end += extra
+        return extra
+
+    def load(self, now: float, seconds: float) -> tuple[float, float]:
+        """A synchronous transfer of ``seconds`` after the ones before it: (ready at, stall)."""
+        self._at(now)
+        self.end += seconds
+        return self.end, seconds
+
+
+@dataclass(slots=True)
 class _Entry:
     tokens: int
     ready_at: float
@@ -96,6 +125,7 @@ class PrefixCacheModel:
         self.cpu_used = 0
         self.stats = CacheStats()
         self._stall = 0.0
+        self._iter = _IterationStall()
         self._pending_pins: dict[str, int] = {}
         #: whether a running request uses the prefix (wired to the engine by the driver): its
         #: KV blocks are referenced, so it is never evicted (vLLM's block ref counts)
@@ -116,14 +146,15 @@ class PrefixCacheModel:
                 st.hits += 1
             else:
                 st.warming_hits += 1
-                self._stall += e.ready_at - now
+                self._stall += self._iter.wait(now, e.ready_at)
             return min(e.tokens, prefix_tokens)
         if prefix in self.cpu:
             tokens = self.cpu.pop(prefix)
             self.cpu_used -= tokens
             st.cpu_hits += 1
-            self._stall += tokens * self.swap_s_per_token
-            self._put(prefix, tokens, now)
+            ready, stall = self._iter.load(now, tokens * self.swap_s_per_token)
+            self._stall += stall
+            self._put(prefix, tokens, ready)
             return min(tokens, prefix_tokens)
         st.misses += 1
         return 0
@@ -267,6 +298,7 @@ class LoraSlots:
         self.cpu: OrderedDict[str, float] = OrderedDict()
         self.pins: dict[str, int] = {}  # adapters held for a coming unit
         self.stats = CacheStats()
+        self._iter = _IterationStall()
 
     def pin(self, adapter: str) -> None:
         self.pins[adapter] = self.pins.get(adapter, 0) + 1
@@ -296,19 +328,22 @@ class LoraSlots:
                 st.hits += 1
                 return 0.0
             st.warming_hits += 1
-            st.stall_s += ready - now
-            return ready - now
+            stall = self._iter.wait(now, ready)
+            st.stall_s += stall
+            return stall
         if adapter in self.cpu:
             st.cpu_hits += 1
-            stall = max(0.0, self.cpu[adapter] - now) + self.cpu_load_s
+            self._iter.wait(now, self.cpu[adapter])  # still coming from disk
+            t = self.cpu_load_s
         else:
             st.misses += 1
-            stall = self.disk_load_s
+            t = self.disk_load_s
+        ready, stall = self._iter.load(now, t)
         victim = self._victim(self._admit_order)
         if victim is None and len(self.gpu) >= self.max_loras:
             # only without the engine's batch rule: every slot serves a running request
             victim = next(iter(self.gpu))
-        self._load(adapter, now + stall, victim)
+        self._load(adapter, ready, victim)
         st.stall_s += stall
         return stall
 

@@ -144,3 +144,17 @@ def test_loads_never_evict_a_running_adapter_and_prefetch_spares_queued_ones():
     eng.abort("e")
     eng.step(1.0)
     assert "D" in slots.gpu and "B" in slots.gpu
+
+
+def test_requests_of_one_adapter_admitted_together_wait_for_one_load():
+    eng = EngineModel(COST, max_loras=2)
+    slots = LoraSlots(2, 4, disk_load_s=0.25, cpu_load_s=0.02)
+    eng.admission_hook = SlotHook(eng, slots)
+    for i in range(3):
+        eng.add(lreq(f"a{i}", "A", p=100, o=3), 0.0)
+    eng.add(lreq("b", "B", p=100, o=3), 0.0)
+    res = eng.step(0.0)
+    # A and B load one after the other (0.5 s); the other two requests of A share A's load
+    assert res.duration_s == pytest.approx(COST.iteration_s(400, 0, 0) + 0.5)
+    assert slots.stats.stall_s == pytest.approx(0.5)
+    assert (slots.stats.misses, slots.stats.warming_hits) == (2, 2)
