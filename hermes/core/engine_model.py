@@ -162,10 +162,11 @@ class EngineModel:
         self.kv_used = 0
         self.pending_prefill = 0  # prompt tokens of waiting requests not yet computed
         # adapters / prompt prefixes of the running requests (a warm cache must not evict
-        # them) and adapters of the waiting ones (request counts)
+        # them) and of the waiting ones (request counts)
         self.running_loras: Counter[str] = Counter()
         self.running_prefixes: Counter[str] = Counter()
         self.waiting_loras: Counter[str] = Counter()
+        self.waiting_prefixes: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ queue management
     def add(self, req: EngineRequest, now: float) -> None:
@@ -191,8 +192,8 @@ class EngineModel:
             self.running.remove(req)
             self.kv_used -= req.computed
             self._left_running(req)
-        elif req.lora:
-            self._count(self.waiting_loras, req.lora, -1)
+        else:
+            self._left_waiting(req)
         return req
 
     # ------------------------------------------------------------------ adapter bookkeeping
@@ -208,10 +209,18 @@ class EngineModel:
         self.waiting.push(req.request_id, req, req.key, req.run_id)
         if req.lora:
             self.waiting_loras[req.lora] += 1
+        if req.prefix:
+            self.waiting_prefixes[req.prefix] += 1
 
-    def _entered_running(self, req: EngineRequest) -> None:
+    def _left_waiting(self, req: EngineRequest) -> None:
         if req.lora:
             self._count(self.waiting_loras, req.lora, -1)
+        if req.prefix:
+            self._count(self.waiting_prefixes, req.prefix, -1)
+
+    def _entered_running(self, req: EngineRequest) -> None:
+        self._left_waiting(req)
+        if req.lora:
             self.running_loras[req.lora] += 1
         if req.prefix:
             self.running_prefixes[req.prefix] += 1

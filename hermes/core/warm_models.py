@@ -130,6 +130,8 @@ class PrefixCacheModel:
         #: whether a running request uses the prefix (wired to the engine by the driver): its
         #: KV blocks are referenced, so it is never evicted (vLLM's block ref counts)
         self.in_use: Callable[[str], bool] = lambda prefix: False
+        #: whether a queued request will use the prefix: a planned prewarm does not evict it
+        self.queued: Callable[[str], bool] = lambda prefix: False
 
     # ------------------------------------------------------------------ engine hook
     def cached_tokens(self, prefix: str, prefix_tokens: int, now: float) -> int:
@@ -161,6 +163,7 @@ class PrefixCacheModel:
 
     def on_prefilled(self, prefix: str, prefix_tokens: int, now: float) -> None:
         """The prefix's KV was computed: keep it (most recently used)."""
+        speculative = prefix.startswith(UNCOUNTED)  # a prewarm's prefill-only request
         prefix = prefix.removeprefix(UNCOUNTED)
         if not self.enabled or prefix_tokens <= 0:
             return
@@ -169,7 +172,7 @@ class PrefixCacheModel:
             self.gpu.move_to_end(prefix)
             e.ready_at = min(e.ready_at, now)
             return
-        self._put(prefix, prefix_tokens, now)
+        self._put(prefix, prefix_tokens, now, speculative=speculative)
 
     def take_stall_s(self) -> float:
         """Synchronous swap-in time accrued by admissions since the last call."""
@@ -196,7 +199,7 @@ class PrefixCacheModel:
         ready = now + tokens * self.swap_s_per_token
         if pin:
             self.pin(prefix)
-        self._put(prefix, tokens, ready)
+        self._put(prefix, tokens, ready, speculative=pin)
         self.stats.prefetches += 1
         return ready
 
@@ -220,35 +223,37 @@ class PrefixCacheModel:
                 del self._pending_pins[prefix]
 
     # ------------------------------------------------------------------ internals
-    def _put(self, prefix: str, tokens: int, ready_at: float) -> None:
+    def _put(
+        self, prefix: str, tokens: int, ready_at: float, *, speculative: bool = False
+    ) -> None:
+        """Store ``prefix`` on the GPU tier, evicting least recently used prefixes to the CPU
+        tier. Never evicted: prefixes of running requests, and, for a ``speculative`` newcomer
+        (a planned prewarm), those of queued requests too. Held prefixes go after the others,
+        and the newcomer itself when nothing else may go."""
         if tokens > self.capacity:
             return
         self.gpu[prefix] = _Entry(tokens, ready_at, self._pending_pins.pop(prefix, 0))
         self.gpu_used += tokens
-        if self.gpu_used > self.capacity:
-            for key in list(self.gpu):
-                if self.gpu_used <= self.capacity:
-                    break
-                e = self.gpu[key]
-                if e.pins > 0 or key == prefix or self.in_use(key):
-                    continue
-                del self.gpu[key]
-                self.gpu_used -= e.tokens
-                self.stats.evictions += 1
-                self._to_cpu(key, e.tokens)
-            if self.gpu_used > self.capacity:
-                # everything else is held: the newcomer is not kept, unless it is held too,
-                # then the oldest holds give way
-                new = self.gpu[prefix]
-                victims = [prefix] if new.pins == 0 else [k for k in self.gpu if k != prefix]
-                victims = [k for k in victims if k == prefix or not self.in_use(k)]
-                for key in victims:
-                    if self.gpu_used <= self.capacity:
-                        break
-                    e = self.gpu.pop(key)
-                    self.gpu_used -= e.tokens
-                    self.stats.evictions += 1
-                    self._to_cpu(key, e.tokens)
+        if self.gpu_used <= self.capacity:
+            return
+
+        def protected(key: str) -> bool:
+            return self.in_use(key) or (speculative and self.queued(key))
+
+        unheld = [k for k, e in self.gpu.items() if k != prefix and e.pins == 0]
+        held = [k for k, e in self.gpu.items() if k != prefix and e.pins > 0]
+        # everything else is held: the newcomer goes, unless it is held too, then the oldest
+        # holds give way
+        last = held + [prefix] if self.gpu[prefix].pins > 0 else [prefix] + held
+        for key in unheld + last:
+            if self.gpu_used <= self.capacity:
+                break
+            if key != prefix and protected(key):
+                continue
+            e = self.gpu.pop(key)
+            self.gpu_used -= e.tokens
+            self.stats.evictions += 1
+            self._to_cpu(key, e.tokens)
 
     def _to_cpu(self, prefix: str, tokens: int) -> None:
         if tokens > self.cpu_capacity:

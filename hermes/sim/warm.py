@@ -110,6 +110,7 @@ class SimWarmState:
             cache = self.caches[i]
             if cache is not None:
                 cache.in_use = self._counter_view(eng, "running_prefixes")
+                cache.queued = self._counter_view(eng, "waiting_prefixes")
             slots = self.loras[i]
             if slots is not None:
                 eng.max_loras = slots.max_loras
