@@ -227,14 +227,21 @@ class PrefixCacheModel:
         self, prefix: str, tokens: int, ready_at: float, *, speculative: bool = False
     ) -> None:
         """Store ``prefix`` on the GPU tier, evicting least recently used prefixes to the CPU
-        tier. Never evicted: prefixes of running requests, and, for a ``speculative`` newcomer
-        (a planned prewarm), those of queued requests too. Held prefixes go after the others,
-        and the newcomer itself when nothing else may go."""
+        tier. Prefixes of running requests are never evicted and do not count against the
+        capacity: their KV blocks belong to the running requests (vLLM's referenced blocks),
+        the tier models the free blocks that keep finished requests' prefixes. A
+        ``speculative`` newcomer (a planned prewarm) does not evict queued requests' prefixes
+        either. Held prefixes go after the others, and the newcomer itself when nothing else
+        may go. (Prefixes whose requests finished count again from the next insertion on.)"""
         if tokens > self.capacity:
             return
         self.gpu[prefix] = _Entry(tokens, ready_at, self._pending_pins.pop(prefix, 0))
         self.gpu_used += tokens
         if self.gpu_used <= self.capacity:
+            return
+        referenced = sum(e.tokens for k, e in self.gpu.items() if self.in_use(k))
+        budget = self.capacity + referenced
+        if self.gpu_used <= budget:
             return
 
         def protected(key: str) -> bool:
@@ -246,9 +253,9 @@ class PrefixCacheModel:
         # holds give way
         last = held + [prefix] if self.gpu[prefix].pins > 0 else [prefix] + held
         for key in unheld + last:
-            if self.gpu_used <= self.capacity:
+            if self.gpu_used <= budget:
                 break
-            if key != prefix and protected(key):
+            if protected(key):
                 continue
             e = self.gpu.pop(key)
             self.gpu_used -= e.tokens
