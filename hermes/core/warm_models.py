@@ -8,7 +8,10 @@ shared prompt prefixes (system prompts), with a GPU tier of ``capacity_tokens`` 
 the model's KV bytes per token, :func:`gb_to_tokens`) and a host-memory (CPU) tier. Least
 recently used prefixes are evicted from the GPU tier to the CPU tier, and dropped from there;
 prefixes *pinned* by prewarms (held for a unit that is about to run) are evicted only when
-everything else is gone.
+everything else is gone. A prefix that a running request uses (``in_use``, wired to the
+engine's counters) is never evicted and does not count against the capacity: in vLLM its
+blocks belong to the running request, and the tier stands for the free blocks that keep
+finished requests' prefixes. A planned prewarm's prefix also spares those of queued requests.
 A request admitted with its prefix on the GPU skips that part of its prefill (a *hit*); with
 its prefix on the CPU the engine first swaps it in, which stalls the iteration for
 ``tokens * kv_bytes_per_token / swap_bytes_per_s`` (vLLM swaps synchronously). A prefetch
