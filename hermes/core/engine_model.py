@@ -30,6 +30,15 @@ exhaustion, no request finishing before the last of them, and every iteration bu
 starting before ``until``). With the linear cost model the summed latency has a closed form,
 so the accounting is exact: the result equals running the iterations one by one.
 
+LoRA batch rule (vLLM's, active only when ``max_loras`` is set): a running batch holds at most
+``max_loras`` distinct adapters. A waiting request whose adapter is not among the running
+requests' adapters, when ``max_loras`` of them are already running, is skipped (it keeps its
+place in the queue) and admission goes on with the requests behind it, as vLLM v1's scheduler
+does (``skipped_waiting_requests``); at most :data:`LORA_SKIP_SCAN` requests are skipped per
+iteration (a bound on simulation cost; vLLM scans the whole queue). The load of an adapter that
+is not on the GPU is the admission hook's stall (vLLM activates adapters synchronously before
+the forward pass). Without ``max_loras`` the engine behaves exactly as before.
+
 Prefix caching (a later issue) plugs in through :class:`PrefixCache`: on admission, the
 engine asks the cache how many leading prompt tokens of ``request.prefix`` are already
 cached and starts prefill after them. The default is no cache.
@@ -43,12 +52,16 @@ lengths.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from hermes.core.costmodel import CostModel
 from hermes.core.ordering import Key, KeyedQueue
+
+#: at most this many waiting requests are skipped by the LoRA batch rule in one iteration
+LORA_SKIP_SCAN = 512
 
 
 class PrefixCache(Protocol):
@@ -134,8 +147,12 @@ class EngineModel:
         name: str = "engine0",
         prefix_cache: PrefixCache | None = None,
         admission_hook: AdmissionHook | None = None,
+        max_loras: int | None = None,
     ) -> None:
+        if max_loras is not None and max_loras < 1:
+            raise ValueError(f"{name}: max_loras must be >= 1 (or None), got {max_loras}")
         self.cost = cost
+        self.max_loras = max_loras
         self.name = name
         self.prefix_cache = prefix_cache
         self.admission_hook = admission_hook
@@ -144,6 +161,12 @@ class EngineModel:
         self.requests: dict[str, EngineRequest] = {}
         self.kv_used = 0
         self.pending_prefill = 0  # prompt tokens of waiting requests not yet computed
+        # adapters / prompt prefixes of the running requests (a warm cache must not evict
+        # them) and of the waiting ones (request counts)
+        self.running_loras: Counter[str] = Counter()
+        self.running_prefixes: Counter[str] = Counter()
+        self.waiting_loras: Counter[str] = Counter()
+        self.waiting_prefixes: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ queue management
     def add(self, req: EngineRequest, now: float) -> None:
@@ -158,7 +181,7 @@ class EngineModel:
             )
         req.arrival = now
         self.requests[req.request_id] = req
-        self.waiting.push(req.request_id, req, req.key, req.run_id)
+        self._push_waiting(req)
 
     def abort(self, request_id: str) -> EngineRequest | None:
         """Drop a request wherever it is; frees its KV."""
@@ -168,7 +191,64 @@ class EngineModel:
         if self.waiting.remove(request_id) is None:
             self.running.remove(req)
             self.kv_used -= req.computed
+            self._left_running(req)
+        else:
+            self._left_waiting(req)
         return req
+
+    # ------------------------------------------------------------------ adapter bookkeeping
+    @staticmethod
+    def _count(c: Counter[str], key: str, d: int) -> None:
+        n = c[key] + d
+        if n > 0:
+            c[key] = n
+        else:
+            del c[key]
+
+    def _push_waiting(self, req: EngineRequest) -> None:
+        self.waiting.push(req.request_id, req, req.key, req.run_id)
+        if req.lora:
+            self.waiting_loras[req.lora] += 1
+        if req.prefix:
+            self.waiting_prefixes[req.prefix] += 1
+
+    def _left_waiting(self, req: EngineRequest) -> None:
+        if req.lora:
+            self._count(self.waiting_loras, req.lora, -1)
+        if req.prefix:
+            self._count(self.waiting_prefixes, req.prefix, -1)
+
+    def _entered_running(self, req: EngineRequest) -> None:
+        self._left_waiting(req)
+        if req.lora:
+            self.running_loras[req.lora] += 1
+        if req.prefix:
+            self.running_prefixes[req.prefix] += 1
+
+    def _left_running(self, req: EngineRequest) -> None:
+        if req.lora:
+            self._count(self.running_loras, req.lora, -1)
+        if req.prefix:
+            self._count(self.running_prefixes, req.prefix, -1)
+
+    def lora_blocked(self, req: EngineRequest) -> bool:
+        """Whether the LoRA batch rule keeps ``req`` waiting now: ``max_loras`` other adapters
+        are already running."""
+        return (
+            self.max_loras is not None
+            and bool(req.lora)
+            and req.lora not in self.running_loras
+            and len(self.running_loras) >= self.max_loras
+        )
+
+    def _lora_admissible_exists(self) -> bool:
+        """Some waiting request is not held back by the LoRA batch rule (adapter-less, or of a
+        running adapter, or the rule has room)."""
+        if self.max_loras is None or len(self.running_loras) < self.max_loras:
+            return True
+        if sum(self.waiting_loras.values()) < len(self.waiting):
+            return True  # an adapter-less request waits
+        return any(a in self.running_loras for a in self.waiting_loras)
 
     def update_key(self, request_id: str, key: Key) -> None:
         """A new key for a request (its run's rank changed); reorders the waiting queue."""
@@ -208,6 +288,9 @@ class EngineModel:
             return False
         head = self.waiting.peek()
         assert head is not None
+        if self.max_loras is not None and self.lora_blocked(head):
+            # the head is skipped; one behind it may be admitted: no multi-iteration run
+            return self._lora_admissible_exists()
         return min(head.total_tokens - head.computed, budget) <= kv_free
 
     def _decode_run_length(self, horizon_s: float) -> int:
@@ -287,6 +370,7 @@ class EngineModel:
                 res.finished.append(r.request_id)
                 self.kv_used -= r.computed
                 del self.requests[r.request_id]
+                self._left_running(r)
             else:
                 still.append(r)
         self.kv_used += n * k
@@ -320,6 +404,8 @@ class EngineModel:
             self.requests[r.request_id] = r
         self.running = list(res.batch)
         self.kv_used = sum(r.computed for r in self.running)
+        self.running_loras = Counter(r.lora for r in self.running if r.lora)
+        self.running_prefixes = Counter(r.prefix for r in self.running if r.prefix)
         a, b = res.iter_base_s, res.iter_growth_s
         res.iterations = keep
         res.duration_s = keep * a + b * keep * (keep - 1) / 2
@@ -362,11 +448,17 @@ class EngineModel:
             kv_free -= n
         stall = 0.0
         if not preempted:
+            skipped: list[tuple[EngineRequest, int]] = []  # held back by the LoRA batch rule
             while (
                 self.waiting and budget > 0 and len(self.running) < c.max_num_seqs
             ):
                 head = self.waiting.peek()
                 assert head is not None
+                if self.max_loras is not None and self.lora_blocked(head):
+                    if len(skipped) >= LORA_SKIP_SCAN:
+                        break
+                    skipped.append(self.waiting.pop_tie())
+                    continue
                 if head.computed == 0 and self.prefix_cache is not None and head.prefix:
                     hit = self.prefix_cache.cached_tokens(head.prefix, head.prefix_tokens, now)
                     head.computed = max(0, min(hit, head.input_tokens - 1))
@@ -378,6 +470,7 @@ class EngineModel:
                         continue
                     break
                 self.waiting.pop()
+                self._entered_running(head)
                 if self.admission_hook is not None:
                     stall += self.admission_hook.on_admit(head, now)
                 self.running.append(head)
@@ -386,6 +479,8 @@ class EngineModel:
                 sched[head.request_id] = n
                 budget -= n
                 kv_free -= n
+            for r, tie in skipped:
+                self.waiting.restore(r.request_id, r, r.key, r.run_id, tie)
         if not sched:
             return res
         prefill = decode = ctx = 0
@@ -429,15 +524,17 @@ class EngineModel:
             for rid in finished:
                 r = by_id.pop(rid)
                 self.kv_used -= r.computed
+                self._left_running(r)
                 res.finished.append(rid)
         return res
 
     def _preempt(self, victim: EngineRequest, res: StepResult) -> None:
         self.running.remove(victim)
+        self._left_running(victim)
         self.kv_used -= victim.computed
         victim.computed = 0
         victim.preemptions += 1
-        self.waiting.push(victim.request_id, victim, victim.key, victim.run_id)
+        self._push_waiting(victim)
         res.preempted.append(victim.request_id)
 
 

@@ -100,6 +100,26 @@ class KeyedQueue(Generic[T]):
         _, _, _, item_id = heapq.heappop(self._heap)
         return self._drop(item_id).item
 
+    def pop_tie(self) -> tuple[T, int]:
+        """:meth:`pop` that also returns the item's FIFO tie, for :meth:`restore`."""
+        self._clean()
+        if not self._heap:
+            raise IndexError("pop from an empty KeyedQueue")
+        _, _, _, item_id = heapq.heappop(self._heap)
+        e = self._drop(item_id)
+        return e.item, e.tie
+
+    def restore(self, item_id: Hashable, item: T, key: Key, run_id: str | None, tie: int) -> None:
+        """Put back an item taken with :meth:`pop_tie` at its old place among equal keys
+        (a skipped request keeps its queue position)."""
+        if item_id in self._entries:
+            self.remove(item_id)
+        ver = next(self._counter)
+        self._entries[item_id] = _Entry(key, tie, ver, item_id, run_id, item)
+        if run_id is not None:
+            self._by_run.setdefault(run_id, set()).add(item_id)
+        heapq.heappush(self._heap, (key, tie, ver, item_id))
+
     def remove(self, item_id: Hashable) -> T | None:
         """Remove an item by id (lazy in the heap); returns it, or ``None`` if absent."""
         if item_id not in self._entries:

@@ -22,9 +22,9 @@ possible next unit ``v`` whose resources are cold:
 - ``t_p``: the resource's warm-up time, learned online (:class:`WarmupLearner`, an EWMA of
   observed warm-ups seeded with :data:`DEFAULT_WARMUP_S`).
 
-No prewarm when ``p_s < K``; a cached prompt prefix that is already warm but evictable is
-*held* from now on (pinned against eviction; adapters are not held: with few GPU slots a hold
-evicts adapters that other runs use); a cold resource starts warming
+No prewarm when ``p_s < K``; a cached prompt prefix or LoRA adapter that is already warm but
+evictable is *held* from now on (a hint to the cache: evicted after the unheld ones, never in
+place of what a running request uses); a cold resource starts warming
 at ``t_s`` (seconds from now) where
 ``p_s * P(t_c > t_s + t_p) = K``, i.e. ``t_s = Q_{t_c}(1 - K/p_s) - t_p`` clipped at 0
 (:func:`start_offset`). A higher K demands a higher chance that the warm-up is over before the
@@ -67,7 +67,7 @@ DEFAULT_K = 0.5
 DEFAULT_WARMUP_S: dict[str, float] = {"docker": 1.0, "dnn": 3.0, "lora": 0.3, "kv": 0.1}
 DEFAULT_IDLE_TIMEOUT_S = 60.0
 #: resources that a warm cache could evict before use: the planner holds them when warm
-HOLDABLE = ("kv",)
+HOLDABLE = ("kv", "lora")
 
 
 def resource_kind(resource: str) -> str:

@@ -8,7 +8,10 @@ shared prompt prefixes (system prompts), with a GPU tier of ``capacity_tokens`` 
 the model's KV bytes per token, :func:`gb_to_tokens`) and a host-memory (CPU) tier. Least
 recently used prefixes are evicted from the GPU tier to the CPU tier, and dropped from there;
 prefixes *pinned* by prewarms (held for a unit that is about to run) are evicted only when
-everything else is gone.
+everything else is gone. A prefix that a running request uses (``in_use``, wired to the
+engine's counters) is never evicted and does not count against the capacity: in vLLM its
+blocks belong to the running request, and the tier stands for the free blocks that keep
+finished requests' prefixes. A planned prewarm's prefix also spares those of queued requests.
 A request admitted with its prefix on the GPU skips that part of its prefill (a *hit*); with
 its prefix on the CPU the engine first swaps it in, which stalls the iteration for
 ``tokens * kv_bytes_per_token / swap_bytes_per_s`` (vLLM swaps synchronously). A prefetch
@@ -19,14 +22,18 @@ that is nowhere must be prefilled (the driver submits a prefill-only request, an
 :class:`LoraSlots`: adapters resident on the GPU (``max_loras`` slots) and in host memory
 (``max_cpu_loras``), vLLM style. An adapter that is not on the GPU when a request using it is
 admitted is loaded synchronously (from host memory, or from disk), stalling the iteration; a
-prefetch loads it in the background. Eviction is least recently used. (Simplification: vLLM
-also refuses to batch more than ``max_loras`` distinct adapters at once; here a slot is simply
-reassigned.)
+prefetch loads it in the background. Eviction is least recently used among the adapters no
+running request uses; a prefetch also spares the adapters of queued requests (and a planned
+prewarm those held for coming units), and loads into host memory only when no slot is free of
+them. vLLM batches at most ``max_loras`` distinct adapters; the engine model enforces that rule
+(``EngineModel(max_loras=...)``), so a slot that no running request uses always exists at
+admission.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 GB = 1024**3
@@ -64,6 +71,35 @@ class CacheStats:
 
 
 @dataclass(slots=True)
+class _IterationStall:
+    """Synchronous transfers before one iteration's forward pass (admissions at the same
+    ``now``): they run one after the other, and waiting for a transfer already under way
+    costs only what is left of it. The iteration stalls until the last one is done, so the
+    stalls handed to the engine (summed over its admissions) add up to that, not to each
+    admission's full wait (two requests of one adapter admitted together wait for one load)."""
+
+    now: float = float("-inf")
+    end: float = float("-inf")
+
+    def _at(self, now: float) -> None:
+        if now != self.now:
+            self.now = self.end = now
+
+    def wait(self, now: float, ready_at: float) -> float:
+        """Wait for something ready at ``ready_at``: the extra stall (seconds)."""
+        self._at(now)
+        extra = max(0.0, ready_at - self.end)
+        self.end += extra
+        return extra
+
+    def load(self, now: float, seconds: float) -> tuple[float, float]:
+        """A synchronous transfer of ``seconds`` after the ones before it: (ready at, stall)."""
+        self._at(now)
+        self.end += seconds
+        return self.end, seconds
+
+
+@dataclass(slots=True)
 class _Entry:
     tokens: int
     ready_at: float
@@ -92,7 +128,13 @@ class PrefixCacheModel:
         self.cpu_used = 0
         self.stats = CacheStats()
         self._stall = 0.0
+        self._iter = _IterationStall()
         self._pending_pins: dict[str, int] = {}
+        #: whether a running request uses the prefix (wired to the engine by the driver): its
+        #: KV blocks are referenced, so it is never evicted (vLLM's block ref counts)
+        self.in_use: Callable[[str], bool] = lambda prefix: False
+        #: whether a queued request will use the prefix: a planned prewarm does not evict it
+        self.queued: Callable[[str], bool] = lambda prefix: False
 
     # ------------------------------------------------------------------ engine hook
     def cached_tokens(self, prefix: str, prefix_tokens: int, now: float) -> int:
@@ -109,20 +151,22 @@ class PrefixCacheModel:
                 st.hits += 1
             else:
                 st.warming_hits += 1
-                self._stall += e.ready_at - now
+                self._stall += self._iter.wait(now, e.ready_at)
             return min(e.tokens, prefix_tokens)
         if prefix in self.cpu:
             tokens = self.cpu.pop(prefix)
             self.cpu_used -= tokens
             st.cpu_hits += 1
-            self._stall += tokens * self.swap_s_per_token
-            self._put(prefix, tokens, now)
+            ready, stall = self._iter.load(now, tokens * self.swap_s_per_token)
+            self._stall += stall
+            self._put(prefix, tokens, ready)
             return min(tokens, prefix_tokens)
         st.misses += 1
         return 0
 
     def on_prefilled(self, prefix: str, prefix_tokens: int, now: float) -> None:
         """The prefix's KV was computed: keep it (most recently used)."""
+        speculative = prefix.startswith(UNCOUNTED)  # a prewarm's prefill-only request
         prefix = prefix.removeprefix(UNCOUNTED)
         if not self.enabled or prefix_tokens <= 0:
             return
@@ -131,7 +175,7 @@ class PrefixCacheModel:
             self.gpu.move_to_end(prefix)
             e.ready_at = min(e.ready_at, now)
             return
-        self._put(prefix, prefix_tokens, now)
+        self._put(prefix, prefix_tokens, now, speculative=speculative)
 
     def take_stall_s(self) -> float:
         """Synchronous swap-in time accrued by admissions since the last call."""
@@ -158,7 +202,7 @@ class PrefixCacheModel:
         ready = now + tokens * self.swap_s_per_token
         if pin:
             self.pin(prefix)
-        self._put(prefix, tokens, ready)
+        self._put(prefix, tokens, ready, speculative=pin)
         self.stats.prefetches += 1
         return ready
 
@@ -182,34 +226,44 @@ class PrefixCacheModel:
                 del self._pending_pins[prefix]
 
     # ------------------------------------------------------------------ internals
-    def _put(self, prefix: str, tokens: int, ready_at: float) -> None:
+    def _put(
+        self, prefix: str, tokens: int, ready_at: float, *, speculative: bool = False
+    ) -> None:
+        """Store ``prefix`` on the GPU tier, evicting least recently used prefixes to the CPU
+        tier. Prefixes of running requests are never evicted and do not count against the
+        capacity: their KV blocks belong to the running requests (vLLM's referenced blocks),
+        the tier models the free blocks that keep finished requests' prefixes. A
+        ``speculative`` newcomer (a planned prewarm) does not evict queued requests' prefixes
+        either. Held prefixes go after the others, and the newcomer itself when nothing else
+        may go. (Prefixes whose requests finished count again from the next insertion on.)"""
         if tokens > self.capacity:
             return
         self.gpu[prefix] = _Entry(tokens, ready_at, self._pending_pins.pop(prefix, 0))
         self.gpu_used += tokens
-        if self.gpu_used > self.capacity:
-            for key in list(self.gpu):
-                if self.gpu_used <= self.capacity:
-                    break
-                e = self.gpu[key]
-                if e.pins > 0 or key == prefix:
-                    continue
-                del self.gpu[key]
-                self.gpu_used -= e.tokens
-                self.stats.evictions += 1
-                self._to_cpu(key, e.tokens)
-            if self.gpu_used > self.capacity:
-                # everything else is held: the newcomer is not kept, unless it is held too,
-                # then the oldest holds give way
-                new = self.gpu[prefix]
-                victims = [prefix] if new.pins == 0 else [k for k in self.gpu if k != prefix]
-                for key in victims:
-                    if self.gpu_used <= self.capacity:
-                        break
-                    e = self.gpu.pop(key)
-                    self.gpu_used -= e.tokens
-                    self.stats.evictions += 1
-                    self._to_cpu(key, e.tokens)
+        if self.gpu_used <= self.capacity:
+            return
+        referenced = sum(e.tokens for k, e in self.gpu.items() if self.in_use(k))
+        budget = self.capacity + referenced
+        if self.gpu_used <= budget:
+            return
+
+        def protected(key: str) -> bool:
+            return self.in_use(key) or (speculative and self.queued(key))
+
+        unheld = [k for k, e in self.gpu.items() if k != prefix and e.pins == 0]
+        held = [k for k, e in self.gpu.items() if k != prefix and e.pins > 0]
+        # everything else is held: the newcomer goes, unless it is held too, then the oldest
+        # holds give way
+        last = held + [prefix] if self.gpu[prefix].pins > 0 else [prefix] + held
+        for key in unheld + last:
+            if self.gpu_used <= budget:
+                break
+            if protected(key):
+                continue
+            e = self.gpu.pop(key)
+            self.gpu_used -= e.tokens
+            self.stats.evictions += 1
+            self._to_cpu(key, e.tokens)
 
     def _to_cpu(self, prefix: str, tokens: int) -> None:
         if tokens > self.cpu_capacity:
@@ -222,7 +276,15 @@ class PrefixCacheModel:
 
 
 class LoraSlots:
-    """LoRA adapters on the GPU and in host memory (see the module docstring)."""
+    """LoRA adapters on the GPU and in host memory (see the module docstring).
+
+    ``running(adapter)`` / ``queued(adapter)`` tell whether a request running in / waiting at
+    the engine uses the adapter (wired to the engine model's counters by the driver). An
+    adapter that a running request uses is never evicted (vLLM cannot: the batch computes with
+    it); a prefetch evicts neither a running nor a queued request's adapter, nor (a planned
+    one) an adapter held for a coming unit: when no GPU slot is free of those it loads the
+    adapter into host memory only.
+    """
 
     def __init__(
         self,
@@ -231,6 +293,8 @@ class LoraSlots:
         *,
         disk_load_s: float = 0.25,
         cpu_load_s: float = 0.02,
+        running: Callable[[str], bool] | None = None,
+        queued: Callable[[str], bool] | None = None,
     ) -> None:
         if max_loras < 1:
             raise ValueError(f"max_loras must be >= 1, got {max_loras}")
@@ -242,10 +306,14 @@ class LoraSlots:
         self.max_cpu_loras = max_cpu_loras
         self.disk_load_s = disk_load_s
         self.cpu_load_s = cpu_load_s
+        self.running = running or (lambda a: False)
+        self.queued = queued or (lambda a: False)
         self.gpu: OrderedDict[str, float] = OrderedDict()  # adapter -> ready_at
-        self.cpu: OrderedDict[str, None] = OrderedDict()  # host-memory cache (GPU ones too)
+        # host-memory cache (GPU ones too), LRU order: adapter -> when it is in host memory
+        self.cpu: OrderedDict[str, float] = OrderedDict()
         self.pins: dict[str, int] = {}  # adapters held for a coming unit
         self.stats = CacheStats()
+        self._iter = _IterationStall()
 
     def pin(self, adapter: str) -> None:
         self.pins[adapter] = self.pins.get(adapter, 0) + 1
@@ -275,43 +343,90 @@ class LoraSlots:
                 st.hits += 1
                 return 0.0
             st.warming_hits += 1
-            st.stall_s += ready - now
-            return ready - now
-        stall = self.load_time_s(adapter)
+            stall = self._iter.wait(now, ready)
+            st.stall_s += stall
+            return stall
         if adapter in self.cpu:
             st.cpu_hits += 1
+            self._iter.wait(now, self.cpu[adapter])  # still coming from disk
+            t = self.cpu_load_s
         else:
             st.misses += 1
-        self._load(adapter, now + stall)
+            t = self.disk_load_s
+        ready, stall = self._iter.load(now, t)
+        victim = self._victim(self._admit_order)
+        if victim is None and len(self.gpu) >= self.max_loras:
+            # only without the engine's batch rule: every slot serves a running request
+            victim = next(iter(self.gpu))
+        self._load(adapter, ready, victim)
         st.stall_s += stall
         return stall
 
-    def prefetch(self, adapter: str, now: float) -> float | None:
-        """Load ``adapter`` in the background; returns when it is ready (``None``: already
-        on the GPU)."""
+    def prefetch(self, adapter: str, now: float, *, planned: bool = False) -> float | None:
+        """Load ``adapter`` in the background (``planned``: a speculative prewarm, which also
+        spares adapters held for coming units). Returns when it is ready on the GPU, or
+        ``None`` when it already is there or when no slot could be taken (then it is loaded
+        into host memory, if it was not there)."""
         if adapter in self.gpu:
             return None
-        ready = now + self.load_time_s(adapter)
-        self._load(adapter, ready)
+        victim = self._victim(self._planned_order if planned else self._prefetch_order)
+        if victim is None and len(self.gpu) >= self.max_loras:
+            if adapter not in self.cpu:
+                self._to_cpu(adapter, now + self.disk_load_s)
+                self.stats.prefetches += 1
+            return None
+        ready = max(now, self.cpu.get(adapter, now)) + self.load_time_s(adapter)
+        self._load(adapter, ready, victim)
         self.stats.prefetches += 1
         return ready
+
+    # victim classes, best first; an adapter of a running request is never one
+    def _admit_order(self, a: str) -> int | None:
+        if self.running(a):
+            return None
+        return (1 if self.queued(a) else 0) + (2 if a in self.pins else 0)
+
+    def _prefetch_order(self, a: str) -> int | None:
+        if self.running(a) or self.queued(a):
+            return None
+        return 1 if a in self.pins else 0
+
+    def _planned_order(self, a: str) -> int | None:
+        if self.running(a) or self.queued(a) or a in self.pins:
+            return None
+        return 0
+
+    def _victim(self, order: Callable[[str], int | None]) -> str | None:
+        """The least recently used GPU adapter of the best class, when every slot is taken
+        (``None``: a slot is free, or no adapter may be evicted)."""
+        if len(self.gpu) < self.max_loras:
+            return None
+        best: tuple[int, str] | None = None
+        for a in self.gpu:  # LRU first
+            c = order(a)
+            if c is not None and (best is None or c < best[0]):
+                best = (c, a)
+                if c == 0:
+                    break
+        return None if best is None else best[1]
 
     def _touch_cpu(self, adapter: str) -> None:
         if adapter in self.cpu:
             self.cpu.move_to_end(adapter)
 
-    def _load(self, adapter: str, ready_at: float) -> None:
-        self.gpu[adapter] = ready_at
-        if len(self.gpu) > self.max_loras:
-            victim = next((a for a in self.gpu if a not in self.pins and a != adapter), None)
-            if victim is None:  # all held: the least recently used goes anyway
-                victim = next(iter(self.gpu))
+    def _load(self, adapter: str, ready_at: float, victim: str | None) -> None:
+        if victim is not None:
             del self.gpu[victim]
             self.stats.evictions += 1
-        self.cpu[adapter] = None
+        self.gpu[adapter] = ready_at
+        self._to_cpu(adapter, min(ready_at, self.cpu.get(adapter, ready_at)))
+
+    def _to_cpu(self, adapter: str, ready_at: float) -> None:
+        self.cpu[adapter] = ready_at
         self.cpu.move_to_end(adapter)
         if len(self.cpu) > self.max_cpu_loras:
-            for key in list(self.cpu):
-                if key not in self.gpu:
-                    del self.cpu[key]
-                    break
+            cands = [k for k in self.cpu if k not in self.gpu and k != adapter]
+            keep = [k for k in cands if k in self.pins or self.queued(k)]
+            drop = next((k for k in cands if k not in keep), None) or next(iter(keep), None)
+            if drop is not None:
+                del self.cpu[drop]

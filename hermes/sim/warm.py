@@ -9,7 +9,14 @@ carries out the decisions of a :class:`~hermes.core.prewarm.PrewarmStrategy`:
   like any request;
 - ``start lora:...``: load the adapter into a GPU slot in the background;
 - ``start docker:...`` / ``dnn:...``: start a tool instance (its cold start);
-- ``release``: unpin the prefix, or shut down an unused prewarmed tool instance.
+- ``release``: unpin the prefix, or shut down an unused prewarmed tool instance. The release of
+  a *used* prefix or adapter (its unit started) is handed over to the unit's request: the hold
+  lasts until that request is admitted by the engine (or the run ends), since a unit's request
+  can wait in the engine's queue for a long time and the hold exists for it.
+
+With LoRA slots configured, each engine enforces vLLM's batch rule (at most ``max_loras``
+distinct adapters running; :class:`~hermes.core.engine_model.EngineModel`), and the slots know
+which adapters the engine's running and queued requests use, so that no load evicts them.
 
 The simulator calls :meth:`on_unit_start`, :meth:`on_request`, :meth:`on_enqueue`,
 :meth:`on_run_finish` and :meth:`due` (at the wake-ups it is asked for); the engines call
@@ -89,6 +96,9 @@ class SimWarmState:
         self._prefill_seq = 0
         self._prefix_tokens: dict[str, int] = {}
         self._held: dict[int, int] = {}  # prewarm id -> engine index holding its resource
+        # holds of used prewarms, until the unit's request is admitted: (run, kind, name) ->
+        # engine indices
+        self._handover: dict[tuple[str, str, str], list[int]] = {}
 
     # ------------------------------------------------------------------ wiring
     def bind(self, sim: Simulator) -> None:
@@ -97,6 +107,20 @@ class SimWarmState:
         for i, eng in enumerate(sim.engines):
             eng.prefix_cache = self.caches[i]
             eng.admission_hook = self
+            cache = self.caches[i]
+            if cache is not None:
+                cache.in_use = self._counter_view(eng, "running_prefixes")
+                cache.queued = self._counter_view(eng, "waiting_prefixes")
+            slots = self.loras[i]
+            if slots is not None:
+                eng.max_loras = slots.max_loras
+                slots.running = self._counter_view(eng, "running_loras")
+                slots.queued = self._counter_view(eng, "waiting_loras")
+
+    @staticmethod
+    def _counter_view(eng: EngineModel, attr: str) -> Callable[[str], bool]:
+        # the engine may replace the counter (truncate): look it up on each call
+        return lambda name: name in getattr(eng, attr)
 
     def _engines(self) -> list[EngineModel]:
         assert self.sim is not None
@@ -156,6 +180,8 @@ class SimWarmState:
 
     def on_run_finish(self, run: RunState, now: float) -> None:
         self._apply(self.strategy.on_run_finish(run, now), now)
+        for key in [k for k in self._handover if k[0] == run.run_id]:
+            self._unhold(key[1], key[2], self._handover.pop(key))
 
     def due(self, now: float) -> None:
         self._wake = None
@@ -171,6 +197,11 @@ class SimWarmState:
         slots = self.loras[ei]
         if slots is not None and req.lora:
             stall += slots.admit(req.lora, now)
+        if self._handover:
+            for kind, name in (("kv", req.prefix), ("lora", req.lora)):
+                held = self._handover.pop((req.run_id, kind, name or ""), None)
+                if held:
+                    self._unhold(kind, name or "", held)
         return stall
 
     # ------------------------------------------------------------------ actions
@@ -188,7 +219,7 @@ class SimWarmState:
             if a.action == "start":
                 self._start(a.resource, now, prefetch=a.prefetch, pid=a.pid)
             else:
-                self._release(a.resource, now, used=a.used, pid=a.pid)
+                self._release(a.resource, now, used=a.used, pid=a.pid, run_id=a.run_id)
         nxt = self.strategy.next_due()
         if nxt is not None and (self._wake is None or nxt < self._wake - 1e-12):
             assert self.sim is not None
@@ -213,9 +244,9 @@ class SimWarmState:
                 if not prefetch:
                     slots.pin(name)
                     self._held[pid] = ei
-                t = slots.load_time_s(name)
-                if slots.prefetch(name, now) is not None:
-                    self.strategy.observe_warmup(resource, t)
+                ready = slots.prefetch(name, now, planned=not prefetch)
+                if ready is not None:
+                    self.strategy.observe_warmup(resource, ready - now)
             return
         if kind == "kv":
             cache = self.caches[ei]
@@ -248,8 +279,11 @@ class SimWarmState:
             self.strategy.observe_warmup(resource, self.cost.iteration_s(tokens, 0, 0))
             self.sim.prewarm_request_added(ei, now)
 
-    def _release(self, resource: str, now: float, *, used: bool = False, pid: int = 0) -> None:
-        """End a prewarm: unhold a prefix or adapter; shut down an unused tool instance."""
+    def _release(
+        self, resource: str, now: float, *, used: bool = False, pid: int = 0, run_id: str = ""
+    ) -> None:
+        """End a prewarm: unhold a prefix or adapter (a used one once its request is
+        admitted); shut down an unused tool instance."""
         kind, _, name = resource.partition(":")
         if kind in ("docker", "dnn"):
             if not used:
@@ -259,10 +293,17 @@ class SimWarmState:
         ei = self._held.pop(pid, None)
         if ei is None:
             return
-        if kind == "kv" and self.caches[ei] is not None:
-            self.caches[ei].release(name)  # type: ignore[union-attr]
-        elif kind == "lora" and self.loras[ei] is not None:
-            self.loras[ei].release(name)  # type: ignore[union-attr]
+        if used and run_id:
+            self._handover.setdefault((run_id, kind, name), []).append(ei)
+            return
+        self._unhold(kind, name, [ei])
+
+    def _unhold(self, kind: str, name: str, engines: list[int]) -> None:
+        for ei in engines:
+            if kind == "kv" and self.caches[ei] is not None:
+                self.caches[ei].release(name)  # type: ignore[union-attr]
+            elif kind == "lora" and self.loras[ei] is not None:
+                self.loras[ei].release(name)  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ results
     def stats(self) -> dict[str, float]:

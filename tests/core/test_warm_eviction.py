@@ -19,12 +19,13 @@ def test_prefill_never_evicts_a_running_requests_prefix():
     c.on_prefilled("a", 600, 0.0)
     running.add("a")  # the oldest, but a running request references it
     c.on_prefilled("b", 600, 1.0)
-    assert c.where("a") == "gpu"
-    assert c.where("b") == "cpu"  # the newcomer had to go instead
-    assert c.gpu_used <= c.capacity
+    c.on_prefilled("c", 500, 1.5)  # b goes (a's blocks belong to its request; 600 + 1000)
+    assert c.where("a") == "gpu" and c.where("b") == "cpu" and c.where("c") == "gpu"
+    assert c.gpu_used - 600 <= c.capacity  # the unreferenced part fits
     running.clear()
-    c.on_prefilled("b", 600, 2.0)  # now the LRU one goes
-    assert (c.where("a"), c.where("b")) == ("cpu", "gpu")
+    c.on_prefilled("b", 600, 2.0)  # a counts again: a, then c (least recently used) go
+    assert (c.where("a"), c.where("b"), c.where("c")) == ("cpu", "gpu", "cpu")
+    assert c.gpu_used <= c.capacity
 
 
 def test_planned_prewarm_spares_queued_prefixes_a_request_does_not():

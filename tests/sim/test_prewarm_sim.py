@@ -38,3 +38,44 @@ def test_waste_is_counted_and_none_disables_prefix_caching():
     assert st_none["kv_hits"] == 0 and st_none["kv_lookups"] > 0
     _, _, st_lru, _ = simulate(WarmJob(("d",), "lru", arr, cache_gb=8))
     assert st_lru["kv_hits"] > 0
+
+
+def test_lora_batch_rule_and_holds_in_the_simulator():
+    """With LoRA slots the simulated engine never runs more than max_loras adapters at once,
+    requests of other adapters wait, and every hold of a prewarm ends (at its request's
+    admission or its run's end)."""
+    from hermes.bench.prewarm import _adapter_fn, lora_adapters, with_tenants
+    from hermes.bench.sched import load_graphs, make_sim_policy
+    from hermes.core.estimator import EstimatorPool
+    from hermes.core.prewarm import make_prewarm
+    from hermes.sim.simulator import Simulator, setup_engines
+    from hermes.sim.warm import SimWarmState
+
+    arr = tuple(with_tenants(_cg_arrivals(30, 2.0), 6, 0))
+    table = lora_adapters(arr, 40)
+    job = WarmJob(("l",), "hermes", arr, max_loras=2, max_cpu_loras=4, adapters=table,
+                  walks=50)
+    cost, n = setup_engines(job.setup)
+    graphs = load_graphs()
+    strategy = make_prewarm("hermes", k=0.5, graphs=graphs.get,
+                            estimators=EstimatorPool(graphs, cost, n_walks=50).get, n_walks=50)
+    warm = SimWarmState(strategy, cost, n_engines=n, max_loras=2, max_cpu_loras=4,
+                        adapter=_adapter_fn(job))
+    sim = Simulator(make_sim_policy("vllm", job.setup), cost=cost, n_engines=n, record=False,
+                    warm=warm)
+    eng = sim.engines[0]
+    seen = {"max": 0, "blocked": 0}
+    step = eng.step
+
+    def checked(now, until=None):  # noqa: ANN001, ANN202
+        res = step(now, until)
+        seen["max"] = max(seen["max"], len(eng.running_loras))
+        seen["blocked"] += sum(1 for r in eng.waiting.items() if eng.lora_blocked(r))
+        return res
+
+    eng.step = checked
+    res = sim.run(list(arr))
+    assert len(res.runs) == len(arr)
+    assert seen["max"] == 2 and seen["blocked"] > 0
+    assert not warm._handover and not warm.loras[0].pins
+    assert res.warm["lora_lookups"] > 0 and res.warm["prewarm_used"] > 0
