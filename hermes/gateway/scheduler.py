@@ -872,6 +872,9 @@ class LiveScheduler:
 
     # ------------------------------------------------------------------ ranks -> keys
     def _rekey_run(self, run: LiveRun, now: float) -> None:
+        if self.policy.dynamic_keys:  # keys read shared state (VTC's tenant counters): all of them
+            self.rekey_all()
+            return
         changes: dict[str, dict[str, list[float]]] = {}
         for req in run.pending.values():
             self._recompute(req, now, changes)
