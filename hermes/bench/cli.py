@@ -178,6 +178,7 @@ def add_bench_parsers(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=cmd_overhead)
     add_prewarm_parsers(bsub)
+    add_gateway_parser(bsub)
 
 
 def add_prewarm_parsers(bsub: argparse._SubParsersAction) -> None:
@@ -210,3 +211,25 @@ def add_prewarm_parsers(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--cache-gb", dest="cache_gb", type=float, default=8.0)
     s.add_argument("--plot", default=None, help="write the figure to FILE.png")
     s.set_defaults(func=cmd_knob)
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    from hermes.bench.gateway import bench_gateway
+
+    t0 = time.perf_counter()
+    rows = bench_gateway(args.requests, args.concurrency, tuple(_names(args.policies)),
+                         warmup=args.warmup, progress=not args.no_progress)
+    return _finish(rows, args, f"gateway overhead ({args.requests} requests, "
+                   f"concurrency {args.concurrency})", t0)
+
+
+def add_gateway_parser(bsub: argparse._SubParsersAction) -> None:
+    """Add ``gateway`` (direct vs through-the-gateway latency and throughput)."""
+    s = bsub.add_parser("gateway", help="latency/throughput the gateway adds over its engine")
+    s.add_argument("--requests", type=int, default=2000)
+    s.add_argument("--concurrency", type=int, default=32)
+    s.add_argument("--warmup", type=int, default=200)
+    s.add_argument("--policies", default="hermes,vllm")
+    s.add_argument("--json", default=None)
+    s.add_argument("--no-progress", action="store_true")
+    s.set_defaults(func=cmd_gateway)

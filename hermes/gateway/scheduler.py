@@ -287,7 +287,11 @@ class LiveScheduler:
         self._t0_mono = time.monotonic()
         self.kb = kb if kb is not None else _open_kb(config.stores.kb, config.stores.state_dir)
         self.pool = self._build_pool()
-        self.policy: SchedulingPolicy = make_policy(sc.policy, estimators=self.pool, seed=sc.seed)
+        # the policy samples through a memo of identical run states (hermes.gateway.sample_cache)
+        from hermes.gateway.sample_cache import CachingEstimatorPool
+
+        policy_pool = CachingEstimatorPool(self.pool) if self.pool is not None else None
+        self.policy: SchedulingPolicy = make_policy(sc.policy, estimators=policy_pool, seed=sc.seed)
         self.runs: dict[str, LiveRun] = {}
         self._finished_order: OrderedDict[str, None] = OrderedDict()
         self.requests: dict[str, PendingRequest] = {}
@@ -892,6 +896,9 @@ class LiveScheduler:
 
     # ------------------------------------------------------------------ ranks -> keys
     def _rekey_run(self, run: LiveRun, now: float) -> None:
+        if self.policy.dynamic_keys:  # keys read shared state (VTC's tenant counters): all of them
+            self.rekey_all()
+            return
         changes: dict[str, dict[str, list[float]]] = {}
         for req in run.pending.values():
             self._recompute(req, now, changes)

@@ -1,8 +1,10 @@
-"""The scheduler with HermesLets as separate processes over TCP (no embedded node)."""
+"""The scheduler with two HermesLets as separate processes over TCP (no embedded node):
+50 concurrent runs, each run's units and tokens accounted for exactly."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import subprocess
 import sys
@@ -13,6 +15,7 @@ import httpx
 from hermes.gateway.server import gateway_state
 
 MODEL = "remote-model"
+N_RUNS = 50
 
 
 def _free_port() -> int:
@@ -47,7 +50,7 @@ def test_two_remote_nodes_over_tcp_share_the_load(make_gateway) -> None:  # noqa
                         assert r.status_code == 200, r.text
                     return (await http.post(f"/v1/runs/{run_id}/finish")).json()
 
-                return await asyncio.gather(*(one(i) for i in range(20)))
+                return await asyncio.gather(*(one(i) for i in range(N_RUNS)))
 
         runs = asyncio.run(scenario())
     finally:
@@ -55,11 +58,27 @@ def test_two_remote_nodes_over_tcp_share_the_load(make_gateway) -> None:  # noqa
             p.terminate()
         for p in procs:
             p.wait(10)
+    sched.flush_learning()
+    records = {}
+    for line in sched.records_path.read_text().splitlines():
+        rec = json.loads(line)
+        records[rec["run_id"]] = rec
+    assert len({run["run_id"] for run in runs}) == N_RUNS
     for i, run in enumerate(runs):
         assert run["state"] == "finished"
         assert [u["unit"] for u in run["units"]] == ["a", "b"]
+        assert [len(u["requests"]) for u in run["units"]] == [1, 1]
         assert [u["requests"][0]["output_tokens"] for u in run["units"]] == [2 + i % 3, 1 + i % 5]
         assert all(u["requests"][0]["input_tokens"] == 2 for u in run["units"])
+        assert all(u["requests"][0]["state"] == "done" for u in run["units"])
+        # the scheduler's account of the run: every token of both requests, once
+        assert run["attained_tokens"] == 2 + (2 + i % 3) + 2 + (1 + i % 5)
+        assert run["pending_requests"] == 0
+        # and its run record (what the PDGraph learns from) says the same
+        rec = records[run["run_id"]]
+        assert [(u["unit"], [(r["input_tokens"], r["output_tokens"]) for r in u["requests"]])
+                for u in rec["units"]] == [("a", [(2, 2 + i % 3)]), ("b", [(2, 1 + i % 5)])]
+    assert len(records) == N_RUNS
     assert sched.requests == {}
     used = {u["requests"][0]["node"] for run in runs for u in run["units"]}
     assert used == {"n0", "n1"}  # dispatch spread the load over both nodes

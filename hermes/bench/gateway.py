@@ -1,0 +1,172 @@
+"""``hermes bench gateway``: what the gateway adds on top of the engine server it fronts.
+
+In one run, against the same engine server process (``hermeslet sim-engine``, time-scaled so
+far that its service time is ~0 and the overhead is what is left):
+
+- **direct**: ``requests`` completions straight to the engine server;
+- **gateway**: the same requests through a ``hermes serve`` process (its own process: the
+  FastAPI app, the scheduler and the embedded HermesLet with an ``openai`` engine adapter
+  pointing at the engine server), no Hermes headers (each request is a one-unit run of app
+  ``default``: created, ranked, dispatched, recorded and learned from).
+
+Both phases use the same client (httpx, ``concurrency`` requests in flight, keep-alive).
+Rows: ``{path, policy, concurrency, requests, p50_ms, p99_ms, req_per_s, added_p50_ms,
+added_p99_ms}``; ``added_*`` = gateway minus direct, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+MODEL = "sim-bench"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise OSError(f"{proc.args[:4]} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise OSError(f"{url} not ready after {timeout:.0f} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+async def _drive(url: str, n: int, concurrency: int, headers: dict[str, str] | None = None,
+                 progress: Any = None) -> tuple[np.ndarray, float, int]:
+    """``n`` completions with ``concurrency`` in flight: (latencies s, wall s, errors)."""
+    lat: list[float] = []
+    errors = 0
+    body = {"model": MODEL, "prompt": "hello gateway", "max_tokens": 1}
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=60.0, limits=limits) as http:
+        todo = iter(range(n))
+
+        async def worker() -> None:
+            nonlocal errors
+            for _ in todo:
+                t0 = time.perf_counter()
+                r = await http.post("/v1/completions", json=body, headers=headers)
+                dt = time.perf_counter() - t0
+                if r.status_code != 200:
+                    errors += 1
+                    continue
+                lat.append(dt)
+                if progress is not None:
+                    progress.update(1)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return np.array(lat), wall, errors
+
+
+def _row(path: str, policy: str, concurrency: int, lat: np.ndarray, wall: float,
+         errors: int) -> dict[str, Any]:
+    return {
+        "path": path,
+        "policy": policy,
+        "concurrency": concurrency,
+        "requests": int(lat.size),
+        "errors": errors,
+        "p50_ms": float(np.percentile(lat, 50) * 1e3) if lat.size else float("nan"),
+        "p99_ms": float(np.percentile(lat, 99) * 1e3) if lat.size else float("nan"),
+        "req_per_s": float(lat.size / wall) if wall > 0 else float("nan"),
+    }
+
+
+def bench_gateway(
+    requests: int = 2000,
+    concurrency: int = 32,
+    policies: tuple[str, ...] = ("hermes", "vllm"),
+    *,
+    warmup: int = 200,
+    engine_time_scale: float = 1e6,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Direct vs through-the-gateway latency and throughput; one gateway process per policy."""
+    from tqdm import tqdm
+
+    if requests < 1 or concurrency < 1:
+        raise ValueError("--requests and --concurrency must be >= 1")
+    py = sys.executable
+    eport = _free_port()
+    eng = subprocess.Popen(
+        [py, "-m", "hermeslet.cli", "sim-engine", "--port", str(eport), "--model", MODEL,
+         "--time-scale", str(engine_time_scale), "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    rows: list[dict[str, Any]] = []
+    bar = tqdm(total=(1 + len(policies)) * (requests + warmup), desc="requests",
+               file=sys.stderr, disable=not progress)
+    try:
+        engine_url = f"http://127.0.0.1:{eport}"
+        _wait_http(engine_url + "/health", eng)
+        asyncio.run(_drive(engine_url, warmup, concurrency, progress=bar))
+        lat, wall, err = asyncio.run(_drive(engine_url, requests, concurrency, progress=bar))
+        direct = _row("direct", "-", concurrency, lat, wall, err)
+        rows.append(direct)
+        for policy in policies:
+            rows.append(_through_gateway(engine_url, policy, requests, warmup, concurrency, bar))
+    finally:
+        bar.close()
+        _stop(eng)
+    for r in rows:
+        r["added_p50_ms"] = r["p50_ms"] - direct["p50_ms"]
+        r["added_p99_ms"] = r["p99_ms"] - direct["p99_ms"]
+    return rows
+
+
+def _through_gateway(engine_url: str, policy: str, requests: int, warmup: int,
+                     concurrency: int, bar: Any) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="hermes-bench-gw-") as tmp:
+        cfg = Path(tmp) / "hermes.toml"
+        gport = _free_port()
+        cfg.write_text(
+            f'[server]\nhost = "127.0.0.1"\nport = {gport}\nlog_level = "warning"\n'
+            f'[scheduler]\npolicy = "{policy}"\nbind = ""\n'
+            f'[stores]\nstate_dir = "{tmp}/state"\nkb = "{tmp}/kb"\n'
+            f'[[engines]]\nname = "e0"\nkind = "openai"\nurl = "{engine_url}"\n'
+            f'model = "{MODEL}"\nmax_inflight = {max(64, 2 * concurrency)}\n'
+        )
+        gw = subprocess.Popen([sys.executable, "-m", "hermes.cli", "serve", "--config", str(cfg)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            url = f"http://127.0.0.1:{gport}"
+            _wait_http(url + "/healthz", gw)
+            asyncio.run(_drive(url, warmup, concurrency, progress=bar))
+            lat, wall, err = asyncio.run(_drive(url, requests, concurrency, progress=bar))
+        finally:
+            _stop(gw)
+    return _row("gateway", policy, concurrency, lat, wall, err)
