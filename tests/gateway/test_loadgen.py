@@ -18,9 +18,11 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def test_load_runs_every_app_step_through_the_gateway(make_gateway) -> None:  # noqa: ANN001
-    srv = make_gateway(time_scale=50.0)
+    # time scale 20: a 0.1 s wall hiccup of a loaded machine is 2 model seconds, which the
+    # client-vs-server ACT comparison below tolerates (at 50 it was not, under load)
+    srv = make_gateway(time_scale=20.0)
     row, arrivals, outcomes = asyncio.run(load(srv.url, apps=8, window_min=0.5, seed=3,
-                                               time_scale=50.0, progress=False))
+                                               time_scale=20.0, progress=False))
     assert row["runs"] == 8 and row["failed"] == 0, [o.error for o in outcomes]
     assert row["policy"] == "hermes"
     for a, o in zip(arrivals, outcomes, strict=True):

@@ -61,7 +61,8 @@ async def test_lora_and_prefix_prewarm_on_vllm(tiny_with_adapters):
     base, paths = tiny_with_adapters
     engine = VLLMEngine(model=base, served_model_name="tiny", python=VLLM_PY, enable_lora=True,
                         max_loras=2, max_lora_rank=8, startup_timeout_s=600,
-                        extra_args=["--max-model-len", "512", "--enable-prefix-caching"])
+                        extra_args=["--max-model-len", "1024", "--enable-prefix-caching",
+                                    "--gpu-memory-utilization", "0.1"])
     await engine.start()
     try:
         url = engine.url
@@ -78,7 +79,7 @@ async def test_lora_and_prefix_prewarm_on_vllm(tiny_with_adapters):
             models = {m["id"] for m in (await http.get(url + "/v1/models")).json()["data"]}
             assert {"a1", "a2"} <= models and "a0" not in models
             # KV prefix: a prefill-only request makes the unit's request hit the cache
-            system = "the lazy dog jumps over the quick brown fox " * 12
+            system = "the lazy dog jumps over the quick brown fox " * 30  # several KV blocks (CPU block: 128)
             kv = KVPrefixPrewarmer(url, "tiny")
             h0 = _hits(url)
             await kv.warm(system)
