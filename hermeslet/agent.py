@@ -68,6 +68,7 @@ class HermesLet:
         heartbeat_s: float = 1.0,
         priority_scale: float = 1000.0,
         release_log: Callable[[str, str], None] | None = None,
+        curve_keys: tuple[str, str] | None = None,
     ) -> None:
         if not engines:
             raise ValueError("a HermesLet needs at least one engine")
@@ -86,6 +87,8 @@ class HermesLet:
         self.heartbeat_s = heartbeat_s
         self.priority_scale = priority_scale
         self.release_log = release_log
+        #: (node secret key file, server public key file): connect with ZeroMQ CURVE
+        self.curve_keys = curve_keys
         self.sock: zmq.asyncio.Socket | None = None
         self._stop = asyncio.Event()
         self._started = asyncio.Event()
@@ -131,6 +134,10 @@ class HermesLet:
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, self.node.encode())
         sock.setsockopt(zmq.LINGER, 0)
+        if self.curve_keys is not None:
+            from hermes.security.curve import secure_client
+
+            secure_client(sock, *self.curve_keys)
         sock.connect(self.address)
         self.sock = sock
         tasks: list[asyncio.Task] = []

@@ -45,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="run docker:IMAGE tools in Docker (optional daemon URL)")
     r.add_argument("--tool-concurrency", type=int, default=2)
     r.add_argument("--heartbeat-s", type=float, default=1.0)
+    r.add_argument("--curve-key", dest="curve_key",
+                   help="this node's CURVE secret key (hermes keys curve: nodes/NAME.key_secret)")
+    r.add_argument("--curve-server-key", dest="curve_server_key",
+                   help="the scheduler's CURVE public key (server.key)")
 
     s = sub.add_parser("sim-engine", help="serve the simulated engine (vLLM HTTP surface)")
     s.add_argument("--port", type=int, required=True)
@@ -87,7 +91,8 @@ def build_agent(args: argparse.Namespace):  # noqa: ANN201
     docker = DockerSandbox(base_url=args.docker or None) if args.docker is not None else None
     return HermesLet(args.node, args.scheduler, engines,
                      tools=ToolRunner(docker=docker), tool_concurrency=args.tool_concurrency,
-                     heartbeat_s=args.heartbeat_s)
+                     heartbeat_s=args.heartbeat_s,
+                     curve_keys=(args.curve_key, args.curve_server_key) if args.curve_key else None)
 
 
 async def _run_agent(args: argparse.Namespace) -> None:

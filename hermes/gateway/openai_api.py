@@ -27,6 +27,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hermes.gateway.auth import tenant_for
 from hermes.gateway.scheduler import (
     LiveRun,
     LiveScheduler,
@@ -112,8 +113,9 @@ async def _bind_run(sched: LiveScheduler, request: Request) -> tuple[LiveRun, st
         return sched.active_run(run_id), unit
     app = h.get(APP_HEADER)
     if app:
-        return sched.create_run(app, tenant=h.get("X-Hermes-Tenant")), unit
-    return sched.create_run(DEFAULT_APP, tenant=h.get("X-Hermes-Tenant"), auto_finish=True), unit
+        return sched.create_run(app, tenant=tenant_for(request, h.get("X-Hermes-Tenant"))), unit
+    return sched.create_run(DEFAULT_APP, tenant=tenant_for(request, h.get("X-Hermes-Tenant")),
+                            auto_finish=True), unit
 
 
 async def _parse(request: Request, cls: type[_Body]) -> _Body | JSONResponse:

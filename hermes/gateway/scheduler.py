@@ -48,6 +48,7 @@ from hermes.core.ordering import policy_key
 from hermes.core.policies.base import SchedulingPolicy, make_policy, policy_class
 from hermes.core.records import RequestRecord, RunRecord, UnitRecord
 from hermes.core.state import RequestView, RunState, UnitObservation
+from hermes.gateway.auth import visible
 from hermes.gateway.config import GatewayConfig
 from hermes.protocol import (
     Cancel,
@@ -334,6 +335,11 @@ class LiveScheduler:
         sock = self.context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting node takes over its identity
+        self._zap = None
+        if self.config.security.curve_dir:  # CURVE: only nodes with an authorized key get in
+            from hermes.security.curve import secure_server
+
+            self._zap = secure_server(sock, self.context, self.config.security.curve_dir)
         sock.bind(self.inproc_address)
         if self.config.scheduler.bind:
             sock.bind(self.config.scheduler.bind)
@@ -360,6 +366,9 @@ class LiveScheduler:
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
+        if getattr(self, "_zap", None) is not None:
+            self._zap.stop()
+            self._zap = None
         try:
             self.flush_learning()
         except Exception:
@@ -412,7 +421,7 @@ class LiveScheduler:
 
     def get_run(self, run_id: str) -> LiveRun:
         run = self.runs.get(run_id)
-        if run is None:
+        if run is None or not visible(run.state.tenant):  # other tenants' runs: 404
             raise RunNotFound(f"run {run_id!r} not found")
         return run
 
