@@ -112,6 +112,7 @@ class HermesLet:
             ],
             tools=self.tools.kinds,
             version=P.PROTOCOL_VERSION,
+            holding=self.holding(),
         )
 
     def heartbeat(self) -> P.Heartbeat:
@@ -125,7 +126,23 @@ class HermesLet:
             time=time.time(),
             tools_queued=len(self.tool_queue),
             tools_running=len(self.tool_tasks),
+            holding=self.holding(),
         )
+
+    def holding(self) -> dict[str, str]:
+        """Request ids this node holds, queued or in flight (so that a restarted scheduler, or
+        one deciding what to re-dispatch, knows what is where)."""
+        held: dict[str, str] = {}
+        for s in self.slots.values():
+            for q in s.queue.items():
+                held[q.msg.request_id] = "queued"
+            for rid in s.inflight:
+                held[rid] = "inflight"
+        for q in self.tool_queue.items():
+            held[q.msg.request_id] = "queued"
+        for rid in self.tool_tasks:
+            held[rid] = "inflight"
+        return held
 
     async def run(self) -> None:
         """Start engines, connect, serve until :meth:`stop`; then abort work and close."""

@@ -67,6 +67,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
             node_task = asyncio.create_task(agent.run(), name="hermeslet-embedded")
             app.state.node = agent
             await sched.wait_for_nodes(30.0)
+        sched.durable.recover(app.state.hosted, config)  # resume or fail stored runs (issue 7)
         try:
             yield
         finally:

@@ -306,6 +306,9 @@ class LiveScheduler:
         state_dir.mkdir(parents=True, exist_ok=True)
         self.records_path = state_dir / "records.jsonl"
         self.stats = {"runs_finished": 0, "records_written": 0, "rekeys_sent": 0}
+        from hermes.gateway.durable import attach
+
+        self.durable = attach(self)  # durable run state, recovery, node faults (issue 7)
 
     # ------------------------------------------------------------------ lifecycle
     def _build_pool(self) -> Any | None:
@@ -373,6 +376,7 @@ class LiveScheduler:
             self.flush_learning()
         except Exception:
             log.exception("final knowledge-base flush failed")
+        self.durable.close()
         if self._records_fh is not None:
             self._records_fh.close()
             self._records_fh = None
@@ -417,6 +421,7 @@ class LiveScheduler:
         run = LiveRun(state=state, hosted=hosted, auto_finish=auto_finish, input=input)
         self.runs[rid] = run
         self.policy.on_arrival(state, now)
+        self.durable.run_created(run)  # committed before the run is acknowledged
         return run
 
     def get_run(self, run_id: str) -> LiveRun:
@@ -446,6 +451,7 @@ class LiveScheduler:
         self.policy.on_finish(run.state, now)
         self._retire(run)
         self.stats["runs_finished"] += 1
+        self.durable.run_ended(run)
         if run.units:
             self._learn(self._record(run))
         return run
@@ -464,6 +470,7 @@ class LiveScheduler:
         run.state.finished = now
         self.policy.on_finish(run.state, now)
         self._retire(run)
+        self.durable.run_ended(run)
 
     def cancel_run(self, run_id: str) -> LiveRun:
         """Cancel: queued requests are dropped and in-flight ones aborted at the engines."""
@@ -481,6 +488,7 @@ class LiveScheduler:
         if run.task is not None and not run.task.done():
             run.task.cancel()
         self._retire(run)
+        self.durable.run_ended(run)
         return run
 
     def _retire(self, run: LiveRun) -> None:
@@ -579,6 +587,8 @@ class LiveScheduler:
         st.end_unit(obs, run.open[-1].unit if run.open else None)
         self.policy.on_unit_finish(st, obs, now)
         self._rekey_run(run, now)
+        if run.status in ACTIVE:
+            self.durable.run_progress(run)
 
     # ------------------------------------------------------------------ service accounting
     def _credit(self, run: LiveRun, seconds: float, tokens: int, now: float) -> None:
@@ -865,7 +875,14 @@ class LiveScheduler:
                 elif req.kind == "tool":
                     node.tools_outstanding = max(0, node.tools_outstanding - 1)
             exclude = {req.node} if req.node and len(self.nodes) > 1 else set()
-            (self._send_llm if req.kind == "llm" else self._send_tool)(req, exclude)
+            resend = self._send_llm if req.kind == "llm" else self._send_tool
+            delay = min(2.0, 0.1 * 2 ** (req.retries - 1))  # backoff: 0.1, 0.2, 0.4 ... 2 s
+
+            def _retry() -> None:
+                if req.request_id in self.requests:  # not cancelled meanwhile
+                    resend(req, exclude)
+
+            asyncio.get_running_loop().call_later(delay, _retry)
             return
         exc = RequestFailed(msg.error)
         if msg.status is not None and 400 <= msg.status < 500:
@@ -939,6 +956,10 @@ class LiveScheduler:
             node.last_seen = time.monotonic()
         elif not isinstance(msg, Hello):  # a node we do not know (we restarted): ask again
             self._send_raw(identity, Resync())
+        if isinstance(msg, Done | ToolDone) and msg.request_id not in self.requests:
+            self.durable.on_orphan(msg)  # a result from before a restart (issue 7)
+        elif isinstance(msg, Hello | Heartbeat) and msg.holding is not None:
+            self.durable.on_holding(msg.node, msg.holding)
         if isinstance(msg, Done):
             self._on_done(msg)
         elif isinstance(msg, Token):
@@ -1004,10 +1025,7 @@ class LiveScheduler:
                 continue
             log.warning("node %s silent for %.0f s: resubmitting its requests", name, NODE_TIMEOUT_S)
             del self.nodes[name]
-            for req in list(self.requests.values()):
-                if req.node == name:
-                    req.node = None
-                    (self._send_llm if req.kind == "llm" else self._send_tool)(req)
+            self.durable.redispatch(name)  # queued: elsewhere; in flight: retried once or failed
         if not self.nodes:
             self._node_ready.clear()
 
