@@ -43,6 +43,7 @@ UNIT_HEADER = "X-Hermes-Unit"
 APP_HEADER = "X-Hermes-App"
 DEFAULT_APP = "default"
 DEFAULT_UNIT = "default"
+MAX_TOKENS = 131_072  # upper bound of max_tokens (longer is a client error, not a long job)
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                 409: "conflict_error", 422: "invalid_request_error", 429: "rate_limit_error",
@@ -77,7 +78,7 @@ class _Body(BaseModel):
     model: str = Field(min_length=1)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     n: Literal[1] = 1
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
@@ -92,7 +93,7 @@ class ChatMessage(BaseModel):
 
 class ChatBody(_Body):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
 
 
 class CompletionBody(_Body):

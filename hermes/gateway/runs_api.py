@@ -211,11 +211,25 @@ async def list_apps(request: Request) -> dict[str, Any]:
                      for n in names]}
 
 
+def _bad_app_name(name: str) -> Response | None:
+    """422 naming the app when its name could not be a knowledge-base key."""
+    from hermes.kb.base import validate_app_name
+
+    try:
+        validate_app_name(name)
+    except ValueError as e:
+        return error_response(422, f"name: {e}", param="name", code="invalid_value")
+    return None
+
+
 @router.get("/v1/apps/{name}", tags=["apps"])
 async def get_app(name: str, request: Request) -> Response:
     """An app's PDGraph summary (units, branch probabilities, mean demand, masks)."""
     sched = _sched(request)
     reg = _registry(request)
+    bad = _bad_app_name(name)
+    if bad is not None:
+        return bad
     graph = sched.app_graph(name)
     app = reg.get(name)
     if graph is None and app is None:
@@ -235,6 +249,9 @@ async def put_app(name: str, request: Request) -> Response:
     from hermes.core.pdgraph import PDGraph, PDGraphError
 
     sched = _sched(request)
+    bad = _bad_app_name(name)
+    if bad is not None:
+        return bad
     raw = await request.body()
     try:
         graph = PDGraph.from_json(raw, source=f"upload of {name!r}")
