@@ -1,0 +1,144 @@
+"""Node and engine faults with real servers on loopback: engine errors retried with backoff, a
+slow engine does not block the gateway's event loop, a client that disconnects mid-stream frees
+its engine slot."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from gw_procs import free_port
+
+from hermes.gateway.server import gateway_state
+
+
+class FakeEngine:
+    """An OpenAI-compatible server on loopback: fails the first ``fail_first`` completions
+    with 503, then answers after ``delay_s`` (an asyncio sleep: a slow engine, not a stuck
+    gateway)."""
+
+    def __init__(self, fail_first: int = 0, delay_s: float = 0.0) -> None:
+        self.fail_first, self.delay_s = fail_first, delay_s
+        self.calls: list[float] = []
+        app = FastAPI()
+
+        @app.get("/v1/models")
+        async def models() -> dict:
+            return {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
+
+        @app.post("/v1/completions")
+        async def completions() -> JSONResponse:
+            self.calls.append(time.monotonic())
+            if len(self.calls) <= self.fail_first:
+                return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
+            await asyncio.sleep(self.delay_s)
+            return JSONResponse({"id": "c", "object": "text_completion", "model": "fake-model",
+                                 "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
+                                 "usage": {"prompt_tokens": 3, "completion_tokens": 1,
+                                           "total_tokens": 4}})
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                    log_level="error", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> FakeEngine:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(5)
+
+
+@pytest.fixture
+def flaky() -> Iterator[FakeEngine]:
+    with FakeEngine(fail_first=2) as e:
+        yield e
+
+
+@pytest.fixture
+def slow() -> Iterator[FakeEngine]:
+    with FakeEngine(delay_s=2.0) as e:
+        yield e
+
+
+def _engine(e: FakeEngine) -> list[dict]:
+    return [{"name": "fake", "kind": "openai", "url": e.url, "model": "fake-model", "max_inflight": 8}]
+
+
+def test_engine_errors_are_retried_with_backoff(make_gateway, flaky: FakeEngine) -> None:  # noqa: ANN001
+    srv = make_gateway(engines=_engine(flaky), time_scale=1.0)
+    r = httpx.post(srv.url + "/v1/completions", timeout=30,
+                   json={"model": "fake-model", "prompt": "hi", "max_tokens": 1})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "ok"
+    assert len(flaky.calls) == 3  # two 503s, then the answer
+    gaps = [b - a for a, b in zip(flaky.calls, flaky.calls[1:], strict=False)]
+    assert gaps[0] >= 0.09 and gaps[1] >= 0.19, gaps  # 0.1 s, then 0.2 s
+    # more failures than retries: a clear error, not a hang
+    flaky.fail_first, flaky.calls = 10, []
+    r = httpx.post(srv.url + "/v1/completions", timeout=30,
+                   json={"model": "fake-model", "prompt": "hi", "max_tokens": 1})
+    assert r.status_code == 502 and "503" in r.json()["error"]["message"]
+    assert len(flaky.calls) == 3  # max_retries = 2
+
+
+def test_a_slow_engine_does_not_block_the_event_loop(make_gateway, slow: FakeEngine) -> None:  # noqa: ANN001
+    srv = make_gateway(engines=_engine(slow), time_scale=1.0)
+
+    async def scenario() -> tuple[list[int], list[float]]:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as http:
+            reqs = [asyncio.create_task(http.post("/v1/completions", json={
+                "model": "fake-model", "prompt": "hi", "max_tokens": 1})) for _ in range(6)]
+            await asyncio.sleep(0.3)
+            lat = []
+            for _ in range(10):
+                t0 = time.monotonic()
+                assert (await http.get("/healthz")).status_code == 200
+                lat.append(time.monotonic() - t0)
+                await asyncio.sleep(0.05)
+            assert not any(t.done() for t in reqs)  # all still at the slow engine
+            return [(await t).status_code for t in reqs], lat
+
+    codes, lat = asyncio.run(scenario())
+    assert codes == [200] * 6
+    assert max(lat) < 0.25, lat
+
+
+def test_client_disconnect_mid_stream_frees_the_engine_slot(make_gateway) -> None:  # noqa: ANN001
+    srv = make_gateway(time_scale=2.0)
+    st = gateway_state(srv)
+    sched, node = st.scheduler, st.node
+    slot = next(iter(node.slots.values()))
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        with http.stream("POST", "/v1/completions", json={
+                "model": "llama-2-7b", "prompt": "tell me a long story", "max_tokens": 4000,
+                "stream": True}) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(6)]
+            assert any(g.startswith("data: ") for g in got)
+            assert len(slot.inflight) == 1 and len(sched.requests) == 1
+        # the client closed the connection: the request leaves the engine
+        deadline = time.monotonic() + 5
+        while slot.inflight or sched.requests:
+            assert time.monotonic() < deadline, (slot.inflight, sched.requests)
+            time.sleep(0.05)
+        run = http.get("/v1/runs").json()["runs"][0]
+        assert run["state"] == "failed"
+        assert "disconnected" in http.get(f"/v1/runs/{run['run_id']}").json()["error"]
