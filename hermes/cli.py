@@ -197,6 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_bench_parsers(bsub)
+    from hermes.bench.soak import add_soak_parser
+
+    add_soak_parser(bsub)
     try:
         from hermes.admin import add_admin_parsers
     except ImportError:

@@ -78,6 +78,14 @@ class RunStore(ABC):
     @abstractmethod
     def calls(self, run_id: str) -> dict[int, dict[str, Any]]: ...
 
+    @abstractmethod
+    def drop_calls(self, run_id: str) -> None:
+        """Forget a run's call journal (it ended: nothing will replay it)."""
+
+    @abstractmethod
+    def prune_ended(self, keep: int) -> int:
+        """Delete all but the newest ``keep`` ended runs; returns how many were deleted."""
+
     def close(self) -> None:  # noqa: B027 - optional
         pass
 
@@ -117,6 +125,18 @@ class SqliteRunStore(RunStore):
             self.db.execute("INSERT OR REPLACE INTO calls(run_id, seq, doc) VALUES (?, ?, ?)",
                             (run_id, seq, json.dumps(entry, default=str)))
 
+    def drop_calls(self, run_id: str) -> None:
+        with self._lock:
+            self.db.execute("DELETE FROM calls WHERE run_id = ?", (run_id,))
+
+    def prune_ended(self, keep: int) -> int:
+        with self._lock:
+            cur = self.db.execute(
+                "DELETE FROM runs WHERE status IN ('finished', 'failed', 'cancelled') AND seq < "
+                "COALESCE((SELECT seq FROM runs WHERE status IN ('finished', 'failed', 'cancelled')"
+                " ORDER BY seq DESC LIMIT 1 OFFSET ?), -1)", (max(0, keep - 1),))
+            return cur.rowcount
+
     def runs(self) -> list[dict[str, Any]]:
         with self._lock:
             rows = self.db.execute("SELECT doc FROM runs ORDER BY seq").fetchall()
@@ -155,6 +175,20 @@ class RedisRunStore(RunStore):
 
     def put_call(self, run_id: str, seq: int, entry: dict[str, Any]) -> None:
         self.r.hset(f"{self.p}calls:{run_id}", str(seq), json.dumps(entry, default=str))
+
+    def drop_calls(self, run_id: str) -> None:
+        self.r.delete(f"{self.p}calls:{run_id}")
+
+    def prune_ended(self, keep: int) -> int:
+        docs = self.runs()
+        ended = [d["run_id"] for d in docs if d.get("status") in TERMINAL]
+        old = ended[: max(0, len(ended) - keep)]
+        if old:
+            pipe = self.r.pipeline()
+            pipe.hdel(self.p + "runs", *old)
+            pipe.zrem(self.p + "order", *old)
+            pipe.execute()
+        return len(old)
 
     def runs(self) -> list[dict[str, Any]]:
         ids = self.r.zrange(self.p + "order", 0, -1)
@@ -247,6 +281,7 @@ class DurableState:
                            "orphans_cancelled": 0})
         self._write_errors = 0
         self._restoring = False
+        self._ended = 0
 
     # ------------------------------------------------------------------ writes
     def _put(self, run: LiveRun) -> None:
@@ -266,6 +301,16 @@ class DurableState:
 
     def run_ended(self, run: LiveRun) -> None:
         self._put(run)
+        if self.store is None:
+            return
+        try:
+            if run.hosted:
+                self.store.drop_calls(run.run_id)
+            self._ended += 1
+            if self._ended % 1000 == 0:  # bounded on disk like the finished runs in memory
+                self.store.prune_ended(self.sched.config.scheduler.keep_finished_runs)
+        except Exception:
+            log.exception("durable cleanup after run %s failed", run.run_id)
 
     def call(self, run: LiveRun, seq: int, entry: dict[str, Any]) -> None:
         if self.store is None:
@@ -300,6 +345,8 @@ class DurableState:
 
         sched = self.sched
         self.start_monitor()
+        if self.store is not None:
+            self.store.prune_ended(sched.config.scheduler.keep_finished_runs)
         docs = self.store.runs() if self.store is not None else []
         if not docs:
             self.recovered_ready.set()

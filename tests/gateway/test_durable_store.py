@@ -60,6 +60,12 @@ def test_store_round_trip(kind: str, tmp_path: Path, request: pytest.FixtureRequ
     assert [(d["run_id"], d["status"]) for d in store.runs()] == [("a", "finished"), ("b", "queued")]
     assert store.calls("b") == {0: {"state": "done"}, 1: {"state": "sent"}}
     assert store.calls("a") == {}
+    store.drop_calls("b")
+    assert store.calls("b") == {}
+    for i in range(5):
+        store.put_run(f"e{i}", "failed", {"run_id": f"e{i}", "submitted": 3.0 + i, "status": "failed"})
+    assert store.prune_ended(2) == 4  # a, e0, e1, e2
+    assert [d["run_id"] for d in store.runs()] == ["b", "e3", "e4"]
     store.close()
 
 
