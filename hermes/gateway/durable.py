@@ -24,8 +24,9 @@ Recovery (:meth:`DurableState.recover`, when the gateway starts):
   are not replay-safe; the benchmark apps are;
 - client-driven runs keep their closed units and stay active (the client may continue with
   ``X-Hermes-Run``; idle ones finish after ``run_idle_timeout_s``); requests that were in
-  flight are lost with the client's connection, and a one-request run (no headers) that was in
-  flight is failed with a reason;
+  flight are lost with the client's connection. A one-request run (an OpenAI request without
+  headers) is stored only when it ends: one write instead of three on the hot path; if the
+  gateway dies first, its client sees the connection drop, so it was never acknowledged;
 - HermesLets reconnect by themselves: the scheduler answers their first message with
   ``resync``, they say ``hello`` with the request ids they hold (``holding``), and what no
   recovered run claims within ``recovery_grace_s`` is cancelled at the node, freeing its slot.
@@ -294,10 +295,12 @@ class DurableState:
             log.exception("durable write of run %s failed", run.run_id)
 
     def run_created(self, run: LiveRun) -> None:
-        self._put(run)
+        if not run.auto_finish:  # one-request runs: stored when they end (see the module doc)
+            self._put(run)
 
     def run_progress(self, run: LiveRun) -> None:
-        self._put(run)
+        if not run.auto_finish:
+            self._put(run)
 
     def run_ended(self, run: LiveRun) -> None:
         self._put(run)

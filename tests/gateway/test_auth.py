@@ -7,11 +7,14 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from fastapi import Depends, FastAPI
+from gw_redis import redis_url  # noqa: F401  (fixture)
 
 from hermes.gateway.auth import (
     AuthError,
@@ -170,3 +173,18 @@ def test_admin_token_dependency(monkeypatch: pytest.MonkeyPatch) -> None:
     assert asyncio.run(call({"Authorization": "Bearer wrong"})) == 401
     assert asyncio.run(call({"Authorization": "Bearer s3cret-token"})) == 200
     assert asyncio.run(call({"X-Admin-Token": "s3cret-token"})) == 200
+
+
+def test_redis_key_store(redis_url: str) -> None:  # noqa: F811
+    from hermes.gateway.auth import Authenticator, RedisKeyStore
+
+    store = RedisKeyStore(redis_url, prefix=f"t{time.time()}:")
+    key = store.create("acme")
+    raw = "".join(redis.Redis.from_url(redis_url, decode_responses=True).hvals(store.prefix + "keys"))
+    assert key.split(".", 1)[1] not in raw and "scrypt$" in raw
+    auth = Authenticator(store)
+    assert auth.tenant_of(key) == "acme" and auth.tenant_of(key + "x") is None
+    store.set_limits("acme", {"rate": 5})
+    assert store.tenant_limits()["acme"].rate == 5
+    assert store.revoke(key.split(".")[0][3:])
+    assert auth.tenant_of(key) is None  # revoked: cached or not
