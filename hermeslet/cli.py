@@ -106,6 +106,10 @@ async def _run_agent(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.cmd == "run" and bool(getattr(args, "curve_key", None)) != bool(
+            getattr(args, "curve_server_key", None)):
+        print("hermeslet: give both --curve-key and --curve-server-key (or neither)", file=sys.stderr)
+        return 2
     if args.cmd == "run":
         try:
             asyncio.run(_run_agent(args))
