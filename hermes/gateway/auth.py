@@ -368,14 +368,21 @@ class Security:
             self.admission.per_tenant = self.store.tenant_limits()
 
 
-def build_security(config: Any) -> Security:
-    """The gateway's :class:`Security`; refuses to serve off loopback without authentication."""
+def check_exposure(config: Any) -> None:
+    """Refuse (:class:`AuthError`) to serve off loopback without authentication; called
+    before the listening socket is bound."""
     sec = config.security
-    store = open_key_store(sec.auth_file, sec.auth_redis)
-    if store is None and not is_loopback(config.server.host):
+    if not (sec.auth_file or sec.auth_redis) and not is_loopback(config.server.host):
         raise AuthError(
             f"refusing to serve on {config.server.host} without authentication: give "
             "--auth-file FILE (keys from `hermes keys create`) or security.auth_redis")
+
+
+def build_security(config: Any) -> Security:
+    """The gateway's :class:`Security`; refuses to serve off loopback without authentication."""
+    check_exposure(config)
+    sec = config.security
+    store = open_key_store(sec.auth_file, sec.auth_redis)
     default = TenantLimits(rate=sec.tenant_rate or None, burst=sec.tenant_burst or None,
                            max_concurrent=sec.tenant_max_concurrent or None,
                            max_active_runs=sec.tenant_max_active_runs or None)

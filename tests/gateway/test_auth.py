@@ -153,6 +153,10 @@ def test_serving_off_loopback_without_auth_is_refused(tmp_path: Path) -> None:
     assert build_security(load_config(None, environ={}, host="0.0.0.0",
                                       auth_file=str(tmp_path / "a.json"))).auth_on
     assert not build_security(load_config(None, environ={})).auth_on  # loopback: off by default
+    # the CLI refuses before binding anything
+    r = subprocess.run([sys.executable, "-m", "hermes.cli", "serve", "--host", "0.0.0.0",
+                        "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "refusing to serve on 0.0.0.0" in r.stderr
 
 
 def test_admin_token_dependency(monkeypatch: pytest.MonkeyPatch) -> None:
