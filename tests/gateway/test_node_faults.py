@@ -142,3 +142,53 @@ def test_client_disconnect_mid_stream_frees_the_engine_slot(make_gateway) -> Non
         run = http.get("/v1/runs").json()["runs"][0]
         assert run["state"] == "failed"
         assert "disconnected" in http.get(f"/v1/runs/{run['run_id']}").json()["error"]
+
+
+def test_a_tool_call_on_a_dead_node_fails_clearly_and_is_not_rerun(make_gateway) -> None:  # noqa: ANN001
+    import subprocess
+    import sys
+
+    from gw_procs import kill
+
+    zport = free_port()
+    srv = make_gateway(bind=f"tcp://127.0.0.1:{zport}", embedded_node=False, time_scale=1.0)
+    sched = gateway_state(srv).scheduler
+    procs = {f"t{i}": subprocess.Popen(
+        [sys.executable, "-m", "hermeslet.cli", "run", "--scheduler", f"tcp://127.0.0.1:{zport}",
+         "--node", f"t{i}", "--engine", "sim", "--model", "m"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        for i in range(2)}
+    try:
+        deadline = time.monotonic() + 30
+        while len(sched.nodes) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+        async def scenario() -> httpx.Response:
+            async with httpx.AsyncClient(base_url=srv.url, timeout=60) as http:
+                rid = (await http.post("/v1/runs", json={"app": "tooly"})).json()["run_id"]
+                call = asyncio.create_task(http.post(f"/v1/runs/{rid}/tools", json={
+                    "unit": "exec", "backend": "docker:python:3.10-slim", "timeout_s": 30,
+                    "command": ["sleep", "8"]}))
+                while not sched.requests:
+                    assert not call.done(), call.result().text
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(1.5)  # running, and reported so by a heartbeat
+                node = next(iter(sched.requests.values())).node
+                kill(procs[node])
+                t0 = time.monotonic()
+                r = await call
+                assert time.monotonic() - t0 < 8  # detected by the disconnect, not a timeout
+                run = (await http.get(f"/v1/runs/{rid}")).json()
+                return r, run, node
+
+        r, run, node = asyncio.run(scenario())
+        assert r.status_code == 502
+        assert "not retried" in r.json()["error"]["message"]
+        # sent once, to the node that died; never re-dispatched to the other one
+        reqs = [q for u in run["units"] for q in u["requests"]]
+        assert [q["state"] for q in reqs] == ["failed"]
+        assert sched.requests == {} and len(sched.nodes) == 1 and node not in sched.nodes
+    finally:
+        for p in procs.values():
+            kill(p)
