@@ -7,14 +7,15 @@ over three kinds of work:
 
 - ``completion``: an OpenAI completion (a one-request run);
 - ``stream``: the same with ``stream: true``, read to ``[DONE]``;
-- ``hosted``: a hosted benchmark app run (``POST /v1/runs`` with an input), checked at the
-  end: it must have finished.
+- ``hosted``: a hosted benchmark app run (``POST /v1/runs`` with an input), polled until it
+  ends: it must have finished (its latency is its completion time).
 
 Reported: requests, errors (non-2xx, exceptions, hosted runs not finished, requests still
 outstanding at the end), p50/p99 latency per kind, and the gateway's resident memory (from
-``/proc/PID/status``) sampled every few seconds: after warm-up (the first 20% of the run,
-while caches and the finished-run window fill), at the end, the ratio end/warm-up and the
-slope of a least-squares line through the samples after warm-up (MiB per minute). Bounded:
+``/proc/PID/status``) sampled every few seconds: after warm-up (
+while caches and the finished-run window fill; ``--warmup``, default half the run), at the
+end, the ratio end/warm-up and the slope of a least-squares line through the samples after
+warm-up (MiB per minute). Bounded:
 at most 60 minutes, 200 requests a second, 2000 requests outstanding.
 """
 
@@ -66,7 +67,6 @@ class SoakResult:
     errors: dict[str, int] = field(default_factory=dict)
     sent: int = 0
     memory: list[tuple[float, float]] = field(default_factory=list)  # (elapsed s, MiB)
-    hosted_ids: list[str] = field(default_factory=list)
 
     def error(self, what: str) -> None:
         self.errors[what] = self.errors.get(what, 0) + 1
@@ -135,11 +135,17 @@ async def run_soak(url: str, pid: int | None, minutes: float, rate: float, *, ap
                             if line:
                                 last = line
                     ok = r.status_code == 200 and last == "data: [DONE]"
-                else:
+                else:  # a hosted run, followed to its end: latency = its completion time
                     r = await http.post("/v1/runs", json={"app": app, "input": {"seed": i}})
                     ok = r.status_code == 201
                     if ok:
-                        res.hosted_ids.append(r.json()["run_id"])
+                        rid = r.json()["run_id"]
+                        state = "queued"
+                        while state in ("queued", "running"):
+                            await asyncio.sleep(0.25)
+                            r = await http.get(f"/v1/runs/{rid}")
+                            state = r.json().get("state") if r.status_code == 200 else None
+                        ok = state == "finished"
             except (httpx.HTTPError, ValueError, KeyError) as e:
                 res.error(f"{kind}: {type(e).__name__}")
                 return
@@ -177,25 +183,6 @@ async def run_soak(url: str, pid: int | None, minutes: float, rate: float, *, ap
             for t in pending:
                 t.cancel()
                 res.error("timeout: outstanding at the end")
-        # hosted runs must all have finished (give the last ones time to complete)
-        deadline = time.monotonic() + 120
-        left = list(res.hosted_ids)
-        while left and time.monotonic() < deadline:
-            still = []
-            for rid in left:
-                try:
-                    st = (await http.get(f"/v1/runs/{rid}")).json().get("state")
-                except (httpx.HTTPError, ValueError):
-                    st = "unreachable"
-                if st in ("queued", "running"):
-                    still.append(rid)
-                elif st != "finished":
-                    res.error(f"hosted: run {st}")
-            left = still
-            if left:
-                await asyncio.sleep(1.0)
-        for _ in left:
-            res.error("hosted: not finished in time")
         if pid is not None:
             m = rss_mib(pid)
             if m is not None:
@@ -204,8 +191,10 @@ async def run_soak(url: str, pid: int | None, minutes: float, rate: float, *, ap
     return res
 
 
-def summarize(res: SoakResult, minutes: float, rate: float) -> list[dict[str, Any]]:
-    """Flat rows: one per kind of work, one for memory."""
+def summarize(res: SoakResult, minutes: float, rate: float,
+              warmup: float = 0.5) -> list[dict[str, Any]]:
+    """Flat rows: one per kind of work, one for memory (growth measured after the first
+    ``warmup`` fraction of the run, once caches and the finished-run window have filled)."""
     rows: list[dict[str, Any]] = []
     for kind in KINDS:
         lat = np.array(res.latencies[kind]) * 1000.0
@@ -226,15 +215,20 @@ def summarize(res: SoakResult, minutes: float, rate: float) -> list[dict[str, An
     if res.memory:
         t = np.array([m[0] for m in res.memory])
         mib = np.array([m[1] for m in res.memory])
-        warm = t >= 0.2 * minutes * 60.0
+        warm = t >= warmup * minutes * 60.0
         base = float(mib[warm][0]) if warm.any() else float(mib[0])
         end = float(mib[-1])
         slope = float(np.polyfit(t[warm] / 60.0, mib[warm], 1)[0]) if warm.sum() >= 3 else float("nan")
         rows.append({"row": "memory", "start_mib": float(mib[0]), "warm_mib": base,
                      "end_mib": end, "peak_mib": float(mib.max()), "end_over_warm": end / base,
-                     "slope_mib_per_min": slope, "minutes": minutes, "rate": rate,
-                     "samples": int(mib.size)})
+                     "slope_mib_per_min": slope, "warmup_min": warmup * minutes,
+                     "minutes": minutes, "rate": rate, "samples": int(mib.size)})
     return rows
+
+
+def sample_rows(res: SoakResult) -> list[dict[str, Any]]:
+    """The raw memory samples as flat rows (for ``--json``)."""
+    return [{"row": "rss", "t_s": t, "mib": m} for t, m in res.memory]
 
 
 def plot(res: SoakResult, path: str) -> None:
@@ -285,7 +279,7 @@ def cmd_soak(args: Any) -> int:
                 proc.wait()
         if tmp is not None:
             tmp.cleanup()
-    rows = summarize(res, args.minutes, args.rate)
+    rows = summarize(res, args.minutes, args.rate, args.warmup)
     _print_table([r for r in rows if r["row"] != "memory"],
                  title=f"soak: {args.minutes:g} min at {args.rate:g}/s ({res.sent} requests)")
     mem = [r for r in rows if r["row"] == "memory"]
@@ -293,7 +287,7 @@ def cmd_soak(args: Any) -> int:
         _print_table(mem, title="gateway memory (RSS)")
     if res.errors:
         print("errors: " + json.dumps(res.errors), file=sys.stderr)
-    _write_json(args.json, rows)
+    _write_json(args.json, rows + sample_rows(res))
     if args.plot:
         plot(res, args.plot)
     return 0 if not res.errors else 1
@@ -312,6 +306,8 @@ def add_soak_parser(bsub: Any) -> None:
     s.add_argument("--app", default="factool_math", help="hosted app of the 'hosted' requests")
     s.add_argument("--model", default="llama-2-7b")
     s.add_argument("--max-tokens", dest="max_tokens", type=int, default=16)
+    s.add_argument("--warmup", type=float, default=0.5,
+                   help="fraction of the run before memory growth is measured (default 0.5)")
     s.add_argument("--json", help="write the rows (flat) to FILE")
     s.add_argument("--plot", help="write the memory curve to FILE.png")
     s.add_argument("--no-progress", action="store_true")

@@ -14,8 +14,10 @@ def test_short_soak_reports_errors_latency_and_memory(tmp_path: Path) -> None:
                         "--rate", "10", "--json", str(out), "--no-progress"],
                        capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    rows = {row["row"]: row for row in json.loads(out.read_text())}
+    data = json.loads(out.read_text())
+    rows = {row["row"]: row for row in data if row["row"] != "rss"}
     assert set(rows) == {"completion", "stream", "hosted", "all", "memory"}
+    assert sum(1 for row in data if row["row"] == "rss") == rows["memory"]["samples"]
     assert rows["all"]["errors"] == 0 and rows["all"]["ok"] == 60
     assert all(rows[k]["ok"] == 20 and 0 < rows[k]["p99_ms"] < 10_000
                for k in ("completion", "stream", "hosted"))
