@@ -12,11 +12,10 @@ over three kinds of work:
 
 Reported: requests, errors (non-2xx, exceptions, hosted runs not finished, requests still
 outstanding at the end), p50/p99 latency per kind, and the gateway's resident memory (from
-``/proc/PID/status``) sampled every few seconds: after warm-up (
-while caches and the finished-run window fill; ``--warmup``, default half the run), at the
-end, the ratio end/warm-up and the slope of a least-squares line through the samples after
-warm-up (MiB per minute). Bounded:
-at most 60 minutes, 200 requests a second, 2000 requests outstanding.
+``/proc/PID/status``) sampled every few seconds: after warm-up (while caches and the
+finished-run window fill; ``--warmup``, default half the run), at the end, the ratio
+end/warm-up and the slope of a least-squares line through the samples after warm-up (MiB per
+minute). Bounded: at most 60 minutes, 200 requests a second, 2000 requests outstanding.
 """
 
 from __future__ import annotations
