@@ -133,6 +133,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             kb=args.kb,
             state_dir=args.state_dir,
             bind=args.bind,
+            auth_file=args.auth_file,
+            state_redis=args.redis,
+            curve_dir=args.curve_dir,
         )
     )
     return 0
@@ -153,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--apps", action="append", help="Python module registering hosted apps (repeatable)")
     s.add_argument("--kb", help="knowledge base: a directory (default pdgraphs/) or redis://HOST:PORT/DB")
     s.add_argument("--bind", help="ZeroMQ address HermesLets connect to, e.g. tcp://127.0.0.1:5557")
+    s.add_argument("--auth-file", dest="auth_file",
+                   help="API keys (hermes keys create): turns authentication on")
+    s.add_argument("--redis", help="durable run state in Redis (default: SQLite in --state-dir)")
+    s.add_argument("--curve-dir", dest="curve_dir",
+                   help="CURVE certificates (hermes keys curve): HermesLets must authenticate")
     s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("profile", help="run a benchmark app in simulation and/or learn a PDGraph from run records")
@@ -192,12 +200,18 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_bench_parsers(bsub)
+    from hermes.bench.soak import add_soak_parser
+
+    add_soak_parser(bsub)
     try:
         from hermes.admin import add_admin_parsers
     except ImportError:
         pass
     else:
         add_admin_parsers(sub)
+    from hermes.security.keys_cli import add_keys_parser
+
+    add_keys_parser(sub)
     try:
         from hermes.loadgen import add_load_parser
     except ImportError:

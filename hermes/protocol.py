@@ -61,6 +61,8 @@ class Hello(_Msg):
     engines: list[EngineInfo]
     tools: list[str] = Field(default_factory=list)  # backend kinds, e.g. ["subprocess", "docker"]
     version: int = PROTOCOL_VERSION
+    #: (additive) request ids the node holds: "queued" or "inflight" (after a reconnect)
+    holding: dict[str, str] | None = None
 
 
 class EngineLoad(_Msg):
@@ -78,6 +80,7 @@ class Heartbeat(_Msg):
     time: float
     tools_queued: int = 0  # (additive)
     tools_running: int = 0  # (additive)
+    holding: dict[str, str] | None = None  # (additive) request id -> "queued" | "inflight"
 
 
 class Token(_Msg):

@@ -73,6 +73,7 @@ class HermesLet:
         priority_scale: float = 1000.0,
         release_log: Callable[[str, str], None] | None = None,
         prewarmer: NodePrewarmer | None = None,
+        curve_keys: tuple[str, str] | None = None,
     ) -> None:
         if not engines:
             raise ValueError("a HermesLet needs at least one engine")
@@ -92,6 +93,8 @@ class HermesLet:
         self.priority_scale = priority_scale
         self.release_log = release_log
         self.prewarmer = prewarmer  # hermeslet.prewarmers.NodePrewarmer (issue 5), optional
+        #: (node secret key file, server public key file): connect with ZeroMQ CURVE
+        self.curve_keys = curve_keys
         self.sock: zmq.asyncio.Socket | None = None
         self._stop = asyncio.Event()
         self._started = asyncio.Event()
@@ -115,6 +118,7 @@ class HermesLet:
             ],
             tools=self.tools.kinds,
             version=P.PROTOCOL_VERSION,
+            holding=self.holding(),
         )
 
     def heartbeat(self) -> P.Heartbeat:
@@ -128,7 +132,23 @@ class HermesLet:
             time=time.time(),
             tools_queued=len(self.tool_queue),
             tools_running=len(self.tool_tasks),
+            holding=self.holding(),
         )
+
+    def holding(self) -> dict[str, str]:
+        """Request ids this node holds, queued or in flight (so that a restarted scheduler, or
+        one deciding what to re-dispatch, knows what is where)."""
+        held: dict[str, str] = {}
+        for s in self.slots.values():
+            for q in s.queue.items():
+                held[q.msg.request_id] = "queued"
+            for rid in s.inflight:
+                held[rid] = "inflight"
+        for q in self.tool_queue.items():
+            held[q.msg.request_id] = "queued"
+        for rid in self.tool_tasks:
+            held[rid] = "inflight"
+        return held
 
     async def run(self) -> None:
         """Start engines, connect, serve until :meth:`stop`; then abort work and close."""
@@ -137,6 +157,10 @@ class HermesLet:
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, self.node.encode())
         sock.setsockopt(zmq.LINGER, 0)
+        if self.curve_keys is not None:
+            from hermes.security.curve import secure_client
+
+            secure_client(sock, *self.curve_keys)
         sock.connect(self.address)
         self.sock = sock
         tasks: list[asyncio.Task] = []

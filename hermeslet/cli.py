@@ -54,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="serve Prometheus metrics on this port (GET /metrics; 0: any free port)")
     r.add_argument("--metrics-host", default="127.0.0.1",
                    help="address of the metrics listener (default %(default)s)")
+    r.add_argument("--curve-key", dest="curve_key",
+                   help="this node's CURVE secret key (hermes keys curve: nodes/NAME.key_secret)")
+    r.add_argument("--curve-server-key", dest="curve_server_key",
+                   help="the scheduler's CURVE public key (server.key)")
 
     s = sub.add_parser("sim-engine", help="serve the simulated engine (vLLM HTTP surface)")
     s.add_argument("--port", type=int, required=True)
@@ -103,7 +107,8 @@ def build_agent(args: argparse.Namespace):  # noqa: ANN201
         docker = pooled or docker
     return HermesLet(args.node, args.scheduler, engines,
                      tools=ToolRunner(docker=docker), tool_concurrency=args.tool_concurrency,
-                     heartbeat_s=args.heartbeat_s, prewarmer=prewarmer)
+                     heartbeat_s=args.heartbeat_s, prewarmer=prewarmer,
+                     curve_keys=(args.curve_key, args.curve_server_key) if args.curve_key else None)
 
 
 async def _run_agent(args: argparse.Namespace) -> None:
@@ -129,6 +134,10 @@ async def _run_agent(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.cmd == "run" and bool(getattr(args, "curve_key", None)) != bool(
+            getattr(args, "curve_server_key", None)):
+        print("hermeslet: give both --curve-key and --curve-server-key (or neither)", file=sys.stderr)
+        return 2
     if args.cmd == "run":
         try:
             asyncio.run(_run_agent(args))

@@ -3,12 +3,13 @@
 Two sandboxes, one result type (:class:`ToolResult`):
 
 - :class:`SubprocessSandbox` (embedded default): ``bwrap --unshare-all --die-with-parent
-  --ro-bind / / --tmpfs /tmp`` when bubblewrap is on ``PATH`` (no network, read-only root), else
+  --ro-bind / / --tmpfs /tmp`` when bubblewrap is on ``PATH`` (no network, read-only root, user
+  nobody in its own user namespace, no capabilities, a new session), else
   a plain subprocess. In both cases the child gets resource limits (CPU seconds, address space,
   no core files) and its own process group, which is killed when the timeout expires.
 - :class:`DockerSandbox` (when configured): a fresh container per call through the Docker SDK
-  with ``network_mode="none"``, memory/CPU/pids limits, a read-only root, user ``nobody``;
-  killed on timeout. The SDK is blocking, so it runs in a worker thread.
+  with ``network_mode="none"``, memory (no extra swap)/CPU/pids limits, a read-only root, user
+  ``nobody`` (65534), all capabilities dropped, no-new-privileges; killed on timeout. The SDK is blocking, so it runs in a worker thread.
 
 A tool call is either ``code`` (Python source, run with the sandbox's ``python3``) or
 ``command`` (an argv list). Output is truncated to ``max_output_chars`` per stream.
@@ -120,6 +121,9 @@ class SubprocessSandbox(Sandbox):
         return [
             self.bwrap,
             "--unshare-all",
+            "--unshare-user", "--uid", "65534", "--gid", "65534",  # nobody, even when run as root
+            "--cap-drop", "ALL",
+            "--new-session",  # no TIOCSTI into the agent's terminal
             "--die-with-parent",
             "--ro-bind", "/", "/",
             "--dev", "/dev",
@@ -239,7 +243,10 @@ class DockerSandbox(Sandbox):
             nano_cpus=int(self.limits.cpus * 1e9),
             pids_limit=self.limits.pids,
             read_only=True,
-            user="nobody",
+            user="65534:65534",  # nobody, whether or not the image's /etc/passwd names it
+            memswap_limit=int(self.limits.memory_bytes),  # no swap beyond the memory limit
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
             tmpfs={"/tmp": "size=64m"},
             working_dir="/tmp",
             detach=True,

@@ -72,6 +72,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
             node_task = asyncio.create_task(agent.run(), name="hermeslet-embedded")
             app.state.node = agent
             await sched.wait_for_nodes(30.0)
+        sched.durable.recover(app.state.hosted, config)  # resume or fail stored runs (issue 7)
         try:
             yield
         finally:
@@ -92,6 +93,9 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     app.state.config = config
     app.state.node = None  # the embedded HermesLet, once started
     app.state.hosted = HostedRegistry.from_config(config)
+    from hermes.gateway.auth import install_security
+
+    install_security(app, config)  # body limits, API keys, tenant admission (issue 7)
     app.include_router(runs_api.router)
     app.include_router(openai_api.router)
     app.state.metrics = GatewayMetrics()  # its own registry: several apps per process

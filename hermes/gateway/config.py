@@ -119,6 +119,35 @@ class ToolsConfig(_Section):
     timeout_s: float = Field(default=30.0, gt=0.0)
 
 
+class SecurityConfig(_Section):
+    """Authentication, admission limits and ZeroMQ CURVE (see ``hermes/gateway/auth.py``)."""
+
+    #: JSON auth file with hashed API keys (``hermes keys create``); "" = no file
+    auth_file: str = ""
+    #: Redis URL holding the hashed API keys instead of a file
+    auth_redis: str = ""
+    #: request bodies over this many bytes get 413
+    max_body_bytes: int = Field(default=4 << 20, ge=1024)
+    #: default per-tenant limits (the auth file's ``tenants`` override them); 0 = unlimited
+    tenant_rate: float = Field(default=0.0, ge=0)
+    tenant_burst: float = Field(default=0.0, ge=0)
+    tenant_max_concurrent: int = Field(default=0, ge=0)
+    tenant_max_active_runs: int = Field(default=0, ge=0)
+    #: directory from ``hermes keys curve``: HermesLets must authenticate with CURVE
+    curve_dir: str = ""
+
+
+class DurabilityConfig(_Section):
+    """Durable run state (``hermes/gateway/durable.py``)."""
+
+    #: keep accepted runs and their progress across restarts
+    durable: bool = True
+    #: Redis URL for run state (default: SQLite in the state directory)
+    state_redis: str = ""
+    #: after a restart, how long (wall s) to wait for HermesLets to report what they hold
+    recovery_grace_s: float = Field(default=5.0, ge=0.0)
+
+
 class GatewayConfig(_Section):
     """Everything ``hermes serve`` needs."""
 
@@ -128,6 +157,8 @@ class GatewayConfig(_Section):
     engines: list[EngineConfig] = Field(default_factory=lambda: [EngineConfig()])
     apps: AppsConfig = Field(default_factory=AppsConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
+    durability: DurabilityConfig = Field(default_factory=DurabilityConfig)
 
 
 class ConfigError(ValueError):
@@ -140,6 +171,8 @@ _SECTIONS: dict[str, type[_Section]] = {
     "stores": StoresConfig,
     "apps": AppsConfig,
     "tools": ToolsConfig,
+    "security": SecurityConfig,
+    "durability": DurabilityConfig,
 }
 
 

@@ -44,6 +44,7 @@ from hermes.protocol import Done, ToolDone
 
 if TYPE_CHECKING:
     from hermes.gateway.config import GatewayConfig
+    from hermes.gateway.durable import Replay
     from hermes.gateway.scheduler import LiveRun, LiveScheduler, UnitInvocation
 
 log = logging.getLogger("hermes.gateway.hosted")
@@ -140,10 +141,14 @@ class UnitHandle:
 class HostedContext:
     """What a hosted app's code sees: its run, and LLM/tool calls through the scheduler."""
 
-    def __init__(self, scheduler: LiveScheduler, run: LiveRun, config: GatewayConfig) -> None:
+    def __init__(self, scheduler: LiveScheduler, run: LiveRun, config: GatewayConfig,
+                 replay: Replay | None = None) -> None:
         self.scheduler = scheduler
         self.run = run
         self.config = config
+        #: after a gateway restart: the run's journal, answered instead of re-running work
+        self.replay = replay
+        self._calls = 0  # LLM/tool calls made so far (their index in the durable journal)
 
     @property
     def run_id(self) -> str:
@@ -153,6 +158,13 @@ class HostedContext:
     async def unit(self, name: str, backend: str | None = None, *,
                    upstream: str | None = None) -> AsyncIterator[UnitHandle]:
         """Open one invocation of unit ``name``; it finishes when the block exits."""
+        rp = self.replay
+        if rp is not None and rp.unit_seq < len(rp.units):
+            done_inv = rp.units[rp.unit_seq]
+            rp.unit_seq += 1
+            if done_inv is not None:  # closed before the restart: its calls are journaled
+                yield UnitHandle(self, done_inv)
+                return
         model = self.scheduler.resolve_model(None, strict=False) if backend is None else None
         inv = self.scheduler.begin_unit(self.run, name, backend or f"llm:{model}",
                                         explicit=True, upstream=upstream)
@@ -178,6 +190,8 @@ class HostedContext:
 
     async def sleep(self, model_s: float) -> None:
         """Sleep ``model_s`` seconds of model time (shorter in wall time when time-scaled)."""
+        if self.replay is not None and self.replay.replaying:
+            return  # this time passed before the restart
         if model_s > 0:
             await asyncio.sleep(self.scheduler.wall_s(model_s))
 
@@ -186,20 +200,65 @@ class HostedContext:
         if model is None and inv.backend.startswith("llm:"):
             spec = BackendSpec.parse(inv.backend)
             model = spec.lora or spec.name
-        served = self.scheduler.resolve_model(model, strict=False)
-        req = await self.scheduler.submit_llm(self.run, inv, model=served, endpoint=endpoint,  # type: ignore[arg-type]
-                                              body=body)
-        done = await self.scheduler.wait(req)
+        seq, got = await self._journaled(inv)
+        if got is None:
+            served = self.scheduler.resolve_model(model, strict=False)
+            req = await self.scheduler.submit_llm(self.run, inv, model=served,
+                                                  endpoint=endpoint, body=body)  # type: ignore[arg-type]
+            got = await self._wait_journaled(seq, req)
+        done = got
         assert isinstance(done, Done)
         return LLMResult(done.text, done.input_tokens, done.output_tokens, done.finish_reason)
 
+    async def _journaled(self, inv: UnitInvocation) -> tuple[int, Done | ToolDone | None]:
+        """The next call's journal index and, when replaying, its result from before the
+        restart (waiting for it if a node still holds it); None: make the call."""
+        from hermes.gateway.durable import DurableState
+
+        seq = self._calls
+        self._calls += 1
+        rp = self.replay
+        entry = rp.calls.get(seq) if rp is not None else None
+        if rp is not None:
+            rp.call_seq = max(rp.call_seq, seq + 1)
+        if entry is None:
+            return seq, None
+        res = entry.get("result")
+        if entry.get("state") == "done" and res is not None:
+            return seq, (Done(**res) if entry["kind"] == "llm" else ToolDone(**res))
+        durable: DurableState = self.scheduler.durable
+        got = durable.adopt(self.run, inv, entry)
+        if isinstance(got, Done | ToolDone):
+            return seq, got
+        if got is not None:  # a node still holds it: wait for it
+            return seq, await self._wait_journaled(seq, got)
+        if entry["kind"] == "tool":
+            from hermes.gateway.scheduler import RequestFailed
+
+            raise RequestFailed(f"tool call {entry['request_id']} was in flight when the gateway "
+                                "restarted and no node holds it; tool calls are not run twice")
+        durable.stats["resent"] += 1
+        return seq, None
+
+    async def _wait_journaled(self, seq: int, req: Any) -> Done | ToolDone:
+        from hermes.gateway.durable import call_entry
+
+        durable = self.scheduler.durable
+        durable.call(self.run, seq, call_entry(req, "sent"))
+        done = await self.scheduler.wait(req)
+        durable.call(self.run, seq, call_entry(req, "done"))
+        return done
+
     async def _tool(self, inv: UnitInvocation, backend: str, code: str | None,
                     command: list[str] | None, timeout_s: float | None) -> ToolResult:
-        req = await self.scheduler.submit_tool(
-            self.run, inv, backend=backend, code=code, command=command,
-            timeout_s=timeout_s or self.config.tools.timeout_s,
-        )
-        done = await self.scheduler.wait(req)
+        seq, got = await self._journaled(inv)
+        if got is None:
+            req = await self.scheduler.submit_tool(
+                self.run, inv, backend=backend, code=code, command=command,
+                timeout_s=timeout_s or self.config.tools.timeout_s,
+            )
+            got = await self._wait_journaled(seq, req)
+        done = got
         assert isinstance(done, ToolDone)
         return ToolResult(done.exit_code, done.stdout, done.stderr, done.duration_s, done.timed_out)
 
@@ -344,9 +403,11 @@ class HostedRegistry:
         return reg
 
 
-def launch(scheduler: LiveScheduler, run: LiveRun, app: HostedApp, config: GatewayConfig) -> None:
-    """Start a hosted run as an asyncio task; its end finishes (or fails) the run."""
-    ctx = HostedContext(scheduler, run, config)
+def launch(scheduler: LiveScheduler, run: LiveRun, app: HostedApp, config: GatewayConfig,
+           replay: Replay | None = None) -> None:
+    """Start a hosted run as an asyncio task; its end finishes (or fails) the run.
+    ``replay``: resume a run from its durable journal after a restart."""
+    ctx = HostedContext(scheduler, run, config, replay)
 
     async def _main() -> None:
         try:

@@ -27,6 +27,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hermes.gateway.auth import tenant_for
 from hermes.gateway.scheduler import (
     LiveRun,
     LiveScheduler,
@@ -42,6 +43,7 @@ UNIT_HEADER = "X-Hermes-Unit"
 APP_HEADER = "X-Hermes-App"
 DEFAULT_APP = "default"
 DEFAULT_UNIT = "default"
+MAX_TOKENS = 131_072  # upper bound of max_tokens (longer is a client error, not a long job)
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                 409: "conflict_error", 422: "invalid_request_error", 429: "rate_limit_error",
@@ -76,7 +78,7 @@ class _Body(BaseModel):
     model: str = Field(min_length=1)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
     n: Literal[1] = 1
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
@@ -91,7 +93,7 @@ class ChatMessage(BaseModel):
 
 class ChatBody(_Body):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
 
 
 class CompletionBody(_Body):
@@ -112,8 +114,9 @@ async def _bind_run(sched: LiveScheduler, request: Request) -> tuple[LiveRun, st
         return sched.active_run(run_id), unit
     app = h.get(APP_HEADER)
     if app:
-        return sched.create_run(app, tenant=h.get("X-Hermes-Tenant")), unit
-    return sched.create_run(DEFAULT_APP, tenant=h.get("X-Hermes-Tenant"), auto_finish=True), unit
+        return sched.create_run(app, tenant=tenant_for(request, h.get("X-Hermes-Tenant"))), unit
+    return sched.create_run(DEFAULT_APP, tenant=tenant_for(request, h.get("X-Hermes-Tenant")),
+                            auto_finish=True), unit
 
 
 async def _parse(request: Request, cls: type[_Body]) -> _Body | JSONResponse:

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hermes.core.backend import BackendSpec
 from hermes.gateway import hosted
+from hermes.gateway.auth import check_run_quota, tenant_for, visible
 from hermes.gateway.openai_api import error_response, scheduler_error
 from hermes.gateway.scheduler import ACTIVE, LiveScheduler, SchedulerError
 from hermes.protocol import ToolDone
@@ -95,7 +96,11 @@ async def create_run(body: CreateRun, request: Request) -> Response:
             return error_response(404, f"app {body.app!r} is not a hosted app; hosted: "
                                   f"{', '.join(_registry(request).names()) or 'none'}",
                                   param="app", code="app_not_hosted")
-    run = sched.create_run(body.app, deadline_s=body.deadline_s, tenant=body.tenant, k=body.k,
+    tenant = tenant_for(request, body.tenant)
+    refused = check_run_quota(request, tenant)
+    if refused is not None:
+        return refused
+    run = sched.create_run(body.app, deadline_s=body.deadline_s, tenant=tenant, k=body.k,
                            input=body.input, hosted=app is not None)
     if app is not None:
         hosted.launch(sched, run, app, request.app.state.config)
@@ -111,7 +116,7 @@ async def list_runs(request: Request, state: str | None = None, app: str | None 
     now = sched.now()
     out = []
     for run in reversed(list(sched.runs.values())):
-        if (state and run.status != state) or (app and run.app != app):
+        if (state and run.status != state) or (app and run.app != app) or not visible(run.state.tenant):
             continue
         out.append({"run_id": run.run_id, "app": run.app, "state": run.status,
                     "submitted": run.state.submitted, "act_s": run.act_s(now)})
@@ -206,11 +211,25 @@ async def list_apps(request: Request) -> dict[str, Any]:
                      for n in names]}
 
 
+def _bad_app_name(name: str) -> Response | None:
+    """422 naming the app when its name could not be a knowledge-base key."""
+    from hermes.kb.base import validate_app_name
+
+    try:
+        validate_app_name(name)
+    except ValueError as e:
+        return error_response(422, f"name: {e}", param="name", code="invalid_value")
+    return None
+
+
 @router.get("/v1/apps/{name}", tags=["apps"])
 async def get_app(name: str, request: Request) -> Response:
     """An app's PDGraph summary (units, branch probabilities, mean demand, masks)."""
     sched = _sched(request)
     reg = _registry(request)
+    bad = _bad_app_name(name)
+    if bad is not None:
+        return bad
     graph = sched.app_graph(name)
     app = reg.get(name)
     if graph is None and app is None:
@@ -230,6 +249,9 @@ async def put_app(name: str, request: Request) -> Response:
     from hermes.core.pdgraph import PDGraph, PDGraphError
 
     sched = _sched(request)
+    bad = _bad_app_name(name)
+    if bad is not None:
+        return bad
     raw = await request.body()
     try:
         graph = PDGraph.from_json(raw, source=f"upload of {name!r}")

@@ -48,6 +48,7 @@ from hermes.core.ordering import policy_key
 from hermes.core.policies.base import SchedulingPolicy, make_policy, policy_class
 from hermes.core.records import RequestRecord, RunRecord, UnitRecord
 from hermes.core.state import RequestView, RunState, UnitObservation
+from hermes.gateway.auth import visible
 from hermes.gateway.config import GatewayConfig
 from hermes.protocol import (
     Cancel,
@@ -318,6 +319,9 @@ class LiveScheduler:
         from hermes.gateway.prewarm import GatewayPrewarmer
 
         self.prewarm = GatewayPrewarmer.from_scheduler(self)  # prewarm planner (issue 5)
+        from hermes.gateway.durable import attach
+
+        self.durable = attach(self)  # durable run state, recovery, node faults (issue 7)
 
     # ------------------------------------------------------------------ lifecycle
     def _build_pool(self) -> Any | None:
@@ -347,6 +351,11 @@ class LiveScheduler:
         sock = self.context.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting node takes over its identity
+        self._zap = None
+        if self.config.security.curve_dir:  # CURVE: only nodes with an authorized key get in
+            from hermes.security.curve import secure_server
+
+            self._zap = secure_server(sock, self.context, self.config.security.curve_dir)
         sock.bind(self.inproc_address)
         if self.config.scheduler.bind:
             sock.bind(self.config.scheduler.bind)
@@ -373,10 +382,14 @@ class LiveScheduler:
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
+        if getattr(self, "_zap", None) is not None:
+            self._zap.stop()
+            self._zap = None
         try:
             self.flush_learning()
         except Exception:
             log.exception("final knowledge-base flush failed")
+        self.durable.close()
         if self._records_fh is not None:
             self._records_fh.close()
             self._records_fh = None
@@ -423,11 +436,12 @@ class LiveScheduler:
         self.policy.on_arrival(state, now)
         if self.metrics is not None:
             self.metrics.on_run_created(run)
+        self.durable.run_created(run)  # committed before the run is acknowledged
         return run
 
     def get_run(self, run_id: str) -> LiveRun:
         run = self.runs.get(run_id)
-        if run is None:
+        if run is None or not visible(run.state.tenant):  # other tenants' runs: 404
             raise RunNotFound(f"run {run_id!r} not found")
         return run
 
@@ -452,6 +466,7 @@ class LiveScheduler:
         self.policy.on_finish(run.state, now)
         self._retire(run)
         self.stats["runs_finished"] += 1
+        self.durable.run_ended(run)
         if run.units:
             self._learn(self._record(run))
         return run
@@ -470,6 +485,7 @@ class LiveScheduler:
         run.state.finished = now
         self.policy.on_finish(run.state, now)
         self._retire(run)
+        self.durable.run_ended(run)
 
     def cancel_run(self, run_id: str) -> LiveRun:
         """Cancel: queued requests are dropped and in-flight ones aborted at the engines."""
@@ -487,6 +503,7 @@ class LiveScheduler:
         if run.task is not None and not run.task.done():
             run.task.cancel()
         self._retire(run)
+        self.durable.run_ended(run)
         return run
 
     def _retire(self, run: LiveRun) -> None:
@@ -589,6 +606,8 @@ class LiveScheduler:
         st.end_unit(obs, run.open[-1].unit if run.open else None)
         self.policy.on_unit_finish(st, obs, now)
         self._rekey_run(run, now)
+        if run.status in ACTIVE:
+            self.durable.run_progress(run)
 
     # ------------------------------------------------------------------ service accounting
     def _credit(self, run: LiveRun, seconds: float, tokens: int, now: float) -> None:
@@ -880,7 +899,14 @@ class LiveScheduler:
                 elif req.kind == "tool":
                     node.tools_outstanding = max(0, node.tools_outstanding - 1)
             exclude = {req.node} if req.node and len(self.nodes) > 1 else set()
-            (self._send_llm if req.kind == "llm" else self._send_tool)(req, exclude)
+            resend = self._send_llm if req.kind == "llm" else self._send_tool
+            delay = min(2.0, 0.1 * 2 ** (req.retries - 1))  # backoff: 0.1, 0.2, 0.4 ... 2 s
+
+            def _retry() -> None:
+                if req.request_id in self.requests:  # not cancelled meanwhile
+                    resend(req, exclude)
+
+            asyncio.get_running_loop().call_later(delay, _retry)
             return
         exc = RequestFailed(msg.error)
         if msg.status is not None and 400 <= msg.status < 500:
@@ -985,6 +1011,10 @@ class LiveScheduler:
             node.last_seen = time.monotonic()
         elif not isinstance(msg, Hello):  # a node we do not know (we restarted): ask again
             self._send_raw(identity, Resync())
+        if isinstance(msg, Done | ToolDone) and msg.request_id not in self.requests:
+            self.durable.on_orphan(msg)  # a result from before a restart (issue 7)
+        elif isinstance(msg, Hello | Heartbeat) and msg.holding is not None:
+            self.durable.on_holding(msg.node, msg.holding)
         if isinstance(msg, Done):
             self._on_done(msg)
         elif isinstance(msg, Token):
@@ -1055,10 +1085,7 @@ class LiveScheduler:
                 continue
             log.warning("node %s silent for %.0f s: resubmitting its requests", name, NODE_TIMEOUT_S)
             del self.nodes[name]
-            for req in list(self.requests.values()):
-                if req.node == name:
-                    req.node = None
-                    (self._send_llm if req.kind == "llm" else self._send_tool)(req)
+            self.durable.redispatch(name)  # queued: elsewhere; in flight: retried once or failed
         if not self.nodes:
             self._node_ready.clear()
 

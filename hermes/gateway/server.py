@@ -42,6 +42,9 @@ def _uvicorn_config(config: GatewayConfig) -> uvicorn.Config:
 
 def serve(config: GatewayConfig) -> None:
     """Run the gateway in the foreground until interrupted (port 0: any free port)."""
+    from hermes.gateway.auth import check_exposure
+
+    check_exposure(config)  # before binding: never listen off loopback without auth
     sock = _bind(config.server.host, config.server.port)
     host, port = sock.getsockname()[:2]
     print(f"hermes gateway on http://{host}:{port} (policy {config.scheduler.policy}, "
@@ -77,6 +80,9 @@ def gateway_state(srv: BackgroundServer) -> Any:
 
 def start_background(config: GatewayConfig, timeout: float = 30.0) -> BackgroundServer:
     """Start the gateway on its own event loop in a daemon thread; returns once it serves."""
+    from hermes.gateway.auth import check_exposure
+
+    check_exposure(config)
     sock = _bind(config.server.host, config.server.port)
     host, port = sock.getsockname()[:2]
     server = uvicorn.Server(_uvicorn_config(config))

@@ -1,0 +1,313 @@
+"""``hermes bench soak --minutes M --rate R``: a steady load on a real gateway, loopback only.
+
+The gateway is started as its own process (``hermes serve`` on 127.0.0.1, a fresh state
+directory, the built-in engine time-scaled) unless ``--url`` names one on loopback (then
+``--pid`` lets its memory be sampled). Arrivals are open-loop at ``R`` per second, round-robin
+over three kinds of work:
+
+- ``completion``: an OpenAI completion (a one-request run);
+- ``stream``: the same with ``stream: true``, read to ``[DONE]``;
+- ``hosted``: a hosted benchmark app run (``POST /v1/runs`` with an input), polled until it
+  ends: it must have finished (its latency is its completion time).
+
+Reported: requests, errors (non-2xx, exceptions, hosted runs not finished, requests still
+outstanding at the end), p50/p99 latency per kind, and the gateway's resident memory (from
+``/proc/PID/status``) sampled every few seconds: after warm-up (while caches and the
+finished-run window fill; ``--warmup``, default half the run), at the end, the ratio
+end/warm-up and the slope of a least-squares line through the samples after warm-up (MiB per
+minute). Bounded: at most 60 minutes, 200 requests a second, 2000 requests outstanding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+
+MAX_MINUTES = 60.0
+MAX_RATE = 200.0
+MAX_OUTSTANDING = 2000
+KINDS = ("completion", "stream", "hosted")
+
+
+def rss_mib(pid: int) -> float | None:
+    """Resident set size of ``pid`` in MiB (Linux ``/proc``), or None if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _loopback_url(url: str) -> str:
+    host = urlparse(url).hostname or ""
+    from hermes.gateway.auth import is_loopback
+
+    if not is_loopback(host):
+        raise ValueError(f"hermes bench soak sends traffic to loopback only, not {host!r}")
+    return url.rstrip("/")
+
+
+@dataclass
+class SoakResult:
+    latencies: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KINDS})
+    errors: dict[str, int] = field(default_factory=dict)
+    sent: int = 0
+    memory: list[tuple[float, float]] = field(default_factory=list)  # (elapsed s, MiB)
+
+    def error(self, what: str) -> None:
+        self.errors[what] = self.errors.get(what, 0) + 1
+
+
+def start_gateway(time_scale: float, state_dir: Path, keep_runs: int) -> tuple[subprocess.Popen, str]:
+    """``hermes serve`` on a free loopback port; returns the process and its URL."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HERMES_LOG_LEVEL": "warning", "HERMES_KEEP_FINISHED_RUNS": str(keep_runs)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hermes.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+         "--bind", "", "--time-scale", str(time_scale), "--state-dir", str(state_dir),
+         "--kb", str(state_dir / "kb")],
+        stdout=(state_dir / "gateway.log").open("ab"), stderr=subprocess.STDOUT, env=env)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def _wait_ready(url: str, timeout: float = 60.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        while time.monotonic() < deadline:
+            try:
+                r = await http.get(url + "/healthz")
+                if r.status_code == 200 and r.json().get("nodes"):
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.2)
+    raise RuntimeError(f"gateway at {url} not ready in {timeout:.0f} s")
+
+
+async def run_soak(url: str, pid: int | None, minutes: float, rate: float, *, app: str,
+                   model: str, max_tokens: int, sample_s: float = 5.0,
+                   progress: bool = True) -> SoakResult:
+    """Drive the load; see the module docstring."""
+    import httpx
+    from tqdm import tqdm
+
+    res = SoakResult()
+    duration = minutes * 60.0
+    n_total = int(duration * rate)
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    outstanding: set[asyncio.Task] = set()
+    t0 = time.monotonic()
+    body = {"model": model, "prompt": "soak " * 16, "max_tokens": max_tokens}
+
+    async with httpx.AsyncClient(base_url=url, timeout=120.0, limits=limits) as http:
+        async def one(i: int) -> None:
+            kind = KINDS[i % len(KINDS)]
+            t = time.monotonic()
+            try:
+                if kind == "completion":
+                    r = await http.post("/v1/completions", json=body)
+                    ok = r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0
+                elif kind == "stream":
+                    async with http.stream("POST", "/v1/completions",
+                                           json={**body, "stream": True}) as r:
+                        last = ""
+                        async for line in r.aiter_lines():
+                            if line:
+                                last = line
+                    ok = r.status_code == 200 and last == "data: [DONE]"
+                else:  # a hosted run, followed to its end: latency = its completion time
+                    r = await http.post("/v1/runs", json={"app": app, "input": {"seed": i}})
+                    ok = r.status_code == 201
+                    if ok:
+                        rid = r.json()["run_id"]
+                        state = "queued"
+                        while state in ("queued", "running"):
+                            await asyncio.sleep(0.25)
+                            r = await http.get(f"/v1/runs/{rid}")
+                            state = r.json().get("state") if r.status_code == 200 else None
+                        ok = state == "finished"
+            except (httpx.HTTPError, ValueError, KeyError) as e:
+                res.error(f"{kind}: {type(e).__name__}")
+                return
+            if ok:
+                res.latencies[kind].append(time.monotonic() - t)
+            else:
+                res.error(f"{kind}: HTTP {r.status_code}")
+
+        async def sampler() -> None:
+            while True:
+                if pid is not None:
+                    m = rss_mib(pid)
+                    if m is not None:
+                        res.memory.append((time.monotonic() - t0, m))
+                await asyncio.sleep(sample_s)
+
+        sampling = asyncio.create_task(sampler())
+        bar = tqdm(total=n_total, desc="soak", unit="req", disable=not progress, file=sys.stderr)
+        for i in range(n_total):
+            due = t0 + i / rate
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if len(outstanding) >= MAX_OUTSTANDING:
+                res.error("overload: too many outstanding")
+                continue
+            task = asyncio.create_task(one(i))
+            outstanding.add(task)
+            task.add_done_callback(outstanding.discard)
+            res.sent += 1
+            bar.update(1)
+        bar.close()
+        if outstanding:
+            done, pending = await asyncio.wait(outstanding, timeout=120)
+            for t in pending:
+                t.cancel()
+                res.error("timeout: outstanding at the end")
+        if pid is not None:
+            m = rss_mib(pid)
+            if m is not None:
+                res.memory.append((time.monotonic() - t0, m))
+        sampling.cancel()
+    return res
+
+
+def summarize(res: SoakResult, minutes: float, rate: float,
+              warmup: float = 0.5) -> list[dict[str, Any]]:
+    """Flat rows: one per kind of work, one for memory (growth measured after the first
+    ``warmup`` fraction of the run, once caches and the finished-run window have filled)."""
+    rows: list[dict[str, Any]] = []
+    for kind in KINDS:
+        lat = np.array(res.latencies[kind]) * 1000.0
+        errs = sum(n for k, n in res.errors.items() if k.startswith(kind))
+        rows.append({"row": kind, "ok": int(lat.size), "errors": errs,
+                     "p50_ms": float(np.percentile(lat, 50)) if lat.size else float("nan"),
+                     "p99_ms": float(np.percentile(lat, 99)) if lat.size else float("nan"),
+                     "max_ms": float(lat.max()) if lat.size else float("nan")})
+    other = sum(n for k, n in res.errors.items() if not k.startswith(KINDS))
+    total_err = sum(res.errors.values())
+    rows.append({"row": "all", "ok": sum(r["ok"] for r in rows), "errors": total_err,
+                 "p50_ms": float("nan"), "p99_ms": float(np.percentile(
+                     np.concatenate([np.array(v) for v in res.latencies.values()]) * 1000, 99))
+                 if any(res.latencies.values()) else float("nan"),
+                 "max_ms": float("nan")})
+    if other:
+        rows[-1]["other_errors"] = other
+    if res.memory:
+        t = np.array([m[0] for m in res.memory])
+        mib = np.array([m[1] for m in res.memory])
+        warm = t >= warmup * minutes * 60.0
+        base = float(mib[warm][0]) if warm.any() else float(mib[0])
+        end = float(mib[-1])
+        slope = float(np.polyfit(t[warm] / 60.0, mib[warm], 1)[0]) if warm.sum() >= 3 else float("nan")
+        rows.append({"row": "memory", "start_mib": float(mib[0]), "warm_mib": base,
+                     "end_mib": end, "peak_mib": float(mib.max()), "end_over_warm": end / base,
+                     "slope_mib_per_min": slope, "warmup_min": warmup * minutes,
+                     "minutes": minutes, "rate": rate, "samples": int(mib.size)})
+    return rows
+
+
+def sample_rows(res: SoakResult) -> list[dict[str, Any]]:
+    """The raw memory samples as flat rows (for ``--json``)."""
+    return [{"row": "rss", "t_s": t, "mib": m} for t, m in res.memory]
+
+
+def plot(res: SoakResult, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    if res.memory:
+        ax.plot([m[0] / 60 for m in res.memory], [m[1] for m in res.memory], label="gateway RSS")
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("MiB")
+    ax.set_title("hermes bench soak: gateway memory")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def cmd_soak(args: Any) -> int:
+    from hermes.cli import _print_table, _write_json
+
+    if not 0 < args.minutes <= MAX_MINUTES:
+        raise ValueError(f"--minutes must be in (0, {MAX_MINUTES:g}], got {args.minutes}")
+    if not 0 < args.rate <= MAX_RATE:
+        raise ValueError(f"--rate must be in (0, {MAX_RATE:g}], got {args.rate}")
+    proc = None
+    tmp = None
+    if args.url:
+        url, pid = _loopback_url(args.url), args.pid
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="hermes-soak-")
+        proc, url = start_gateway(args.time_scale, Path(tmp.name), args.keep_runs)
+        pid = proc.pid
+    try:
+        asyncio.run(_wait_ready(url))
+        res = asyncio.run(run_soak(url, pid, args.minutes, args.rate, app=args.app,
+                                   model=args.model, max_tokens=args.max_tokens,
+                                   progress=not args.no_progress))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if tmp is not None:
+            tmp.cleanup()
+    rows = summarize(res, args.minutes, args.rate, args.warmup)
+    _print_table([r for r in rows if r["row"] != "memory"],
+                 title=f"soak: {args.minutes:g} min at {args.rate:g}/s ({res.sent} requests)")
+    mem = [r for r in rows if r["row"] == "memory"]
+    if mem:
+        _print_table(mem, title="gateway memory (RSS)")
+    if res.errors:
+        print("errors: " + json.dumps(res.errors), file=sys.stderr)
+    _write_json(args.json, rows + sample_rows(res))
+    if args.plot:
+        plot(res, args.plot)
+    return 0 if not res.errors else 1
+
+
+def add_soak_parser(bsub: Any) -> None:
+    s = bsub.add_parser("soak", help="steady load on a loopback gateway: errors, p99, memory growth")
+    s.add_argument("--minutes", type=float, required=True, help=f"duration (<= {MAX_MINUTES:g})")
+    s.add_argument("--rate", type=float, required=True, help=f"requests/s (<= {MAX_RATE:g})")
+    s.add_argument("--url", help="an already running gateway on loopback (default: start one)")
+    s.add_argument("--pid", type=int, help="with --url: the gateway's PID, to sample its memory")
+    s.add_argument("--time-scale", dest="time_scale", type=float, default=20.0,
+                   help="built-in engine speed-up of the self-started gateway (default 20)")
+    s.add_argument("--keep-runs", dest="keep_runs", type=int, default=2000,
+                   help="finished runs the self-started gateway keeps in memory (default 2000)")
+    s.add_argument("--app", default="factool_math", help="hosted app of the 'hosted' requests")
+    s.add_argument("--model", default="llama-2-7b")
+    s.add_argument("--max-tokens", dest="max_tokens", type=int, default=16)
+    s.add_argument("--warmup", type=float, default=0.5,
+                   help="fraction of the run before memory growth is measured (default 0.5)")
+    s.add_argument("--json", help="write the rows (flat) to FILE")
+    s.add_argument("--plot", help="write the memory curve to FILE.png")
+    s.add_argument("--no-progress", action="store_true")
+    s.set_defaults(func=cmd_soak)

@@ -1,0 +1,539 @@
+"""API keys per tenant, the admin token, and the gateway's admission middleware.
+
+Keys
+    A key is ``hk-<id>.<secret>``: ``id`` (8 hex digits) finds the stored entry, ``secret``
+    (32 random bytes, URL-safe base64) is checked against its scrypt hash
+    (``scrypt$N$r$p$salt$hash``, :func:`hashlib.scrypt`) with a constant-time compare. Only the
+    hash is stored; ``hermes keys create`` prints the key once. Stores: a JSON auth file
+    (:class:`FileKeyStore`, reloaded when it changes, so keys created while the gateway runs
+    work at once) or Redis (:class:`RedisKeyStore`, shared by several gateways). The auth file
+    also holds per-tenant limits::
+
+        {"version": 1,
+         "keys": [{"id": "1a2b3c4d", "tenant": "acme", "hash": "scrypt$...", "created": 1.7e9}],
+         "tenants": {"acme": {"rate": 20, "burst": 40, "max_concurrent": 8,
+                              "max_active_runs": 100}}}
+
+Middleware (:class:`SecurityMiddleware`, pure ASGI so streamed responses pass through)
+    1. request bodies larger than ``security.max_body_bytes`` get 413 (by ``Content-Length``,
+       or while reading a chunked body);
+    2. with authentication on, every path but ``/healthz``, ``/metrics``, the OpenAPI docs and
+       ``/admin`` (its own token) needs ``Authorization: Bearer KEY`` (or ``X-API-Key``):
+       401 otherwise; the tenant of the key is put in the request's state and in
+       :data:`current_tenant`, which the scheduler uses to hide other tenants' runs (404);
+    3. per-tenant admission (:class:`hermes.core.limits.Admission`): rate limit (token bucket)
+       and requests in flight; 429 with ``Retry-After`` when over.
+
+Admin: the ``/admin`` routes check ``HERMES_ADMIN_TOKEN`` themselves
+(:func:`hermes.gateway.admin_api.require_admin`).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextvars
+import hashlib
+import hmac
+import ipaddress
+import json
+import math
+import os
+import secrets
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import HTTPException, Request
+
+from hermes.core.limits import Admission, TenantLimits
+
+#: the tenant of the request being handled (None: authentication is off)
+current_tenant: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "hermes_current_tenant", default=None)
+
+KEY_PREFIX = "hk-"
+ADMIN_TOKEN_ENV = "HERMES_ADMIN_TOKEN"
+PUBLIC_PATHS = ("/healthz", "/metrics", "/docs", "/redoc", "/openapi.json")
+_SCRYPT = (1 << 14, 8, 1)  # N, r, p: ~20 ms and 16 MiB per hash
+
+
+class AuthError(ValueError):
+    """A bad auth file or key store (the message names the file and the field)."""
+
+
+# ---------------------------------------------------------------------------------- hashing
+def hash_secret(secret: str, *, salt: bytes | None = None, params: tuple[int, int, int] = _SCRYPT) -> str:
+    """``scrypt$N$r$p$salt$hash`` of ``secret`` (salt and hash in hex)."""
+    n, r, p = params
+    salt = salt if salt is not None else secrets.token_bytes(16)
+    digest = hashlib.scrypt(secret.encode(), salt=salt, n=n, r=r, p=p, maxmem=64 << 20, dklen=32)
+    return f"scrypt${n}${r}${p}${salt.hex()}${digest.hex()}"
+
+
+def verify_secret(secret: str, stored: str) -> bool:
+    """Whether ``secret`` matches the stored hash (constant-time compare of the digests)."""
+    try:
+        scheme, n, r, p, salt, digest = stored.split("$")
+        if scheme != "scrypt":
+            return False
+        got = hashlib.scrypt(secret.encode(), salt=bytes.fromhex(salt), n=int(n), r=int(r),
+                             p=int(p), maxmem=64 << 20, dklen=len(digest) // 2)
+    except (ValueError, TypeError):
+        return False
+    return hmac.compare_digest(got.hex(), digest)
+
+
+def new_key() -> tuple[str, str, str]:
+    """A fresh key: ``(key, id, secret)``."""
+    key_id = secrets.token_hex(4)
+    secret = base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("=")
+    return f"{KEY_PREFIX}{key_id}.{secret}", key_id, secret
+
+
+def split_key(key: str) -> tuple[str, str] | None:
+    """``(id, secret)`` of a well-formed key, else None."""
+    if not key.startswith(KEY_PREFIX) or "." not in key:
+        return None
+    key_id, _, secret = key[len(KEY_PREFIX):].partition(".")
+    if not key_id or not secret or len(key) > 256:
+        return None
+    return key_id, secret
+
+
+@dataclass(frozen=True, slots=True)
+class KeyEntry:
+    id: str
+    tenant: str
+    hash: str
+    created: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "tenant": self.tenant, "hash": self.hash, "created": self.created}
+
+
+def _limits(obj: Any, where: str) -> TenantLimits:
+    if not isinstance(obj, dict):
+        raise AuthError(f"{where}: expected an object of limits")
+    allowed = {"rate", "burst", "max_concurrent", "max_active_runs"}
+    extra = set(obj) - allowed
+    if extra:
+        raise AuthError(f"{where}: unknown field(s) {sorted(extra)}; allowed: {sorted(allowed)}")
+    for k, v in obj.items():
+        if v is not None and (not isinstance(v, int | float) or isinstance(v, bool) or v <= 0):
+            raise AuthError(f"{where}.{k}: must be a positive number or null, got {v!r}")
+    return TenantLimits(**obj)
+
+
+# ---------------------------------------------------------------------------------- stores
+class KeyStore(ABC):
+    """Where key hashes (and per-tenant limits) are kept."""
+
+    @abstractmethod
+    def get(self, key_id: str) -> KeyEntry | None: ...
+
+    @abstractmethod
+    def add(self, entry: KeyEntry) -> None: ...
+
+    @abstractmethod
+    def revoke(self, key_id: str) -> bool: ...
+
+    @abstractmethod
+    def entries(self) -> list[KeyEntry]: ...
+
+    def tenant_limits(self) -> dict[str, TenantLimits]:
+        return {}
+
+    def create(self, tenant: str) -> str:
+        """Make a key for ``tenant``, store its hash, return the key (shown once)."""
+        if not tenant or len(tenant) > 128 or not all(c.isalnum() or c in "_.-" for c in tenant):
+            raise AuthError(f"bad tenant name {tenant!r}: 1-128 characters from [A-Za-z0-9_.-]")
+        key, key_id, secret = new_key()
+        self.add(KeyEntry(key_id, tenant, hash_secret(secret), time.time()))
+        return key
+
+
+class FileKeyStore(KeyStore):
+    """Keys in a JSON auth file (mode 0600), re-read when the file changes."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._stamp: tuple[int, int, int] | None = None
+        self._data: dict[str, Any] = {"version": 1, "keys": [], "tenants": {}}
+        self._by_id: dict[str, KeyEntry] = {}
+        self._limits: dict[str, TenantLimits] = {}
+        self._lock = threading.Lock()
+
+    def _load(self) -> None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            self._stamp, self._by_id, self._limits = None, {}, {}
+            self._data = {"version": 1, "keys": [], "tenants": {}}
+            return
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp == self._stamp:
+            return
+        try:
+            data = json.loads(self.path.read_text())
+        except ValueError as e:
+            raise AuthError(f"{self.path}: not valid JSON: {e}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("keys", []), list):
+            raise AuthError(f"{self.path}: expected an object with a 'keys' list")
+        by_id = {}
+        for i, k in enumerate(data.get("keys", [])):
+            try:
+                e = KeyEntry(str(k["id"]), str(k["tenant"]), str(k["hash"]), float(k.get("created", 0)))
+            except (KeyError, TypeError, ValueError) as err:
+                raise AuthError(f"{self.path}: keys[{i}]: missing or bad field {err}") from None
+            by_id[e.id] = e
+        tenants = data.get("tenants", {}) or {}
+        if not isinstance(tenants, dict):
+            raise AuthError(f"{self.path}: 'tenants' must be an object")
+        self._limits = {t: _limits(v, f"{self.path}: tenants.{t}") for t, v in tenants.items()}
+        self._data, self._by_id, self._stamp = data, by_id, stamp
+
+    def get(self, key_id: str) -> KeyEntry | None:
+        with self._lock:
+            self._load()
+            return self._by_id.get(key_id)
+
+    def entries(self) -> list[KeyEntry]:
+        with self._lock:
+            self._load()
+            return list(self._by_id.values())
+
+    def tenant_limits(self) -> dict[str, TenantLimits]:
+        with self._lock:
+            self._load()
+            return dict(self._limits)
+
+    def _save(self) -> None:
+        from hermes.fsutil import atomic_write_text
+
+        atomic_write_text(self.path, json.dumps(self._data, indent=2) + "\n")
+        os.chmod(self.path, 0o600)
+        self._stamp = None
+
+    def add(self, entry: KeyEntry) -> None:
+        with self._lock:
+            self._load()
+            self._data.setdefault("keys", []).append(entry.to_json())
+            self._save()
+
+    def revoke(self, key_id: str) -> bool:
+        with self._lock:
+            self._load()
+            keys = self._data.get("keys", [])
+            kept = [k for k in keys if k.get("id") != key_id]
+            if len(kept) == len(keys):
+                return False
+            self._data["keys"] = kept
+            self._save()
+            return True
+
+    def set_limits(self, tenant: str, limits: dict[str, Any]) -> None:
+        with self._lock:
+            self._load()
+            _limits(limits, f"{self.path}: tenants.{tenant}")
+            self._data.setdefault("tenants", {})[tenant] = limits
+            self._save()
+
+
+class RedisKeyStore(KeyStore):
+    """Keys in Redis: hash ``<prefix>keys`` (id -> entry JSON), ``<prefix>tenants`` (limits)."""
+
+    def __init__(self, url: str, prefix: str = "hermes:auth:") -> None:
+        import redis
+
+        self.r = redis.Redis.from_url(url, decode_responses=True)
+        self.prefix = prefix
+
+    def get(self, key_id: str) -> KeyEntry | None:
+        raw = self.r.hget(self.prefix + "keys", key_id)
+        if raw is None:
+            return None
+        d = json.loads(raw)
+        return KeyEntry(d["id"], d["tenant"], d["hash"], float(d.get("created", 0)))
+
+    def add(self, entry: KeyEntry) -> None:
+        self.r.hset(self.prefix + "keys", entry.id, json.dumps(entry.to_json()))
+
+    def revoke(self, key_id: str) -> bool:
+        return bool(self.r.hdel(self.prefix + "keys", key_id))
+
+    def entries(self) -> list[KeyEntry]:
+        out = []
+        for raw in self.r.hgetall(self.prefix + "keys").values():
+            d = json.loads(raw)
+            out.append(KeyEntry(d["id"], d["tenant"], d["hash"], float(d.get("created", 0))))
+        return out
+
+    def tenant_limits(self) -> dict[str, TenantLimits]:
+        return {t: _limits(json.loads(v), f"redis {self.prefix}tenants.{t}")
+                for t, v in self.r.hgetall(self.prefix + "tenants").items()}
+
+    def set_limits(self, tenant: str, limits: dict[str, Any]) -> None:
+        _limits(limits, f"tenants.{tenant}")
+        self.r.hset(self.prefix + "tenants", tenant, json.dumps(limits))
+
+
+def open_key_store(auth_file: str = "", redis_url: str = "") -> KeyStore | None:
+    if redis_url:
+        return RedisKeyStore(redis_url)
+    if auth_file:
+        return FileKeyStore(auth_file)
+    return None
+
+
+class Authenticator:
+    """Key -> tenant, with a small cache of verified keys (scrypt is deliberately slow)."""
+
+    def __init__(self, store: KeyStore, cache_size: int = 4096) -> None:
+        self.store = store
+        self._cache: OrderedDict[str, tuple[str, str]] = OrderedDict()  # sha256(key) -> (id, tenant)
+        self.cache_size = cache_size
+
+    def tenant_of(self, key: str | None) -> str | None:
+        """The key's tenant, or None if the key is missing, malformed, unknown or revoked."""
+        if not key:
+            return None
+        parts = split_key(key)
+        if parts is None:
+            return None
+        key_id, secret = parts
+        entry = self.store.get(key_id)  # revocation takes effect at once
+        if entry is None:
+            return None
+        fp = hashlib.sha256(key.encode()).hexdigest()
+        hit = self._cache.get(fp)
+        if hit is not None and hit[0] == key_id and hit[1] == entry.tenant:
+            self._cache.move_to_end(fp)
+            return entry.tenant
+        if not verify_secret(secret, entry.hash):
+            return None
+        self._cache[fp] = (key_id, entry.tenant)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return entry.tenant
+
+
+# ---------------------------------------------------------------------------------- admin
+def _bearer(value: str | None) -> str | None:
+    if value and value[:7].lower() == "bearer ":
+        return value[7:].strip()
+    return None
+
+
+# ---------------------------------------------------------------------------------- config
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class Security:
+    """What the middleware enforces, built from the config's ``[security]`` section."""
+
+    authenticator: Authenticator | None
+    admission: Admission
+    max_body_bytes: int
+    store: KeyStore | None = None
+
+    @property
+    def auth_on(self) -> bool:
+        return self.authenticator is not None
+
+    def refresh_limits(self) -> None:
+        if self.store is not None:
+            self.admission.per_tenant = self.store.tenant_limits()
+
+
+def check_exposure(config: Any) -> None:
+    """Refuse (:class:`AuthError`) to serve off loopback without authentication; called
+    before the listening socket is bound."""
+    sec = config.security
+    if not (sec.auth_file or sec.auth_redis) and not is_loopback(config.server.host):
+        raise AuthError(
+            f"refusing to serve on {config.server.host} without authentication: give "
+            "--auth-file FILE (keys from `hermes keys create`) or security.auth_redis")
+
+
+def build_security(config: Any) -> Security:
+    """The gateway's :class:`Security`; refuses to serve off loopback without authentication."""
+    check_exposure(config)
+    sec = config.security
+    store = open_key_store(sec.auth_file, sec.auth_redis)
+    default = TenantLimits(rate=sec.tenant_rate or None, burst=sec.tenant_burst or None,
+                           max_concurrent=sec.tenant_max_concurrent or None,
+                           max_active_runs=sec.tenant_max_active_runs or None)
+    s = Security(Authenticator(store) if store is not None else None, Admission(default=default),
+                 sec.max_body_bytes, store)
+    if store is not None:
+        s.admission.per_tenant = store.tenant_limits()  # also fails early on a bad file
+    return s
+
+
+# ---------------------------------------------------------------------------------- middleware
+class BodyTooLarge(HTTPException):
+    """Raised while reading a (chunked) body that grows over the limit: 413."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body is over the limit of {limit} bytes")
+
+
+def _json_error(status: int, message: str, code: str, headers: list[tuple[bytes, bytes]] | None = None
+                ) -> tuple[dict, bytes]:
+    from hermes.gateway.openai_api import _ERROR_TYPES
+
+    body = json.dumps({"error": {"message": message, "type": _ERROR_TYPES.get(status, "api_error"),
+                                 "param": None, "code": code}}).encode()
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    hdrs += headers or []
+    return {"type": "http.response.start", "status": status, "headers": hdrs}, body
+
+
+class SecurityMiddleware:
+    """Body size limit, API-key authentication, tenant scoping and admission (see module doc)."""
+
+    def __init__(self, app: Any, security: Security) -> None:
+        self.app = app
+        self.security = security
+        self._last_limits = 0.0
+
+    async def _reply(self, send: Any, status: int, message: str, code: str,
+                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        start, body = _json_error(status, message, code, headers)
+        await send(start)
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        sec = self.security
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        limit = sec.max_body_bytes
+        clen = headers.get("content-length")
+        if clen is not None:
+            try:
+                n = int(clen)
+            except ValueError:
+                await self._reply(send, 400, "bad Content-Length header", "invalid_request")
+                return
+            if n > limit:
+                await self._reply(send, 413, f"request body of {n} bytes is over the limit of "
+                                  f"{limit} bytes", "body_too_large")
+                return
+        path: str = scope.get("path", "")
+        public = path.startswith(PUBLIC_PATHS) or path.startswith("/admin")
+        tenant: str | None = None
+        if sec.auth_on and not public:
+            key = _bearer(headers.get("authorization")) or headers.get("x-api-key")
+            assert sec.authenticator is not None
+            tenant = sec.authenticator.tenant_of(key)
+            if tenant is None:
+                await self._reply(send, 401, "missing or invalid API key (Authorization: "
+                                  "Bearer hk-...)", "invalid_api_key",
+                                  [(b"www-authenticate", b"Bearer")])
+                return
+        admitted_as: str | None = None
+        if not public:
+            who = tenant or headers.get("x-hermes-tenant") or "default"
+            now = time.monotonic()
+            if sec.store is not None and now - self._last_limits > 1.0:
+                self._last_limits = now
+                try:
+                    sec.refresh_limits()
+                except Exception:  # a half-edited file: keep the limits we had
+                    pass
+            ok, wait, reason = sec.admission.admit(who, now)
+            if not ok:
+                retry = str(max(1, math.ceil(wait))) if math.isfinite(wait) else "60"
+                await self._reply(send, 429, reason, "rate_limited", [(b"retry-after", retry.encode())])
+                return
+            admitted_as = who
+        scope.setdefault("state", {})["tenant"] = tenant
+        token = current_tenant.set(tenant)
+        seen = 0
+
+        async def limited_receive() -> dict:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > limit:
+                    raise BodyTooLarge(limit)
+            return msg
+
+        started = False
+
+        async def tracking_send(msg: dict) -> None:
+            nonlocal started
+            if msg["type"] == "http.response.start":
+                started = True
+            await send(msg)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyTooLarge:
+            if not started:
+                await self._reply(send, 413, f"request body is over the limit of {limit} bytes",
+                                  "body_too_large")
+        finally:
+            current_tenant.reset(token)
+            if admitted_as is not None:
+                sec.admission.release(admitted_as)
+
+
+def tenant_for(request: Request, asked: str | None) -> str | None:
+    """The tenant a new run belongs to: the key's tenant when authentication is on (a body
+    naming another tenant is refused with 403), else what the client asked for."""
+    auth = request.scope.get("state", {}).get("tenant")
+    if auth is None:
+        return asked
+    if asked is not None and asked != auth:
+        raise HTTPException(403, f"tenant {asked!r} does not match the API key's tenant")
+    return auth
+
+
+def check_run_quota(request: Request, tenant: str | None) -> Any:
+    """A 429 response if ``tenant`` is at its active-run quota, else None."""
+    sec: Security | None = getattr(request.app.state, "security", None)
+    if sec is None:
+        return None
+    who = tenant or "default"
+    if sec.admission.limits(who).max_active_runs is None:
+        return None
+    from hermes.gateway.openai_api import error_response
+    from hermes.gateway.scheduler import ACTIVE
+
+    sched = request.app.state.scheduler
+    active = sum(1 for r in sched.runs.values()
+                 if r.status in ACTIVE and (r.state.tenant or "default") == who)
+    ok, reason = sec.admission.runs_allowed(who, active)
+    if ok:
+        return None
+    return error_response(429, reason, code="run_quota", headers={"Retry-After": "5"})
+
+
+def visible(run_tenant: str | None) -> bool:
+    """Whether the current request's tenant may see a run of ``run_tenant`` (always, with
+    authentication off or outside a request)."""
+    t = current_tenant.get()
+    return t is None or t == run_tenant
+
+
+def install_security(app: Any, config: Any) -> Security:
+    """Build :class:`Security` from ``config`` and wrap ``app`` in the middleware."""
+    sec = build_security(config)
+    app.state.security = sec
+    app.add_middleware(SecurityMiddleware, security=sec)
+    return sec

@@ -1,0 +1,37 @@
+"""Token buckets and admission (pure: every call takes ``now``)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hermes.core.limits import Admission, TenantLimits, TokenBucket
+
+
+def test_token_bucket_burst_then_rate() -> None:
+    b = TokenBucket(rate=2.0, burst=3.0)
+    assert [b.take(0.0) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert b.take(0.0) == pytest.approx(0.5)  # one token in 1/rate s
+    assert b.take(0.25) == pytest.approx(0.25)  # half a token refilled, not spent
+    assert b.take(0.5) == 0.0
+    assert b.take(100.0) == 0.0 and b.tokens == pytest.approx(2.0)  # capped at burst
+    assert b.take(100.0, cost=5.0) == math.inf  # more than the burst: never
+    with pytest.raises(ValueError):
+        TokenBucket(rate=0.0, burst=1.0)
+
+
+def test_admission_rate_concurrency_and_runs_per_tenant() -> None:
+    adm = Admission(per_tenant={"a": TenantLimits(rate=1.0, burst=2.0),
+                                "b": TenantLimits(max_concurrent=2, max_active_runs=1)})
+    assert adm.admit("a", 0.0)[0] and adm.admit("a", 0.0)[0]
+    ok, wait, why = adm.admit("a", 0.0)
+    assert not ok and wait == pytest.approx(1.0) and "rate" in why
+    assert adm.admit("a", 1.0)[0]
+    assert adm.admit("b", 0.0)[0] and adm.admit("b", 0.0)[0]
+    ok, wait, why = adm.admit("b", 0.0)
+    assert not ok and wait > 0 and "in flight" in why
+    adm.release("b")
+    assert adm.admit("b", 0.0)[0]
+    assert adm.runs_allowed("b", 0)[0] and not adm.runs_allowed("b", 1)[0]
+    assert adm.admit("anyone", 0.0)[0]  # default: unlimited

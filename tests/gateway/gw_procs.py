@@ -1,0 +1,66 @@
+"""Real gateway and HermesLet processes for fault tests (started and killed by PID)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_gateway(port: int, zmq_port: int, state_dir: Path, log: Path, **env: str) -> subprocess.Popen:
+    """``hermes serve`` with no embedded node; HermesLets connect over TCP."""
+    environ = {**os.environ, "HERMES_EMBEDDED_NODE": "false", "HERMES_LOG_LEVEL": "warning",
+               **env}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hermes.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+         "--bind", f"tcp://127.0.0.1:{zmq_port}", "--state-dir", str(state_dir),
+         "--kb", str(state_dir / "kb")],
+        stdout=log.open("ab"), stderr=subprocess.STDOUT, env=environ, start_new_session=True)
+    return proc
+
+
+def start_node(zmq_port: int, name: str, log: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "hermeslet.cli", "run", "--scheduler", f"tcp://127.0.0.1:{zmq_port}",
+         "--node", name, "--engine", "sim", "--model", "llama-2-7b", *extra],
+        stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, nodes: int = 1, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode}")
+        try:
+            r = httpx.get(url + "/healthz", timeout=1.0)
+            if r.status_code == 200 and len(r.json()["nodes"]) >= nodes:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} not healthy with {nodes} nodes in {timeout} s")
+
+
+def kill(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -1,0 +1,87 @@
+"""Durable run state across a gateway restart, on both stores (SQLite in the state directory,
+a real redis-server): ended runs answer as before, client-driven runs keep their units and
+stay usable, and the knowledge base keeps what it learned."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from gw_redis import redis_url  # noqa: F401  (fixture)
+
+from hermes.gateway.durable import RedisRunStore, SqliteRunStore
+from hermes.gateway.server import gateway_state
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_store_round_trip(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    store = (SqliteRunStore(tmp_path / "s.db") if kind == "sqlite"
+             else RedisRunStore(request.getfixturevalue("redis_url"), prefix=f"t{time.time()}:"))
+    store.put_run("a", "queued", {"run_id": "a", "submitted": 1.0, "status": "queued"})
+    store.put_run("b", "queued", {"run_id": "b", "submitted": 2.0, "status": "queued"})
+    store.put_run("a", "finished", {"run_id": "a", "submitted": 1.0, "status": "finished"})
+    store.put_call("b", 0, {"state": "sent"})
+    store.put_call("b", 0, {"state": "done"})
+    store.put_call("b", 1, {"state": "sent"})
+    assert [(d["run_id"], d["status"]) for d in store.runs()] == [("a", "finished"), ("b", "queued")]
+    assert store.calls("b") == {0: {"state": "done"}, 1: {"state": "sent"}}
+    assert store.calls("a") == {}
+    store.drop_calls("b")
+    assert store.calls("b") == {}
+    for i in range(5):
+        store.put_run(f"e{i}", "failed", {"run_id": f"e{i}", "submitted": 3.0 + i, "status": "failed"})
+    assert store.prune_ended(2) == 4  # a, e0, e1, e2
+    assert [d["run_id"] for d in store.runs()] == ["b", "e3", "e4"]
+    store.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_runs_and_knowledge_survive_a_restart(kind: str, make_gateway, tmp_path: Path,  # noqa: ANN001
+                                              request: pytest.FixtureRequest) -> None:
+    opts = {"state_dir": str(tmp_path / "state"), "kb": str(tmp_path / "kb"),
+            "recovery_grace_s": 0.5, "learn_interval_s": 0.1}
+    if kind == "redis":
+        url = request.getfixturevalue("redis_url")
+        redis.Redis.from_url(url).flushdb()
+        opts["state_redis"] = url
+    srv = make_gateway(**opts)
+    body = {"model": "llama-2-7b", "prompt": "x" * 40, "max_tokens": 3}
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        done = http.post("/v1/runs", json={"app": "factool_math", "input": {"seed": 3}})
+        done_id = done.json()["run_id"]
+        client_id = http.post("/v1/runs", json={"app": "myagent"}).json()["run_id"]
+        for unit in ("plan", "act"):
+            r = http.post("/v1/completions", json=body,
+                          headers={"X-Hermes-Run": client_id, "X-Hermes-Unit": unit})
+            assert r.status_code == 200
+        learn_id = http.post("/v1/runs", json={"app": "myagent"}).json()["run_id"]
+        http.post("/v1/completions", json=body, headers={"X-Hermes-Run": learn_id,
+                                                         "X-Hermes-Unit": "plan"})
+        assert http.post(f"/v1/runs/{learn_id}/finish").json()["state"] == "finished"
+        deadline = time.monotonic() + 30
+        while http.get(f"/v1/runs/{done_id}").json()["state"] != "finished":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        result = http.get(f"/v1/runs/{done_id}").json()["result"]
+    gateway_state(srv).scheduler.flush_learning()
+    srv.stop()
+
+    srv2 = make_gateway(**opts)
+    with httpx.Client(base_url=srv2.url, timeout=30) as http:
+        r = http.get(f"/v1/runs/{done_id}").json()
+        assert r["state"] == "finished" and r["result"] == result  # not run again
+        r = http.get(f"/v1/runs/{client_id}").json()
+        assert r["state"] == "running" and [u["unit"] for u in r["units"]] == ["plan", "act"]
+        assert [u["requests"][0]["output_tokens"] for u in r["units"]] == [3, 3]
+        # the client carries on with the same run after the restart
+        r = http.post("/v1/completions", json=body,
+                      headers={"X-Hermes-Run": client_id, "X-Hermes-Unit": "answer"})
+        assert r.status_code == 200
+        r = http.post(f"/v1/runs/{client_id}/finish").json()
+        assert r["state"] == "finished" and [u["unit"] for u in r["units"]] == ["plan", "act", "answer"]
+        # the knowledge base kept what it learned from the runs before the restart
+        g = http.get("/v1/apps/myagent").json()["pdgraph"]
+        assert g is not None and "plan" in g["units"]

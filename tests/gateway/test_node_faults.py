@@ -1,0 +1,194 @@
+"""Node and engine faults with real servers on loopback: engine errors retried with backoff, a
+slow engine does not block the gateway's event loop, a client that disconnects mid-stream frees
+its engine slot."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from gw_procs import free_port
+
+from hermes.gateway.server import gateway_state
+
+
+class FakeEngine:
+    """An OpenAI-compatible server on loopback: fails the first ``fail_first`` completions
+    with 503, then answers after ``delay_s`` (an asyncio sleep: a slow engine, not a stuck
+    gateway)."""
+
+    def __init__(self, fail_first: int = 0, delay_s: float = 0.0) -> None:
+        self.fail_first, self.delay_s = fail_first, delay_s
+        self.calls: list[float] = []
+        app = FastAPI()
+
+        @app.get("/v1/models")
+        async def models() -> dict:
+            return {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
+
+        @app.post("/v1/completions")
+        async def completions() -> JSONResponse:
+            self.calls.append(time.monotonic())
+            if len(self.calls) <= self.fail_first:
+                return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
+            await asyncio.sleep(self.delay_s)
+            return JSONResponse({"id": "c", "object": "text_completion", "model": "fake-model",
+                                 "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
+                                 "usage": {"prompt_tokens": 3, "completion_tokens": 1,
+                                           "total_tokens": 4}})
+
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                    log_level="error", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> FakeEngine:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(5)
+
+
+@pytest.fixture
+def flaky() -> Iterator[FakeEngine]:
+    with FakeEngine(fail_first=2) as e:
+        yield e
+
+
+@pytest.fixture
+def slow() -> Iterator[FakeEngine]:
+    with FakeEngine(delay_s=2.0) as e:
+        yield e
+
+
+def _engine(e: FakeEngine) -> list[dict]:
+    return [{"name": "fake", "kind": "openai", "url": e.url, "model": "fake-model", "max_inflight": 8}]
+
+
+def test_engine_errors_are_retried_with_backoff(make_gateway, flaky: FakeEngine) -> None:  # noqa: ANN001
+    srv = make_gateway(engines=_engine(flaky), time_scale=1.0)
+    r = httpx.post(srv.url + "/v1/completions", timeout=30,
+                   json={"model": "fake-model", "prompt": "hi", "max_tokens": 1})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "ok"
+    assert len(flaky.calls) == 3  # two 503s, then the answer
+    gaps = [b - a for a, b in zip(flaky.calls, flaky.calls[1:], strict=False)]
+    assert gaps[0] >= 0.09 and gaps[1] >= 0.19, gaps  # 0.1 s, then 0.2 s
+    # more failures than retries: a clear error, not a hang
+    flaky.fail_first, flaky.calls = 10, []
+    r = httpx.post(srv.url + "/v1/completions", timeout=30,
+                   json={"model": "fake-model", "prompt": "hi", "max_tokens": 1})
+    assert r.status_code == 502 and "503" in r.json()["error"]["message"]
+    assert len(flaky.calls) == 3  # max_retries = 2
+
+
+def test_a_slow_engine_does_not_block_the_event_loop(make_gateway, slow: FakeEngine) -> None:  # noqa: ANN001
+    srv = make_gateway(engines=_engine(slow), time_scale=1.0)
+
+    async def scenario() -> tuple[list[int], list[float]]:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as http:
+            reqs = [asyncio.create_task(http.post("/v1/completions", json={
+                "model": "fake-model", "prompt": "hi", "max_tokens": 1})) for _ in range(6)]
+            await asyncio.sleep(0.3)
+            lat = []
+            for _ in range(10):
+                t0 = time.monotonic()
+                assert (await http.get("/healthz")).status_code == 200
+                lat.append(time.monotonic() - t0)
+                await asyncio.sleep(0.05)
+            assert not any(t.done() for t in reqs)  # all still at the slow engine
+            return [(await t).status_code for t in reqs], lat
+
+    codes, lat = asyncio.run(scenario())
+    assert codes == [200] * 6
+    assert max(lat) < 0.25, lat
+
+
+def test_client_disconnect_mid_stream_frees_the_engine_slot(make_gateway) -> None:  # noqa: ANN001
+    srv = make_gateway(time_scale=2.0)
+    st = gateway_state(srv)
+    sched, node = st.scheduler, st.node
+    slot = next(iter(node.slots.values()))
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        with http.stream("POST", "/v1/completions", json={
+                "model": "llama-2-7b", "prompt": "tell me a long story", "max_tokens": 4000,
+                "stream": True}) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(6)]
+            assert any(g.startswith("data: ") for g in got)
+            assert len(slot.inflight) == 1 and len(sched.requests) == 1
+        # the client closed the connection: the request leaves the engine
+        deadline = time.monotonic() + 5
+        while slot.inflight or sched.requests:
+            assert time.monotonic() < deadline, (slot.inflight, sched.requests)
+            time.sleep(0.05)
+        run = http.get("/v1/runs").json()["runs"][0]
+        assert run["state"] == "failed"
+        assert "disconnected" in http.get(f"/v1/runs/{run['run_id']}").json()["error"]
+
+
+def test_a_tool_call_on_a_dead_node_fails_clearly_and_is_not_rerun(make_gateway) -> None:  # noqa: ANN001
+    import subprocess
+    import sys
+
+    from gw_procs import kill
+
+    zport = free_port()
+    srv = make_gateway(bind=f"tcp://127.0.0.1:{zport}", embedded_node=False, time_scale=1.0)
+    sched = gateway_state(srv).scheduler
+    procs = {f"t{i}": subprocess.Popen(
+        [sys.executable, "-m", "hermeslet.cli", "run", "--scheduler", f"tcp://127.0.0.1:{zport}",
+         "--node", f"t{i}", "--engine", "sim", "--model", "m"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        for i in range(2)}
+    try:
+        deadline = time.monotonic() + 30
+        while len(sched.nodes) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+        async def scenario() -> httpx.Response:
+            async with httpx.AsyncClient(base_url=srv.url, timeout=60) as http:
+                rid = (await http.post("/v1/runs", json={"app": "tooly"})).json()["run_id"]
+                call = asyncio.create_task(http.post(f"/v1/runs/{rid}/tools", json={
+                    "unit": "exec", "backend": "docker:python:3.10-slim", "timeout_s": 30,
+                    "command": ["sleep", "8"]}))
+                while not sched.requests:
+                    assert not call.done(), call.result().text
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(1.5)  # running, and reported so by a heartbeat
+                node = next(iter(sched.requests.values())).node
+                kill(procs[node])
+                t0 = time.monotonic()
+                r = await call
+                assert time.monotonic() - t0 < 8  # detected by the disconnect, not a timeout
+                run = (await http.get(f"/v1/runs/{rid}")).json()
+                return r, run, node
+
+        r, run, node = asyncio.run(scenario())
+        assert r.status_code == 502
+        assert "not retried" in r.json()["error"]["message"]
+        # sent once, to the node that died; never re-dispatched to the other one
+        reqs = [q for u in run["units"] for q in u["requests"]]
+        assert [q["state"] for q in reqs] == ["failed"]
+        assert sched.requests == {} and len(sched.nodes) == 1 and node not in sched.nodes
+    finally:
+        for p in procs.values():
+            kill(p)
