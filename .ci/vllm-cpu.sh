@@ -23,5 +23,9 @@ if [ ! -f "$STAMP" ]; then
   "$VENV/bin/python" -c "import vllm, transformers, tokenizers, torch" >/dev/null
   touch "$STAMP"
 fi
+# peft makes the rank-8 LoRA adapters of the LoRA-prewarm test (tests/hermeslet/test_prewarm_vllm_cpu.py)
+if ! "$VENV/bin/python" -c "import peft" >/dev/null 2>&1; then
+  PIP_CONSTRAINT="$(dirname "$VENV")/constraints.txt" "$VENV/bin/pip" install -q peft
+fi
 export HERMES_VLLM_PYTHON="$VENV/bin/python"
 echo "$HERMES_VLLM_PYTHON"

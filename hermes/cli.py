@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int)
     s.add_argument("--policy")
     s.add_argument("--time-scale", dest="time_scale", type=float, help="built-in engine runs X times faster")
-    s.add_argument("--state-dir", dest="state_dir", help="run records and learned PDGraphs (default .hermes)")
+    s.add_argument("--state-dir", dest="state_dir", help="durable state: runs, records, learned PDGraphs (default: the user data dir, ~/.local/share/hermes)")
     s.add_argument("--apps", action="append", help="Python module registering hosted apps (repeatable)")
     s.add_argument("--kb", help="knowledge base: a directory (default pdgraphs/) or redis://HOST:PORT/DB")
     s.add_argument("--bind", help="ZeroMQ address HermesLets connect to, e.g. tcp://127.0.0.1:5557")

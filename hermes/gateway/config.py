@@ -76,7 +76,8 @@ class StoresConfig(_Section):
     #: PDGraph knowledge base: a directory of PDGraph JSON files or redis://HOST:PORT/DB
     kb: str = "pdgraphs/"
     #: where run records (records.jsonl) are appended
-    state_dir: str = ".hermes"
+    #: "" (default): the user data directory (platformdirs: ~/.local/share/hermes on Linux)
+    state_dir: str = ""
     #: write the learned PDGraph back to the knowledge base once an app has N new finished
     #: runs (0: never write back; the estimator is updated anyway)
     kb_write_every: int = Field(default=1, ge=0)
@@ -279,3 +280,14 @@ def load_config(
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
         raise ConfigError(f"{source}: key {loc}: {err['msg']}") from None
+
+
+def resolve_state_dir(state_dir: str) -> Path:
+    """The durable state directory: ``state_dir`` when set, else the user's data directory
+    for Hermes (``platformdirs.user_data_dir("hermes")``, e.g. ``~/.local/share/hermes``),
+    so that state survives wherever ``hermes serve`` is started from."""
+    if state_dir:
+        return Path(state_dir).expanduser()
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("hermes", appauthor=False))

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hermes.gateway.config import resolve_state_dir
 from hermes.protocol import Done, ToolDone
 
 if TYPE_CHECKING:
@@ -214,7 +215,7 @@ def open_run_store(config: Any) -> RunStore | None:
         return None
     if d.state_redis:
         return RedisRunStore(d.state_redis)
-    return SqliteRunStore(Path(config.stores.state_dir) / "state.sqlite3")
+    return SqliteRunStore(resolve_state_dir(config.stores.state_dir) / "state.sqlite3")
 
 
 # ---------------------------------------------------------------------------------- documents

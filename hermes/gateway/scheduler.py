@@ -36,7 +36,6 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -49,7 +48,7 @@ from hermes.core.policies.base import SchedulingPolicy, make_policy, policy_clas
 from hermes.core.records import RequestRecord, RunRecord, UnitRecord
 from hermes.core.state import RequestView, RunState, UnitObservation
 from hermes.gateway.auth import visible
-from hermes.gateway.config import GatewayConfig
+from hermes.gateway.config import GatewayConfig, resolve_state_dir
 from hermes.protocol import (
     Cancel,
     Done,
@@ -307,7 +306,7 @@ class LiveScheduler:
         self._socket: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
         self._req_seq = itertools.count()
-        state_dir = Path(config.stores.state_dir)
+        state_dir = resolve_state_dir(config.stores.state_dir)
         state_dir.mkdir(parents=True, exist_ok=True)
         self.records_path = state_dir / "records.jsonl"
         self.stats = {"runs_finished": 0, "records_written": 0, "rekeys_sent": 0}
@@ -1257,5 +1256,5 @@ def _open_kb(url: str, state_dir: str) -> Any | None:
 
     store = open_store(url)
     if isinstance(store, FileStore):
-        return OverlayStore(FileStore(Path(state_dir) / "pdgraphs"), store)
+        return OverlayStore(FileStore(resolve_state_dir(state_dir) / "pdgraphs"), store)
     return store

@@ -49,3 +49,12 @@ def test_errors_name_the_source_and_key(tmp_path: Path) -> None:
         load_config(None, environ={}, colour="red")
     with pytest.raises(ConfigError, match="no such config file"):
         load_config(tmp_path / "missing.toml", environ={})
+
+
+def test_default_state_dir_is_the_user_data_dir(monkeypatch, tmp_path) -> None:  # noqa: ANN001
+    from hermes.gateway.config import resolve_state_dir
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    assert load_config(None, environ={}).stores.state_dir == ""
+    assert resolve_state_dir("") == tmp_path / "hermes"
+    assert resolve_state_dir("~/x") == Path("~/x").expanduser()
