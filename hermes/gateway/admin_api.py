@@ -150,6 +150,7 @@ async def apps_list(request: Request) -> dict[str, Any]:
 @router.get("/apps/{name}")
 async def apps_show(name: str, request: Request) -> Response:
     s = _sched(request)
+    s.refresh_graphs({name})  # what finished runs taught it, now
     graph = s.app_graph(name)
     hosted = request.app.state.hosted.get(name)
     if graph is None and hosted is None:
@@ -161,6 +162,7 @@ async def apps_show(name: str, request: Request) -> Response:
 
 @router.get("/apps/{name}/pdgraph")
 async def apps_export(name: str, request: Request) -> Response:
+    _sched(request).refresh_graphs({name})  # what finished runs taught it, now
     graph = _sched(request).app_graph(name)
     if graph is None:
         return error_response(404, f"app {name!r} has no PDGraph", param="name",

@@ -230,6 +230,7 @@ async def get_app(name: str, request: Request) -> Response:
     bad = _bad_app_name(name)
     if bad is not None:
         return bad
+    sched.refresh_graphs({name})  # what finished runs taught it, now
     graph = sched.app_graph(name)
     app = reg.get(name)
     if graph is None and app is None:

@@ -301,6 +301,7 @@ class LiveScheduler:
         self._profiled_runs: dict[str, int] = {}
         self._kb_written: dict[str, int] = {}
         self._dirty: set[str] = set()
+        self._latest_graphs: dict[str, Any] = {}  # app -> the last PDGraph refresh_graphs built
         self._kb_records: list[RunRecord] = []
         self._records_fh: Any = None
         self._socket: zmq.asyncio.Socket | None = None
@@ -1163,6 +1164,7 @@ class LiveScheduler:
                 log.exception("PDGraph rebuild failed for %s", app)
                 continue
             graphs[app] = graph
+            self._latest_graphs[app] = graph
             if self.pool is not None:
                 self.pool.update(graph)
         return graphs
@@ -1210,11 +1212,18 @@ class LiveScheduler:
         self._kb_write(*self._kb_batch(self.refresh_graphs()))
 
     def app_graph(self, app: str) -> Any | None:
-        """The current PDGraph of ``app``: learned online if any run finished, else the KB's."""
-        prof = self._profilers.get(app)
-        if prof is not None:
-            self.refresh_graphs({app})
-            return prof.graph
+        """The current PDGraph of ``app``: learned online if any run finished, else the KB's.
+
+        The learned graph is the one the last :meth:`refresh_graphs` built (the learner
+        refreshes every ``stores.learn_interval_s``); it is rebuilt here only if none was
+        built yet. Rebuilding on every call put a PDGraph rebuild (and a new estimator) on the
+        path of every unit start (the prewarm planner asks at each one)."""
+        graph = self._latest_graphs.get(app)
+        if graph is not None:
+            return graph
+        if app in self._profilers:
+            self._dirty.add(app)
+            return self.refresh_graphs({app}).get(app)
         return self.kb.get(app) if self.kb is not None else None
 
     def put_graph(self, graph: Any) -> None:
@@ -1224,6 +1233,7 @@ class LiveScheduler:
         if self.kb is not None:
             self.kb.put(graph)
         self._profilers[graph.app] = Profiler(graph.app, graph)
+        self._latest_graphs[graph.app] = graph
         self._dirty.discard(graph.app)
         if self.pool is not None:
             self.pool.update(graph)
