@@ -358,7 +358,15 @@ class LiveScheduler:
             self._zap = secure_server(sock, self.context, self.config.security.curve_dir)
         sock.bind(self.inproc_address)
         if self.config.scheduler.bind:
-            sock.bind(self.config.scheduler.bind)
+            try:
+                sock.bind(self.config.scheduler.bind)
+            except zmq.ZMQError as exc:
+                sock.close(0)
+                raise SchedulerError(
+                    f"cannot bind the node socket to scheduler.bind = "
+                    f"{self.config.scheduler.bind!r}: {exc} (is another gateway running? pick "
+                    f"another address with --bind / HERMES_BIND, or '' for embedded nodes only)"
+                ) from exc
         self._socket = sock
         self._tasks = [
             asyncio.create_task(self._recv_loop(), name="hermes-recv"),

@@ -58,3 +58,29 @@ def test_default_state_dir_is_the_user_data_dir(monkeypatch, tmp_path) -> None: 
     assert load_config(None, environ={}).stores.state_dir == ""
     assert resolve_state_dir("") == tmp_path / "hermes"
     assert resolve_state_dir("~/x") == Path("~/x").expanduser()
+
+
+def test_a_taken_node_address_is_a_clear_error(tmp_path) -> None:  # noqa: ANN001
+    import asyncio
+    import socket
+
+    from hermes.gateway.scheduler import LiveScheduler, SchedulerError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def main() -> None:
+        def cfg(n: int) -> GatewayConfig:
+            return load_config(None, environ={}, bind=f"tcp://127.0.0.1:{port}",
+                               state_dir=str(tmp_path / f"s{n}"), kb=str(tmp_path / f"kb{n}"))
+
+        first = LiveScheduler(cfg(0))
+        await first.start()
+        try:
+            with pytest.raises(SchedulerError, match=r"scheduler.bind.*another gateway"):
+                await LiveScheduler(cfg(1)).start()
+        finally:
+            await first.stop()
+
+    asyncio.run(main())
