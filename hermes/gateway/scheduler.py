@@ -49,6 +49,7 @@ from hermes.core.records import RequestRecord, RunRecord, UnitRecord
 from hermes.core.state import RequestView, RunState, UnitObservation
 from hermes.gateway.auth import visible
 from hermes.gateway.config import GatewayConfig, resolve_state_dir
+from hermes.kb.base import APP_NAME_RE
 from hermes.protocol import (
     Cancel,
     Done,
@@ -1229,6 +1230,8 @@ class LiveScheduler:
         graph = self._latest_graphs.get(app)
         if graph is not None:
             return graph
+        if not APP_NAME_RE.fullmatch(app):
+            return None  # not a storable app name: no app can have it (callers answer 404)
         if app in self._profilers:
             self._dirty.add(app)
             return self.refresh_graphs({app}).get(app)

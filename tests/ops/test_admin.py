@@ -208,3 +208,12 @@ def test_runs_list_show_cancel_and_top(make_ops_gateway, capsys) -> None:  # noq
     assert rc == 1 and "HTTP 404" in err
     r = http.get("/admin/runs", params={"state": "bogus"})
     assert r.status_code == 422 and r.json()["error"]["param"] == "state"
+
+
+def test_admin_app_routes_answer_404_for_names_no_app_can_have(make_ops_gateway) -> None:  # noqa: ANN001
+    """Found by the schema fuzz once the admin routes and the name rules met: a 500 before."""
+    srv = make_ops_gateway()
+    for path in ("/admin/apps/%F3%A7%B5%B6x", "/admin/apps/.hidden/pdgraph"):
+        r = httpx.get(srv.url + path)
+        assert r.status_code == 404, r.text
+        assert "has no PDGraph" in r.json()["error"]["message"]
