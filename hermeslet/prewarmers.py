@@ -2,9 +2,10 @@
 
 - :class:`ContainerPool` (Docker SDK): containers of an image created and started ahead of use
   (``prewarm``), each handed to exactly one tool call (single use: no state leaks between
-  calls), removed afterwards; idle ones are reaped after ``idle_timeout_s``. Sandboxed like
-  :class:`~hermeslet.tools.DockerSandbox`: no network, memory/CPU/pids limits, read-only root
-  with a tmpfs ``/tmp``, user ``nobody``; a call past its timeout is killed with its container.
+  calls), removed afterwards; idle ones are reaped after ``idle_timeout_s``. Created with the
+  same options as :class:`~hermeslet.tools.DockerSandbox`
+  (:func:`~hermeslet.tools.sandbox_container_options`); a call past its timeout is killed
+  with its container.
   :class:`PooledDockerSandbox` is the tool runner's Docker sandbox backed by the pool: a call
   that finds a warm container skips the create+start (``cold=False``).
 - :class:`LoraPrewarmer`: runtime ``POST /v1/load_lora_adapter`` / ``unload_lora_adapter`` on
@@ -30,7 +31,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hermeslet.tools import DEFAULT_MAX_OUTPUT, Sandbox, ToolLimits, ToolResult, _argv, _truncate
+from hermeslet.tools import (
+    DEFAULT_MAX_OUTPUT,
+    BlockingDockerSandbox,
+    ToolLimits,
+    ToolResult,
+    _truncate,
+    docker_client,
+    sandbox_container_options,
+)
 
 IDLE_CMD = ["sleep", "86400"]
 
@@ -83,27 +92,13 @@ class ContainerPool:
 
     def _docker(self) -> Any:
         if self._client is None:
-            import docker
-
-            self._client = (
-                docker.DockerClient(base_url=self._base_url) if self._base_url else docker.from_env()
-            )
+            self._client = docker_client(self._base_url)
         return self._client
 
     def _create_started(self, image: str) -> Any:
         c = self._docker().containers.create(
-            image,
-            IDLE_CMD,
-            network_mode="none",
-            mem_limit=int(self.limits.memory_bytes),
-            nano_cpus=int(self.limits.cpus * 1e9),
-            pids_limit=self.limits.pids,
-            read_only=True,
-            user="65534:65534",  # nobody, numeric: images without /etc/passwd
-            tmpfs={"/tmp": "size=64m"},
-            working_dir="/tmp",
-            labels={self.label: "1"},
-            detach=True,
+            image, IDLE_CMD, labels={self.label: "1"}, detach=True,
+            **sandbox_container_options(self.limits),
         )
         c.start()
         return c
@@ -224,27 +219,15 @@ def _remove(c: Any) -> None:
         pass
 
 
-class PooledDockerSandbox(Sandbox):
+class PooledDockerSandbox(BlockingDockerSandbox):
     """The tool runner's Docker sandbox, served from a :class:`ContainerPool`."""
-
-    kind = "docker"
 
     def __init__(self, pool: ContainerPool, *, default_image: str = "python:3.10-slim") -> None:
         self.pool = pool
         self.default_image = default_image
 
-    async def run(
-        self,
-        *,
-        code: str | None = None,
-        command: list[str] | None = None,
-        timeout_s: float = 30.0,
-        image: str | None = None,
-    ) -> ToolResult:
-        argv = _argv(code, command, "python3")
-        return await asyncio.to_thread(
-            self.pool.run_blocking, argv, image or self.default_image, timeout_s
-        )
+    def run_blocking(self, argv: list[str], image: str, timeout_s: float) -> ToolResult:
+        return self.pool.run_blocking(argv, image, timeout_s)
 
 
 class LoraPrewarmer:

@@ -201,10 +201,60 @@ def _killpg(pid: int) -> None:
         pass
 
 
-class DockerSandbox(Sandbox):
-    """One container per call (``cold=True``), no network, limits, read-only root, nobody."""
+def sandbox_container_options(limits: ToolLimits) -> dict[str, Any]:
+    """The ``containers.create`` options of every Docker tool sandbox (one-shot or pooled):
+    no network, memory without extra swap, CPU and pids limits, read-only root with a small
+    ``/tmp``, user nobody (numeric: images without ``/etc/passwd``), no capabilities,
+    no-new-privileges. One place, so the sandboxes cannot drift apart."""
+    return {
+        "network_mode": "none",
+        "mem_limit": int(limits.memory_bytes),
+        "memswap_limit": int(limits.memory_bytes),  # no swap beyond the memory limit
+        "nano_cpus": int(limits.cpus * 1e9),
+        "pids_limit": limits.pids,
+        "read_only": True,
+        "user": "65534:65534",
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "tmpfs": {"/tmp": "size=64m"},
+        "working_dir": "/tmp",
+    }
+
+
+def docker_client(base_url: str | None) -> Any:
+    """A Docker SDK client for ``base_url`` (``None``: the environment's, e.g. DOCKER_HOST)."""
+    import docker
+
+    return docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
+
+
+class BlockingDockerSandbox(Sandbox):
+    """A Docker sandbox whose work is a blocking SDK call (``run_blocking``), run in a worker
+    thread so the event loop stays free."""
 
     kind = "docker"
+    default_image: str
+
+    @abstractmethod
+    def run_blocking(self, argv: list[str], image: str, timeout_s: float) -> ToolResult:
+        """Run ``argv`` in a container of ``image``, killed after ``timeout_s``."""
+
+    async def run(
+        self,
+        *,
+        code: str | None = None,
+        command: list[str] | None = None,
+        timeout_s: float = 30.0,
+        image: str | None = None,
+    ) -> ToolResult:
+        argv = _argv(code, command, "python3")
+        return await asyncio.to_thread(
+            self.run_blocking, argv, image or self.default_image, timeout_s
+        )
+
+
+class DockerSandbox(BlockingDockerSandbox):
+    """One container per call (``cold=True``), no network, limits, read-only root, nobody."""
 
     def __init__(
         self,
@@ -223,33 +273,14 @@ class DockerSandbox(Sandbox):
 
     def _docker(self) -> Any:
         if self._client is None:
-            import docker
-
-            self._client = (
-                docker.DockerClient(base_url=self._base_url)
-                if self._base_url
-                else docker.from_env()
-            )
+            self._client = docker_client(self._base_url)
         return self._client
 
-    def _run_blocking(self, argv: list[str], image: str, timeout_s: float) -> ToolResult:
+    def run_blocking(self, argv: list[str], image: str, timeout_s: float) -> ToolResult:
         client = self._docker()
         t0 = time.monotonic()
         container = client.containers.create(
-            image,
-            argv,
-            network_mode="none",
-            mem_limit=int(self.limits.memory_bytes),
-            nano_cpus=int(self.limits.cpus * 1e9),
-            pids_limit=self.limits.pids,
-            read_only=True,
-            user="65534:65534",  # nobody, whether or not the image's /etc/passwd names it
-            memswap_limit=int(self.limits.memory_bytes),  # no swap beyond the memory limit
-            cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
-            tmpfs={"/tmp": "size=64m"},
-            working_dir="/tmp",
-            detach=True,
+            image, argv, detach=True, **sandbox_container_options(self.limits)
         )
         timed_out = False
         try:
@@ -280,18 +311,6 @@ class DockerSandbox(Sandbox):
             timed_out=timed_out,
         )
 
-    async def run(
-        self,
-        *,
-        code: str | None = None,
-        command: list[str] | None = None,
-        timeout_s: float = 30.0,
-        image: str | None = None,
-    ) -> ToolResult:
-        argv = _argv(code, command, "python3")
-        return await asyncio.to_thread(
-            self._run_blocking, argv, image or self.default_image, timeout_s
-        )
 
 
 class ToolRunner:
