@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hermes.gateway.openai_api import error_response, scheduler_error, validation_error
+from hermes.gateway.runs_api import install_graph
 from hermes.gateway.scheduler import ACTIVE, LiveRun, LiveScheduler, SchedulerError
 
 TOKEN_ENV = "HERMES_ADMIN_TOKEN"
@@ -172,21 +173,10 @@ async def apps_export(name: str, request: Request) -> Response:
 
 @router.put("/apps/{name}")
 async def apps_import(name: str, request: Request) -> Response:
-    from hermes.core.pdgraph import PDGraph, PDGraphError
-
-    raw = await request.body()
-    try:
-        graph = PDGraph.from_json(raw, source=f"import of {name!r}")
-    except PDGraphError as e:
-        return error_response(400, str(e), code="invalid_pdgraph")
-    if graph.app != name:
-        return error_response(400, f"field app: is {graph.app!r}, expected {name!r}",
-                              param="app", code="invalid_pdgraph")
-    try:
-        _sched(request).put_graph(graph)
-    except ValueError as e:
-        return error_response(400, str(e), code="invalid_pdgraph")
-    return JSONResponse({"name": name, "units": list(graph.units)})
+    got = install_graph(_sched(request), name, await request.body(), what="import")
+    if isinstance(got, Response):
+        return got
+    return JSONResponse({"name": name, "units": list(got.units)})
 
 
 # ---------------------------------------------------------------------------------- runs

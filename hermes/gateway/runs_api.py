@@ -247,15 +247,23 @@ async def get_app(name: str, request: Request) -> Response:
 @router.put("/v1/apps/{name}", tags=["apps"])
 async def put_app(name: str, request: Request) -> Response:
     """Upload an app's PDGraph (JSON); it replaces the stored one and the estimator's."""
-    from hermes.core.pdgraph import PDGraph, PDGraphError
-
-    sched = _sched(request)
     bad = _bad_app_name(name)
     if bad is not None:
         return bad
-    raw = await request.body()
+    got = install_graph(_sched(request), name, await request.body(), what="upload")
+    if isinstance(got, Response):
+        return got
+    return JSONResponse({"name": name, "pdgraph": got.summary()})
+
+
+def install_graph(sched: LiveScheduler, name: str, raw: bytes, *, what: str) -> Any:
+    """Validate an uploaded PDGraph for app ``name`` and install it (knowledge base,
+    estimator, online profiler); the graph, or a 400 response naming what was wrong (the
+    stored graph untouched). Shared by ``PUT /v1/apps/{name}`` and the admin import."""
+    from hermes.core.pdgraph import PDGraph, PDGraphError
+
     try:
-        graph = PDGraph.from_json(raw, source=f"upload of {name!r}")
+        graph = PDGraph.from_json(raw, source=f"{what} of {name!r}")
     except PDGraphError as e:
         return error_response(400, str(e), code="invalid_pdgraph")
     if graph.app != name:
@@ -265,7 +273,7 @@ async def put_app(name: str, request: Request) -> Response:
         sched.put_graph(graph)
     except ValueError as e:
         return error_response(400, str(e), code="invalid_pdgraph")
-    return JSONResponse({"name": name, "pdgraph": graph.summary()})
+    return graph
 
 
 @router.get("/healthz", tags=["health"])
