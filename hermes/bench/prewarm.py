@@ -20,15 +20,12 @@ the run short).
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from hermes.bench.sched import build_arrivals, load_graphs, make_sim_policy
+from hermes.bench.sched import build_arrivals, load_graphs, make_sim_policy, map_jobs
 from hermes.sim.simulator import Arrival, Simulator, setup_engines
 
 STRATEGIES = ("hermes", "epwq", "lru")
@@ -96,23 +93,10 @@ def simulate(job: WarmJob) -> tuple[tuple, np.ndarray, dict, float]:
 def run_warm_jobs(jobs: Sequence[WarmJob], *, workers: int | None = None,
                   progress: bool = True) -> dict:
     """Run the jobs (in parallel processes); ``{tag: (acts, stats)}``."""
-    from tqdm import tqdm
-
-    workers = workers or min(len(jobs), os.cpu_count() or 1)
-    out: dict = {}
-    bar = tqdm(total=len(jobs), desc="simulations", file=sys.stderr, disable=not progress)
-    if workers <= 1:
-        for job in jobs:
-            tag, acts, stats, _ = simulate(job)
-            out[tag] = (acts, stats)
-            bar.update(1)
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as ex:
-            for tag, acts, stats, _ in ex.map(simulate, jobs):
-                out[tag] = (acts, stats)
-                bar.update(1)
-    bar.close()
-    return out
+    return {
+        tag: (acts, stats)
+        for tag, acts, stats, _ in map_jobs(simulate, jobs, workers=workers, progress=progress)
+    }
 
 
 def with_tenants(arrivals: Sequence[Arrival], tenants: int, seed: int) -> list[Arrival]:

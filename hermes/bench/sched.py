@@ -27,7 +27,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -136,25 +136,35 @@ def _simulate(job: tuple) -> tuple[tuple, np.ndarray, np.ndarray, float]:
     return tag, acts, met, res.wall_s
 
 
-def run_jobs(jobs: list[tuple], *, workers: int | None = None, progress: bool = True) -> dict:
-    """Run simulation jobs (in parallel processes); returns ``{tag: (acts, met)}``."""
+def map_jobs(fn: Callable, jobs: Sequence, *, workers: int | None = None,
+             progress: bool = True) -> Iterator:
+    """``fn(job)`` for each job, in job order: in worker processes (``fn`` a module-level
+    function; default one per core) with a progress bar. Every simulation benchmark runs
+    its simulations through this."""
     from tqdm import tqdm
 
     workers = workers or min(len(jobs), os.cpu_count() or 1)
-    out: dict = {}
     bar = tqdm(total=len(jobs), desc="simulations", file=sys.stderr, disable=not progress)
-    if workers <= 1:
-        for job in jobs:
-            tag, acts, met, _ = _simulate(job)
-            out[tag] = (acts, met)
-            bar.update(1)
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as ex:
-            for tag, acts, met, _ in ex.map(_simulate, jobs):
-                out[tag] = (acts, met)
+    try:
+        if workers <= 1:
+            for job in jobs:
+                yield fn(job)
                 bar.update(1)
-    bar.close()
-    return out
+        else:
+            with ProcessPoolExecutor(max_workers=workers) as ex:
+                for result in ex.map(fn, jobs):
+                    yield result
+                    bar.update(1)
+    finally:
+        bar.close()
+
+
+def run_jobs(jobs: list[tuple], *, workers: int | None = None, progress: bool = True) -> dict:
+    """Run simulation jobs (in parallel processes); returns ``{tag: (acts, met)}``."""
+    return {
+        tag: (acts, met)
+        for tag, acts, met, _ in map_jobs(_simulate, jobs, workers=workers, progress=progress)
+    }
 
 
 def _order_jobs(jobs: list[tuple]) -> list[tuple]:
