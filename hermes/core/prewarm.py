@@ -59,6 +59,7 @@ import numpy as np
 
 from hermes.core.backend import BackendSpec
 from hermes.core.pdgraph import END, PDGraph
+from hermes.core.policy_switch import resolve_k
 from hermes.core.state import RunProgress, RunState
 
 DEFAULT_K = 0.5
@@ -265,13 +266,8 @@ class PrewarmStrategy(ABC):
         """K of a run: per request, then per tenant, then per app, then the default
         (``k_default[""]`` when set, e.g. by ``hermes knob set``, else ``k``); the same order
         as :func:`hermes.core.policy_switch.resolve_k`."""
-        if run.k is not None:
-            return run.k
-        if run.tenant in self.k_by_tenant:
-            return self.k_by_tenant[run.tenant]
-        if run.app in self.k_by_app:
-            return self.k_by_app[run.app]
-        return self.k_default.get("", self.k)
+        knobs = {"tenant": self.k_by_tenant, "app": self.k_by_app, "default": self.k_default}
+        return resolve_k(knobs, self.k, app=run.app, tenant=run.tenant, run_k=run.k)
 
     # ------------------------------------------------------------------ driver calls
     def on_unit_start(

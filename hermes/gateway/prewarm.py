@@ -20,8 +20,13 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from hermes.core.backend import BackendSpec
-from hermes.core.prewarm import PrewarmAction, PrewarmStrategy, make_prewarm, resource_kind
+from hermes.core.prewarm import (
+    PrewarmAction,
+    PrewarmStrategy,
+    default_resources,
+    make_prewarm,
+    resource_kind,
+)
 from hermes.core.state import RunState
 from hermes.protocol import Prewarm, PrewarmAck
 
@@ -64,15 +69,12 @@ class GatewayPrewarmer:
 
     # ------------------------------------------------------------------ naming
     def resources(self, run: RunState | None, app: str, unit: str, backend: str) -> list[str]:
-        spec = BackendSpec.parse(backend)
-        if spec.kind in ("docker", "dnn"):
-            return [f"{spec.kind}:{spec.name}"]
-        if spec.kind != "llm":
-            return []
-        out = [f"lora:{spec.name}@{spec.lora}"] if spec.lora else []
-        if (app, unit) in self.prefixes:
-            out.append(f"kv:{spec.name}/{app}/{unit}")
-        return out
+        """:func:`~hermes.core.prewarm.default_resources`, with a unit's KV prefix only once
+        its shared prompt is known (seen in a request: :meth:`note_request`)."""
+        return [
+            r for r in default_resources(run, app, unit, backend)
+            if resource_kind(r) != "kv" or (app, unit) in self.prefixes
+        ]
 
     def is_warm(self, resource: str, now: float) -> bool:
         return resource in self.warm
