@@ -41,12 +41,19 @@ LOAD_COLUMNS = ("window_min", "policy", "mean_act_s", "p50_act_s", "p95_act_s", 
 
 @dataclass(slots=True)
 class RunOutcome:
-    """One client run: its app, ACT in model seconds (client-measured and gateway-reported)."""
+    """One client run: its app, ACT in model seconds (client-measured and gateway-reported).
+
+    ``act_s`` runs from just before the create request to the finish response, ``inner_act_s``
+    from the create response to just before the finish request: the gateway's own ACT
+    (``server_act_s``) lies between the two whatever the HTTP latency, so the pair is how a
+    client checks the gateway's clock without trusting its own round trips.
+    """
 
     app: str
     arrival_s: float
     run_id: str | None = None
     act_s: float | None = None
+    inner_act_s: float | None = None
     server_act_s: float | None = None
     llm_requests: int = 0
     input_tokens: int = 0
@@ -136,6 +143,7 @@ class LoadDriver:
         try:
             run = await self._post("/v1/runs", {"app": app_name, "tenant": app_name}, expect=201)
             rid = out.run_id = run["run_id"]
+            t_created = time.monotonic()
             for step in get_app(app_name).steps(np.random.default_rng(seed)):
                 if step.gap_s > 0:
                     await asyncio.sleep(self.wall(step.gap_s))
@@ -151,7 +159,9 @@ class LoadDriver:
                         out.output_tokens += res.usage.completion_tokens
                 else:
                     await self._tool(rid, step.unit, step.backend, float(step.duration_s or 0.0))
+            t_finishing = time.monotonic()
             fin = await self._post(f"/v1/runs/{rid}/finish", {})
+            out.inner_act_s = (t_finishing - t_created) * self.time_scale
             out.act_s = (time.monotonic() - t0) * self.time_scale
             out.server_act_s = fin.get("act_s")
         except Exception as e:  # a failed run is reported, not fatal to the experiment

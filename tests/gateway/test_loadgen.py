@@ -18,8 +18,6 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def test_load_runs_every_app_step_through_the_gateway(make_gateway) -> None:  # noqa: ANN001
-    # time scale 20: a 0.1 s wall hiccup of a loaded machine is 2 model seconds, which the
-    # client-vs-server ACT comparison below tolerates (at 50 it was not, under load)
     srv = make_gateway(time_scale=20.0)
     row, arrivals, outcomes = asyncio.run(load(srv.url, apps=8, window_min=0.5, seed=3,
                                                time_scale=20.0, progress=False))
@@ -36,7 +34,12 @@ def test_load_runs_every_app_step_through_the_gateway(make_gateway) -> None:  # 
         # ACT in model seconds: at least the client-side time the app spends outside LLMs
         floor = sum(s.gap_s for s in steps) + sum(s.duration_s or 0 for s in steps if not s.is_llm)
         assert o.act_s >= floor * 0.99
-        assert o.server_act_s == pytest.approx(o.act_s, rel=0.25, abs=2.0)
+        # the gateway's ACT spans create to finish: inside the client's outer interval, around
+        # its inner one (create response to finish request), whatever the HTTP latency of a
+        # loaded machine; and it saw every gap and tool the app spent outside LLMs
+        eps = 1e-3 * 20.0
+        assert o.inner_act_s - eps <= o.server_act_s <= o.act_s + eps, o
+        assert o.server_act_s >= floor * 0.99
     sched = gateway_state(srv).scheduler
     assert sched.stats["runs_finished"] == 8
     finished = {r.state.run_id: r for r in sched.runs.values() if r.status == "finished"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -85,8 +86,14 @@ def test_unknown_run_and_bad_bodies(gateway) -> None:  # noqa: ANN001
 
 def test_cancel_drops_queued_requests(make_gateway) -> None:  # noqa: ANN001
     srv = make_gateway(engines=[{"name": "sim0", "model": MODEL, "max_inflight": 1}],
-                       time_scale=10.0)
+                       time_scale=4.0)
     engine = gateway_state(srv).node.slots["sim0"].engine
+
+    async def until(cond, what: str, limit_s: float = 30.0) -> None:  # noqa: ANN001
+        deadline = time.monotonic() + limit_s
+        while not await cond():
+            assert time.monotonic() < deadline, f"gave up waiting for {what}"
+            await asyncio.sleep(0.005)
 
     async def scenario() -> tuple[list, dict, dict]:
         async with httpx.AsyncClient(base_url=srv.url, timeout=30) as http:
@@ -97,12 +104,19 @@ def test_cancel_drops_queued_requests(make_gateway) -> None:  # noqa: ANN001
                 return await http.post("/v1/completions", json={
                     "model": MODEL, "prompt": "p", "max_tokens": n}, headers={"X-Hermes-Run": run_id})
 
-            blocker = asyncio.create_task(chat(a, 150))  # ~1.8 s model at batch 1, 0.2 s wall
-            while engine.requests_finished == 0 and not engine.core.running:
-                await asyncio.sleep(0.005)
+            async def pending_b() -> bool:
+                return (await http.get(f"/v1/runs/{b}")).json()["pending_requests"] >= 3
+
+            async def blocker_running() -> bool:
+                return bool(engine.core.running)
+
+            # the blocker holds the only slot for ~5 s model (~1.2 s wall at scale 4): long
+            # enough for b's three requests to queue behind it even on a loaded machine
+            blocker = asyncio.create_task(chat(a, 400))
+            await until(blocker_running, "the blocker to reach the engine")
             queued = [asyncio.create_task(chat(b, 5)) for _ in range(3)]
-            while (await http.get(f"/v1/runs/{b}")).json()["pending_requests"] < 3:
-                await asyncio.sleep(0.005)
+            await until(pending_b, "b's three requests to queue")
+            assert engine.requests_finished == 0, "the blocker ended before b's requests queued"
             cancelled = (await http.delete(f"/v1/runs/{b}")).json()
             results = await asyncio.gather(blocker, *queued)
             after = (await http.get(f"/v1/runs/{b}")).json()
