@@ -227,11 +227,24 @@ def summarize(outcomes: list[RunOutcome], *, window_min: float, policy: str,
 
 
 def simulate_row(arrivals: list[Any], *, window_min: float, policy: str, setup: str,
-                 seed: int, pdgraph_dir: str | None = None) -> dict[str, Any]:
-    """The simulator's row for the same arrivals, policy and engine setup."""
-    from hermes.bench.sched import _simulate
+                 seed: int, pdgraph_dir: str | None = None, tools: str = "events",
+                 ) -> dict[str, Any]:
+    """The simulator's row for the same arrivals, policy, engine setup and tool placement.
 
-    _, acts, _, wall = _simulate(((window_min, policy), policy, setup, arrivals, seed, pdgraph_dir))
+    ``tools="events"``: the load clients run their tool steps themselves (a wait between two
+    unit events), so the simulator gives every tool call its service time, unqueued and warm
+    (:meth:`ToolPool.client_side`); ``"runner"``: the calls share the node's tool servers
+    (the simulator's default pool, with its capacities and cold starts). The simulated engine
+    keeps the same prompt-prefix cache as the gateway's built-in engine (``LRUPrefixCache``):
+    without it every system prompt is prefilled again and the simulator is ~15-20% slower
+    than the live engine on the same arrivals."""
+    from hermes.bench.sched import simulate
+    from hermes.core.tools_model import ToolPool
+    from hermeslet.engines.sim_engine import LRUPrefixCache
+
+    pool = ToolPool.client_side() if tools == "events" else None
+    acts, _, wall = simulate(policy, setup, arrivals, seed, pdgraph_dir, tools=pool,
+                             prefix_cache=LRUPrefixCache)
     return {
         "window_min": window_min,
         "policy": f"{policy} (sim)",
@@ -291,7 +304,8 @@ def cmd_load(args: argparse.Namespace) -> int:
     rows = [row]
     if args.sim:
         sim = simulate_row(arrivals, window_min=args.window, policy=row["policy"],
-                           setup=args.setup, seed=args.seed, pdgraph_dir=args.pdgraphs)
+                           setup=args.setup, seed=args.seed, pdgraph_dir=args.pdgraphs,
+                           tools=args.tools)
         rows.append(sim)
         row["live_over_sim"] = row["mean_act_s"] / sim["mean_act_s"]
         sim["live_over_sim"] = 1.0

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hermes.core.engine_model import PrefixCache
+from hermes.core.tools_model import ToolPool
 from hermes.sim.arrivals import resample_arrivals
 from hermes.sim.simulator import Arrival, Simulator, setup_engines
 
@@ -123,17 +125,31 @@ def make_sim_policy(name: str, setup: str, *, seed: int = 0, pdgraph_dir: str | 
         return make_policy(name, **kw)
 
 
-def _simulate(job: tuple) -> tuple[tuple, np.ndarray, np.ndarray, float]:
-    """Worker: one simulation. Returns (tag, ACTs, met flags (nan: no deadline), wall)."""
-    tag, policy, setup, arrivals, seed, pdgraph_dir = job
+def simulate(policy: str, setup: str, arrivals: list[Arrival], seed: int,
+             pdgraph_dir: str | None = None, *, tools: ToolPool | None = None,
+             prefix_cache: Callable[[], PrefixCache] | None = None,
+             ) -> tuple[np.ndarray, np.ndarray, float]:
+    """One simulation of ``arrivals`` under ``policy`` on ``setup``'s engines.
+
+    Returns (ACTs in arrival order, met flags (nan: no deadline), wall s). ``tools`` replaces
+    the default tool servers (e.g. :meth:`ToolPool.client_side` when the clients run their
+    tools themselves, as ``hermes load --tools events`` does); ``prefix_cache`` gives each
+    engine a prompt-prefix cache (default: none, every prompt is prefilled)."""
     cost, n_engines = setup_engines(setup)
     pol = make_sim_policy(policy, setup, seed=seed, pdgraph_dir=pdgraph_dir)
-    res = Simulator(pol, cost=cost, n_engines=n_engines, record=False).run(arrivals)
+    res = Simulator(pol, cost=cost, n_engines=n_engines, tools=tools, record=False,
+                    prefix_cache=prefix_cache).run(arrivals)
     by_id = {r.run_id: r for r in res.runs}
     ordered = [by_id[a.run_id] for a in arrivals]
     acts = np.array([r.act_s for r in ordered])
     met = np.array([np.nan if r.met is None else float(r.met) for r in ordered])
-    return tag, acts, met, res.wall_s
+    return acts, met, res.wall_s
+
+
+def _simulate(job: tuple) -> tuple[tuple, np.ndarray, np.ndarray, float]:
+    """Worker: one simulation. Returns (tag, ACTs, met flags (nan: no deadline), wall)."""
+    tag, policy, setup, arrivals, seed, pdgraph_dir = job
+    return (tag, *simulate(policy, setup, arrivals, seed, pdgraph_dir))
 
 
 def map_jobs(fn: Callable, jobs: Sequence, *, workers: int | None = None,

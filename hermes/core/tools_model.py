@@ -214,6 +214,16 @@ class ToolPool:
             srv = self.servers[backend] = ToolServer(backend, self.configs[kind])
         return srv
 
+    @classmethod
+    def client_side(cls) -> ToolPool:
+        """Tools that each client runs itself (an agent's own process, ``hermes load --tools
+        events``): no shared capacity, no queue, no cold start; a call takes its service
+        time."""
+        unlimited = 1 << 30
+        return cls({kind: ToolKindConfig(instances=unlimited, cold_start_s=0.0,
+                                         idle_timeout_s=float("inf"))
+                    for kind in TOOL_DEFAULTS})
+
     def prewarm(self, backend: str, now: float) -> bool:
         """Prewarming hook: warm one instance of ``backend`` now (see ToolServer.prewarm)."""
         return self.server(backend).prewarm(now)

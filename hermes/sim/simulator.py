@@ -45,7 +45,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hermes.core.costmodel import CostModel, get_cost_model
-from hermes.core.engine_model import EngineModel, EngineRequest, StepResult, pick_engine
+from hermes.core.engine_model import (
+    EngineModel,
+    EngineRequest,
+    PrefixCache,
+    StepResult,
+    pick_engine,
+)
 from hermes.core.ordering import policy_key
 from hermes.core.records import RequestRecord, RunRecord, UnitRecord
 from hermes.core.state import RequestView, RunState, UnitObservation
@@ -190,10 +196,17 @@ class Simulator:
         tools: ToolPool | None = None,
         record: bool = True,
         warm: object | None = None,
+        prefix_cache: Callable[[], PrefixCache] | None = None,
     ) -> None:
         self.policy = policy
         self.cost = cost
-        self.engines = [EngineModel(cost, name=f"engine{i}") for i in range(n_engines)]
+        # prefix_cache: one cache per engine (as the HermesLet's built-in engine keeps one, so
+        # that a live run and its simulation see the same prefix hits); default none
+        self.engines = [
+            EngineModel(cost, name=f"engine{i}",
+                        prefix_cache=prefix_cache() if prefix_cache is not None else None)
+            for i in range(n_engines)
+        ]
         self.tools = tools or ToolPool()
         self.record = record
         self._apps = apps

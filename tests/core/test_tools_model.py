@@ -71,3 +71,16 @@ def test_single_use_instances_are_destroyed_after_their_call():
     assert srv.prewarm(10.0)  # a prewarmed sandbox hides the next call's cold start
     (s3,) = srv.submit(ToolCall("c", "r", 2.0), 12.0)
     assert s3.cold_start_s == 0.0 and srv.warm_hits == 1
+
+
+def test_client_side_pool_runs_every_call_at_once_and_warm():
+    # the clients' own tools (hermes load --tools events): 100 concurrent code runs on one
+    # image neither queue nor pay a cold start, unlike the node's shared default pool
+    pool = ToolPool.client_side()
+    srv = pool.server("docker:python:3.10-slim")
+    starts = [x for i in range(100) for x in srv.submit(ToolCall(f"c{i}", f"r{i}", 2.0), 1.0)]
+    assert len(starts) == 100
+    assert all(x.cold_start_s == 0.0 and x.queued_s == 0.0 and x.finish_at == 3.0 for x in starts)
+    shared = ToolPool().server("docker:python:3.10-slim")
+    starts = [x for i in range(100) for x in shared.submit(ToolCall(f"c{i}", f"r{i}", 2.0), 1.0)]
+    assert len(starts) == 16 and starts[0].cold_start_s == 1.0

@@ -30,9 +30,10 @@ def panel_queries() -> list[tuple[str, str, str]]:
 
 
 def to_promql(expr: str) -> str:
-    """What Grafana sends: its variables substituted (all apps, a rate window of a few
-    scrapes)."""
-    return expr.replace("$__rate_interval", f"{4 * SCRAPE_S}s").replace("$app", ".*")
+    """What Grafana sends: its variables substituted (all apps, a rate window of many
+    scrapes: the scrape timeout equals the 1 s interval, and a loaded machine misses scrapes,
+    which must not leave a window with fewer than the two samples rate() needs)."""
+    return expr.replace("$__rate_interval", f"{30 * SCRAPE_S}s").replace("$app", ".*")
 
 
 @pytest.fixture
@@ -72,13 +73,14 @@ def prometheus(tmp_path: Path):  # noqa: ANN201
         p.wait(15)
 
 
-def wait_scraped(prom: str, jobs: set[str], timeout: float = 30.0) -> None:
+def wait_scraped(prom: str, jobs: set[str], timeout: float = 30.0, after: float = 0.0) -> None:
     """Until every job has been scraped successfully (Prometheus applies static targets a few
-    seconds after it is ready)."""
+    seconds after it is ready), by a scrape that began after epoch time ``after``."""
     deadline = time.monotonic() + timeout
     while True:
-        up = httpx.get(prom + "/api/v1/query", params={"query": "up == 1"}).json()
-        if {r["metric"]["job"] for r in up["data"]["result"]} >= jobs:
+        up = httpx.get(prom + "/api/v1/query", params={"query": "timestamp(up == 1)"}).json()
+        if {r["metric"]["job"] for r in up["data"]["result"]
+                if float(r["value"][1]) > after} >= jobs:
             return
         assert time.monotonic() < deadline, f"targets never scraped: {up}"
         time.sleep(0.2)
@@ -98,7 +100,7 @@ def test_every_dashboard_query_returns_data(make_ops_gateway, prometheus) -> Non
         wait_scraped(prom, {"hermes-gateway", "hermeslet"})
         start = time.time()
         load = drive_load(srv.url, runs=8, chats=8, tools=2)
-        time.sleep(2 * SCRAPE_S)
+        wait_scraped(prom, {"hermes-gateway", "hermeslet"}, after=time.time() + SCRAPE_S)
         end = time.time()
         assert all(r["state"] == "finished" for r in load["runs"]), load["runs"]
         up = httpx.get(prom + "/api/v1/query", params={"query": "up"}).json()["data"]["result"]

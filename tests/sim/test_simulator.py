@@ -72,3 +72,24 @@ def test_tool_cold_start_is_paid_once_per_instance():
     isolated = sum(isolated_step_service(steps, COST)) + sum(s.gap_s for s in steps) + 1.0
     # the engine runs prefill and decode as separate iterations (one extra base per unit)
     assert res.runs[0].act_s == pytest.approx(isolated, rel=0.02)
+
+
+def test_engine_prefix_cache_is_optional_and_its_hits_shorten_runs():
+    # the live built-in engine keeps a prompt-prefix cache; the simulator gives its engines
+    # the same one on request (hermes load --sim), and only then do repeated system prompts hit
+    from hermeslet.engines.sim_engine import LRUPrefixCache
+
+    arrivals = [Arrival(10.0 * i, "factool_kbqa", 100 + i) for i in range(6)]
+    caches: list[LRUPrefixCache] = []
+
+    def cache() -> LRUPrefixCache:
+        caches.append(LRUPrefixCache())
+        return caches[-1]
+
+    plain = Simulator(RequestFCFS(), cost=COST, n_engines=2).run(arrivals)
+    cached = Simulator(RequestFCFS(), cost=COST, n_engines=2, prefix_cache=cache).run(arrivals)
+    assert len(caches) == 2  # one per engine
+    assert sum(c.hits for c in caches) > 0
+    assert all(c.hits <= c.queries for c in caches)
+    assert cached.acts().mean() < plain.acts().mean()
+    assert [r.output_tokens for r in cached.runs] == [r.output_tokens for r in plain.runs]
