@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 
 import httpx
+import numpy as np
 import pytest
 import uvicorn
 from fastapi import FastAPI
@@ -117,7 +118,9 @@ def test_a_slow_engine_does_not_block_the_event_loop(make_gateway, slow: FakeEng
 
     codes, lat = asyncio.run(scenario())
     assert codes == [200] * 6
-    assert max(lat) < 0.25, lat
+    # a loop blocked by the engine would answer after its 2 s; a loaded machine's hiccups
+    # stay well below that
+    assert float(np.median(lat)) < 0.25 and max(lat) < 1.0, lat
 
 
 def test_client_disconnect_mid_stream_frees_the_engine_slot(make_gateway) -> None:  # noqa: ANN001
