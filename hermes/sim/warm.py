@@ -34,7 +34,12 @@ from hermes.core.engine_model import EngineModel, EngineRequest, pick_engine
 from hermes.core.prewarm import PrewarmAction, PrewarmStrategy
 from hermes.core.state import RunState
 from hermes.core.tools_model import ToolPool
-from hermes.core.warm_models import UNCOUNTED, LoraSlots, PrefixCacheModel, gb_to_tokens
+from hermes.core.warm_models import (
+    UNCOUNTED,
+    BlockPoolPrefixCache,
+    LoraSlots,
+    gb_to_tokens,
+)
 from workloads.base import LLMCall, Step
 
 if TYPE_CHECKING:
@@ -63,20 +68,22 @@ class SimWarmState:
         lora_disk_load_s: float = 0.25,
         lora_cpu_load_s: float = 0.02,
         adapter: AdapterFn | None = None,
+        max_held_fraction: float = 0.25,
     ) -> None:
         self.strategy = strategy
         strategy.resources = self.resources
         self.cost = cost
         self.adapter = adapter
-        self.caches: list[PrefixCacheModel | None] = []
+        self.caches: list[BlockPoolPrefixCache | None] = []
         self.loras: list[LoraSlots | None] = []
         for _ in range(n_engines):
             if cache_gb is None:
                 self.caches.append(None)
             else:
                 self.caches.append(
-                    PrefixCacheModel(
+                    BlockPoolPrefixCache(
                         gb_to_tokens(cache_gb, cost.kv_bytes_per_token),
+                        max_held_fraction=max_held_fraction,
                         cpu_capacity_tokens=gb_to_tokens(cpu_cache_gb, cost.kv_bytes_per_token),
                         kv_bytes_per_token=cost.kv_bytes_per_token,
                         swap_bytes_per_s=swap_bytes_per_s,
@@ -109,8 +116,7 @@ class SimWarmState:
             eng.admission_hook = self
             cache = self.caches[i]
             if cache is not None:
-                cache.in_use = self._counter_view(eng, "running_prefixes")
-                cache.queued = self._counter_view(eng, "waiting_prefixes")
+                cache.engine_tokens = self._kv_used_view(eng)
             slots = self.loras[i]
             if slots is not None:
                 eng.max_loras = slots.max_loras
@@ -121,6 +127,10 @@ class SimWarmState:
     def _counter_view(eng: EngineModel, attr: str) -> Callable[[str], bool]:
         # the engine may replace the counter (truncate): look it up on each call
         return lambda name: name in getattr(eng, attr)
+
+    @staticmethod
+    def _kv_used_view(eng: EngineModel) -> Callable[[], int]:
+        return lambda: eng.kv_used
 
     def _engines(self) -> list[EngineModel]:
         assert self.sim is not None
@@ -217,7 +227,8 @@ class SimWarmState:
     def _apply(self, actions: list[PrewarmAction], now: float) -> None:
         for a in actions:
             if a.action == "start":
-                self._start(a.resource, now, prefetch=a.prefetch, pid=a.pid)
+                self._start(a.resource, now, prefetch=a.prefetch, pid=a.pid, run_id=a.run_id,
+                            unit=a.unit)
             else:
                 self._release(a.resource, now, used=a.used, pid=a.pid, run_id=a.run_id)
         nxt = self.strategy.next_due()
@@ -226,9 +237,15 @@ class SimWarmState:
             self._wake = max(nxt, now)
             self.sim.schedule_prewarm(self._wake)
 
-    def _start(self, resource: str, now: float, *, prefetch: bool = False, pid: int = 0) -> None:
+    def _start(
+        self, resource: str, now: float, *, prefetch: bool = False, pid: int = 0,
+        run_id: str = "", unit: str = "",
+    ) -> None:
         """Warm ``resource``; a planned prewarm (not a queued request's prefetch) also holds
-        a prefix or adapter against eviction until it is released."""
+        a prefix or adapter against eviction until it is released. A prefix cached nowhere is
+        prefilled by a request queued at the engine like the run's own request for ``unit``
+        would be (the scheduling policy's key; under ``vllm``, FCFS from now): a real engine
+        does not let a prewarm jump its queue."""
         kind, _, name = resource.partition(":")
         if kind in ("docker", "dnn"):
             assert self.tools is not None
@@ -271,7 +288,7 @@ class SimWarmState:
                 run_id=PREWARM_RUN,
                 input_tokens=tokens + 1,
                 output_tokens=1,
-                key=(float("-inf"),),
+                key=self.sim.prewarm_key(run_id, unit, now),
                 prefix=UNCOUNTED + name,
                 prefix_tokens=tokens,
             )
@@ -321,6 +338,11 @@ class SimWarmState:
             out[f"{label}_warming_hits"] = sum(m.stats.warming_hits for m in ms)
             out[f"{label}_cpu_hits"] = sum(m.stats.cpu_hits for m in ms)
             out[f"{label}_stall_s"] = sum(m.stats.stall_s for m in ms)
+            out[f"{label}_evictions"] = sum(m.stats.evictions for m in ms)
+        caches = [c for c in self.caches if c is not None]
+        if caches:
+            out["kv_holds_dropped"] = sum(c.holds_dropped for c in caches)
+            out["kv_pins_refused"] = sum(c.pins_refused for c in caches)
         if self.tools is not None:
             calls = sum(s.calls for s in self.tools.servers.values() if not s.backend.startswith("api:"))
             hits = sum(s.warm_hits for s in self.tools.servers.values() if not s.backend.startswith("api:"))
