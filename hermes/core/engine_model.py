@@ -48,7 +48,9 @@ prefix cache is a :class:`SharedBlockPool`: the engine's KV capacity is the pool
 prefixes and running requests take their blocks from it. A running request holds its own
 tokens (``computed - shared``, summed in ``kv_used``) and references the cached prefix it
 shares (``shared`` tokens; several running requests share one copy). A prefix its own prefill
-computed becomes a cached entry that the request references (no copy). Entries that no running
+computed becomes a cached entry that the request references (no copy); as in vLLM, which
+registers a prompt's full blocks in the prefix cache when it schedules them, requests admitted
+after it (in the same iteration too) share them. Entries that no running
 request references stay cached in the free blocks and are evicted least recently used when
 running requests need blocks (vLLM evicts a cached block when its free block is reallocated).
 A prefix *held* by a prewarm is referenced too (not evicted for admissions or other prefixes),
@@ -158,6 +160,7 @@ class EngineRequest:
     prefix_tokens: int = 0
     lora: str | None = None  # LoRA adapter the request runs with (prewarming)
     shared: int = 0  # leading tokens that are a cached entry's blocks (shared block pool)
+    adopted: bool = False  # its prefix was registered at admission, computed this iteration
     generated: int = 0
     computed: int = 0  # tokens with KV in the cache
     prompt_done: int = 0  # prompt tokens ever prefilled (service accounting; not reset)
@@ -608,6 +611,13 @@ class EngineModel:
                         if head.computed:
                             head.shared = head.computed
                             pool.acquire(head.prefix)
+                        elif 0 < head.prefix_tokens <= n and pool.adopt(
+                            head.prefix, head.prefix_tokens, now
+                        ):
+                            # vLLM registers a prompt's full blocks when it schedules them:
+                            # requests admitted after it, in this iteration too, share them
+                            head.adopted = True
+                            pool.acquire(head.prefix)
                     self.waiting.pop()
                     self._entered_running(head)
                     if self.admission_hook is not None:
@@ -675,10 +685,14 @@ class EngineModel:
                 ):
                     if pool is None:
                         self.prefix_cache.on_prefilled(r.prefix, r.prefix_tokens, now)
-                    elif not r.shared and pool.adopt(r.prefix, r.prefix_tokens, now):
+                    elif not r.shared and (
+                        r.adopted or pool.adopt(r.prefix, r.prefix_tokens, now)
+                    ):
                         # its blocks become the cached entry, which it references
+                        if not r.adopted:
+                            pool.acquire(r.prefix)
+                        r.adopted = False
                         r.shared = r.prefix_tokens
-                        pool.acquire(r.prefix)
                         self.kv_used -= r.prefix_tokens
             self.kv_used += n
             if r.done:

@@ -53,8 +53,8 @@ def gb_to_tokens(gb: float, kv_bytes_per_token: int) -> int:
 class CacheStats:
     lookups: int = 0
     hits: int = 0  # resident and ready on the GPU
-    warming_hits: int = 0  # prefetch under way: waited for its rest
-    cpu_hits: int = 0  # swapped (or loaded) in synchronously from host memory
+    warming_hits: int = 0  # prefetch (or load into host memory) under way: waited for its rest
+    cpu_hits: int = 0  # ready in host memory: swapped (or loaded) in synchronously from there
     misses: int = 0
     evictions: int = 0
     prefetches: int = 0
@@ -347,7 +347,10 @@ class LoraSlots:
             st.stall_s += stall
             return stall
         if adapter in self.cpu:
-            st.cpu_hits += 1
+            if self.cpu[adapter] <= now:
+                st.cpu_hits += 1
+            else:
+                st.warming_hits += 1
             self._iter.wait(now, self.cpu[adapter])  # still coming from disk
             t = self.cpu_load_s
         else:

@@ -103,6 +103,11 @@ class SimWarmState:
         self._prefill_seq = 0
         self._prefix_tokens: dict[str, int] = {}
         self._held: dict[int, int] = {}  # prewarm id -> engine index holding its resource
+        # kv: prefill-only request id -> prewarm id (its hold starts when it is admitted), and
+        # the prewarms whose prefix is pinned
+        self._kv_requests: dict[str, int] = {}
+        self._kv_pinned: set[int] = set()
+        self.prewarm_prefill_tokens = 0
         # holds of used prewarms, until the unit's request is admitted: (run, kind, name) ->
         # engine indices
         self._handover: dict[tuple[str, str, str], list[int]] = {}
@@ -207,6 +212,14 @@ class SimWarmState:
         slots = self.loras[ei]
         if slots is not None and req.lora:
             stall += slots.admit(req.lora, now)
+        if req.run_id == PREWARM_RUN:
+            # engine work a prewarm adds: the prompt tokens its request computes
+            self.prewarm_prefill_tokens += req.input_tokens - req.computed
+            pid = self._kv_requests.pop(req.request_id, None)
+            if pid is not None and pid in self._held and cache is not None and req.prefix:
+                cache.pin(req.prefix.removeprefix(UNCOUNTED))  # found cached, or computed now
+                self._kv_pinned.add(pid)
+            return stall
         if self._handover:
             for kind, name in (("kv", req.prefix), ("lora", req.lora)):
                 held = self._handover.pop((req.run_id, kind, name or ""), None)
@@ -269,18 +282,19 @@ class SimWarmState:
             cache = self.caches[ei]
             if cache is None or not cache.enabled:
                 return
-            if not prefetch:
-                cache.pin(name)
-                self._held[pid] = ei
-            if cache.is_warm(name):
-                return
-            ready = cache.prefetch(name, now)
-            if ready is not None:
-                self.strategy.observe_warmup(resource, ready - now)
-                return
-            tokens = self._prefix_tokens.get(name, 0)
-            if tokens <= 0 or prefetch:
+            if prefetch:  # for a queued request: swap it in from host memory, if it is there
+                if not cache.is_warm(name):
+                    ready = cache.prefetch(name, now)
+                    if ready is not None:
+                        self.strategy.observe_warmup(resource, ready - now)
                 return  # a queued request prefills its prefix itself
+            # planned: a prefill-only request, whether the prefix is cached now or not (a live
+            # gateway cannot see the engine's cache; a cached prefix makes it a cheap hit that
+            # refreshes the prefix, an evicted one is recomputed, one in host memory swapped
+            # in). The hold starts when the request is admitted, right before the unit's own.
+            tokens = self._prefix_tokens.get(name, 0)
+            if tokens <= 0:
+                return
             assert self.sim is not None
             self._prefill_seq += 1
             req = EngineRequest(
@@ -293,6 +307,8 @@ class SimWarmState:
                 prefix_tokens=tokens,
             )
             engines[ei].add(req, now)
+            self._held[pid] = ei
+            self._kv_requests[req.request_id] = pid
             self.strategy.observe_warmup(resource, self.cost.iteration_s(tokens, 0, 0))
             self.sim.prewarm_request_added(ei, now)
 
@@ -307,6 +323,14 @@ class SimWarmState:
                 assert self.tools is not None
                 self.tools.server(resource).release(now)
             return
+        if kind == "kv":  # the handover names the prewarm: its hold may not have started
+            if pid not in self._held:
+                return
+            if used and run_id:
+                self._handover.setdefault((run_id, kind, name), []).append(pid)
+            else:
+                self._unhold(kind, name, [pid])
+            return
         ei = self._held.pop(pid, None)
         if ei is None:
             return
@@ -315,12 +339,17 @@ class SimWarmState:
             return
         self._unhold(kind, name, [ei])
 
-    def _unhold(self, kind: str, name: str, engines: list[int]) -> None:
-        for ei in engines:
-            if kind == "kv" and self.caches[ei] is not None:
-                self.caches[ei].release(name)  # type: ignore[union-attr]
-            elif kind == "lora" and self.loras[ei] is not None:
-                self.loras[ei].release(name)  # type: ignore[union-attr]
+    def _unhold(self, kind: str, name: str, held: list[int]) -> None:
+        """End holds: ``held`` are prewarm ids (kv) or engine indices (lora)."""
+        for h in held:
+            if kind == "kv":
+                ei = self._held.pop(h, None)
+                if h in self._kv_pinned:
+                    self._kv_pinned.discard(h)
+                    if ei is not None and self.caches[ei] is not None:
+                        self.caches[ei].release(name)  # type: ignore[union-attr]
+            elif kind == "lora" and self.loras[h] is not None:
+                self.loras[h].release(name)  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ results
     def stats(self) -> dict[str, float]:
@@ -337,12 +366,17 @@ class SimWarmState:
             out[f"{label}_hit_ratio"] = hits / look if look else 0.0
             out[f"{label}_warming_hits"] = sum(m.stats.warming_hits for m in ms)
             out[f"{label}_cpu_hits"] = sum(m.stats.cpu_hits for m in ms)
+            # resident in GPU or host memory when admitted: nothing loaded from disk / computed
+            out[f"{label}_resident_hit_ratio"] = (
+                (hits + out[f"{label}_cpu_hits"]) / look if look else 0.0
+            )
             out[f"{label}_stall_s"] = sum(m.stats.stall_s for m in ms)
             out[f"{label}_evictions"] = sum(m.stats.evictions for m in ms)
         caches = [c for c in self.caches if c is not None]
         if caches:
             out["kv_holds_dropped"] = sum(c.holds_dropped for c in caches)
             out["kv_pins_refused"] = sum(c.pins_refused for c in caches)
+            out["kv_prewarm_prefill_tokens"] = self.prewarm_prefill_tokens
         if self.tools is not None:
             calls = sum(s.calls for s in self.tools.servers.values() if not s.backend.startswith("api:"))
             hits = sum(s.warm_hits for s in self.tools.servers.values() if not s.backend.startswith("api:"))
