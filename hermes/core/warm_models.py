@@ -19,6 +19,10 @@ its prefix on the CPU the engine first swaps it in, which stalls the iteration f
 that is nowhere must be prefilled (the driver submits a prefill-only request, and
 :meth:`on_prefilled` stores it).
 
+:class:`BlockPoolPrefixCache` (what the simulator uses): the same prefixes, but in the engine's
+one KV block pool (vLLM v1), shared with the running requests' own tokens; see its docstring
+and :class:`~hermes.core.engine_model.SharedBlockPool`.
+
 :class:`LoraSlots`: adapters resident on the GPU (``max_loras`` slots) and in host memory
 (``max_cpu_loras``), vLLM style. An adapter that is not on the GPU when a request using it is
 admitted is loaded synchronously (from host memory, or from disk), stalling the iteration; a

@@ -1,12 +1,16 @@
 """Backend warm state in the simulator: the prewarm strategy driven in virtual time.
 
-:class:`SimWarmState` owns, per engine, a KV prefix cache (:class:`PrefixCacheModel`) and LoRA
+:class:`SimWarmState` owns, per engine, a KV prefix cache and LoRA
 slots (:class:`LoraSlots`), uses the simulator's tool pool for containers and DNN models, and
-carries out the decisions of a :class:`~hermes.core.prewarm.PrewarmStrategy`:
+carries out the decisions of a :class:`~hermes.core.prewarm.PrewarmStrategy`. The prefix cache
+is the engine's one KV block pool (:class:`BlockPoolPrefixCache`): its capacity, from the
+cache size, is the engine's KV capacity, for every strategy.
 
-- ``start kv:...``: swap the prefix in from host memory, or, when it is cached nowhere, submit
-  a prefill-only request (the prefix, one output token) to the engine: it costs engine time
-  like any request;
+- ``start kv:...`` planned (hermes): submit a prefill-only request (the prefix, one output
+  token), queued at the engine like the run's own request for that unit would be (the policy's
+  key): it costs engine time like any request, is a one-token refresh when the prefix is still
+  cached, and its hold on the prefix starts when it is admitted; for a queued request
+  (epwq, hermes): swap the prefix in from host memory if it is there;
 - ``start lora:...``: load the adapter into a GPU slot in the background;
 - ``start docker:...`` / ``dnn:...``: start a tool instance (its cold start);
 - ``release``: unpin the prefix, or shut down an unused prewarmed tool instance. The release of
