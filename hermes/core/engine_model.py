@@ -43,6 +43,24 @@ Prefix caching (a later issue) plugs in through :class:`PrefixCache`: on admissi
 engine asks the cache how many leading prompt tokens of ``request.prefix`` are already
 cached and starts prefill after them. The default is no cache.
 
+One block pool (vLLM v1's ``KVCacheManager`` / ``BlockPool`` with prefix caching), when the
+prefix cache is a :class:`SharedBlockPool`: the engine's KV capacity is the pool's, and cached
+prefixes and running requests take their blocks from it. A running request holds its own
+tokens (``computed - shared``, summed in ``kv_used``) and references the cached prefix it
+shares (``shared`` tokens; several running requests share one copy). A prefix its own prefill
+computed becomes a cached entry that the request references (no copy); as in vLLM, which
+registers a prompt's full blocks in the prefix cache when it schedules them, requests admitted
+after it (in the same iteration too) share them. Entries that no running
+request references stay cached in the free blocks and are evicted least recently used when
+running requests need blocks (vLLM evicts a cached block when its free block is reallocated).
+A prefix *held* by a prewarm is referenced too (not evicted for admissions or other prefixes),
+but its hold is dropped before a running request would be preempted for blocks, and when the
+engine would otherwise stall with nothing running. Free blocks for an admission or a running
+request's next tokens are ``capacity - kv_used - locked`` (locked: referenced or held
+entries); the evictions they imply are carried out after each iteration (after a multi-
+iteration decode run, at the next step, so that a truncated run evicts only what its kept
+iterations needed).
+
 Dispatch across several engines of one model: :func:`pick_engine` sends a request to the
 engine with the least outstanding work, measured as (requests waiting or running, prompt
 tokens still to prefill), the quantities a live HermesLet can observe without knowing output
@@ -76,6 +94,48 @@ class PrefixCache(Protocol):
         ...
 
 
+class SharedBlockPool(PrefixCache, Protocol):
+    """A prefix cache that is the engine's KV block pool (module docstring): the engine
+    references entries for the running requests that share them and asks the pool to evict
+    unreferenced entries when it needs their blocks."""
+
+    shares_pool: bool
+    capacity: int
+
+    def lookup(self, prefix: str, prefix_tokens: int) -> tuple[str, int, bool]:
+        """Without side effects: (``"gpu"`` / ``"cpu"`` / ``"none"``, cached tokens, whether
+        the GPU entry is locked: referenced or held)."""
+        ...
+
+    def locked_tokens(self) -> int:
+        """Tokens of GPU entries that cannot be evicted now (referenced or held)."""
+        ...
+
+    def acquire(self, prefix: str) -> None:
+        """A running request shares the entry's blocks."""
+        ...
+
+    def unref(self, prefix: str) -> None:
+        """A request that shared the entry's blocks finished, was preempted or aborted."""
+        ...
+
+    def adopt(self, prefix: str, prefix_tokens: int, now: float) -> bool:
+        """A running request computed the prefix: its blocks become the cached entry (which
+        the request then references). ``False`` when the entry is already on the GPU (the
+        request keeps its own copy)."""
+        ...
+
+    def fit(self, limit_tokens: int) -> None:
+        """Evict unlocked entries, least recently used first, until the GPU entries take at
+        most ``limit_tokens``."""
+        ...
+
+    def release_holds(self, tokens: int) -> int:
+        """Drop prewarm holds of unreferenced entries (oldest first) until ``tokens`` are
+        unlocked; returns the tokens unlocked."""
+        ...
+
+
 class AdmissionHook(Protocol):
     """Hook for backend warm state at admission (prewarming): LoRA adapter loads and prefix
     swap-ins that the engine performs synchronously before the iteration runs."""
@@ -99,6 +159,8 @@ class EngineRequest:
     prefix: str | None = None
     prefix_tokens: int = 0
     lora: str | None = None  # LoRA adapter the request runs with (prewarming)
+    shared: int = 0  # leading tokens that are a cached entry's blocks (shared block pool)
+    adopted: bool = False  # its prefix was registered at admission, computed this iteration
     generated: int = 0
     computed: int = 0  # tokens with KV in the cache
     prompt_done: int = 0  # prompt tokens ever prefilled (service accounting; not reset)
@@ -154,6 +216,8 @@ class EngineModel:
         self.cost = cost
         self.max_loras = max_loras
         self.name = name
+        self._pool: SharedBlockPool | None = None
+        self._peak = 0  # highest kv_used since the pool last evicted for it
         self.prefix_cache = prefix_cache
         self.admission_hook = admission_hook
         self.waiting: KeyedQueue[EngineRequest] = KeyedQueue()
@@ -168,16 +232,53 @@ class EngineModel:
         self.waiting_loras: Counter[str] = Counter()
         self.waiting_prefixes: Counter[str] = Counter()
 
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        return self._prefix_cache
+
+    @prefix_cache.setter
+    def prefix_cache(self, cache: PrefixCache | None) -> None:
+        self._prefix_cache = cache
+        self._pool = cache if getattr(cache, "shares_pool", False) else None  # type: ignore[assignment]
+
+    @property
+    def kv_capacity(self) -> int:
+        """KV tokens of the engine: the shared block pool's, else the cost model's."""
+        return self._pool.capacity if self._pool is not None else self.cost.kv_capacity_tokens
+
+    def _kv_free(self) -> int:
+        """Blocks (tokens) a running or admitted request can take now."""
+        free = self.kv_capacity - self.kv_used
+        if self._pool is not None:
+            free -= self._pool.locked_tokens()
+        return free
+
+    def _own(self, req: EngineRequest) -> int:
+        """Tokens ``req`` holds by itself (not a shared cached prefix)."""
+        return req.computed - req.shared
+
+    def _unshare(self, req: EngineRequest) -> None:
+        if req.shared:
+            if self._pool is not None and req.prefix:
+                self._pool.unref(req.prefix)
+            req.shared = 0
+
+    def _fit_pool(self) -> None:
+        """Carry out the evictions that the running requests' blocks imply."""
+        if self._pool is not None:
+            self._pool.fit(self.kv_capacity - max(self._peak, self.kv_used))
+        self._peak = self.kv_used
+
     # ------------------------------------------------------------------ queue management
     def add(self, req: EngineRequest, now: float) -> None:
         """Queue a request (its ``key`` orders it among the waiting)."""
         if req.request_id in self.requests:
             raise ValueError(f"{self.name}: duplicate request id {req.request_id!r}")
-        if req.input_tokens + req.output_tokens > self.cost.kv_capacity_tokens:
+        if req.input_tokens + req.output_tokens > self.kv_capacity:
             raise ValueError(
                 f"{self.name}: request {req.request_id!r} needs "
                 f"{req.input_tokens + req.output_tokens} KV tokens, more than the engine's "
-                f"capacity ({self.cost.kv_capacity_tokens})"
+                f"capacity ({self.kv_capacity})"
             )
         req.arrival = now
         self.requests[req.request_id] = req
@@ -190,7 +291,8 @@ class EngineModel:
             return None
         if self.waiting.remove(request_id) is None:
             self.running.remove(req)
-            self.kv_used -= req.computed
+            self.kv_used -= self._own(req)
+            self._unshare(req)
             self._left_running(req)
         else:
             self._left_waiting(req)
@@ -273,6 +375,8 @@ class EngineModel:
         """Run one iteration, or several pure-decode ones while every one of them but the
         last starts before ``until`` (see the module doc). Returns what happened; an idle
         engine returns a result with ``iterations == 0``."""
+        if self._pool is not None:
+            self._fit_pool()
         if until is not None:
             k = self._decode_run_length(until - now)
             if k >= 2:
@@ -291,7 +395,24 @@ class EngineModel:
         if self.max_loras is not None and self.lora_blocked(head):
             # the head is skipped; one behind it may be admitted: no multi-iteration run
             return self._lora_admissible_exists()
-        return min(head.total_tokens - head.computed, budget) <= kv_free
+        return self._admit_need(head, budget)[0] <= kv_free
+
+    def _admit_need(self, head: EngineRequest, budget: int) -> tuple[int, int, int]:
+        """Admitting ``head`` now: (free blocks it takes, tokens it computes this iteration,
+        prompt tokens it finds cached). With the shared block pool a cached prefix on the GPU
+        costs no new blocks when it is already locked (another running request shares it) and
+        its own size otherwise (its free blocks become referenced); one in host memory is
+        swapped into new blocks. Without the pool (or for a request that already has computed
+        tokens) the cached part counts against the free blocks as before."""
+        pool = self._pool
+        if pool is None or head.computed or not head.prefix:
+            n = min(head.total_tokens - head.computed, budget)
+            return n + (head.computed if pool is None else 0), n, 0
+        where, tokens, locked = pool.lookup(head.prefix, head.prefix_tokens)
+        hit = max(0, min(tokens, head.input_tokens - 1)) if where != "none" else 0
+        n = min(head.total_tokens - hit, budget)
+        extra = 0 if (where == "none" or (where == "gpu" and locked)) else hit
+        return n + extra, n, hit
 
     def _decode_run_length(self, horizon_s: float) -> int:
         """How many pure-decode iterations can run back to back right now (0 or 1: not
@@ -309,10 +430,10 @@ class EngineModel:
             rem = r.output_tokens - r.generated
             if rem < k_out:
                 k_out = rem
-        cap = self.cost.kv_capacity_tokens
-        if self._admissible_head(n, cap - self.kv_used - n):
+        free = self._kv_free()
+        if self._admissible_head(n, free - n):
             return 0
-        k_kv = (cap - self.kv_used) // n
+        k_kv = free // n
         k = min(k_out, k_kv)
         if k < 2:
             return 0
@@ -362,13 +483,16 @@ class EngineModel:
             batch=list(self.running),
         )
         still = []
+        self._peak = max(self._peak, self.kv_used + n * k)
         for r in self.running:
             r.computed += k
             r.generated += k
             res.emitted[r.request_id] = k
             if r.generated >= r.output_tokens:
                 res.finished.append(r.request_id)
-                self.kv_used -= r.computed
+                self.kv_used -= self._own(r)
+                if r.shared and self._pool is not None and r.prefix:
+                    self._pool.unref(r.prefix)  # (``shared`` kept: truncate may restore it)
                 del self.requests[r.request_id]
                 self._left_running(r)
             else:
@@ -398,12 +522,16 @@ class EngineModel:
         if keep >= k:
             return
         undo = k - keep
+        gone = set(res.finished)
         for r in res.batch:
             r.computed -= undo
             r.generated -= undo
             self.requests[r.request_id] = r
+            if r.request_id in gone and r.shared and self._pool is not None and r.prefix:
+                self._pool.acquire(r.prefix)
         self.running = list(res.batch)
-        self.kv_used = sum(r.computed for r in self.running)
+        self.kv_used = sum(self._own(r) for r in self.running)
+        self._peak = self.kv_used  # the most the kept iterations held
         self.running_loras = Counter(r.lora for r in self.running if r.lora)
         self.running_prefixes = Counter(r.prefix for r in self.running if r.prefix)
         a, b = res.iter_base_s, res.iter_growth_s
@@ -420,7 +548,8 @@ class EngineModel:
         c = self.cost
         res = StepResult()
         budget = c.max_batched_tokens
-        kv_free = c.kv_capacity_tokens - self.kv_used
+        pool = self._pool
+        kv_free = self._kv_free()
         sched: dict[str, int] = {}  # request id -> tokens computed this iteration
         preempted: set[str] = set()
         for r in list(self.running):
@@ -431,14 +560,23 @@ class EngineModel:
             if n <= 0:
                 continue
             while n > kv_free:
+                if pool is not None:
+                    # a prewarm's hold gives way before a running request is preempted
+                    got = pool.release_holds(n - kv_free)
+                    if got:
+                        kv_free += got
+                        continue
                 victim = self._preempt_victim()
                 preempted.add(victim.request_id)
                 if victim.request_id in sched:
                     got = sched.pop(victim.request_id)
                     budget += got
                     kv_free += got
-                kv_free += victim.computed
+                locked = pool.locked_tokens() if pool is not None else 0
+                kv_free += self._own(victim)
                 self._preempt(victim, res)
+                if pool is not None:
+                    kv_free += locked - pool.locked_tokens()  # its prefix may be unlocked now
                 if victim is r:
                     break
             if r.request_id in preempted:
@@ -458,6 +596,36 @@ class EngineModel:
                     if len(skipped) >= LORA_SKIP_SCAN:
                         break
                     skipped.append(self.waiting.pop_tie())
+                    continue
+                if pool is not None:
+                    need, n, hit = self._admit_need(head, budget)
+                    if need > kv_free and not self.running and not sched:
+                        kv_free += pool.release_holds(need - kv_free)  # never stall on holds
+                    if need > kv_free:
+                        break
+                    if head.prefix and not head.computed:
+                        got = pool.cached_tokens(head.prefix, head.prefix_tokens, now)
+                        head.computed = max(0, min(got, head.input_tokens - 1))
+                        assert head.computed == hit, (head.computed, hit)
+                        head.prompt_done = max(head.prompt_done, head.computed)
+                        if head.computed:
+                            head.shared = head.computed
+                            pool.acquire(head.prefix)
+                        elif 0 < head.prefix_tokens <= n and pool.adopt(
+                            head.prefix, head.prefix_tokens, now
+                        ):
+                            # vLLM registers a prompt's full blocks when it schedules them:
+                            # requests admitted after it, in this iteration too, share them
+                            head.adopted = True
+                            pool.acquire(head.prefix)
+                    self.waiting.pop()
+                    self._entered_running(head)
+                    if self.admission_hook is not None:
+                        stall += self.admission_hook.on_admit(head, now)
+                    self.running.append(head)
+                    kv_free -= need
+                    sched[head.request_id] = n
+                    budget -= n
                     continue
                 if head.computed == 0 and self.prefix_cache is not None and head.prefix:
                     hit = self.prefix_cache.cached_tokens(head.prefix, head.prefix_tokens, now)
@@ -515,23 +683,38 @@ class EngineModel:
                     and r.computed >= r.prefix_tokens > 0
                     and r.computed - n < r.prefix_tokens
                 ):
-                    self.prefix_cache.on_prefilled(r.prefix, r.prefix_tokens, now)
+                    if pool is None:
+                        self.prefix_cache.on_prefilled(r.prefix, r.prefix_tokens, now)
+                    elif not r.shared and (
+                        r.adopted or pool.adopt(r.prefix, r.prefix_tokens, now)
+                    ):
+                        # its blocks become the cached entry, which it references
+                        if not r.adopted:
+                            pool.acquire(r.prefix)
+                        r.adopted = False
+                        r.shared = r.prefix_tokens
+                        self.kv_used -= r.prefix_tokens
             self.kv_used += n
             if r.done:
                 finished.add(rid)
+        self._peak = max(self._peak, self.kv_used)
         if finished:
             self.running = [r for r in self.running if r.request_id not in finished]
             for rid in finished:
                 r = by_id.pop(rid)
-                self.kv_used -= r.computed
+                self.kv_used -= self._own(r)
+                self._unshare(r)
                 self._left_running(r)
                 res.finished.append(rid)
+        if pool is not None:
+            self._fit_pool()
         return res
 
     def _preempt(self, victim: EngineRequest, res: StepResult) -> None:
         self.running.remove(victim)
         self._left_running(victim)
-        self.kv_used -= victim.computed
+        self.kv_used -= self._own(victim)
+        self._unshare(victim)
         victim.computed = 0
         victim.preemptions += 1
         self._push_waiting(victim)

@@ -16,9 +16,10 @@ possible next unit ``v`` whose resources are cold:
 - ``p_s``: the branch probability of ``v`` after the current unit (the PDGraph's next-unit
   table for this visit index);
 - ``t_c``: samples of the time until the current unit completes: the estimator's remaining
-  service of the current unit (:attr:`DemandSamples.current_s`) times the observed stretch of
-  wall time over service time of LLM units (queueing and batching under load; an EWMA over
-  finished units), plus ``v``'s median client gap;
+  service of the current unit (:attr:`DemandSamples.current_s`), for an LLM unit times the
+  observed stretch of wall time over service time of LLM units (queueing and batching under
+  load; an EWMA over finished units; a tool call's duration is not stretched), plus ``v``'s
+  median client gap;
 - ``t_p``: the resource's warm-up time, learned online (:class:`WarmupLearner`, an EWMA of
   observed warm-ups seeded with :data:`DEFAULT_WARMUP_S`).
 
@@ -406,22 +407,23 @@ class PrewarmStrategy(ABC):
             if nxt == END or p_s < k or p_s <= 0.0:
                 continue
             node = graph.units[nxt]
-            cold = []
-            for r in self.resources(run, run.app, nxt, node.backend):
-                if not warm.is_warm(r, now):
-                    cold.append(r)
-                elif resource_kind(r) in HOLDABLE:
-                    # warm now: hold it (no eviction) until the branch resolves
-                    pw = self._new(run.run_id, nxt, r, p_s, now, now)
-                    pw.t_p = 0.0
-                    self._pending[pw.pid] = pw
-                    self._bump(r, "planned", 1)
+            # a cached prefix or adapter that is warm now may be evicted before the unit
+            # needs it: it is planned like a cold one, and at t_s it is held if still warm,
+            # re-warmed if not (holding it from now on would tie up cache for the whole t_c)
+            cold = [
+                r
+                for r in self.resources(run, run.app, nxt, node.backend)
+                if resource_kind(r) in HOLDABLE or not warm.is_warm(r, now)
+            ]
             if not cold:
                 continue
             if tc is None:
-                tc = self._completion_samples(run, unit)
+                # only an LLM unit's requests queue and batch at an engine: the stretch
+                # (learned from LLM units) does not apply to a tool call's duration
+                stretch = self.stretch if graph.units[unit].is_llm else 1.0
+                tc = self._completion_samples(run, unit) * stretch
             gap = np.asarray(node.consumption.gap_s, dtype=float)
-            t = tc * self.stretch + (float(np.median(gap)) if gap.size else 0.0)
+            t = tc + (float(np.median(gap)) if gap.size else 0.0)
             for res in cold:
                 off = start_offset(t, p_s, k, self.learner.estimate(res))
                 if off is None:

@@ -19,6 +19,10 @@ its prefix on the CPU the engine first swaps it in, which stalls the iteration f
 that is nowhere must be prefilled (the driver submits a prefill-only request, and
 :meth:`on_prefilled` stores it).
 
+:class:`BlockPoolPrefixCache` (what the simulator uses): the same prefixes, but in the engine's
+one KV block pool (vLLM v1), shared with the running requests' own tokens; see its docstring
+and :class:`~hermes.core.engine_model.SharedBlockPool`.
+
 :class:`LoraSlots`: adapters resident on the GPU (``max_loras`` slots) and in host memory
 (``max_cpu_loras``), vLLM style. An adapter that is not on the GPU when a request using it is
 admitted is loaded synchronously (from host memory, or from disk), stalling the iteration; a
@@ -53,8 +57,8 @@ def gb_to_tokens(gb: float, kv_bytes_per_token: int) -> int:
 class CacheStats:
     lookups: int = 0
     hits: int = 0  # resident and ready on the GPU
-    warming_hits: int = 0  # prefetch under way: waited for its rest
-    cpu_hits: int = 0  # swapped (or loaded) in synchronously from host memory
+    warming_hits: int = 0  # prefetch (or load into host memory) under way: waited for its rest
+    cpu_hits: int = 0  # ready in host memory: swapped (or loaded) in synchronously from there
     misses: int = 0
     evictions: int = 0
     prefetches: int = 0
@@ -347,7 +351,10 @@ class LoraSlots:
             st.stall_s += stall
             return stall
         if adapter in self.cpu:
-            st.cpu_hits += 1
+            if self.cpu[adapter] <= now:
+                st.cpu_hits += 1
+            else:
+                st.warming_hits += 1
             self._iter.wait(now, self.cpu[adapter])  # still coming from disk
             t = self.cpu_load_s
         else:
@@ -430,3 +437,159 @@ class LoraSlots:
             drop = next((k for k in cands if k not in keep), None) or next(iter(keep), None)
             if drop is not None:
                 del self.cpu[drop]
+
+
+class BlockPoolPrefixCache(PrefixCacheModel):
+    """Cached prompt prefixes in the engine's one KV block pool (vLLM v1 ``BlockPool`` with
+    prefix caching; :class:`~hermes.core.engine_model.SharedBlockPool`).
+
+    ``capacity`` is the whole pool: the engine's KV capacity becomes this, and the running
+    requests' own tokens come out of it too. An entry is *referenced* while running requests
+    share its blocks (``refs``, kept by the engine), and *held* while prewarms pin it for a
+    coming unit; both lock it. Unlocked entries sit in free blocks and are evicted least
+    recently used (to the host-memory tier) when the engine needs those blocks
+    (:meth:`fit`), never when a prefix is stored: storing one computed by a request only
+    relabels the request's blocks. A hold gives way (:meth:`release_holds`) before a running
+    request would be preempted; held tokens are capped at ``max_held_fraction`` of the pool
+    (a pin that would exceed it is refused: the prefix is still warmed, unheld)."""
+
+    shares_pool = True
+
+    def __init__(
+        self, capacity_tokens: int, *, max_held_fraction: float = 0.25, **kw: object
+    ) -> None:
+        super().__init__(capacity_tokens, **kw)  # type: ignore[arg-type]
+        if not 0.0 <= max_held_fraction <= 1.0:
+            raise ValueError(f"max_held_fraction must be in [0, 1], got {max_held_fraction}")
+        self.max_held_fraction = max_held_fraction
+        self.refs: dict[str, int] = {}
+        self.held_tokens = 0  # tokens of GPU entries with pins > 0
+        self.holds_dropped = 0  # holds given up for running requests' blocks
+        self.pins_refused = 0  # pins over the held-token cap
+        #: tokens the engine's running requests hold by themselves (wired by the driver)
+        self.engine_tokens: Callable[[], int] = lambda: 0
+
+    # ------------------------------------------------------------------ pool hooks
+    def lookup(self, prefix: str, prefix_tokens: int) -> tuple[str, int, bool]:
+        prefix = prefix.removeprefix(UNCOUNTED)
+        e = self.gpu.get(prefix)
+        if e is not None:
+            return "gpu", min(e.tokens, prefix_tokens), self._locked(prefix, e)
+        if prefix in self.cpu:
+            return "cpu", min(self.cpu[prefix], prefix_tokens), False
+        return "none", 0, False
+
+    def locked_tokens(self) -> int:
+        return sum(e.tokens for k, e in self.gpu.items() if self._locked(k, e))
+
+    def acquire(self, prefix: str) -> None:
+        prefix = prefix.removeprefix(UNCOUNTED)
+        self.refs[prefix] = self.refs.get(prefix, 0) + 1
+
+    def unref(self, prefix: str) -> None:
+        prefix = prefix.removeprefix(UNCOUNTED)
+        n = self.refs.get(prefix, 0) - 1
+        if n > 0:
+            self.refs[prefix] = n
+        else:
+            self.refs.pop(prefix, None)
+
+    def adopt(self, prefix: str, prefix_tokens: int, now: float) -> bool:
+        speculative = prefix.startswith(UNCOUNTED)
+        prefix = prefix.removeprefix(UNCOUNTED)
+        if not self.enabled or prefix_tokens <= 0 or prefix_tokens > self.capacity:
+            return False
+        e = self.gpu.get(prefix)
+        if e is not None:
+            self.gpu.move_to_end(prefix)
+            e.ready_at = min(e.ready_at, now)
+            return False
+        if prefix in self.cpu:  # an older copy in host memory: superseded
+            self.cpu_used -= self.cpu.pop(prefix)
+        self._put(prefix, prefix_tokens, now, speculative=speculative)
+        return True
+
+    def fit(self, limit_tokens: int) -> None:
+        if self.gpu_used <= limit_tokens:
+            return
+        for key in [k for k, e in self.gpu.items() if not self._locked(k, e)]:
+            if self.gpu_used <= limit_tokens:
+                break
+            self._evict(key)
+
+    def release_holds(self, tokens: int) -> int:
+        freed = 0
+        for key, e in self.gpu.items():
+            if freed >= tokens:
+                break
+            if e.pins > 0 and not self.refs.get(key):
+                self.held_tokens -= e.tokens
+                e.pins = 0
+                self.holds_dropped += 1
+                freed += e.tokens
+        return freed
+
+    # ------------------------------------------------------------------ holds
+    def pin(self, prefix: str) -> None:
+        e = self.gpu.get(prefix)
+        if e is None:
+            self._pending_pins[prefix] = self._pending_pins.get(prefix, 0) + 1
+            return
+        if e.pins == 0:
+            if not self._room_to_hold(e.tokens):
+                self.pins_refused += 1
+                return
+            self.held_tokens += e.tokens
+        e.pins += 1
+
+    def release(self, prefix: str) -> None:
+        e = self.gpu.get(prefix)
+        if e is not None and e.pins > 0:
+            e.pins -= 1
+            if e.pins == 0:
+                self.held_tokens -= e.tokens
+        else:
+            super().release(prefix)  # a pending pin
+
+    def prefetch(self, prefix: str, now: float, *, pin: bool = False) -> float | None:
+        """Swap a host-memory prefix into free blocks (evicting unlocked entries); ``None``
+        when it is not in host memory or the pool has no room for it now."""
+        if not self.enabled or prefix not in self.cpu:
+            return None
+        tokens = self.cpu[prefix]
+        room = self.capacity - self.engine_tokens() - self.locked_tokens()
+        if tokens > room:
+            return None
+        self.fit(self.capacity - self.engine_tokens() - tokens)
+        return super().prefetch(prefix, now, pin=pin)
+
+    # ------------------------------------------------------------------ internals
+    def _locked(self, key: str, e: _Entry) -> bool:
+        return e.pins > 0 or bool(self.refs.get(key))
+
+    def _room_to_hold(self, tokens: int) -> bool:
+        return self.held_tokens + tokens <= self.max_held_fraction * self.capacity
+
+    def _evict(self, key: str) -> None:
+        e = self.gpu.pop(key)
+        self.gpu_used -= e.tokens
+        if e.pins > 0:
+            self.held_tokens -= e.tokens
+        self.stats.evictions += 1
+        self._to_cpu(key, e.tokens)
+
+    def _put(
+        self, prefix: str, tokens: int, ready_at: float, *, speculative: bool = False
+    ) -> None:
+        """Store on the GPU without evicting: the blocks are already the caller's (a computed
+        prefix) or were made free by the engine / :meth:`prefetch` (a swap-in)."""
+        if tokens > self.capacity:
+            return
+        pins = self._pending_pins.pop(prefix, 0)
+        if pins and not self._room_to_hold(tokens):
+            self.pins_refused += 1
+            pins = 0
+        self.gpu[prefix] = _Entry(tokens, ready_at, pins)
+        self.gpu_used += tokens
+        if pins:
+            self.held_tokens += tokens

@@ -293,6 +293,16 @@ class Simulator:
         """Prewarm hook: wake the warm state's planner at ``t``."""
         self._push(t, _PREWARM, None)
 
+    def prewarm_key(self, run_id: str, unit: str, now: float) -> tuple:
+        """Prewarm hook: the queue key of a prewarm request for ``unit`` of ``run_id``, as the
+        policy would key the run's own request arriving now (first when the run is gone)."""
+        run = self._runs.get(run_id)
+        if run is None:
+            return (float("-inf"),)
+        view = RequestView(request_id=f"{run_id}/prewarm", run_id=run_id, unit=unit,
+                           arrival=now, seq=next(self._req_seq))
+        return policy_key(self.policy, run.state, view, now)
+
     def prewarm_request_added(self, ei: int, now: float) -> None:
         """Prewarm hook: a prefill-only request was queued on engine ``ei``."""
         self._engine_changed(ei, now)

@@ -1,12 +1,16 @@
 """Backend warm state in the simulator: the prewarm strategy driven in virtual time.
 
-:class:`SimWarmState` owns, per engine, a KV prefix cache (:class:`PrefixCacheModel`) and LoRA
+:class:`SimWarmState` owns, per engine, a KV prefix cache and LoRA
 slots (:class:`LoraSlots`), uses the simulator's tool pool for containers and DNN models, and
-carries out the decisions of a :class:`~hermes.core.prewarm.PrewarmStrategy`:
+carries out the decisions of a :class:`~hermes.core.prewarm.PrewarmStrategy`. The prefix cache
+is the engine's one KV block pool (:class:`BlockPoolPrefixCache`): its capacity, from the
+cache size, is the engine's KV capacity, for every strategy.
 
-- ``start kv:...``: swap the prefix in from host memory, or, when it is cached nowhere, submit
-  a prefill-only request (the prefix, one output token) to the engine: it costs engine time
-  like any request;
+- ``start kv:...`` planned (hermes): submit a prefill-only request (the prefix, one output
+  token), queued at the engine like the run's own request for that unit would be (the policy's
+  key): it costs engine time like any request, is a one-token refresh when the prefix is still
+  cached, and its hold on the prefix starts when it is admitted; for a queued request
+  (epwq, hermes): swap the prefix in from host memory if it is there;
 - ``start lora:...``: load the adapter into a GPU slot in the background;
 - ``start docker:...`` / ``dnn:...``: start a tool instance (its cold start);
 - ``release``: unpin the prefix, or shut down an unused prewarmed tool instance. The release of
@@ -34,7 +38,12 @@ from hermes.core.engine_model import EngineModel, EngineRequest, pick_engine
 from hermes.core.prewarm import PrewarmAction, PrewarmStrategy
 from hermes.core.state import RunState
 from hermes.core.tools_model import ToolPool
-from hermes.core.warm_models import UNCOUNTED, LoraSlots, PrefixCacheModel, gb_to_tokens
+from hermes.core.warm_models import (
+    UNCOUNTED,
+    BlockPoolPrefixCache,
+    LoraSlots,
+    gb_to_tokens,
+)
 from workloads.base import LLMCall, Step
 
 if TYPE_CHECKING:
@@ -63,20 +72,22 @@ class SimWarmState:
         lora_disk_load_s: float = 0.25,
         lora_cpu_load_s: float = 0.02,
         adapter: AdapterFn | None = None,
+        max_held_fraction: float = 0.25,
     ) -> None:
         self.strategy = strategy
         strategy.resources = self.resources
         self.cost = cost
         self.adapter = adapter
-        self.caches: list[PrefixCacheModel | None] = []
+        self.caches: list[BlockPoolPrefixCache | None] = []
         self.loras: list[LoraSlots | None] = []
         for _ in range(n_engines):
             if cache_gb is None:
                 self.caches.append(None)
             else:
                 self.caches.append(
-                    PrefixCacheModel(
+                    BlockPoolPrefixCache(
                         gb_to_tokens(cache_gb, cost.kv_bytes_per_token),
+                        max_held_fraction=max_held_fraction,
                         cpu_capacity_tokens=gb_to_tokens(cpu_cache_gb, cost.kv_bytes_per_token),
                         kv_bytes_per_token=cost.kv_bytes_per_token,
                         swap_bytes_per_s=swap_bytes_per_s,
@@ -96,6 +107,11 @@ class SimWarmState:
         self._prefill_seq = 0
         self._prefix_tokens: dict[str, int] = {}
         self._held: dict[int, int] = {}  # prewarm id -> engine index holding its resource
+        # kv: prefill-only request id -> prewarm id (its hold starts when it is admitted), and
+        # the prewarms whose prefix is pinned
+        self._kv_requests: dict[str, int] = {}
+        self._kv_pinned: set[int] = set()
+        self.prewarm_prefill_tokens = 0
         # holds of used prewarms, until the unit's request is admitted: (run, kind, name) ->
         # engine indices
         self._handover: dict[tuple[str, str, str], list[int]] = {}
@@ -109,8 +125,7 @@ class SimWarmState:
             eng.admission_hook = self
             cache = self.caches[i]
             if cache is not None:
-                cache.in_use = self._counter_view(eng, "running_prefixes")
-                cache.queued = self._counter_view(eng, "waiting_prefixes")
+                cache.engine_tokens = self._kv_used_view(eng)
             slots = self.loras[i]
             if slots is not None:
                 eng.max_loras = slots.max_loras
@@ -121,6 +136,10 @@ class SimWarmState:
     def _counter_view(eng: EngineModel, attr: str) -> Callable[[str], bool]:
         # the engine may replace the counter (truncate): look it up on each call
         return lambda name: name in getattr(eng, attr)
+
+    @staticmethod
+    def _kv_used_view(eng: EngineModel) -> Callable[[], int]:
+        return lambda: eng.kv_used
 
     def _engines(self) -> list[EngineModel]:
         assert self.sim is not None
@@ -197,6 +216,14 @@ class SimWarmState:
         slots = self.loras[ei]
         if slots is not None and req.lora:
             stall += slots.admit(req.lora, now)
+        if req.run_id == PREWARM_RUN:
+            # engine work a prewarm adds: the prompt tokens its request computes
+            self.prewarm_prefill_tokens += req.input_tokens - req.computed
+            pid = self._kv_requests.pop(req.request_id, None)
+            if pid is not None and pid in self._held and cache is not None and req.prefix:
+                cache.pin(req.prefix.removeprefix(UNCOUNTED))  # found cached, or computed now
+                self._kv_pinned.add(pid)
+            return stall
         if self._handover:
             for kind, name in (("kv", req.prefix), ("lora", req.lora)):
                 held = self._handover.pop((req.run_id, kind, name or ""), None)
@@ -217,7 +244,8 @@ class SimWarmState:
     def _apply(self, actions: list[PrewarmAction], now: float) -> None:
         for a in actions:
             if a.action == "start":
-                self._start(a.resource, now, prefetch=a.prefetch, pid=a.pid)
+                self._start(a.resource, now, prefetch=a.prefetch, pid=a.pid, run_id=a.run_id,
+                            unit=a.unit)
             else:
                 self._release(a.resource, now, used=a.used, pid=a.pid, run_id=a.run_id)
         nxt = self.strategy.next_due()
@@ -226,9 +254,15 @@ class SimWarmState:
             self._wake = max(nxt, now)
             self.sim.schedule_prewarm(self._wake)
 
-    def _start(self, resource: str, now: float, *, prefetch: bool = False, pid: int = 0) -> None:
+    def _start(
+        self, resource: str, now: float, *, prefetch: bool = False, pid: int = 0,
+        run_id: str = "", unit: str = "",
+    ) -> None:
         """Warm ``resource``; a planned prewarm (not a queued request's prefetch) also holds
-        a prefix or adapter against eviction until it is released."""
+        a prefix or adapter against eviction until it is released. A prefix cached nowhere is
+        prefilled by a request queued at the engine like the run's own request for ``unit``
+        would be (the scheduling policy's key; under ``vllm``, FCFS from now): a real engine
+        does not let a prewarm jump its queue."""
         kind, _, name = resource.partition(":")
         if kind in ("docker", "dnn"):
             assert self.tools is not None
@@ -252,18 +286,19 @@ class SimWarmState:
             cache = self.caches[ei]
             if cache is None or not cache.enabled:
                 return
-            if not prefetch:
-                cache.pin(name)
-                self._held[pid] = ei
-            if cache.is_warm(name):
-                return
-            ready = cache.prefetch(name, now)
-            if ready is not None:
-                self.strategy.observe_warmup(resource, ready - now)
-                return
-            tokens = self._prefix_tokens.get(name, 0)
-            if tokens <= 0 or prefetch:
+            if prefetch:  # for a queued request: swap it in from host memory, if it is there
+                if not cache.is_warm(name):
+                    ready = cache.prefetch(name, now)
+                    if ready is not None:
+                        self.strategy.observe_warmup(resource, ready - now)
                 return  # a queued request prefills its prefix itself
+            # planned: a prefill-only request, whether the prefix is cached now or not (a live
+            # gateway cannot see the engine's cache; a cached prefix makes it a cheap hit that
+            # refreshes the prefix, an evicted one is recomputed, one in host memory swapped
+            # in). The hold starts when the request is admitted, right before the unit's own.
+            tokens = self._prefix_tokens.get(name, 0)
+            if tokens <= 0:
+                return
             assert self.sim is not None
             self._prefill_seq += 1
             req = EngineRequest(
@@ -271,11 +306,13 @@ class SimWarmState:
                 run_id=PREWARM_RUN,
                 input_tokens=tokens + 1,
                 output_tokens=1,
-                key=(float("-inf"),),
+                key=self.sim.prewarm_key(run_id, unit, now),
                 prefix=UNCOUNTED + name,
                 prefix_tokens=tokens,
             )
             engines[ei].add(req, now)
+            self._held[pid] = ei
+            self._kv_requests[req.request_id] = pid
             self.strategy.observe_warmup(resource, self.cost.iteration_s(tokens, 0, 0))
             self.sim.prewarm_request_added(ei, now)
 
@@ -290,6 +327,14 @@ class SimWarmState:
                 assert self.tools is not None
                 self.tools.server(resource).release(now)
             return
+        if kind == "kv":  # the handover names the prewarm: its hold may not have started
+            if pid not in self._held:
+                return
+            if used and run_id:
+                self._handover.setdefault((run_id, kind, name), []).append(pid)
+            else:
+                self._unhold(kind, name, [pid])
+            return
         ei = self._held.pop(pid, None)
         if ei is None:
             return
@@ -298,12 +343,17 @@ class SimWarmState:
             return
         self._unhold(kind, name, [ei])
 
-    def _unhold(self, kind: str, name: str, engines: list[int]) -> None:
-        for ei in engines:
-            if kind == "kv" and self.caches[ei] is not None:
-                self.caches[ei].release(name)  # type: ignore[union-attr]
-            elif kind == "lora" and self.loras[ei] is not None:
-                self.loras[ei].release(name)  # type: ignore[union-attr]
+    def _unhold(self, kind: str, name: str, held: list[int]) -> None:
+        """End holds: ``held`` are prewarm ids (kv) or engine indices (lora)."""
+        for h in held:
+            if kind == "kv":
+                ei = self._held.pop(h, None)
+                if h in self._kv_pinned:
+                    self._kv_pinned.discard(h)
+                    if ei is not None and self.caches[ei] is not None:
+                        self.caches[ei].release(name)  # type: ignore[union-attr]
+            elif kind == "lora" and self.loras[h] is not None:
+                self.loras[h].release(name)  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ results
     def stats(self) -> dict[str, float]:
@@ -320,7 +370,17 @@ class SimWarmState:
             out[f"{label}_hit_ratio"] = hits / look if look else 0.0
             out[f"{label}_warming_hits"] = sum(m.stats.warming_hits for m in ms)
             out[f"{label}_cpu_hits"] = sum(m.stats.cpu_hits for m in ms)
+            # resident in GPU or host memory when admitted: nothing loaded from disk / computed
+            out[f"{label}_resident_hit_ratio"] = (
+                (hits + out[f"{label}_cpu_hits"]) / look if look else 0.0
+            )
             out[f"{label}_stall_s"] = sum(m.stats.stall_s for m in ms)
+            out[f"{label}_evictions"] = sum(m.stats.evictions for m in ms)
+        caches = [c for c in self.caches if c is not None]
+        if caches:
+            out["kv_holds_dropped"] = sum(c.holds_dropped for c in caches)
+            out["kv_pins_refused"] = sum(c.pins_refused for c in caches)
+            out["kv_prewarm_prefill_tokens"] = self.prewarm_prefill_tokens
         if self.tools is not None:
             calls = sum(s.calls for s in self.tools.servers.values() if not s.backend.startswith("api:"))
             hits = sum(s.warm_hits for s in self.tools.servers.values() if not s.backend.startswith("api:"))

@@ -222,7 +222,8 @@ def test_lora_slots_hits_and_eviction():
 
 
 def test_warm_prefix_is_held_while_its_unit_is_coming():
-    """A prefix that is cached now but evictable is held (pinned) until the branch resolves."""
+    """A prefix that is cached now but evictable is planned like a cold one: at t_s it is held
+    (pinned) if still cached, re-warmed if not, until the branch resolves."""
     g = PDGraph.from_dict({
         "version": 1, "app": "toy", "entry": {"a": 1.0},
         "units": {"a": {"backend": "llm:m", "next": {"b": 1.0}},
@@ -231,7 +232,10 @@ def test_warm_prefix_is_held_while_its_unit_is_coming():
     p = HermesPrewarm(k=0.5, graphs={"toy": g}.get, estimators={"toy": FixedEstimator(TC)}.get)
     r = RunState(run_id="r1", app="toy", submitted=0.0)
     r.begin_unit("a")
-    acts = p.on_unit_start(r, "a", "llm:m", 0.0, WarmSet({"kv:m/toy/b"}))
+    assert p.on_unit_start(r, "a", "llm:m", 0.0, WarmSet({"kv:m/toy/b"})) == []
+    t_s = float(np.median(TC)) - 0.1  # p_s = 1, K = 0.5, t_p = the kv default
+    assert p.next_due() == pytest.approx(t_s, abs=0.02)
+    acts = p.due(t_s + 0.02)
     assert [(a.action, a.resource) for a in acts] == [("start", "kv:m/toy/b")]  # hold now
     c = PrefixCacheModel(1000)
     c.on_prefilled("b", 600, 0.0)

@@ -79,3 +79,45 @@ def test_lora_batch_rule_and_holds_in_the_simulator():
     assert seen["max"] == 2 and seen["blocked"] > 0
     assert not warm._handover and not warm.loras[0].pins
     assert res.warm["lora_lookups"] > 0 and res.warm["prewarm_used"] > 0
+
+
+def test_prefix_prewarm_queues_like_a_request_and_holds_end():
+    """A prewarm's prefill-only request does not jump the engine's queue (under `vllm`, FCFS
+    from its submission, as a real engine treats it), its hold starts when it is admitted and
+    every hold ends; the strategies share one KV pool whose capacity is the cache size."""
+    from hermes.bench.sched import load_graphs, make_sim_policy
+    from hermes.core.estimator import EstimatorPool
+    from hermes.core.prewarm import make_prewarm
+    from hermes.core.warm_models import gb_to_tokens
+    from hermes.sim.simulator import Simulator, setup_engines
+    from hermes.sim.warm import PREWARM_RUN, SimWarmState
+
+    arr = _cg_arrivals(20, 3.0)  # loaded: requests queue
+    cost, n = setup_engines("llama2-7b-a100")
+    graphs = load_graphs()
+    strategy = make_prewarm("hermes", k=0.5, graphs=graphs.get,
+                            estimators=EstimatorPool(graphs, cost, n_walks=50).get, n_walks=50)
+    warm = SimWarmState(strategy, cost, n_engines=n, cache_gb=2.0)
+    sim = Simulator(make_sim_policy("vllm", "llama2-7b-a100"), cost=cost, n_engines=n,
+                    record=False, warm=warm)
+    eng = sim.engines[0]
+    assert eng.kv_capacity == gb_to_tokens(2.0, cost.kv_bytes_per_token)
+    add = eng.add
+    seen = {"prewarms": 0, "behind": 0}
+
+    def checked(req, now):  # noqa: ANN001, ANN202
+        if req.run_id == PREWARM_RUN:
+            seen["prewarms"] += 1
+            waiting = list(eng.waiting.items())
+            assert all(w.key <= req.key for w in waiting)  # no queue jumping
+            seen["behind"] += bool(waiting)
+        add(req, now)
+
+    eng.add = checked
+    res = sim.run(list(arr))
+    assert len(res.runs) == len(arr)
+    assert seen["prewarms"] > 0 and seen["behind"] > 0
+    cache = warm.caches[0]
+    assert not warm._handover and not warm._held and cache.held_tokens == 0
+    assert not cache.refs and eng.kv_used == 0
+    assert res.warm["kv_prewarm_prefill_tokens"] > 0
