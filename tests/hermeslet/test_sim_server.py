@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import openai
@@ -117,16 +118,27 @@ async def test_running_gauge_and_priority_order(serial_sim_url):
                                    extra_body={"priority": prio})
         order.append(name)
 
-    first = asyncio.create_task(req("first", 0, 50))  # ~0.6 s
-    await asyncio.sleep(0.05)
-    low = asyncio.create_task(req("low", 10, 3))
-    await asyncio.sleep(0.02)
-    high = asyncio.create_task(req("high", 1, 3))
-    await asyncio.sleep(0.02)
     async with httpx.AsyncClient() as h:
-        text = (await h.get(url + "/metrics")).text
-    m = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
-    assert m["vllm:num_requests_running"] == 1 and m["vllm:num_requests_waiting"] == 2
+        async def gauges_reach(running: int, waiting: int) -> dict[str, float]:
+            # each request is seen queued before the next is sent (a loaded machine may
+            # delay any of them), and the first one, ~5 s alone, is still running
+            deadline = time.monotonic() + 4.0
+            while True:
+                text = (await h.get(url + "/metrics")).text
+                m = {s.name: s.value for f in text_string_to_metric_families(text)
+                     for s in f.samples}
+                got = (m["vllm:num_requests_running"], m["vllm:num_requests_waiting"])
+                if got == (running, waiting):
+                    return m
+                assert time.monotonic() < deadline, f"running/waiting {got}"
+                await asyncio.sleep(0.01)
+
+        first = asyncio.create_task(req("first", 0, 400))
+        await gauges_reach(1, 0)
+        low = asyncio.create_task(req("low", 10, 3))
+        await gauges_reach(1, 1)
+        high = asyncio.create_task(req("high", 1, 3))
+        m = await gauges_reach(1, 2)
     assert m["vllm:kv_cache_usage_perc"] > 0
     await asyncio.gather(first, low, high)
     assert order == ["first", "high", "low"]
