@@ -1193,6 +1193,12 @@ class LiveScheduler:
     def _kb_write(self, recs: list[RunRecord], graphs: list[Any]) -> None:
         if self.kb is None:
             return
+        if recs and hasattr(self.kb, "append_records"):
+            try:  # one write and one fsync per app for the batch
+                self.kb.append_records(recs)
+                recs = []
+            except Exception:  # one by one: a bad record must not lose the others
+                pass
         for rec in recs:
             if hasattr(self.kb, "append_record"):
                 try:
