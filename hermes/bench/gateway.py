@@ -9,7 +9,10 @@ far that its service time is ~0 and the overhead is what is left):
   pointing at the engine server), no Hermes headers (each request is a one-unit run of app
   ``default``: created, ranked, dispatched, recorded and learned from).
 
-Both phases use the same client (httpx, ``concurrency`` requests in flight, keep-alive).
+Both phases use the same client (aiohttp by default, ``--client httpx`` as before; ``concurrency``
+requests in flight, keep-alive) on the same event loop (:mod:`hermes.evloop`).
+Each concurrency level (``--concurrency 1,32`` by default: the latency added to a lone request,
+and what one gateway process sustains under load) gets a direct row and a row per policy.
 Rows: ``{path, policy, concurrency, requests, p50_ms, p99_ms, req_per_s, client_cpu_ms,
 gateway_cpu_ms, engine_cpu_ms, added_p50_ms, added_p99_ms}``; ``added_*`` = gateway minus
 direct, measured in the same run; ``*_cpu_ms`` = CPU milliseconds (user + system, from
@@ -29,11 +32,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+
+from hermes import evloop
 
 MODEL = "sim-bench"
 CLIENTS = ("aiohttp", "httpx")
@@ -171,18 +177,27 @@ def _row(path: str, policy: str, concurrency: int, lat: np.ndarray, wall: float,
 
 def bench_gateway(
     requests: int = 2000,
-    concurrency: int = 32,
+    concurrency: int | Sequence[int] = 32,
     policies: tuple[str, ...] = ("hermes", "vllm"),
     *,
     warmup: int = 200,
     engine_time_scale: float = 1e6,
     progress: bool = True,
+    client: str = "aiohttp",
 ) -> list[dict[str, Any]]:
-    """Direct vs through-the-gateway latency and throughput; one gateway process per policy."""
+    """Direct vs through-the-gateway latency and throughput; one gateway process per policy.
+
+    Both phases use the same ``client`` (``aiohttp`` | ``httpx``) on the same event loop.
+    ``concurrency`` may list several levels (e.g. ``(1, 32)``: the latency the gateway adds to
+    a lone request, and what it sustains under load); each gateway row's ``added_*`` is
+    against the direct row of its concurrency."""
     from tqdm import tqdm
 
-    if requests < 1 or concurrency < 1:
+    levels = [concurrency] if isinstance(concurrency, int) else list(concurrency)
+    if requests < 1 or not levels or min(levels) < 1:
         raise ValueError("--requests and --concurrency must be >= 1")
+    if client not in CLIENTS:
+        raise ValueError(f"--client must be one of {', '.join(CLIENTS)}, not {client!r}")
     py = sys.executable
     eport = _free_port()
     eng = subprocess.Popen(
@@ -190,31 +205,42 @@ def bench_gateway(
          "--time-scale", str(engine_time_scale), "--log-level", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     rows: list[dict[str, Any]] = []
-    bar = tqdm(total=(1 + len(policies)) * (requests + warmup), desc="requests",
+    direct: dict[int, dict[str, Any]] = {}
+    bar = tqdm(total=(1 + len(policies)) * len(levels) * (requests + warmup), desc="requests",
                file=sys.stderr, disable=not progress)
     try:
         engine_url = f"http://127.0.0.1:{eport}"
         _wait_http(engine_url + "/health", eng)
-        asyncio.run(_drive(engine_url, warmup, concurrency, progress=bar))
-        meter = _CpuMeter(engine=eng.pid)
-        lat, wall, err = asyncio.run(_drive(engine_url, requests, concurrency, progress=bar))
-        direct = _row("direct", "-", concurrency, lat, wall, err,
-                      meter.per_request_ms(requests))
-        rows.append(direct)
+        for c in levels:
+            lat, wall, err, cpu = _phase(engine_url, requests, warmup, c, bar, client,
+                                         engine=eng.pid)
+            direct[c] = _row("direct", "-", c, lat, wall, err, cpu)
+            rows.append(direct[c])
         for policy in policies:
-            rows.append(_through_gateway(engine_url, eng.pid, policy, requests, warmup,
-                                         concurrency, bar))
+            rows += _through_gateway(engine_url, eng.pid, policy, requests, warmup, levels,
+                                     bar, client)
     finally:
         bar.close()
         _stop(eng)
     for r in rows:
-        r["added_p50_ms"] = r["p50_ms"] - direct["p50_ms"]
-        r["added_p99_ms"] = r["p99_ms"] - direct["p99_ms"]
+        base = direct[r["concurrency"]]
+        r["added_p50_ms"] = r["p50_ms"] - base["p50_ms"]
+        r["added_p99_ms"] = r["p99_ms"] - base["p99_ms"]
     return rows
 
 
+def _phase(url: str, requests: int, warmup: int, concurrency: int, bar: Any, client: str,
+           **pids: int) -> tuple[np.ndarray, float, int, dict[str, float]]:
+    """Warm up, then measure ``requests``: latencies, wall s, errors, CPU ms per request."""
+    evloop.run(_drive(url, warmup, concurrency, progress=bar, client=client))
+    meter = _CpuMeter(**pids)
+    lat, wall, err = evloop.run(_drive(url, requests, concurrency, progress=bar, client=client))
+    return lat, wall, err, meter.per_request_ms(requests)
+
+
 def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: int, warmup: int,
-                     concurrency: int, bar: Any) -> dict[str, Any]:
+                     levels: list[int], bar: Any, client: str) -> list[dict[str, Any]]:
+    rows = []
     with tempfile.TemporaryDirectory(prefix="hermes-bench-gw-") as tmp:
         cfg = Path(tmp) / "hermes.toml"
         gport = _free_port()
@@ -223,7 +249,7 @@ def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: in
             f'[scheduler]\npolicy = "{policy}"\nbind = ""\n'
             f'[stores]\nstate_dir = "{tmp}/state"\nkb = "{tmp}/kb"\n'
             f'[[engines]]\nname = "e0"\nkind = "openai"\nurl = "{engine_url}"\n'
-            f'model = "{MODEL}"\nmax_inflight = {max(64, 2 * concurrency)}\n'
+            f'model = "{MODEL}"\nmax_inflight = {max(64, 2 * max(levels))}\n'
         )
         gw = subprocess.Popen([sys.executable, "-m", "hermes.cli", "serve", "--config", str(cfg)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -231,10 +257,10 @@ def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: in
         try:
             url = f"http://127.0.0.1:{gport}"
             _wait_http(url + "/healthz", gw)
-            asyncio.run(_drive(url, warmup, concurrency, progress=bar))
-            meter = _CpuMeter(gateway=gw.pid, engine=engine_pid)
-            lat, wall, err = asyncio.run(_drive(url, requests, concurrency, progress=bar))
-            cpu = meter.per_request_ms(requests)
+            for c in levels:
+                lat, wall, err, cpu = _phase(url, requests, warmup, c, bar, client,
+                                             gateway=gw.pid, engine=engine_pid)
+                rows.append(_row("gateway", policy, c, lat, wall, err, cpu))
         finally:
             _stop(gw)
-    return _row("gateway", policy, concurrency, lat, wall, err, cpu)
+    return rows
