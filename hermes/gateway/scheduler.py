@@ -69,6 +69,7 @@ from hermes.protocol import (
     decode,
     encode,
 )
+from hermes.zmqdrain import QueuedMessages
 
 log = logging.getLogger("hermes.gateway.scheduler")
 
@@ -992,23 +993,28 @@ class LiveScheduler:
     # ------------------------------------------------------------------ node protocol
     async def _recv_loop(self) -> None:
         assert self._socket is not None
+        # messages already queued are taken without a future each (hermes.zmqdrain)
+        drain = QueuedMessages(self._socket)
         while True:
             try:
-                frames = await self._socket.recv_multipart()
+                first = await self._socket.recv_multipart()
             except asyncio.CancelledError:
                 raise
             except zmq.ZMQError as e:
                 log.warning("zmq receive failed: %s", e)
                 await asyncio.sleep(0.05)
                 continue
-            if len(frames) < 2:
-                continue
+            for frames in drain.after(first):
+                self._on_frames(frames)
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        if len(frames) >= 2:
             identity, frame = frames[0], frames[-1]
             try:
                 msg = decode(frame)
             except ProtocolError as e:
                 log.warning("bad message from %r: %s", identity, e)
-                continue
+                return
             try:
                 self._handle(identity, msg)
             except Exception:  # one bad message must not stop the scheduler
