@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import time
 import uuid
@@ -1146,7 +1145,7 @@ class LiveScheduler:
         """
         if self._records_fh is None:
             self._records_fh = self.records_path.open("a")
-        self._records_fh.write(json.dumps(rec.model_dump(exclude_none=True)) + "\n")
+        self._records_fh.write(rec.model_dump_json(exclude_none=True) + "\n")
         self._records_fh.flush()
         self.stats["records_written"] += 1
         try:
