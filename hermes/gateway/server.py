@@ -30,9 +30,20 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _http_protocol() -> Any:
+    """httptools with coalesced response writes (:mod:`hermes.gateway.httpproto`), or
+    uvicorn's own choice where httptools is not installed."""
+    try:
+        from hermes.gateway.httpproto import CoalescingHttpToolsProtocol
+    except ImportError:
+        return "auto"
+    return CoalescingHttpToolsProtocol
+
+
 def _uvicorn_config(config: GatewayConfig) -> uvicorn.Config:
     return uvicorn.Config(
         create_app(config),
+        http=_http_protocol(),
         log_level=config.server.log_level,
         access_log=config.server.log_level == "debug",
         lifespan="on",
