@@ -861,7 +861,7 @@ class LiveScheduler:
         if self.metrics is not None:
             self.metrics.on_request_done(req.node, msg.engine, msg.queue_s, msg.service_s)
         run, now = req.run, self.now()
-        service = float(self.cost.unit_service_s(np.array([[msg.input_tokens]]), np.array([[msg.output_tokens]]))[0])
+        service = self.cost.request_service_s(msg.input_tokens, msg.output_tokens)
         self._credit(run, max(0.0, service - req.credited_s), msg.input_tokens + msg.output_tokens, now)
         if req.tokens is not None:
             req.tokens.put_nowait(None)
