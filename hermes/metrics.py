@@ -141,6 +141,9 @@ class GatewayMetrics:
         self._prior_pending: set[str] = set()
         self._seen: set[tuple[str, str]] = set()  # (app, tenant) with series created
         self._engine_children: dict[tuple[str | None, str], tuple[Any, Any]] = {}
+        #: labelled children by (metric, label values): ``labels()`` validates and locks on
+        #: every call, and each run touches a handful of series (hermes bench gateway)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._prior: dict[str, tuple[int, float, float]] = {}  # app -> (id(est), expiry, mean)
         r.register(_SchedulerCollector(self))
 
@@ -155,12 +158,20 @@ class GatewayMetrics:
         self.registry.register(collector)
 
     # ------------------------------------------------------------------ hooks (scheduler)
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, memoized (series are never removed)."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def on_run_created(self, run: Any) -> None:
         st = run.state
         key = (st.app, st.tenant)
         if key not in self._seen:
             self._init_series(*key)
-        self.runs_started.labels(st.app, st.tenant).inc()
+        self._child(self.runs_started, st.app, st.tenant).inc()
         self._prior_mean(st.app)  # refresh the app's prediction in the background if stale
 
     def _init_series(self, app: str, tenant: str) -> None:
@@ -181,14 +192,14 @@ class GatewayMetrics:
         """The run is finished, failed or cancelled (called once, from ``_retire``)."""
         st = run.state
         app, tenant, state = st.app, st.tenant, run.status
-        self.runs_ended.labels(app, tenant, state).inc()
+        self._child(self.runs_ended, app, tenant, state).inc()
         if state == "finished" and st.finished is not None:
-            self.act.labels(app, tenant).observe(st.finished - st.submitted)
+            self._child(self.act, app, tenant).observe(st.finished - st.submitted)
             pred = self._prior_mean(app)
             if pred is not None:
-                self.est_pred.labels(app).inc(pred)
-                self.est_actual.labels(app).inc(st.attained_s)
-                self.est_abs_err.labels(app).observe(abs(pred - st.attained_s))
+                self._child(self.est_pred, app).inc(pred)
+                self._child(self.est_actual, app).inc(st.attained_s)
+                self._child(self.est_abs_err, app).observe(abs(pred - st.attained_s))
         if st.deadline is not None and state in ("finished", "failed"):
             met = state == "finished" and st.finished is not None and st.finished <= st.deadline
             self.deadline.labels(app, tenant, "met" if met else "missed").inc()

@@ -209,14 +209,18 @@ class HermesLet:
 
     async def _recv_loop(self) -> None:
         assert self.sock is not None
+        from hermes.zmqdrain import QueuedMessages
+
+        drain = QueuedMessages(self.sock)  # what is already queued: no future per message
         while True:
-            frames = await self.sock.recv_multipart()
-            try:
-                msg = P.decode(frames[-1])
-            except P.ProtocolError as e:
-                print(f"hermeslet {self.node}: dropped bad message: {e}", file=sys.stderr)
-                continue
-            await self.handle(msg)
+            first = await self.sock.recv_multipart()
+            for frames in drain.after(first):
+                try:
+                    msg = P.decode(frames[-1])
+                except P.ProtocolError as e:
+                    print(f"hermeslet {self.node}: dropped bad message: {e}", file=sys.stderr)
+                    continue
+                await self.handle(msg)
 
     # ------------------------------------------------------------------ message handling
     async def handle(self, msg) -> None:  # noqa: ANN001

@@ -140,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.cmd == "run":
         try:
-            asyncio.run(_run_agent(args))
+            from hermes import evloop
+
+            evloop.run(_run_agent(args))  # uvloop where installed
         except Exception as e:  # a clean one-line error for operators
             print(f"hermeslet: {type(e).__name__}: {e}", file=sys.stderr)
             return 1

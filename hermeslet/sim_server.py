@@ -283,4 +283,9 @@ def serve(*, host: str = "127.0.0.1", port: int = 8000, setup: str = "llama2-7b-
     if max_num_seqs is not None:
         cost = cost.with_overrides(max_num_seqs=max_num_seqs)
     engine = SimEngine(name="sim", model=model, cost=cost, time_scale=time_scale, seed=seed)
-    uvicorn.run(create_app(engine), host=host, port=port, log_level=log_level)
+    from hermes import evloop
+
+    # uvloop + httptools where installed (uvicorn[standard]): the engine server's own per-request
+    # overhead is the floor of ``hermes bench gateway``'s direct path
+    uvicorn.run(create_app(engine), host=host, port=port, log_level=log_level,
+                access_log=log_level == "debug", loop=evloop.loop_name(), http="auto")

@@ -217,19 +217,24 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from hermes.bench.gateway import bench_gateway
 
     t0 = time.perf_counter()
-    rows = bench_gateway(args.requests, args.concurrency, tuple(_names(args.policies)),
-                         warmup=args.warmup, progress=not args.no_progress)
+    rows = bench_gateway(args.requests, _ints(args.concurrency), tuple(_names(args.policies)),
+                         warmup=args.warmup, progress=not args.no_progress, client=args.client)
     return _finish(rows, args, f"gateway overhead ({args.requests} requests, "
-                   f"concurrency {args.concurrency})", t0)
+                   f"concurrency {args.concurrency}, {args.client} client; *_cpu_ms: CPU ms "
+                   f"per request of each process)", t0)
 
 
 def add_gateway_parser(bsub: argparse._SubParsersAction) -> None:
     """Add ``gateway`` (direct vs through-the-gateway latency and throughput)."""
     s = bsub.add_parser("gateway", help="latency/throughput the gateway adds over its engine")
     s.add_argument("--requests", type=int, default=2000)
-    s.add_argument("--concurrency", type=int, default=32)
+    s.add_argument("--concurrency", default="1,32",
+                   help="requests in flight, comma-separated levels (default 1,32: the latency "
+                        "added to a lone request, and the throughput under load)")
     s.add_argument("--warmup", type=int, default=200)
     s.add_argument("--policies", default="hermes,vllm")
+    s.add_argument("--client", default="aiohttp", choices=("aiohttp", "httpx"),
+                   help="benchmark HTTP client, the same for both paths (default aiohttp)")
     s.add_argument("--json", default=None)
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=cmd_gateway)

@@ -9,14 +9,22 @@ far that its service time is ~0 and the overhead is what is left):
   pointing at the engine server), no Hermes headers (each request is a one-unit run of app
   ``default``: created, ranked, dispatched, recorded and learned from).
 
-Both phases use the same client (httpx, ``concurrency`` requests in flight, keep-alive).
-Rows: ``{path, policy, concurrency, requests, p50_ms, p99_ms, req_per_s, added_p50_ms,
-added_p99_ms}``; ``added_*`` = gateway minus direct, measured in the same run.
+Both phases use the same client (aiohttp by default, ``--client httpx`` as before; ``concurrency``
+requests in flight, keep-alive) on the same event loop (:mod:`hermes.evloop`).
+Each concurrency level (``--concurrency 1,32`` by default: the latency added to a lone request,
+and what one gateway process sustains under load) gets a direct row and a row per policy.
+Rows: ``{path, policy, concurrency, requests, p50_ms, p99_ms, req_per_s, client_cpu_ms,
+gateway_cpu_ms, engine_cpu_ms, added_p50_ms, added_p99_ms}``; ``added_*`` = gateway minus
+direct, measured in the same run; ``*_cpu_ms`` = CPU milliseconds (user + system, from
+``/proc``) per request of the benchmark client, the gateway process and the engine server
+over the measured phase. On a shared machine wall-clock req/s is noisy; CPU per request is
+what one process can sustain: ``1000 / cpu_ms`` req/s per core.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -24,13 +32,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 
+from hermes import evloop
+
 MODEL = "sim-bench"
+CLIENTS = ("aiohttp", "httpx")
 
 
 def _free_port() -> int:
@@ -53,6 +65,33 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
     raise OSError(f"{url} not ready after {timeout:.0f} s")
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from ``/proc/PID/stat``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _CpuMeter:
+    """CPU seconds used by this process (the client) and by server processes over a phase."""
+
+    def __init__(self, **pids: int) -> None:
+        self.pids = pids
+        self.t0 = (time.process_time(), {k: _cpu_s(p) for k, p in pids.items()})
+
+    def per_request_ms(self, n: int) -> dict[str, float]:
+        """``{client_cpu_ms, <name>_cpu_ms, ...}``: CPU milliseconds per request."""
+        c0, s0 = self.t0
+        d = max(n, 1)
+        out = {"client_cpu_ms": (time.process_time() - c0) * 1e3 / d}
+        for k, p in self.pids.items():
+            out[f"{k}_cpu_ms"] = (_cpu_s(p) - s0[k]) * 1e3 / d
+        return out
+
+
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -64,36 +103,63 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 async def _drive(url: str, n: int, concurrency: int, headers: dict[str, str] | None = None,
-                 progress: Any = None) -> tuple[np.ndarray, float, int]:
-    """``n`` completions with ``concurrency`` in flight: (latencies s, wall s, errors)."""
+                 progress: Any = None, client: str = "aiohttp") -> tuple[np.ndarray, float, int]:
+    """``n`` completions with ``concurrency`` in flight: (latencies s, wall s, errors).
+
+    ``client``: ``aiohttp`` (default; about a quarter of httpx's CPU per request, so that the
+    client does not cap what a 2-core machine can show) or ``httpx``."""
+    if client not in CLIENTS:
+        raise ValueError(f"--client must be one of {', '.join(CLIENTS)}, not {client!r}")
     lat: list[float] = []
     errors = 0
     body = {"model": MODEL, "prompt": "hello gateway", "max_tokens": 1}
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=60.0, limits=limits) as http:
-        todo = iter(range(n))
+    todo = iter(range(n))
 
-        async def worker() -> None:
-            nonlocal errors
+    def done(dt: float, ok: bool) -> None:
+        nonlocal errors
+        if not ok:
+            errors += 1
+            return
+        lat.append(dt)
+        if progress is not None:
+            progress.update(1)
+
+    if client == "httpx":
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(base_url=url, timeout=60.0, limits=limits) as http:
+
+            async def worker() -> None:
+                for _ in todo:
+                    t0 = time.perf_counter()
+                    r = await http.post("/v1/completions", json=body, headers=headers)
+                    done(time.perf_counter() - t0, r.status_code == 200)
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            return np.array(lat), time.perf_counter() - t0, errors
+
+    import aiohttp
+
+    data = json.dumps(body).encode()
+    hdrs = {"Content-Type": "application/json", **(headers or {})}
+    conn = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    async with aiohttp.ClientSession(url, connector=conn, headers=hdrs,
+                                     timeout=aiohttp.ClientTimeout(total=60.0)) as http:
+
+        async def aworker() -> None:
             for _ in todo:
                 t0 = time.perf_counter()
-                r = await http.post("/v1/completions", json=body, headers=headers)
-                dt = time.perf_counter() - t0
-                if r.status_code != 200:
-                    errors += 1
-                    continue
-                lat.append(dt)
-                if progress is not None:
-                    progress.update(1)
+                async with http.post("/v1/completions", data=data) as r:
+                    await r.read()
+                    done(time.perf_counter() - t0, r.status == 200)
 
         t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall = time.perf_counter() - t0
-    return np.array(lat), wall, errors
+        await asyncio.gather(*(aworker() for _ in range(concurrency)))
+        return np.array(lat), time.perf_counter() - t0, errors
 
 
 def _row(path: str, policy: str, concurrency: int, lat: np.ndarray, wall: float,
-         errors: int) -> dict[str, Any]:
+         errors: int, cpu: dict[str, float]) -> dict[str, Any]:
     return {
         "path": path,
         "policy": policy,
@@ -103,23 +169,35 @@ def _row(path: str, policy: str, concurrency: int, lat: np.ndarray, wall: float,
         "p50_ms": float(np.percentile(lat, 50) * 1e3) if lat.size else float("nan"),
         "p99_ms": float(np.percentile(lat, 99) * 1e3) if lat.size else float("nan"),
         "req_per_s": float(lat.size / wall) if wall > 0 else float("nan"),
+        "client_cpu_ms": cpu["client_cpu_ms"],
+        "gateway_cpu_ms": cpu.get("gateway_cpu_ms", 0.0),
+        "engine_cpu_ms": cpu["engine_cpu_ms"],
     }
 
 
 def bench_gateway(
     requests: int = 2000,
-    concurrency: int = 32,
+    concurrency: int | Sequence[int] = 32,
     policies: tuple[str, ...] = ("hermes", "vllm"),
     *,
     warmup: int = 200,
     engine_time_scale: float = 1e6,
     progress: bool = True,
+    client: str = "aiohttp",
 ) -> list[dict[str, Any]]:
-    """Direct vs through-the-gateway latency and throughput; one gateway process per policy."""
+    """Direct vs through-the-gateway latency and throughput; one gateway process per policy.
+
+    Both phases use the same ``client`` (``aiohttp`` | ``httpx``) on the same event loop.
+    ``concurrency`` may list several levels (e.g. ``(1, 32)``: the latency the gateway adds to
+    a lone request, and what it sustains under load); each gateway row's ``added_*`` is
+    against the direct row of its concurrency."""
     from tqdm import tqdm
 
-    if requests < 1 or concurrency < 1:
+    levels = [concurrency] if isinstance(concurrency, int) else list(concurrency)
+    if requests < 1 or not levels or min(levels) < 1:
         raise ValueError("--requests and --concurrency must be >= 1")
+    if client not in CLIENTS:
+        raise ValueError(f"--client must be one of {', '.join(CLIENTS)}, not {client!r}")
     py = sys.executable
     eport = _free_port()
     eng = subprocess.Popen(
@@ -127,28 +205,42 @@ def bench_gateway(
          "--time-scale", str(engine_time_scale), "--log-level", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     rows: list[dict[str, Any]] = []
-    bar = tqdm(total=(1 + len(policies)) * (requests + warmup), desc="requests",
+    direct: dict[int, dict[str, Any]] = {}
+    bar = tqdm(total=(1 + len(policies)) * len(levels) * (requests + warmup), desc="requests",
                file=sys.stderr, disable=not progress)
     try:
         engine_url = f"http://127.0.0.1:{eport}"
         _wait_http(engine_url + "/health", eng)
-        asyncio.run(_drive(engine_url, warmup, concurrency, progress=bar))
-        lat, wall, err = asyncio.run(_drive(engine_url, requests, concurrency, progress=bar))
-        direct = _row("direct", "-", concurrency, lat, wall, err)
-        rows.append(direct)
+        for c in levels:
+            lat, wall, err, cpu = _phase(engine_url, requests, warmup, c, bar, client,
+                                         engine=eng.pid)
+            direct[c] = _row("direct", "-", c, lat, wall, err, cpu)
+            rows.append(direct[c])
         for policy in policies:
-            rows.append(_through_gateway(engine_url, policy, requests, warmup, concurrency, bar))
+            rows += _through_gateway(engine_url, eng.pid, policy, requests, warmup, levels,
+                                     bar, client)
     finally:
         bar.close()
         _stop(eng)
     for r in rows:
-        r["added_p50_ms"] = r["p50_ms"] - direct["p50_ms"]
-        r["added_p99_ms"] = r["p99_ms"] - direct["p99_ms"]
+        base = direct[r["concurrency"]]
+        r["added_p50_ms"] = r["p50_ms"] - base["p50_ms"]
+        r["added_p99_ms"] = r["p99_ms"] - base["p99_ms"]
     return rows
 
 
-def _through_gateway(engine_url: str, policy: str, requests: int, warmup: int,
-                     concurrency: int, bar: Any) -> dict[str, Any]:
+def _phase(url: str, requests: int, warmup: int, concurrency: int, bar: Any, client: str,
+           **pids: int) -> tuple[np.ndarray, float, int, dict[str, float]]:
+    """Warm up, then measure ``requests``: latencies, wall s, errors, CPU ms per request."""
+    evloop.run(_drive(url, warmup, concurrency, progress=bar, client=client))
+    meter = _CpuMeter(**pids)
+    lat, wall, err = evloop.run(_drive(url, requests, concurrency, progress=bar, client=client))
+    return lat, wall, err, meter.per_request_ms(requests)
+
+
+def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: int, warmup: int,
+                     levels: list[int], bar: Any, client: str) -> list[dict[str, Any]]:
+    rows = []
     with tempfile.TemporaryDirectory(prefix="hermes-bench-gw-") as tmp:
         cfg = Path(tmp) / "hermes.toml"
         gport = _free_port()
@@ -157,7 +249,7 @@ def _through_gateway(engine_url: str, policy: str, requests: int, warmup: int,
             f'[scheduler]\npolicy = "{policy}"\nbind = ""\n'
             f'[stores]\nstate_dir = "{tmp}/state"\nkb = "{tmp}/kb"\n'
             f'[[engines]]\nname = "e0"\nkind = "openai"\nurl = "{engine_url}"\n'
-            f'model = "{MODEL}"\nmax_inflight = {max(64, 2 * concurrency)}\n'
+            f'model = "{MODEL}"\nmax_inflight = {max(64, 2 * max(levels))}\n'
         )
         gw = subprocess.Popen([sys.executable, "-m", "hermes.cli", "serve", "--config", str(cfg)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -165,8 +257,10 @@ def _through_gateway(engine_url: str, policy: str, requests: int, warmup: int,
         try:
             url = f"http://127.0.0.1:{gport}"
             _wait_http(url + "/healthz", gw)
-            asyncio.run(_drive(url, warmup, concurrency, progress=bar))
-            lat, wall, err = asyncio.run(_drive(url, requests, concurrency, progress=bar))
+            for c in levels:
+                lat, wall, err, cpu = _phase(url, requests, warmup, c, bar, client,
+                                             gateway=gw.pid, engine=engine_pid)
+                rows.append(_row("gateway", policy, c, lat, wall, err, cpu))
         finally:
             _stop(gw)
-    return _row("gateway", policy, concurrency, lat, wall, err)
+    return rows

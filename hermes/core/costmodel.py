@@ -75,6 +75,15 @@ class CostModel:
         )
         return prefill + decode
 
+    def request_service_s(self, input_tokens: float, output_tokens: float) -> float:
+        """:meth:`unit_service_s` of one request alone, in plain floats (the live gateway
+        prices every finished request; numpy's per-call overhead dominated for one value)."""
+        i, o = float(input_tokens), float(output_tokens)
+        prefill = self.base_s * (i > 0) + self.prefill_s_per_token * i
+        decode = (self.base_s * max(o, 0.0) + self.decode_s_per_seq * o
+                  + self.decode_s_per_ctx_token * (o * i + 0.5 * o * o))
+        return prefill + decode
+
     def with_overrides(self, **kw: float) -> CostModel:
         """A copy with some coefficients replaced (``hermes.toml`` / CLI overrides)."""
         return replace(self, **kw)

@@ -94,7 +94,9 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     app.state.node = None  # the embedded HermesLet, once started
     app.state.hosted = HostedRegistry.from_config(config)
     from hermes.gateway.auth import install_security
+    from hermes.gateway.fastpath import OpenAIFastPath
 
+    app.add_middleware(OpenAIFastPath)  # completions past FastAPI's router (inside security)
     install_security(app, config)  # body limits, API keys, tenant admission (issue 7)
     app.include_router(runs_api.router)
     app.include_router(openai_api.router)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import time
 import uuid
@@ -69,6 +68,7 @@ from hermes.protocol import (
     decode,
     encode,
 )
+from hermes.zmqdrain import QueuedMessages
 
 log = logging.getLogger("hermes.gateway.scheduler")
 
@@ -861,7 +861,7 @@ class LiveScheduler:
         if self.metrics is not None:
             self.metrics.on_request_done(req.node, msg.engine, msg.queue_s, msg.service_s)
         run, now = req.run, self.now()
-        service = float(self.cost.unit_service_s(np.array([[msg.input_tokens]]), np.array([[msg.output_tokens]]))[0])
+        service = self.cost.request_service_s(msg.input_tokens, msg.output_tokens)
         self._credit(run, max(0.0, service - req.credited_s), msg.input_tokens + msg.output_tokens, now)
         if req.tokens is not None:
             req.tokens.put_nowait(None)
@@ -992,23 +992,28 @@ class LiveScheduler:
     # ------------------------------------------------------------------ node protocol
     async def _recv_loop(self) -> None:
         assert self._socket is not None
+        # messages already queued are taken without a future each (hermes.zmqdrain)
+        drain = QueuedMessages(self._socket)
         while True:
             try:
-                frames = await self._socket.recv_multipart()
+                first = await self._socket.recv_multipart()
             except asyncio.CancelledError:
                 raise
             except zmq.ZMQError as e:
                 log.warning("zmq receive failed: %s", e)
                 await asyncio.sleep(0.05)
                 continue
-            if len(frames) < 2:
-                continue
+            for frames in drain.after(first):
+                self._on_frames(frames)
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        if len(frames) >= 2:
             identity, frame = frames[0], frames[-1]
             try:
                 msg = decode(frame)
             except ProtocolError as e:
                 log.warning("bad message from %r: %s", identity, e)
-                continue
+                return
             try:
                 self._handle(identity, msg)
             except Exception:  # one bad message must not stop the scheduler
@@ -1140,7 +1145,7 @@ class LiveScheduler:
         """
         if self._records_fh is None:
             self._records_fh = self.records_path.open("a")
-        self._records_fh.write(json.dumps(rec.model_dump(exclude_none=True)) + "\n")
+        self._records_fh.write(rec.model_dump_json(exclude_none=True) + "\n")
         self._records_fh.flush()
         self.stats["records_written"] += 1
         try:
@@ -1193,6 +1198,12 @@ class LiveScheduler:
     def _kb_write(self, recs: list[RunRecord], graphs: list[Any]) -> None:
         if self.kb is None:
             return
+        if recs and hasattr(self.kb, "append_records"):
+            try:  # one write and one fsync per app for the batch
+                self.kb.append_records(recs)
+                recs = []
+            except Exception:  # one by one: a bad record must not lose the others
+                pass
         for rec in recs:
             if hasattr(self.kb, "append_record"):
                 try:

@@ -6,7 +6,6 @@ HermesLet and the built-in simulated engine, policy ``hermes``, knowledge base `
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
 import time
@@ -15,6 +14,7 @@ from typing import Any
 
 import uvicorn
 
+from hermes import evloop
 from hermes.gateway.app import create_app
 from hermes.gateway.config import GatewayConfig
 
@@ -30,9 +30,20 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _http_protocol() -> Any:
+    """httptools with coalesced response writes (:mod:`hermes.gateway.httpproto`), or
+    uvicorn's own choice where httptools is not installed."""
+    try:
+        from hermes.gateway.httpproto import CoalescingHttpToolsProtocol
+    except ImportError:
+        return "auto"
+    return CoalescingHttpToolsProtocol
+
+
 def _uvicorn_config(config: GatewayConfig) -> uvicorn.Config:
     return uvicorn.Config(
         create_app(config),
+        http=_http_protocol(),
         log_level=config.server.log_level,
         access_log=config.server.log_level == "debug",
         lifespan="on",
@@ -48,9 +59,9 @@ def serve(config: GatewayConfig) -> None:
     sock = _bind(config.server.host, config.server.port)
     host, port = sock.getsockname()[:2]
     print(f"hermes gateway on http://{host}:{port} (policy {config.scheduler.policy}, "
-          f"time scale {config.scheduler.time_scale:g})", flush=True)
+          f"time scale {config.scheduler.time_scale:g}, {evloop.loop_name()})", flush=True)
     server = uvicorn.Server(_uvicorn_config(config))
-    asyncio.run(server.serve(sockets=[sock]))
+    evloop.run(server.serve(sockets=[sock]))
 
 
 @dataclass
@@ -87,7 +98,7 @@ def start_background(config: GatewayConfig, timeout: float = 30.0) -> Background
     host, port = sock.getsockname()[:2]
     server = uvicorn.Server(_uvicorn_config(config))
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  (not main thread)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])),
+    thread = threading.Thread(target=lambda: evloop.run(server.serve(sockets=[sock])),
                               name="hermes-gateway", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from hermes.core.pdgraph import PDGraph, PDGraphError
 from hermes.core.records import RunRecord
@@ -123,6 +123,13 @@ class KnowledgeBase(ABC):
     @abstractmethod
     def append_record(self, record: RunRecord) -> None:
         """Append a finished run to its app's log; only the newest ``max_records`` are kept."""
+
+    def append_records(self, records: Sequence[RunRecord]) -> None:
+        """Append several finished runs, oldest first, as :meth:`append_record` would one by
+        one. Stores override it to write a batch at once (the gateway's learner appends
+        what finished since its last tick: one write and one fsync instead of one each)."""
+        for rec in records:
+            self.append_record(rec)
 
     @abstractmethod
     def records(self, app: str) -> Iterator[RunRecord]:

@@ -24,7 +24,7 @@ import fcntl
 import os
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -125,21 +125,28 @@ class FileStore(KnowledgeBase):
                 fcntl.flock(lock_fh, fcntl.LOCK_UN)
 
     def append_record(self, record: RunRecord) -> None:
-        app = validate_app_name(record.app)
-        line = (record.model_dump_json(exclude_none=True) + "\n").encode()
-        path = self.records_path(app)
-        with self._locked(app):
-            with open(path, "ab+") as fh:
-                _drop_torn_tail(fh)
-                fh.write(line)
-                fh.flush()
-                if self.fsync_records:
-                    os.fsync(fh.fileno())
-            count = self._line_counts.get(app)
-            count = _count_lines(path) if count is None else count + 1
-            self._line_counts[app] = count
-            if count > self.max_records + self._slack:
-                self._compact(app, path)
+        self.append_records([record])
+
+    def append_records(self, records: Sequence[RunRecord]) -> None:
+        """One locked ``write`` (and one fsync) per app for the whole batch."""
+        by_app: dict[str, list[bytes]] = {}
+        for rec in records:
+            by_app.setdefault(validate_app_name(rec.app), []).append(
+                (rec.model_dump_json(exclude_none=True) + "\n").encode())
+        for app, lines in by_app.items():
+            path = self.records_path(app)
+            with self._locked(app):
+                with open(path, "ab+") as fh:
+                    _drop_torn_tail(fh)
+                    fh.write(b"".join(lines))
+                    fh.flush()
+                    if self.fsync_records:
+                        os.fsync(fh.fileno())
+                count = self._line_counts.get(app)
+                count = _count_lines(path) if count is None else count + len(lines)
+                self._line_counts[app] = count
+                if count > self.max_records + self._slack:
+                    self._compact(app, path)
 
     def _compact(self, app: str, path: Path) -> None:
         keep = deque(_complete_lines(path), maxlen=self.max_records)

@@ -7,7 +7,7 @@ state directory, which shadows the shipped graph of the same app from then on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from hermes.core.pdgraph import PDGraph
 from hermes.core.records import RunRecord
@@ -37,6 +37,9 @@ class OverlayStore(KnowledgeBase):
 
     def append_record(self, record: RunRecord) -> None:
         self.top.append_record(record)
+
+    def append_records(self, records: Sequence[RunRecord]) -> None:
+        self.top.append_records(records)
 
     def records(self, app: str) -> Iterator[RunRecord]:
         return self.top.records(app)

@@ -23,7 +23,7 @@ app) polls :meth:`version` or listens on :meth:`subscribe` and reloads what chan
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import redis
 from pydantic import ValidationError
@@ -130,6 +130,20 @@ class RedisStore(KnowledgeBase):
         pipe = self._r.pipeline(transaction=True)
         pipe.rpush(key, record.model_dump_json(exclude_none=True))
         pipe.ltrim(key, -self.max_records, -1)
+        pipe.execute()
+
+    def append_records(self, records: Sequence[RunRecord]) -> None:
+        """The batch in one transaction (one round trip)."""
+        if not records:
+            return
+        pipe = self._r.pipeline(transaction=True)
+        keys = []
+        for rec in records:
+            key = self.records_key(rec.app)
+            pipe.rpush(key, rec.model_dump_json(exclude_none=True))
+            keys.append(key)
+        for key in dict.fromkeys(keys):
+            pipe.ltrim(key, -self.max_records, -1)
         pipe.execute()
 
     def records(self, app: str) -> Iterator[RunRecord]:

@@ -17,10 +17,8 @@ import os
 import socket
 import sys
 
-import httpx
-
 from hermeslet.engines.base import EngineError
-from hermeslet.engines.openai_http import OpenAIHTTPEngine
+from hermeslet.engines.openai_http import HTTP_ERRORS, OpenAIHTTPEngine
 
 
 def free_port() -> int:
@@ -185,5 +183,5 @@ class VLLMEngine(OpenAIHTTPEngine):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, 9)
                 await self.proc.wait()
-        with contextlib.suppress(httpx.HTTPError):
+        with contextlib.suppress(*HTTP_ERRORS):
             await super().close()

@@ -148,3 +148,13 @@ def test_oversized_request_is_rejected():
     eng = EngineModel(COST.with_overrides(kv_capacity_tokens=100))
     with pytest.raises(ValueError, match="capacity"):
         eng.add(req("a", 90, 20), 0.0)
+
+
+def test_request_service_is_the_one_request_unit_service() -> None:
+    """The scalar price of one request equals the batched formula with one column."""
+    rng = np.random.default_rng(3)
+    for setup in ("llama2-7b-a100", "llama3-70b-h800-tp4"):
+        cost = get_cost_model(setup)
+        for i, o in [(0, 0), (0, 5), (7, 0), *rng.integers(0, 4000, size=(20, 2)).tolist()]:
+            want = float(cost.unit_service_s(np.array([[i]]), np.array([[o]]))[0])
+            assert cost.request_service_s(i, o) == pytest.approx(want, rel=1e-12, abs=1e-15)

@@ -34,3 +34,48 @@ def test_identical_states_share_samples_and_others_do_not() -> None:
     assert pool.stats()["sample_cache_hits"] == 3
     raw.update(graphs[app])  # relearned graph: a new estimator, an empty memo
     assert pool.get(app).sample(RunProgress()) is not fresh
+
+
+def test_derived_samples_and_ranks_are_memoized_and_equal_fresh_ones() -> None:
+    """Conditioning and ranking shared samples give what the plain computation gives, once."""
+    import numpy as np
+
+    from hermes.core.estimator import DemandSamples
+    from hermes.core.policies import make_policy
+    from hermes.core.policies.gittins import gittins_rank
+    from hermes.core.state import RunState
+    from hermes.gateway.sample_cache import SharedSamples
+
+    graphs = load_graphs()
+    app = "factool_code"
+    raw = EstimatorPool(graphs, get_cost_model("llama2-7b-a100"), n_walks=300)
+    pool = CachingEstimatorPool(raw)
+    est = pool.get(app)
+    unit = "generate_queries"
+    fresh = est.sample(RunProgress())
+    assert isinstance(fresh, SharedSamples)
+    plain = DemandSamples(**{f: getattr(fresh, f) for f in DemandSamples.__slots__})
+    nxt = fresh.given_next(unit, min_keep=8)
+    assert nxt is fresh.given_next(unit, min_keep=8)  # memoized
+    want = plain.given_next(unit, min_keep=8)
+    assert np.array_equal(nxt.service_s, want.service_s)
+    assert fresh.given_next("no_such_unit", min_keep=8) is None
+    cond = nxt.given_attained(0.25, min_keep=8)
+    assert cond is nxt.given_attained(0.25, min_keep=8)
+    assert np.array_equal(cond.service_s, want.given_attained(0.25, min_keep=8).service_s)
+    assert nxt.given_attained(0.0) is nxt
+    # a policy whose rank is a function of the samples (hermes: Gittins) ranks them once
+    policy = make_policy("hermes", estimators=pool)
+    st = RunState(run_id="r", app=app, submitted=0.0)
+    r1 = policy._samples_rank(st, nxt, 0.0)
+    assert r1 == gittins_rank(want.service_s) and nxt.rank_memo == {"hermes": r1}
+    nxt.rank_memo["hermes"] = -1.0  # the memo is what is read back
+    assert policy._samples_rank(st, nxt, 0.0) == -1.0
+    # a clock-dependent policy (deadline) is never memoized
+    ddl = make_policy("hermes-ddl", estimators=pool)
+    assert not ddl.tabulate
+    # the derived memo is bounded like the samples memo
+    est.max_entries = 4
+    for a in np.linspace(0.01, 0.2, 10):
+        nxt.given_attained(float(a), min_keep=1)
+    assert len(est._derived) <= 4

@@ -160,3 +160,24 @@ def test_two_instances_see_each_others_writes(store_factory, mkgraph, mkrecords)
     rec = mkrecords("toy", n=1, seed=9)[0]
     a.append_record(rec)
     assert list(b.records("toy")) == [rec]
+
+
+def test_batched_appends_equal_one_by_one(store_factory, mkrecords):
+    """``append_records`` (the gateway learner's batch) keeps order per app, interleaves apps
+    and caps like single appends; a batch with a bad app name writes nothing."""
+    store = store_factory(max_records=40)
+    toy = mkrecords("toy", n=30, seed=8)
+    other = mkrecords("other", n=3, seed=9)
+    batch = [r for pair in zip(toy, other, strict=False) for r in pair] + toy[3:]
+    store.append_records(batch[:10])
+    store.append_records(batch[10:])
+    store.append_records([])
+    assert list(store.records("toy")) == toy and list(store.records("other")) == other
+    store.append_records(mkrecords("toy", n=25, seed=10))  # over the cap: the newest 40
+    got = list(store.records("toy"))
+    assert len(got) == 40 and got[:15] == toy[-15:]
+    assert list(store_factory(max_records=40).records("toy")) == got
+    bad = mkrecords("toy", n=1, seed=11)[0].model_copy(update={"app": "../evil"})
+    with pytest.raises(ValueError):
+        store.append_records([mkrecords("other", n=1, seed=12)[0], bad])
+    assert list(store.records("other")) == other

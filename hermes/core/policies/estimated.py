@@ -126,9 +126,21 @@ class EstimatedPolicy(SchedulingPolicy):
             return self.fallback_rank(run, now)
         self._set_next_refresh(run)
         walks = self.samples(run, est)
-        rank = self.rank_from_samples(run, walks, now)
+        rank = self._samples_rank(run, walks, now)
         if self.tabulate and run.progress.current is not None and isinstance(walks, DemandSamples):
             self._build_table(run, walks, rank, now)
+        return rank
+
+    def _samples_rank(self, run: RunState, walks: DemandSamples, now: float) -> float:
+        """:meth:`rank_from_samples`, memoized on samples that several runs share and that
+        carry a ``rank_memo`` dict (the live gateway's sample cache), when the rank is a
+        function of the samples alone (``tabulate``)."""
+        memo = getattr(walks, "rank_memo", None) if self.tabulate else None
+        if memo is None:
+            return self.rank_from_samples(run, walks, now)
+        rank = memo.get(self.name)
+        if rank is None:
+            rank = memo[self.name] = self.rank_from_samples(run, walks, now)
         return rank
 
     def on_unit_start(self, run: RunState, unit: str, now: float) -> None:
@@ -164,7 +176,7 @@ class EstimatedPolicy(SchedulingPolicy):
             cond = walks.given_attained(b - at, min_keep=self.min_keep)
             if cond is None:
                 break
-            ranks.append(self.rank_from_samples(run, cond, now))
+            ranks.append(self._samples_rank(run, cond, now))
         starts = [at, *ahead[: len(ranks) - 1]]
         limit = ahead[len(ranks) - 1] if len(ranks) <= len(ahead) else float("inf")
         run.policy_state[_TABLE] = (len(run.progress.finished), starts, ranks, limit)
