@@ -5,8 +5,12 @@ What is stored (:class:`RunStore`; SQLite in WAL mode in the state directory by 
 Redis with ``--redis URL``):
 
 - a **run document** per accepted run, written (committed) before ``POST /v1/runs`` answers,
-  again whenever one of its unit invocations closes (with the token counts of its requests, so
-  that the PDGraph still learns resumed runs) and when it ends (state, result or error);
+  again whenever one of its unit invocations closes and when it ends (state, result or error);
+- a **unit document** per closed unit invocation (with the token counts of its requests, so
+  that the PDGraph still learns resumed runs), stored by index next to the run document and in
+  the same transaction: a write carries only the invocations that closed (or gained results)
+  since the last one, so that a run's n-th unit costs O(1), not O(n) (an agent loop of a
+  thousand LLM calls would otherwise rewrite its whole history at every call);
 - a **call journal** per hosted run: for the n-th LLM/tool call of the app's code, the request
   id it was sent as, the node, and once done its result.
 
@@ -47,6 +51,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,14 +73,19 @@ class RunStore(ABC):
     """Run documents and hosted-call journals."""
 
     @abstractmethod
-    def put_run(self, run_id: str, status: str, doc: dict[str, Any]) -> None: ...
+    def put_run(self, run_id: str, status: str, doc: dict[str, Any],
+                units: dict[int, dict[str, Any]] | None = None) -> None:
+        """Store the run document and, atomically with it, the unit documents ``units``
+        (invocation index -> document; other stored units are kept)."""
 
     @abstractmethod
     def put_call(self, run_id: str, seq: int, entry: dict[str, Any]) -> None: ...
 
     @abstractmethod
     def runs(self) -> list[dict[str, Any]]:
-        """Every stored run document, oldest first."""
+        """Every stored run document, oldest first, with its stored unit documents as
+        ``doc["units"]``: a list of ``doc["n_units"]`` entries in invocation order, where an
+        invocation never stored (still open) is ``{"closed": False}``."""
 
     @abstractmethod
     def calls(self, run_id: str) -> dict[int, dict[str, Any]]: ...
@@ -109,18 +119,33 @@ class SqliteRunStore(RunStore):
                         "status TEXT, doc TEXT)")
         self.db.execute("CREATE TABLE IF NOT EXISTS calls (run_id TEXT, seq INTEGER, doc TEXT, "
                         "PRIMARY KEY (run_id, seq))")
+        self.db.execute("CREATE TABLE IF NOT EXISTS units (run_id TEXT, idx INTEGER, doc TEXT, "
+                        "PRIMARY KEY (run_id, idx))")
         self._lock = threading.Lock()
         row = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM runs").fetchone()
         self._seq = int(row[0])
 
-    def put_run(self, run_id: str, status: str, doc: dict[str, Any]) -> None:
+    def put_run(self, run_id: str, status: str, doc: dict[str, Any],
+                units: dict[int, dict[str, Any]] | None = None) -> None:
         text = json.dumps(doc, default=str)
+        rows = [(run_id, i, json.dumps(u, default=str)) for i, u in (units or {}).items()]
         with self._lock:
             self._seq += 1
-            self.db.execute(
-                "INSERT INTO runs(run_id, seq, status, doc) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT(run_id) DO UPDATE SET status=excluded.status, doc=excluded.doc",
-                (run_id, self._seq, status, text))
+            if rows:
+                self.db.execute("BEGIN")
+            try:
+                self.db.execute(
+                    "INSERT INTO runs(run_id, seq, status, doc) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT(run_id) DO UPDATE SET status=excluded.status, doc=excluded.doc",
+                    (run_id, self._seq, status, text))
+                if rows:
+                    self.db.executemany(
+                        "INSERT OR REPLACE INTO units(run_id, idx, doc) VALUES (?, ?, ?)", rows)
+                    self.db.execute("COMMIT")
+            except BaseException:
+                if rows:
+                    self.db.execute("ROLLBACK")
+                raise
 
     def put_call(self, run_id: str, seq: int, entry: dict[str, Any]) -> None:
         with self._lock:
@@ -137,12 +162,18 @@ class SqliteRunStore(RunStore):
                 "DELETE FROM runs WHERE status IN ('finished', 'failed', 'cancelled') AND seq < "
                 "COALESCE((SELECT seq FROM runs WHERE status IN ('finished', 'failed', 'cancelled')"
                 " ORDER BY seq DESC LIMIT 1 OFFSET ?), -1)", (max(0, keep - 1),))
-            return cur.rowcount
+            deleted = cur.rowcount
+            if deleted:
+                self.db.execute("DELETE FROM units WHERE run_id NOT IN (SELECT run_id FROM runs)")
+            return deleted
 
     def runs(self) -> list[dict[str, Any]]:
         with self._lock:
-            rows = self.db.execute("SELECT doc FROM runs ORDER BY seq").fetchall()
-        return [json.loads(r[0]) for r in rows]
+            rows = self.db.execute("SELECT run_id, doc FROM runs ORDER BY seq").fetchall()
+            units: dict[str, dict[int, dict[str, Any]]] = {}
+            for run_id, idx, doc in self.db.execute("SELECT run_id, idx, doc FROM units"):
+                units.setdefault(run_id, {})[int(idx)] = json.loads(doc)
+        return [_with_units(json.loads(d), units.get(r, {})) for r, d in rows]
 
     def calls(self, run_id: str) -> dict[int, dict[str, Any]]:
         with self._lock:
@@ -169,10 +200,14 @@ class RedisRunStore(RunStore):
         self.p = prefix
         self.r.ping()
 
-    def put_run(self, run_id: str, status: str, doc: dict[str, Any]) -> None:
+    def put_run(self, run_id: str, status: str, doc: dict[str, Any],
+                units: dict[int, dict[str, Any]] | None = None) -> None:
         pipe = self.r.pipeline(transaction=True)
         pipe.hset(self.p + "runs", run_id, json.dumps(doc, default=str))
         pipe.zadd(self.p + "order", {run_id: float(doc.get("submitted", 0.0))}, nx=True)
+        if units:
+            pipe.hset(f"{self.p}units:{run_id}",
+                      mapping={str(i): json.dumps(u, default=str) for i, u in units.items()})
         pipe.execute()
 
     def put_call(self, run_id: str, seq: int, entry: dict[str, Any]) -> None:
@@ -189,6 +224,7 @@ class RedisRunStore(RunStore):
             pipe = self.r.pipeline()
             pipe.hdel(self.p + "runs", *old)
             pipe.zrem(self.p + "order", *old)
+            pipe.delete(*(f"{self.p}units:{r}" for r in old))
             pipe.execute()
         return len(old)
 
@@ -197,7 +233,12 @@ class RedisRunStore(RunStore):
         if not ids:
             return []
         docs = self.r.hmget(self.p + "runs", ids)
-        return [json.loads(d) for d in docs if d is not None]
+        pipe = self.r.pipeline()
+        for run_id in ids:
+            pipe.hgetall(f"{self.p}units:{run_id}")
+        units = pipe.execute()
+        return [_with_units(json.loads(d), {int(k): json.loads(v) for k, v in u.items()})
+                for d, u in zip(docs, units, strict=True) if d is not None]
 
     def calls(self, run_id: str) -> dict[int, dict[str, Any]]:
         return {int(k): json.loads(v) for k, v in self.r.hgetall(f"{self.p}calls:{run_id}").items()}
@@ -238,12 +279,29 @@ def _inv_doc(inv: UnitInvocation) -> dict[str, Any]:
 
 
 def run_doc(run: LiveRun) -> dict[str, Any]:
+    """The run's own document; its unit invocations are stored separately (``n_units`` of
+    them, see :func:`_inv_doc`)."""
     s = run.state
     return {"run_id": s.run_id, "app": s.app, "tenant": s.tenant, "submitted": s.submitted,
             "deadline": s.deadline, "k": s.k, "finished": s.finished, "status": run.status,
             "hosted": run.hosted, "auto_finish": run.auto_finish, "input": run.input,
             "result": run.result, "error": run.error, "recovered": getattr(run, "recovered", 0),
-            "units": [_inv_doc(u) for u in run.units]}
+            "n_units": len(run.units)}
+
+
+def _inv_version(inv: UnitInvocation) -> int:
+    """Changes whenever the stored document of a closed invocation would: requests with a
+    result (a unit closed by the client's event may still get results after it)."""
+    return sum(1 for r in inv.requests if r.result is not None)
+
+
+def _with_units(doc: dict[str, Any], units: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """A stored run document with its unit documents as ``doc["units"]`` (see RunStore.runs);
+    documents written before units were stored apart carry theirs inline."""
+    if "units" not in doc:
+        n = max(int(doc.get("n_units", 0)), max(units, default=-1) + 1)
+        doc["units"] = [units.get(i, {"closed": False}) for i in range(n)]
+    return doc
 
 
 # ---------------------------------------------------------------------------------- replay
@@ -263,6 +321,14 @@ class Replay:
 
 
 # ---------------------------------------------------------------------------------- state
+@dataclass(slots=True)
+class _StoredUnits:
+    """Invocations ``< lo`` are stored final; ``versions``: index -> stored version."""
+
+    lo: int = 0
+    versions: dict[int, int] = field(default_factory=dict)
+
+
 class DurableState:
     """The scheduler's durable side: writes on run/unit events, recovery on start."""
 
@@ -284,16 +350,38 @@ class DurableState:
         self._write_errors = 0
         self._restoring = False
         self._ended = 0
+        #: per active run: what of its invocations is stored (see :meth:`_put`)
+        self._stored: dict[str, _StoredUnits] = {}
 
     # ------------------------------------------------------------------ writes
     def _put(self, run: LiveRun) -> None:
+        """Write the run document with the invocations that closed or gained results since
+        the last write. Invocations below ``lo`` are closed with every request answered and
+        stored so: the scan starts there, so a sequential run's write is O(1)."""
         if self.store is None or self._restoring:
             return
+        st = self._stored.setdefault(run.run_id, _StoredUnits())
+        units: dict[int, dict[str, Any]] = {}
+        versions: dict[int, int] = {}
+        for i in range(st.lo, len(run.units)):
+            inv = run.units[i]
+            if inv.closed:
+                v = _inv_version(inv)
+                if st.versions.get(i) != v:
+                    units[i], versions[i] = _inv_doc(inv), v
         try:
-            self.store.put_run(run.run_id, run.status, run_doc(run))
+            self.store.put_run(run.run_id, run.status, run_doc(run), units)
         except Exception:
             self._write_errors += 1
             log.exception("durable write of run %s failed", run.run_id)
+            return
+        st.versions.update(versions)
+        while st.lo < len(run.units):
+            inv = run.units[st.lo]
+            if not inv.closed or st.versions.get(st.lo) != len(inv.requests):
+                break
+            st.versions.pop(st.lo, None)
+            st.lo += 1
 
     def run_created(self, run: LiveRun) -> None:
         if not run.auto_finish:  # one-request runs: stored when they end (see the module doc)
@@ -305,6 +393,7 @@ class DurableState:
 
     def run_ended(self, run: LiveRun) -> None:
         self._put(run)
+        self._stored.pop(run.run_id, None)
         if self.store is None:
             return
         try:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from gw_procs import free_port, kill, start_gateway, start_node, wait_healthy
 
+from hermes.gateway.durable import SqliteRunStore
 from workloads.registry import get_app
 
 APP = "factool_kbqa"
@@ -108,8 +109,8 @@ def test_sigkill_the_gateway_during_100_runs_and_restart(tmp_path: Path) -> None
             kill(gw)  # SIGKILL mid-load: runs queued, in flight, half done
             ids_before.update(accepted)
             n_before = len(accepted)
-            docs = [json.loads(d) for (d,) in sqlite3.connect(state / "state.sqlite3").execute(
-                "SELECT doc FROM runs")]
+            # what the killed gateway had committed, read with the store's own reader
+            docs = SqliteRunStore(state / "state.sqlite3").runs()
             gw2 = start_gateway(port, zport, state, tmp_path / "gw2.log", **env)
             await load  # the rest of the 100 are accepted by the restarted gateway
             return n_before, docs

@@ -85,3 +85,44 @@ def test_runs_and_knowledge_survive_a_restart(kind: str, make_gateway, tmp_path:
         # the knowledge base kept what it learned from the runs before the restart
         g = http.get("/v1/apps/myagent").json()["pdgraph"]
         assert g is not None and "plan" in g["units"]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_a_long_run_stores_each_unit_once(kind: str, make_gateway, tmp_path: Path,  # noqa: ANN001
+                                          request: pytest.FixtureRequest) -> None:
+    """An agent loop of many LLM calls: each closing unit adds its own document (O(1) per
+    unit, not a rewrite of the run's history), and a restart restores them all in order."""
+    opts = {"state_dir": str(tmp_path / "state"), "kb": str(tmp_path / "kb"),
+            "recovery_grace_s": 0.5, "time_scale": 50.0}
+    if kind == "redis":
+        url = request.getfixturevalue("redis_url")
+        redis.Redis.from_url(url).flushdb()
+        opts["state_redis"] = url
+    srv = make_gateway(**opts)
+    store = gateway_state(srv).scheduler.durable.store
+    written: list[int] = []
+    put_run = store.put_run
+
+    def counting_put_run(run_id, status, doc, units=None):  # noqa: ANN001, ANN202
+        written.append(len(units or {}))
+        assert "units" not in doc  # the history is not in the run document
+        return put_run(run_id, status, doc, units)
+
+    store.put_run = counting_put_run
+    n = 120
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        rid = http.post("/v1/runs", json={"app": "looper"}).json()["run_id"]
+        for i in range(n):
+            r = http.post("/v1/completions", headers={"X-Hermes-Run": rid,
+                                                     "X-Hermes-Unit": f"step{i % 3}"},
+                          json={"model": "llama-2-7b", "prompt": "go", "max_tokens": 1 + i % 4})
+            assert r.status_code == 200
+    srv.stop()
+    assert written[0] == 0 and sum(written) == n and max(written) == 1, written
+
+    srv2 = make_gateway(**opts)
+    with httpx.Client(base_url=srv2.url, timeout=30) as http:
+        r = http.get(f"/v1/runs/{rid}").json()
+    assert r["state"] == "running"
+    assert [u["unit"] for u in r["units"]] == [f"step{i % 3}" for i in range(n)]
+    assert [u["requests"][0]["output_tokens"] for u in r["units"]] == [1 + i % 4 for i in range(n)]
