@@ -15,7 +15,6 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import signal
 import subprocess
 import tarfile
 import tempfile
@@ -24,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from hermes.procs import stop_group
 
 REQUIRE_ENV = "HERMES_REQUIRE_DOCKER"
 IMAGE = "hermes-test-busybox:latest"
@@ -67,25 +68,15 @@ def docker_engine() -> Iterator[str]:
         time.sleep(0.2)
     if not ok:
         tail = log.read_text()[-1500:] if log.exists() else ""
-        _stop(proc)
+        stop_group(proc, grace_s=20)
         shutil.rmtree(root, ignore_errors=True)
         _unavailable(f"dockerd did not start: {tail}")
     try:
         yield url
     finally:
-        _stop(proc)
+        stop_group(proc, grace_s=20)
         subprocess.run(["umount", "-R", str(root / "exec")], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def busybox_rootfs_tar() -> bytes:

@@ -26,8 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,15 +38,10 @@ import httpx
 import numpy as np
 
 from hermes import evloop
+from hermes.procs import free_port, stop_group
 
 MODEL = "sim-bench"
 CLIENTS = ("aiohttp", "httpx")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
@@ -90,16 +83,6 @@ class _CpuMeter:
         for k, p in self.pids.items():
             out[f"{k}_cpu_ms"] = (_cpu_s(p) - s0[k]) * 1e3 / d
         return out
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 async def _drive(url: str, n: int, concurrency: int, headers: dict[str, str] | None = None,
@@ -199,7 +182,7 @@ def bench_gateway(
     if client not in CLIENTS:
         raise ValueError(f"--client must be one of {', '.join(CLIENTS)}, not {client!r}")
     py = sys.executable
-    eport = _free_port()
+    eport = free_port()
     eng = subprocess.Popen(
         [py, "-m", "hermeslet.cli", "sim-engine", "--port", str(eport), "--model", MODEL,
          "--time-scale", str(engine_time_scale), "--log-level", "warning"],
@@ -221,7 +204,7 @@ def bench_gateway(
                                      bar, client)
     finally:
         bar.close()
-        _stop(eng)
+        stop_group(eng)
     for r in rows:
         base = direct[r["concurrency"]]
         r["added_p50_ms"] = r["p50_ms"] - base["p50_ms"]
@@ -243,7 +226,7 @@ def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: in
     rows = []
     with tempfile.TemporaryDirectory(prefix="hermes-bench-gw-") as tmp:
         cfg = Path(tmp) / "hermes.toml"
-        gport = _free_port()
+        gport = free_port()
         cfg.write_text(
             f'[server]\nhost = "127.0.0.1"\nport = {gport}\nlog_level = "warning"\n'
             f'[scheduler]\npolicy = "{policy}"\nbind = ""\n'
@@ -262,5 +245,5 @@ def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: in
                                              gateway=gw.pid, engine=engine_pid)
                 rows.append(_row("gateway", policy, c, lat, wall, err, cpu))
         finally:
-            _stop(gw)
+            stop_group(gw)
     return rows

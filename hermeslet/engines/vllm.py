@@ -14,17 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import sys
 
+from hermes.procs import free_port
 from hermeslet.engines.base import EngineError
 from hermeslet.engines.openai_http import HTTP_ERRORS, OpenAIHTTPEngine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def vllm_argv(

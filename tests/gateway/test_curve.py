@@ -3,7 +3,6 @@ a node without a key, or with a key the scheduler does not list, is refused."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -12,14 +11,9 @@ from pathlib import Path
 import httpx
 
 from hermes.gateway.server import gateway_state
+from hermes.procs import free_port
 
 MODEL = "curve-model"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _node(address: str, name: str, *curve: str) -> subprocess.Popen:
@@ -36,7 +30,7 @@ def test_node_without_the_curve_key_is_refused(make_gateway, tmp_path: Path) -> 
                          check=True)
     assert "good" in out.stdout
     (keys / "authorized" / "revoked.key").unlink()  # made, but not authorized
-    address = f"tcp://127.0.0.1:{_free_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     srv = make_gateway(bind=address, embedded_node=False, curve_dir=str(keys))
     sched = gateway_state(srv).scheduler
     server_pub = str(keys / "server.key")
@@ -70,7 +64,7 @@ def test_embedded_node_works_with_curve_on(make_gateway, tmp_path: Path) -> None
     from hermes.security.curve import create_curve_keys
 
     create_curve_keys(tmp_path / "k", [])
-    srv = make_gateway(bind=f"tcp://127.0.0.1:{_free_port()}", curve_dir=str(tmp_path / "k"))
+    srv = make_gateway(bind=f"tcp://127.0.0.1:{free_port()}", curve_dir=str(tmp_path / "k"))
     r = httpx.post(srv.url + "/v1/completions", timeout=30,
                    json={"model": "llama-2-7b", "prompt": "hello", "max_tokens": 2})
     assert r.status_code == 200, r.text

@@ -15,9 +15,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from gw_procs import free_port, kill, start_gateway, start_node, wait_healthy
+from gw_procs import kill, start_gateway, start_node, wait_healthy
 
 from hermes.gateway.durable import SqliteRunStore
+from hermes.procs import free_port
 from workloads.registry import get_app
 
 APP = "factool_kbqa"

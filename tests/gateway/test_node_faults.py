@@ -15,9 +15,9 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from gw_procs import free_port
 
 from hermes.gateway.server import gateway_state
+from hermes.procs import free_port
 
 
 class FakeEngine:

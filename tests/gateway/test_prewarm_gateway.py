@@ -4,24 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 
 import httpx
 
 from hermes.gateway.server import gateway_state
+from hermes.procs import free_port
 
 # hermeslet is imported inside the helpers: importing the package while the gateway tests are
 # collected would shadow tests/hermeslet (a package of the same name) for pytest
 
 MODEL = "pw-model"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _graph(p_classify: float) -> dict:
@@ -72,7 +66,7 @@ class _Node:
 
 
 def test_gateway_prewarms_the_next_units_dnn_model_on_the_node(make_gateway) -> None:  # noqa: ANN001
-    address = f"tcp://127.0.0.1:{_free_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     srv = make_gateway(bind=address, embedded_node=False)
     sched = gateway_state(srv).scheduler
     node = _Node(address)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -13,19 +12,14 @@ import time
 import httpx
 
 from hermes.gateway.server import gateway_state
+from hermes.procs import free_port
 
 MODEL = "remote-model"
 N_RUNS = 50
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_remote_nodes_over_tcp_share_the_load(make_gateway) -> None:  # noqa: ANN001
-    address = f"tcp://127.0.0.1:{_free_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     srv = make_gateway(bind=address, embedded_node=False)
     sched = gateway_state(srv).scheduler
     procs = [subprocess.Popen(

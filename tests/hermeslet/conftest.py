@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,11 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from hermes.procs import free_port, stop_group
 
 
 def _start_sim(*extra: str) -> tuple[subprocess.Popen, str]:
@@ -40,21 +35,12 @@ def _start_sim(*extra: str) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("sim-engine did not become healthy")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 @pytest.fixture(scope="session")
 def sim_url() -> Iterator[str]:
     """A sim-engine process, 50x faster than the modelled A100."""
     proc, url = _start_sim("--time-scale", "50", "--model", "sim-7b")
     yield url
-    _stop(proc)
+    stop_group(proc, grace_s=5)
 
 
 @pytest.fixture(scope="session")
@@ -62,4 +48,4 @@ def serial_sim_url() -> Iterator[str]:
     """A sim-engine process that runs one request at a time (to observe queue order)."""
     proc, url = _start_sim("--time-scale", "1", "--model", "sim-7b", "--max-num-seqs", "1")
     yield url
-    _stop(proc)
+    stop_group(proc, grace_s=5)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -20,14 +19,9 @@ from hermes.core.pdgraph import PDGraph
 from hermes.core.profiler import learn
 from hermes.core.records import RequestRecord, RunRecord, UnitRecord
 from hermes.kb import FileStore, KnowledgeBase, RedisStore
+from hermes.procs import free_port
 
 REQUIRE_ENV = "HERMES_REQUIRE_REDIS"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _unavailable(msg: str) -> None:
@@ -65,7 +59,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         _unavailable("redis-server not found on PATH (install it: apt-get install redis-server)")
     workdir = tmp_path_factory.mktemp("redis")
     for _attempt in range(3):  # the free port may be taken between probe and bind: retry
-        port = _free_port()
+        port = free_port()
         proc, log = _start(binary, port, workdir)
         client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
         deadline = time.monotonic() + 10

@@ -4,7 +4,6 @@ HermesLet processes with a metrics port, and a short load of real HTTP clients."
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -23,12 +22,6 @@ SHIPPED = REPO / "pdgraphs"
 MODEL = "llama-2-7b"
 #: quick benchmark apps at time scale 100 (ACT well under two wall seconds)
 QUICK_APPS = ("factool_kbqa", "langchain_mapreduce")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

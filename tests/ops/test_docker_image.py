@@ -28,7 +28,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.ops.conftest import REPO, free_port
+from hermes.procs import free_port
+from tests.ops.conftest import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 

@@ -11,10 +11,10 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from hermes.procs import free_port
 from hermeslet.agent import HermesLet
 from hermeslet.engines import make_engine
 from hermeslet.metrics import MetricsServer, node_registry
-from tests.ops.conftest import free_port
 
 
 async def test_engine_kv_and_prefix_counters_come_from_the_engines_metrics_page() -> None:

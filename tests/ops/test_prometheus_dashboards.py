@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.ops.conftest import REPO, drive_load, free_port, start_hermeslet, wait_nodes
+from hermes.procs import free_port
+from tests.ops.conftest import REPO, drive_load, start_hermeslet, wait_nodes
 
 DASHBOARDS = sorted((REPO / "deploy" / "grafana" / "dashboards").glob("*.json"))
 SCRAPE_S = 1
