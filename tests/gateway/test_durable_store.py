@@ -16,6 +16,19 @@ from hermes.gateway.durable import RedisRunStore, SqliteRunStore
 from hermes.gateway.server import gateway_state
 
 
+def _restartable(kind: str, tmp_path: Path, request: pytest.FixtureRequest,
+                 **extra: object) -> dict[str, object]:
+    """Gateway options whose runs and knowledge survive a restart: state and KB under
+    ``tmp_path``, durable state in SQLite or (``kind == "redis"``) an emptied real Redis."""
+    opts: dict[str, object] = {"state_dir": str(tmp_path / "state"), "kb": str(tmp_path / "kb"),
+                               "recovery_grace_s": 0.5, **extra}
+    if kind == "redis":
+        url = request.getfixturevalue("redis_url")
+        redis.Redis.from_url(url).flushdb()
+        opts["state_redis"] = url
+    return opts
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 def test_store_round_trip(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     store = (SqliteRunStore(tmp_path / "s.db") if kind == "sqlite"
@@ -41,12 +54,7 @@ def test_store_round_trip(kind: str, tmp_path: Path, request: pytest.FixtureRequ
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 def test_runs_and_knowledge_survive_a_restart(kind: str, make_gateway, tmp_path: Path,  # noqa: ANN001
                                               request: pytest.FixtureRequest) -> None:
-    opts = {"state_dir": str(tmp_path / "state"), "kb": str(tmp_path / "kb"),
-            "recovery_grace_s": 0.5, "learn_interval_s": 0.1}
-    if kind == "redis":
-        url = request.getfixturevalue("redis_url")
-        redis.Redis.from_url(url).flushdb()
-        opts["state_redis"] = url
+    opts = _restartable(kind, tmp_path, request, learn_interval_s=0.1)
     srv = make_gateway(**opts)
     body = {"model": "llama-2-7b", "prompt": "x" * 40, "max_tokens": 3}
     with httpx.Client(base_url=srv.url, timeout=30) as http:
@@ -92,12 +100,7 @@ def test_a_long_run_stores_each_unit_once(kind: str, make_gateway, tmp_path: Pat
                                           request: pytest.FixtureRequest) -> None:
     """An agent loop of many LLM calls: each closing unit adds its own document (O(1) per
     unit, not a rewrite of the run's history), and a restart restores them all in order."""
-    opts = {"state_dir": str(tmp_path / "state"), "kb": str(tmp_path / "kb"),
-            "recovery_grace_s": 0.5, "time_scale": 50.0}
-    if kind == "redis":
-        url = request.getfixturevalue("redis_url")
-        redis.Redis.from_url(url).flushdb()
-        opts["state_redis"] = url
+    opts = _restartable(kind, tmp_path, request, time_scale=50.0)
     srv = make_gateway(**opts)
     store = gateway_state(srv).scheduler.durable.store
     written: list[int] = []
