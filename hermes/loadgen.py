@@ -240,7 +240,7 @@ def simulate_row(arrivals: list[Any], *, window_min: float, policy: str, setup: 
     than the live engine on the same arrivals."""
     from hermes.bench.sched import simulate
     from hermes.core.tools_model import ToolPool
-    from hermeslet.engines.sim_engine import LRUPrefixCache
+    from hermes.core.warm_models import LRUPrefixCache
 
     pool = ToolPool.client_side() if tools == "events" else None
     acts, _, wall = simulate(policy, setup, arrivals, seed, pdgraph_dir, tools=pool,

@@ -110,6 +110,39 @@ class _Entry:
     pins: int = 0  # prewarms holding it for a unit about to run (not evicted while > 0)
 
 
+#: prefixes the built-in engine's :class:`LRUPrefixCache` keeps
+PREFIX_CACHE_ENTRIES = 1024
+
+
+class LRUPrefixCache:
+    """A small LRU of whole prompt prefixes for the engine model's prefix-cache hook, counted in
+    entries, not KV blocks: the built-in engine's cache (``hermeslet sim-engine`` and the
+    gateway's embedded engine), and the simulator's when it emulates that engine
+    (``hermes load --sim``). ``queries``/``hits`` count prefix tokens."""
+
+    def __init__(self, entries: int = PREFIX_CACHE_ENTRIES) -> None:
+        self.entries = entries
+        self._lru: OrderedDict[str, int] = OrderedDict()
+        self.queries = 0  # prefix tokens looked up
+        self.hits = 0  # of them, cached
+
+    def cached_tokens(self, prefix: str, prefix_tokens: int, now: float) -> int:
+        self.queries += prefix_tokens
+        got = self._lru.get(prefix)
+        if got is None:
+            return 0
+        self._lru.move_to_end(prefix)
+        hit = min(got, prefix_tokens)
+        self.hits += hit
+        return hit
+
+    def on_prefilled(self, prefix: str, prefix_tokens: int, now: float) -> None:
+        self._lru[prefix] = prefix_tokens
+        self._lru.move_to_end(prefix)
+        while len(self._lru) > self.entries:
+            self._lru.popitem(last=False)
+
+
 class PrefixCacheModel:
     """GPU + CPU tiers of cached prompt-prefix KV (see the module docstring)."""
 

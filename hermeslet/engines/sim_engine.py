@@ -30,18 +30,17 @@ import contextlib
 import math
 import random
 import zlib
-from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from hermes.core.costmodel import DEFAULT_SETUP, CostModel, get_cost_model
 from hermes.core.engine_model import EngineModel, EngineRequest
+from hermes.core.warm_models import LRUPrefixCache
 from hermeslet.engines.base import EngineAdapter, EngineError, EngineMetrics, GenChunk, GenResult
 
 DEFAULT_MAX_TOKENS = 16
 _ABORTED = -1
-PREFIX_CACHE_ENTRIES = 1024
 VOCAB = (
     "the of and to in is that for it as with was on be by this are from at or an not have "
     "which but all were can has one their more will would there been if they so about than "
@@ -95,32 +94,6 @@ def output_tokens(endpoint: str, body: dict[str, Any]) -> int:
     if not isinstance(v, int) or v < 1:
         raise EngineError(f"'{key}' must be a positive integer", status=400)
     return v
-
-
-class LRUPrefixCache:
-    """A small LRU of prompt prefixes for the engine model's prefix-cache hook."""
-
-    def __init__(self, entries: int = PREFIX_CACHE_ENTRIES) -> None:
-        self.entries = entries
-        self._lru: OrderedDict[str, int] = OrderedDict()
-        self.queries = 0  # prefix tokens looked up
-        self.hits = 0  # of them, cached
-
-    def cached_tokens(self, prefix: str, prefix_tokens: int, now: float) -> int:
-        self.queries += prefix_tokens
-        got = self._lru.get(prefix)
-        if got is None:
-            return 0
-        self._lru.move_to_end(prefix)
-        hit = min(got, prefix_tokens)
-        self.hits += hit
-        return hit
-
-    def on_prefilled(self, prefix: str, prefix_tokens: int, now: float) -> None:
-        self._lru[prefix] = prefix_tokens
-        self._lru.move_to_end(prefix)
-        while len(self._lru) > self.entries:
-            self._lru.popitem(last=False)
 
 
 @dataclass(slots=True)

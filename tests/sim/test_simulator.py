@@ -77,7 +77,7 @@ def test_tool_cold_start_is_paid_once_per_instance():
 def test_engine_prefix_cache_is_optional_and_its_hits_shorten_runs():
     # the live built-in engine keeps a prompt-prefix cache; the simulator gives its engines
     # the same one on request (hermes load --sim), and only then do repeated system prompts hit
-    from hermeslet.engines.sim_engine import LRUPrefixCache
+    from hermes.core.warm_models import LRUPrefixCache
 
     arrivals = [Arrival(10.0 * i, "factool_kbqa", 100 + i) for i in range(6)]
     caches: list[LRUPrefixCache] = []
