@@ -20,6 +20,8 @@ from typing import Any
 
 from starlette.requests import Request
 
+from hermes.gateway.openai_api import _handle
+
 _ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
 
@@ -34,8 +36,6 @@ class OpenAIFastPath:
         if endpoint is None or scope.get("method") != "POST" or scope.get("root_path"):
             await self.app(scope, receive, send)
             return
-        from hermes.gateway.openai_api import _handle
-
         request = Request(scope, receive)
         try:
             response = await _handle(request, endpoint)  # type: ignore[arg-type]
