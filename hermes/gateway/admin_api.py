@@ -191,18 +191,15 @@ async def runs_list(request: Request, state: str | None = None, app: str | None 
         return error_response(422, "limit: must be >= 1", param="limit", code="invalid_value")
     s = _sched(request)
     now = s.now()
-    out = []
-    for run in reversed(list(s.runs.values())):
+
+    def match(run: LiveRun) -> bool:
         if state == "active" and run.status not in ACTIVE:
-            continue
+            return False
         if state not in (None, "active") and run.status != state:
-            continue
-        if (app and run.app != app) or (tenant and run.state.tenant != tenant):
-            continue
-        out.append(run_row(run, now))
-        if len(out) >= limit:
-            break
-    return JSONResponse({"runs": out})
+            return False
+        return not ((app and run.app != app) or (tenant and run.state.tenant != tenant))
+
+    return JSONResponse({"runs": [run_row(run, now) for run in s.recent_runs(match, limit)]})
 
 
 @router.get("/runs/{run_id}")

@@ -30,7 +30,7 @@ from hermes.core.backend import BackendSpec
 from hermes.gateway import hosted
 from hermes.gateway.auth import check_run_quota, tenant_for, visible
 from hermes.gateway.openai_api import error_response, scheduler_error
-from hermes.gateway.scheduler import ACTIVE, LiveScheduler, SchedulerError
+from hermes.gateway.scheduler import ACTIVE, LiveRun, LiveScheduler, SchedulerError
 from hermes.protocol import ToolDone
 
 router = APIRouter()
@@ -114,15 +114,14 @@ async def list_runs(request: Request, state: str | None = None, app: str | None 
     """Recent runs (newest first), optionally filtered by state and app."""
     sched = _sched(request)
     now = sched.now()
-    out = []
-    for run in reversed(list(sched.runs.values())):
-        if (state and run.status != state) or (app and run.app != app) or not visible(run.state.tenant):
-            continue
-        out.append({"run_id": run.run_id, "app": run.app, "state": run.status,
-                    "submitted": run.state.submitted, "act_s": run.act_s(now)})
-        if len(out) >= limit:
-            break
-    return {"runs": out}
+
+    def match(run: LiveRun) -> bool:
+        return not ((state and run.status != state) or (app and run.app != app)
+                    or not visible(run.state.tenant))
+
+    return {"runs": [{"run_id": run.run_id, "app": run.app, "state": run.status,
+                      "submitted": run.state.submitted, "act_s": run.act_s(now)}
+                     for run in sched.recent_runs(match, limit)]}
 
 
 @router.get("/v1/runs/{run_id}", tags=["runs"])

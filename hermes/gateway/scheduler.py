@@ -33,7 +33,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -453,6 +453,17 @@ class LiveScheduler:
         if run is None or not visible(run.state.tenant):  # other tenants' runs: 404
             raise RunNotFound(f"run {run_id!r} not found")
         return run
+
+    def recent_runs(self, match: Callable[[LiveRun], bool], limit: int) -> list[LiveRun]:
+        """Up to ``limit`` runs for which ``match`` holds, newest first (the run listings of
+        the runs API and the admin API)."""
+        out: list[LiveRun] = []
+        for run in reversed(self.runs.values()):
+            if len(out) >= limit:
+                break
+            if match(run):
+                out.append(run)
+        return out
 
     def active_run(self, run_id: str) -> LiveRun:
         run = self.get_run(run_id)

@@ -199,3 +199,17 @@ def test_healthz(gateway) -> None:  # noqa: ANN001
     h = httpx.get(gateway.url + "/healthz").json()
     assert h["status"] == "ok"
     assert h["nodes"]["embedded"]["engines"] == {"sim0": MODEL}
+
+
+def test_run_listings_are_newest_first_filtered_and_limited(gateway) -> None:  # noqa: ANN001
+    http = httpx.Client(base_url=gateway.url, timeout=30)
+    ids = [(app, http.post("/v1/runs", json={"app": app, "tenant": f"t-{app}"}).json()["run_id"])
+           for app in ("list-a", "list-b", "list-a", "list-a", "list-b")]
+    a_ids = [rid for app, rid in ids if app == "list-a"]
+    assert http.post(f"/v1/runs/{a_ids[0]}/finish").json()["state"] == "finished"
+    rows = http.get("/v1/runs", params={"app": "list-a", "limit": 2}).json()["runs"]
+    assert [r["run_id"] for r in rows] == [a_ids[2], a_ids[1]]
+    rows = http.get("/v1/runs", params={"app": "list-a", "state": "finished"}).json()["runs"]
+    assert [r["run_id"] for r in rows] == [a_ids[0]]
+    admin = http.get("/admin/runs", params={"tenant": "t-list-b", "state": "active"}).json()["runs"]
+    assert [r["run_id"] for r in admin] == [rid for app, rid in reversed(ids) if app == "list-b"]
