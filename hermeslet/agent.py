@@ -34,6 +34,7 @@ from hermeslet.engines.base import EngineAdapter, EngineError, GenChunk, GenResu
 from hermeslet.tools import ToolRunner
 
 if TYPE_CHECKING:
+    from hermes.inproc import InprocLink
     from hermeslet.prewarmers import NodePrewarmer
 
 VERSION = "0.1.0"
@@ -74,6 +75,7 @@ class HermesLet:
         release_log: Callable[[str, str], None] | None = None,
         prewarmer: NodePrewarmer | None = None,
         curve_keys: tuple[str, str] | None = None,
+        link: InprocLink | None = None,
     ) -> None:
         if not engines:
             raise ValueError("a HermesLet needs at least one engine")
@@ -95,6 +97,9 @@ class HermesLet:
         self.prewarmer = prewarmer  # hermeslet.prewarmers.NodePrewarmer (issue 5), optional
         #: (node secret key file, server public key file): connect with ZeroMQ CURVE
         self.curve_keys = curve_keys
+        #: in the scheduler's process: its in-process link instead of a DEALER socket
+        #: (``LiveScheduler.inproc_link``; ``scheduler`` is then only a label)
+        self.link = link
         self.sock: zmq.asyncio.Socket | None = None
         self._stop = asyncio.Event()
         self._started = asyncio.Event()
@@ -154,6 +159,9 @@ class HermesLet:
         """Start engines, connect, serve until :meth:`stop`; then abort work and close."""
         for s in self.slots.values():
             await s.engine.start()
+        if self.link is not None:
+            await self._serve_link(self.link)
+            return
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, self.node.encode())
         sock.setsockopt(zmq.LINGER, 0)
@@ -171,32 +179,63 @@ class HermesLet:
                 asyncio.create_task(self._recv_loop(), name=f"hermeslet-{self.node}-recv"),
                 asyncio.create_task(self._heartbeat_loop(), name=f"hermeslet-{self.node}-hb"),
             ]
-            stop = asyncio.create_task(self._stop.wait())
-            done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
-            for t in done:
-                if t is not stop and t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
+            await self._until_stopped(tasks)
         finally:
-            for t in tasks:
-                t.cancel()
-            work = [t for s in self.slots.values() for t in s.inflight.values()]
-            work += list(self.tool_tasks.values())
-            for t in work:
-                t.cancel()
-            for t in tasks + work:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
-            for s in self.slots.values():
-                with contextlib.suppress(Exception):
-                    await s.engine.close()
+            await self._shutdown(tasks)
             sock.close(linger=0)
             self.sock = None
             if self._own_ctx:
                 self.ctx.term()
 
+    async def _serve_link(self, link: InprocLink) -> None:
+        """:meth:`run` over an in-process link: the same loops, no socket."""
+        tasks: list[asyncio.Task] = []
+        try:
+            await self._send(self.hello())
+            self._started.set()
+            tasks = [
+                asyncio.create_task(self._recv_link(link), name=f"hermeslet-{self.node}-recv"),
+                asyncio.create_task(self._heartbeat_loop(), name=f"hermeslet-{self.node}-hb"),
+            ]
+            await self._until_stopped(tasks)
+        finally:
+            await self._shutdown(tasks)
+            link.close()
+            if self._own_ctx:
+                self.ctx.term()
+
+    async def _until_stopped(self, tasks: list[asyncio.Task]) -> None:
+        stop = asyncio.create_task(self._stop.wait())
+        done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        for t in done:
+            if t is not stop and t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+
+    async def _shutdown(self, tasks: list[asyncio.Task]) -> None:
+        """Cancel the loops and all queued work, close the engines."""
+        for t in tasks:
+            t.cancel()
+        work = [t for s in self.slots.values() for t in s.inflight.values()]
+        work += list(self.tool_tasks.values())
+        for t in work:
+            t.cancel()
+        for t in tasks + work:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for s in self.slots.values():
+            with contextlib.suppress(Exception):
+                await s.engine.close()
+
+    async def _recv_link(self, link: InprocLink) -> None:
+        while True:
+            for msg in await link.recv():
+                await self.handle(msg)
+
     async def _send(self, msg) -> None:  # noqa: ANN001
-        if self.sock is not None:
+        if self.link is not None:
+            self.link.send(msg)
+        elif self.sock is not None:
             await self.sock.send(P.encode(msg))
 
     async def _heartbeat_loop(self) -> None:

@@ -3,7 +3,8 @@
 :func:`create_app` wires the routers to one :class:`~hermes.gateway.scheduler.LiveScheduler`
 whose lifetime is the app's (FastAPI lifespan): the scheduler binds its ZeroMQ ROUTER, and,
 unless ``scheduler.embedded_node`` is off, one in-process HermesLet (engines from
-``[[engines]]``, the built-in simulated engine by default) connects to it over ``inproc://``.
+``[[engines]]``, the built-in simulated engine by default) is linked to it directly
+(:mod:`hermes.inproc`: the protocol's messages as objects, without ZeroMQ or JSON).
 OpenAPI docs are at ``/docs``.
 """
 
@@ -65,7 +66,8 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
             from hermeslet.agent import HermesLet
 
             engines = [make_engine_adapter(e, config.scheduler.time_scale) for e in config.engines]
-            agent = HermesLet("embedded", sched.inproc_address, engines, ctx=ctx)
+            agent = HermesLet("embedded", sched.inproc_address, engines, ctx=ctx,
+                              link=sched.inproc_link("embedded"))
             from hermeslet.metrics import NodeCollector
 
             app.state.metrics.add_collector(NodeCollector(agent))

@@ -44,7 +44,7 @@ class SchedulerConfig(_Section):
     seed: int = 0
     #: ZeroMQ ROUTER address that external HermesLets connect to; "" binds none
     bind: str = "tcp://127.0.0.1:5557"
-    #: run one HermesLet inside the gateway process (over inproc://)
+    #: run one HermesLet inside the gateway process (linked directly: hermes.inproc)
     embedded_node: bool = True
     #: cost model used to turn tokens into service seconds (estimator, attained service)
     cost_model: str = "llama2-7b-a100"

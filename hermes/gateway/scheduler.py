@@ -48,6 +48,7 @@ from hermes.core.records import RequestRecord, RunRecord, UnitRecord
 from hermes.core.state import RequestView, RunState, UnitObservation
 from hermes.gateway.auth import visible
 from hermes.gateway.config import GatewayConfig, resolve_state_dir
+from hermes.inproc import InprocLink
 from hermes.kb.base import APP_NAME_RE
 from hermes.protocol import (
     Cancel,
@@ -306,6 +307,8 @@ class LiveScheduler:
         self._kb_records: list[RunRecord] = []
         self._records_fh: Any = None
         self._socket: zmq.asyncio.Socket | None = None
+        #: in-process nodes by identity (hermes.inproc: the embedded HermesLet), beside the socket
+        self._links: dict[bytes, InprocLink] = {}
         self._tasks: list[asyncio.Task] = []
         self._req_seq = itertools.count()
         state_dir = resolve_state_dir(config.stores.state_dir)
@@ -391,6 +394,9 @@ class LiveScheduler:
         if self._socket is not None:
             self._socket.close(linger=0)
             self._socket = None
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
         if getattr(self, "_zap", None) is not None:
             self._zap.stop()
             self._zap = None
@@ -801,6 +807,10 @@ class LiveScheduler:
         self._send_raw(node.identity, msg)
 
     def _send_raw(self, identity: bytes, msg: Any) -> None:
+        link = self._links.get(identity)
+        if link is not None:
+            link.deliver(msg)
+            return
         if self._socket is None:
             raise NoCapacity("scheduler is not running")
         frames = [identity, encode(msg)]
@@ -1025,10 +1035,23 @@ class LiveScheduler:
             except ProtocolError as e:
                 log.warning("bad message from %r: %s", identity, e)
                 return
-            try:
-                self._handle(identity, msg)
-            except Exception:  # one bad message must not stop the scheduler
-                log.exception("error handling %s from %r", getattr(msg, "type", "?"), identity)
+            self._on_message(identity, msg)
+
+    def _on_message(self, identity: bytes, msg: Any) -> None:
+        try:
+            self._handle(identity, msg)
+        except Exception:  # one bad message must not stop the scheduler
+            log.exception("error handling %s from %r", getattr(msg, "type", "?"), identity)
+
+    def inproc_link(self, node: str) -> InprocLink:
+        """A link for a HermesLet in this process and event loop (``hermes serve``'s embedded
+        node): the protocol's messages without ZeroMQ or JSON (:mod:`hermes.inproc`)."""
+        identity = node.encode()
+        if identity in self._links:
+            raise SchedulerError(f"an in-process node {node!r} is already linked")
+        link = InprocLink(identity, self._on_message)
+        self._links[identity] = link
+        return link
 
     def _handle(self, identity: bytes, msg: Any) -> None:
         node = self._node_by_identity(identity)

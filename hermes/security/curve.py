@@ -13,7 +13,7 @@ handler (:class:`zmq.auth.asyncio.AsyncioAuthenticator`) that admits only client
 key is in ``DIR/authorized``: a node without a key, or with a key not listed there, never
 completes the handshake, so none of its messages reach the scheduler. A node is started with
 ``hermeslet run --curve-key DIR/nodes/NAME.key_secret --curve-server-key DIR/server.key``.
-The embedded node talks over ``inproc://``, which does not leave the process and has no
+The embedded node is linked in process (:mod:`hermes.inproc`), which has no socket and no
 handshake. Keys are re-read from ``authorized/`` when a new connection arrives, so a node can
 be added while the scheduler runs.
 """

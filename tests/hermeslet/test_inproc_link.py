@@ -1,0 +1,124 @@
+"""The embedded HermesLet's in-process link (hermes.inproc): a real HermesLet and its engine on
+one side, a recording handler or a real LiveScheduler on the other, no socket in between."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import pytest
+
+from hermes import protocol as P
+from hermes.gateway.config import load_config
+from hermes.gateway.scheduler import LiveScheduler, SchedulerError
+from hermes.inproc import InprocLink
+from hermeslet.agent import HermesLet
+from tests.hermeslet.test_agent import sim, submit
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Recorder:
+    """The scheduler side of a link: keeps every node message, in arrival order."""
+
+    def __init__(self) -> None:
+        self.msgs: list[tuple[bytes, object]] = []
+        self.arrived = asyncio.Event()
+
+    def __call__(self, identity: bytes, msg: object) -> None:
+        self.msgs.append((identity, msg))
+        self.arrived.set()
+
+    async def wait_for(self, type_: str, n: int = 1, timeout: float = 10.0) -> list:
+        async def _go() -> list:
+            while True:
+                got = [m for _, m in self.msgs if m.type == type_]
+                if len(got) >= n:
+                    return got
+                self.arrived.clear()
+                await self.arrived.wait()
+        return await asyncio.wait_for(_go(), timeout)
+
+
+@contextlib.asynccontextmanager
+async def linked_node(link: InprocLink, **engine_kw):
+    agent = HermesLet("emb", "inproc-link", [sim(**engine_kw)], link=link, heartbeat_s=0.05)
+    task = asyncio.create_task(agent.run())
+    try:
+        yield agent
+    finally:
+        agent.stop()
+        await asyncio.wait_for(task, 5)
+
+
+async def test_node_messages_arrive_as_objects_in_order_and_never_synchronously():
+    rec = Recorder()
+    link = InprocLink(b"emb", rec)
+    async with linked_node(link, time_scale=200):
+        (hello,) = await rec.wait_for("hello")
+        assert isinstance(hello, P.Hello) and hello.node == "emb"
+        assert rec.msgs[0][0] == b"emb"
+        for i, key in enumerate(([2.0], [1.0], [3.0])):
+            link.deliver(submit(f"r{i}", key, max_tokens=2))
+        done = await rec.wait_for("done", 3)
+        assert sorted(d.request_id for d in done) == ["r0", "r1", "r2"]
+        assert all(d.output_tokens == 2 for d in done)
+        await rec.wait_for("heartbeat", 2)  # the heartbeat loop runs over the link too
+        # a node message is handed over on a later loop iteration, not inside the send
+        before = len(rec.msgs)
+        link.send(P.UnitEvent(run_id="x", unit="u", event="start", time=1.0))
+        assert len(rec.msgs) == before
+        await asyncio.sleep(0)
+        assert rec.msgs[-1][1].type == "unit_event"
+
+
+async def test_retained_messages_are_copied_so_later_changes_do_not_reach_the_node():
+    rec = Recorder()
+    link = InprocLink(b"emb", rec)
+    sub = submit("keep", [5.0], max_tokens=1)
+    link.deliver(sub)
+    sub.engine = "elsewhere"  # what the scheduler does when it re-sends after a failure
+    sub.key = [0.0]
+    (got,) = await link.recv()
+    assert got is not sub and got.engine is None and got.key == [5.0]
+    cancel = P.Cancel(request_ids=["keep"])  # not kept by the scheduler: handed over as is
+    link.deliver(cancel)
+    assert (await link.recv())[0] is cancel
+
+
+async def test_close_ends_a_waiting_receive_and_drops_later_messages():
+    rec = Recorder()
+    link = InprocLink(b"emb", rec)
+    waiting = asyncio.create_task(link.recv())
+    await asyncio.sleep(0)
+    link.close()
+    with pytest.raises(ConnectionError):
+        await waiting
+    link.deliver(P.Resync())
+    link.send(P.UnitEvent(run_id="x", unit="u", event="start", time=1.0))
+    await asyncio.sleep(0.01)
+    assert rec.msgs == []
+
+
+async def test_live_scheduler_serves_a_linked_node_and_refuses_a_second_link(tmp_path: Path):
+    cfg = load_config(None, environ={}, bind="", kb=str(tmp_path / "kb"),
+                      state_dir=str(tmp_path / "state"), time_scale=100.0, log_level="warning")
+    sched = LiveScheduler(cfg)
+    await sched.start()
+    try:
+        link = sched.inproc_link("emb")
+        with pytest.raises(SchedulerError, match="already linked"):
+            sched.inproc_link("emb")
+        async with linked_node(link, time_scale=200):
+            assert await sched.wait_for_nodes(5)
+            assert sched.nodes["emb"].identity == b"emb"
+            run = sched.create_run("default")
+            inv = sched.unit_for_request(run, "llm", "llm:m7b")
+            req = await sched.submit_llm(run, inv, model="m7b", endpoint="completions",
+                                         body={"prompt": "hi there", "max_tokens": 3})
+            done = await sched.wait(req, timeout=10)
+            assert done.output_tokens == 3 and req.node == "emb"
+    finally:
+        await sched.stop()
+    assert link.closed
