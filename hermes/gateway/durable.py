@@ -29,8 +29,10 @@ Recovery (:meth:`DurableState.recover`, when the gateway starts):
 - client-driven runs keep their closed units and stay active (the client may continue with
   ``X-Hermes-Run``; idle ones finish after ``run_idle_timeout_s``); requests that were in
   flight are lost with the client's connection. A one-request run (an OpenAI request without
-  headers) is stored only when it ends: one write instead of three on the hot path; if the
-  gateway dies first, its client sees the connection drop, so it was never acknowledged;
+  headers) is stored only when it ends, right after its answer has left, batched with the
+  other runs ending in the same event-loop iteration (one transaction): such a run has
+  nothing to resume, and if the gateway dies before its answer the client sees the
+  connection drop; a crash between the answer and the write loses only its history entry;
 - HermesLets reconnect by themselves: the scheduler answers their first message with
   ``resync``, they say ``hello`` with the request ids they hold (``holding``), and what no
   recovered run claims within ``recovery_grace_s`` is cancelled at the node, freeing its slot.
@@ -67,6 +69,9 @@ log = logging.getLogger("hermes.gateway.durable")
 
 TERMINAL = ("finished", "failed", "cancelled")
 
+#: one :meth:`RunStore.put_run`: (run_id, status, run document, unit documents by index)
+RunWrite = tuple[str, str, dict[str, Any], dict[int, dict[str, Any]]]
+
 
 # ---------------------------------------------------------------------------------- stores
 class RunStore(ABC):
@@ -77,6 +82,12 @@ class RunStore(ABC):
                 units: dict[int, dict[str, Any]] | None = None) -> None:
         """Store the run document and, atomically with it, the unit documents ``units``
         (invocation index -> document; other stored units are kept)."""
+
+    def put_runs(self, batch: list[RunWrite]) -> None:
+        """Several :meth:`put_run` writes at once (one transaction / round trip where the
+        store can); used for the ended one-request runs of one loop iteration."""
+        for w in batch:
+            self.put_run(*w)
 
     @abstractmethod
     def put_call(self, run_id: str, seq: int, entry: dict[str, Any]) -> None: ...
@@ -127,23 +138,31 @@ class SqliteRunStore(RunStore):
 
     def put_run(self, run_id: str, status: str, doc: dict[str, Any],
                 units: dict[int, dict[str, Any]] | None = None) -> None:
-        text = json.dumps(doc, default=str)
-        rows = [(run_id, i, json.dumps(u, default=str)) for i, u in (units or {}).items()]
+        self.put_runs([(run_id, status, doc, units or {})])
+
+    def put_runs(self, batch: list[RunWrite]) -> None:
+        encoded = [(run_id, status, json.dumps(doc, default=str),
+                    [(run_id, i, json.dumps(u, default=str)) for i, u in units.items()])
+                   for run_id, status, doc, units in batch]
+        one = len(encoded) == 1 and not encoded[0][3]  # one statement: its own transaction
         with self._lock:
-            self._seq += 1
-            if rows:
+            if not one:
                 self.db.execute("BEGIN")
             try:
-                self.db.execute(
-                    "INSERT INTO runs(run_id, seq, status, doc) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT(run_id) DO UPDATE SET status=excluded.status, doc=excluded.doc",
-                    (run_id, self._seq, status, text))
-                if rows:
-                    self.db.executemany(
-                        "INSERT OR REPLACE INTO units(run_id, idx, doc) VALUES (?, ?, ?)", rows)
+                for run_id, status, text, rows in encoded:
+                    self._seq += 1
+                    self.db.execute(
+                        "INSERT INTO runs(run_id, seq, status, doc) VALUES (?, ?, ?, ?) ON "
+                        "CONFLICT(run_id) DO UPDATE SET status=excluded.status, doc=excluded.doc",
+                        (run_id, self._seq, status, text))
+                    if rows:
+                        self.db.executemany(
+                            "INSERT OR REPLACE INTO units(run_id, idx, doc) VALUES (?, ?, ?)",
+                            rows)
+                if not one:
                     self.db.execute("COMMIT")
             except BaseException:
-                if rows:
+                if not one:
                     self.db.execute("ROLLBACK")
                 raise
 
@@ -190,7 +209,7 @@ class SqliteRunStore(RunStore):
 
 class RedisRunStore(RunStore):
     """Redis: ``<p>runs`` (hash run_id -> doc), ``<p>order`` (sorted set by acceptance),
-    ``<p>calls:<run_id>`` (hash seq -> entry). Every write is one round trip."""
+    ``<p>calls:<run_id>`` (hash seq -> entry). Every write (or batch) is one round trip."""
 
     def __init__(self, url: str, prefix: str = "hermes:state:") -> None:
         import redis
@@ -202,12 +221,16 @@ class RedisRunStore(RunStore):
 
     def put_run(self, run_id: str, status: str, doc: dict[str, Any],
                 units: dict[int, dict[str, Any]] | None = None) -> None:
+        self.put_runs([(run_id, status, doc, units or {})])
+
+    def put_runs(self, batch: list[RunWrite]) -> None:
         pipe = self.r.pipeline(transaction=True)
-        pipe.hset(self.p + "runs", run_id, json.dumps(doc, default=str))
-        pipe.zadd(self.p + "order", {run_id: float(doc.get("submitted", 0.0))}, nx=True)
-        if units:
-            pipe.hset(f"{self.p}units:{run_id}",
-                      mapping={str(i): json.dumps(u, default=str) for i, u in units.items()})
+        for run_id, _status, doc, units in batch:
+            pipe.hset(self.p + "runs", run_id, json.dumps(doc, default=str))
+            pipe.zadd(self.p + "order", {run_id: float(doc.get("submitted", 0.0))}, nx=True)
+            if units:
+                pipe.hset(f"{self.p}units:{run_id}",
+                          mapping={str(i): json.dumps(u, default=str) for i, u in units.items()})
         pipe.execute()
 
     def put_call(self, run_id: str, seq: int, entry: dict[str, Any]) -> None:
@@ -348,16 +371,22 @@ class DurableState:
                            "failed_on_recovery": 0, "adopted": 0, "resent": 0,
                            "orphans_cancelled": 0})
         self._write_errors = 0
+        #: writes of ended one-request runs waiting for :meth:`flush` (end of loop iteration)
+        self._batch: list[RunWrite] = []
         self._restoring = False
         self._ended = 0
         #: per active run: what of its invocations is stored (see :meth:`_put`)
         self._stored: dict[str, _StoredUnits] = {}
 
     # ------------------------------------------------------------------ writes
-    def _put(self, run: LiveRun) -> None:
+    def _put(self, run: LiveRun, *, batched: bool = False) -> None:
         """Write the run document with the invocations that closed or gained results since
         the last write. Invocations below ``lo`` are closed with every request answered and
-        stored so: the scan starts there, so a sequential run's write is O(1)."""
+        stored so: the scan starts there, so a sequential run's write is O(1).
+
+        ``batched`` (an ended run that nobody waits on to be stored: see :meth:`run_ended`):
+        the documents are taken now and written with the others of this loop iteration, in
+        one transaction, on the next one (:meth:`flush`)."""
         if self.store is None or self._restoring:
             return
         st = self._stored.setdefault(run.run_id, _StoredUnits())
@@ -369,6 +398,11 @@ class DurableState:
                 v = _inv_version(inv)
                 if st.versions.get(i) != v:
                     units[i], versions[i] = _inv_doc(inv), v
+        if batched:
+            self._batch.append((run.run_id, run.status, run_doc(run), units))
+            if len(self._batch) == 1:
+                asyncio.get_running_loop().call_soon(self.flush)
+            return
         try:
             self.store.put_run(run.run_id, run.status, run_doc(run), units)
         except Exception:
@@ -392,7 +426,9 @@ class DurableState:
             self._put(run)
 
     def run_ended(self, run: LiveRun) -> None:
-        self._put(run)
+        # a one-request run ends after its answer has left (openai_api): its only write is
+        # batched; a run whose end is acknowledged (finish, cancel) is written before that
+        self._put(run, batched=run.auto_finish and _in_loop())
         self._stored.pop(run.run_id, None)
         if self.store is None:
             return
@@ -404,6 +440,17 @@ class DurableState:
                 self.store.prune_ended(self.sched.config.scheduler.keep_finished_runs)
         except Exception:
             log.exception("durable cleanup after run %s failed", run.run_id)
+
+    def flush(self) -> None:
+        """Write the batched run documents (one transaction or round trip)."""
+        batch, self._batch = self._batch, []
+        if not batch or self.store is None:
+            return
+        try:
+            self.store.put_runs(batch)
+        except Exception:
+            self._write_errors += len(batch)
+            log.exception("durable write of %d ended runs failed", len(batch))
 
     def call(self, run: LiveRun, seq: int, entry: dict[str, Any]) -> None:
         if self.store is None:
@@ -704,8 +751,17 @@ class DurableState:
         for t in (getattr(self, "_task", None),):
             if t is not None:
                 t.cancel()
+        self.flush()
         if self.store is not None:
             self.store.close()
+
+
+def _in_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def attach(scheduler: LiveScheduler) -> DurableState:

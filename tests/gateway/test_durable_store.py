@@ -129,3 +129,47 @@ def test_a_long_run_stores_each_unit_once(kind: str, make_gateway, tmp_path: Pat
     assert r["state"] == "running"
     assert [u["unit"] for u in r["units"]] == [f"step{i % 3}" for i in range(n)]
     assert [u["requests"][0]["output_tokens"] for u in r["units"]] == [1 + i % 4 for i in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_one_request_runs_end_after_their_answer_in_batched_writes(
+        kind: str, make_gateway, tmp_path: Path, request: pytest.FixtureRequest) -> None:  # noqa: ANN001
+    """Header-less completions (one-request runs) are finished right after their answer: a
+    GET sent after the answer sees the run finished; their documents are written together,
+    several runs per write under concurrency, and a restart restores every one of them."""
+    import concurrent.futures
+
+    opts = _restartable(kind, tmp_path, request, time_scale=200.0)
+    srv = make_gateway(**opts)
+    store = gateway_state(srv).scheduler.durable.store
+    batches: list[list[str]] = []
+    put_runs = store.put_runs
+
+    def counting_put_runs(batch):  # noqa: ANN001, ANN202
+        batches.append([w[0] for w in batch])
+        return put_runs(batch)
+
+    store.put_runs = counting_put_runs
+    body = {"model": "llama-2-7b", "prompt": "x" * 40, "max_tokens": 2}
+
+    def one(http: httpx.Client) -> str:
+        r = http.post("/v1/completions", json=body)
+        assert r.status_code == 200
+        rid = r.headers["X-Hermes-Run"]
+        got = http.get(f"/v1/runs/{rid}").json()
+        assert got["state"] == "finished" and got["units"][0]["requests"][0]["output_tokens"] == 2
+        return rid
+
+    with httpx.Client(base_url=srv.url, timeout=30,
+                      limits=httpx.Limits(max_connections=16)) as http:
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            ids = list(pool.map(lambda _: one(http), range(96)))
+    srv.stop()
+    written = [rid for b in batches for rid in b]
+    assert sorted(written) == sorted(ids)  # each run written once, when it ended
+    assert len(batches) < len(ids)  # concurrent ends shared a write
+    srv2 = make_gateway(**opts)
+    with httpx.Client(base_url=srv2.url, timeout=30) as http:
+        for rid in ids[::8]:
+            r = http.get(f"/v1/runs/{rid}").json()
+            assert r["state"] == "finished" and r["app"] == "default"
