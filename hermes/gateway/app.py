@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -47,6 +49,40 @@ def make_engine_adapter(e: EngineConfig, time_scale: float) -> Any:
         if lora not in eng.loras:
             eng.loras.append(lora)
     return eng
+
+
+def _otel_configured() -> bool:
+    """Whether OpenTelemetry is set up for this process: an exporter or FastAPI's automatic
+    configuration in the environment, or a global tracer provider already installed (e.g. by
+    ``opentelemetry-instrument``)."""
+    env = os.environ
+    if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return False
+    if env.get("FASTAPI_OTEL_AUTO_CONFIGURE", "").lower() == "true" or any(
+            k.startswith("OTEL_EXPORTER_OTLP") or k in _OTEL_EXPORTERS for k in env):
+        return True
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return False
+    return type(trace.get_tracer_provider()).__name__ not in ("ProxyTracerProvider",
+                                                              "NoOpTracerProvider")
+
+
+_OTEL_EXPORTERS = ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_LOGS_EXPORTER")
+
+
+def _telemetry_option() -> dict[str, Any]:
+    """``FastAPI(telemetry=...)``: FastAPI's native OpenTelemetry (spans, metrics and logs per
+    request) where OpenTelemetry is set up (:func:`_otel_configured`), off otherwise. Left on
+    without a provider it still asks the global providers on every request, a few percent
+    of the gateway's CPU per request (``hermes bench gateway``). Empty for FastAPI versions
+    without native telemetry."""
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    if _otel_configured():
+        return {}  # FastAPI's defaults: global providers, every signal
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
 
 
 def create_app(config: GatewayConfig | None = None) -> FastAPI:
@@ -86,6 +122,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
             ctx.term()
 
     app = FastAPI(
+        **_telemetry_option(),
         title="Hermes gateway",
         version="0.1.0",
         description="Serving gateway for LLM applications: app-run API and an "
