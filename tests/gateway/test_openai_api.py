@@ -92,6 +92,12 @@ def test_bad_bodies_are_400_naming_the_field(gateway, client: openai.OpenAI) -> 
     r = httpx.post(gateway.url + "/v1/chat/completions", content=b"{not json",
                    headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    for raw, says in ((b'["a list"]', "must be a JSON object"), (b"\xff\xfe", "not valid JSON"),
+                      (b"", "not valid JSON")):
+        r = httpx.post(gateway.url + "/v1/completions", content=raw,
+                       headers={"content-type": "application/json"})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["code"] == "invalid_json" and says in err["message"]
 
 
 def test_headers_tie_requests_to_a_run_and_unit(gateway, client: openai.OpenAI) -> None:  # noqa: ANN001
