@@ -945,8 +945,12 @@ class LiveScheduler:
         self._fail_request(req, exc)
 
     def _after_request(self, req: PendingRequest) -> None:
-        """Close an implicitly opened invocation when its last request completes."""
+        """Close an implicitly opened invocation when its last request completes. A one-request
+        run's is closed by :meth:`finish_run` once the answer has left (off the request's
+        path; the invocation's end is its last result's time either way)."""
         inv, run = req.inv, req.run
+        if run.auto_finish:
+            return
         if not inv.explicit and not inv.closed and inv.in_flight == 0 and run.status in ACTIVE:
             self._close_unit(run, inv, self.now())
 

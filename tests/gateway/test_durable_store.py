@@ -158,6 +158,9 @@ def test_one_request_runs_end_after_their_answer_in_batched_writes(
         rid = r.headers["X-Hermes-Run"]
         got = http.get(f"/v1/runs/{rid}").json()
         assert got["state"] == "finished" and got["units"][0]["requests"][0]["output_tokens"] == 2
+        # the unit was closed with the run, after the answer; it ended with its result
+        unit, req = got["units"][0], got["units"][0]["requests"][0]
+        assert unit["started"] <= unit["finished"] == req["finished"] <= got["finished"]
         return rid
 
     with httpx.Client(base_url=srv.url, timeout=30,
