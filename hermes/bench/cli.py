@@ -126,10 +126,13 @@ def cmd_knob(args: argparse.Namespace) -> int:
         cpu_cache_gb=args.cpu_cache_gb, seed=args.seed, trace=args.trace, setup=args.setup,
         policy=args.policy, walks=args.walks, workers=args.workers,
         progress=not args.no_progress, pdgraph_dir=args.pdgraphs,
+        timings=[t.strip() for t in args.timing.split(",") if t.strip()],
+        seeds=_ints(args.seeds) if args.seeds else None,
     )
     if args.plot:
         W.plot_knob(rows, args.plot)
-    return _finish(rows, args, f"knob: K sweep ({args.apps}, {args.runs} runs, seed {args.seed})",
+    seeds = args.seeds or args.seed
+    return _finish(rows, args, f"knob: K sweep ({args.apps}, {args.runs} runs, seeds {seeds})",
                    t0)
 
 
@@ -210,6 +213,12 @@ def add_prewarm_parsers(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--window", type=float, default=15.0, help="submission window, minutes")
     s.add_argument("--cache-gb", dest="cache_gb", type=float, default=8.0)
     s.add_argument("--plot", default=None, help="write the figure to FILE.png")
+    s.add_argument("--timing", default="ready",
+                   help="planner start-time rules to sweep, comma-separated: ready (p_s P(t_c > "
+                        "t_s + t_p) = K, as specified) and/or late (p_s P(t_c <= t_s + t_p) = K)")
+    s.add_argument("--seeds", default=None,
+                   help="arrival seeds, comma-separated (figures add up over them; default "
+                        "--seed)")
     s.set_defaults(func=cmd_knob)
 
 

@@ -46,6 +46,7 @@ class WarmJob:
     setup: str = "llama2-7b-a100"
     policy: str = "vllm"
     k: float = 0.5
+    timing: str = "ready"  # how the planner's start time follows from K (start_offset)
     cache_gb: float | None = None
     cpu_cache_gb: float = 0.0
     max_loras: int | None = None
@@ -76,7 +77,7 @@ def simulate(job: WarmJob) -> tuple[tuple, np.ndarray, dict, float]:
     graphs = load_graphs(job.pdgraph_dir)
     pool = EstimatorPool(graphs, cost, n_walks=job.walks, seed=job.seed)
     strategy = make_prewarm(job.strategy, k=job.k, graphs=graphs.get, estimators=pool.get,
-                            n_walks=job.walks)
+                            n_walks=job.walks, timing=job.timing)
     warm = SimWarmState(
         strategy, cost, n_engines=n_engines, cache_gb=job.cache_gb, cpu_cache_gb=job.cpu_cache_gb,
         max_loras=job.max_loras, max_cpu_loras=job.max_cpu_loras,
@@ -248,8 +249,15 @@ def bench_knob(
     workers: int | None = None,
     progress: bool = True,
     pdgraph_dir: str | None = None,
+    timings: Sequence[str] = ("ready",),
+    seeds: Sequence[int] | None = None,
 ) -> list[dict]:
-    """Fig. 14: per K, mean ACT reduction against ``lru`` and wasted backend-seconds."""
+    """Fig. 14: per K, mean ACT reduction against ``lru`` and wasted backend-seconds.
+
+    ``timings``: the planner's start-time rules to sweep (``ready``, ``late``; see
+    :func:`hermes.core.prewarm.start_offset`). ``seeds``: arrival seeds; the figures of a row
+    add up over them (every seed's runs against its own ``lru`` run), so that the differences
+    between K are not within one seed's noise."""
     from workloads.registry import APPS
 
     by_short = {cls.short: name for name, cls in APPS.items()}
@@ -257,25 +265,39 @@ def bench_knob(
     for n in names:
         if n not in APPS:
             raise ValueError(f"unknown app {n!r}; known: {', '.join(sorted(by_short))}")
-    arrivals = _arrivals_of(names, apps, window_min, seed, trace)
-    base = WarmJob(("lru",), "lru", tuple(arrivals), setup, policy, cache_gb=cache_gb,
-                   cpu_cache_gb=cpu_cache_gb, walks=walks, seed=seed, pdgraph_dir=pdgraph_dir)
-    jobs = [base] + [replace(base, tag=("k", k), strategy="hermes", k=k) for k in ks]
+    from hermes.core.prewarm import TIMINGS
+
+    for t in timings:
+        if t not in TIMINGS:
+            raise ValueError(f"--timing must be among {', '.join(TIMINGS)}, not {t!r}")
+    seeds = [seed] if seeds is None else list(seeds)
+    jobs = []
+    for sd in seeds:
+        arrivals = _arrivals_of(names, apps, window_min, sd, trace)
+        base = WarmJob(("lru", sd), "lru", tuple(arrivals), setup, policy, cache_gb=cache_gb,
+                       cpu_cache_gb=cpu_cache_gb, walks=walks, seed=sd, pdgraph_dir=pdgraph_dir)
+        jobs.append(base)
+        jobs += [replace(base, tag=("k", t, k, sd), strategy="hermes", k=k, timing=t)
+                 for t in timings for k in ks]
     res = run_warm_jobs(jobs, workers=workers, progress=progress)
-    acts0, _ = res[("lru",)]
+    acts0 = np.concatenate([res[("lru", sd)][0] for sd in seeds])
+    counts = ("prewarm_planned", "prewarm_started", "prewarm_used", "prewarm_wasted")
     rows = []
-    for k in ks:
-        acts, st = res[("k", k)]
-        rows.append({
-            "apps": ",".join(app_names),
-            "k": k,
-            "mean_act_s": float(acts.mean()),
-            "lru_mean_act_s": float(acts0.mean()),
-            "latency_reduction": 1.0 - float(acts.mean()) / float(acts0.mean()),
-            "wasted_backend_s": st.get("prewarm_wasted_backend_s", 0.0),
-            **_row_stats(st, ("prewarm_planned", "prewarm_started", "prewarm_used",
-                              "prewarm_wasted", "tool_hit_ratio")),
-        })
+    for t in timings:
+        for k in ks:
+            acts = np.concatenate([res[("k", t, k, sd)][0] for sd in seeds])
+            stats = [res[("k", t, k, sd)][1] for sd in seeds]
+            rows.append({
+                "apps": ",".join(app_names),
+                "timing": t,
+                "k": k,
+                "mean_act_s": float(acts.mean()),
+                "lru_mean_act_s": float(acts0.mean()),
+                "latency_reduction": 1.0 - float(acts.mean()) / float(acts0.mean()),
+                "wasted_backend_s": sum(st.get("prewarm_wasted_backend_s", 0.0) for st in stats),
+                **{c: sum(st.get(c, 0.0) for st in stats) for c in counts},
+                "tool_hit_ratio": float(np.mean([st.get("tool_hit_ratio", 0.0) for st in stats])),
+            })
     return rows
 
 
@@ -298,12 +320,15 @@ def plot_knob(rows: Sequence[dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 4))
-    x = [r["wasted_backend_s"] for r in rows]
-    y = [100 * r["latency_reduction"] for r in rows]
-    ax.plot(x, y, "o-")
-    for r, xi, yi in zip(rows, x, y, strict=True):
-        ax.annotate(f"K={r['k']:g}", (xi, yi), textcoords="offset points", xytext=(4, 4))
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for timing in dict.fromkeys(r.get("timing", "ready") for r in rows):
+        sel = [r for r in rows if r.get("timing", "ready") == timing]
+        x = [r["wasted_backend_s"] for r in sel]
+        y = [100 * r["latency_reduction"] for r in sel]
+        ax.plot(x, y, "o-", label=f"timing {timing}")
+        for r, xi, yi in zip(sel, x, y, strict=True):
+            ax.annotate(f"K={r['k']:g}", (xi, yi), textcoords="offset points", xytext=(4, 4))
+    ax.legend()
     ax.set_xlabel("wasted backend-seconds")
     ax.set_ylabel("mean ACT reduction vs lru (%)")
     ax.set_title(f"K sweep ({rows[0]['apps'] if rows else ''})")

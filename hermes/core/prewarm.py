@@ -30,7 +30,10 @@ at ``t_s`` (seconds from now) where
 ``p_s * P(t_c > t_s + t_p) = K``, i.e. ``t_s = Q_{t_c}(1 - K/p_s) - t_p`` clipped at 0
 (:func:`start_offset`). A higher K demands a higher chance that the warm-up is over before the
 backend is needed, so it prewarms fewer branches and starts them earlier; a lower K prewarms
-unlikely branches too and starts late. When the run's next unit starts, prewarms of the branch
+unlikely branches too and starts late. ``timing="late"`` instead solves
+``p_s * P(t_c <= t_s + t_p) = K`` (the chance of a late warm-up on the branch taken is K), so
+that a lower K both admits more branches and starts earlier: a monotone knob, at the price of
+departing from the rule above (README, *Prewarming results*). When the run's next unit starts, prewarms of the branch
 taken are *used* and the others are *cancelled* (released if already started). A started
 prewarm that is neither used nor cancelled is *released* after ``idle_timeout_s``.
 
@@ -101,19 +104,34 @@ class WarmView(Protocol):
     def is_warm(self, resource: str, now: float) -> bool: ...
 
 
-def start_offset(tc: np.ndarray, p_s: float, k: float, t_p: float) -> float | None:
+#: how the start time follows from K (:func:`start_offset`)
+TIMINGS = ("ready", "late")
+
+
+def start_offset(tc: np.ndarray, p_s: float, k: float, t_p: float,
+                 timing: str = "ready") -> float | None:
     """Seconds from now at which to start warming, or ``None`` when ``p_s < k``.
 
-    Solves ``p_s * P(t_c > t_s + t_p) = k`` on the empirical distribution of ``tc``: the
-    warm-up must be over before the current unit completes with probability ``k / p_s``.
-    Starts now (0) when even an immediate start does not reach that probability.
+    ``timing="ready"`` (the rule as specified): solves ``p_s * P(t_c > t_s + t_p) = k`` on the
+    empirical distribution of ``tc``: the warm-up must be over before the current unit
+    completes with probability ``k / p_s``, so a lower K starts later.
+
+    ``timing="late"``: solves ``p_s * P(t_c <= t_s + t_p) = k``: the chance that the branch is
+    taken and finds its backend still warming is ``k``, so a lower K starts earlier. With the
+    ``p_s >= k`` gate (both timings) a lower K is then more eager on both counts, which is what
+    makes the K sweep monotone (lower K: lower latency, more waste); under ``"ready"`` the gate
+    and the start time pull in opposite directions (README, *Prewarming results*).
+
+    Starts now (0) when even an immediate start does not meet the condition.
     """
+    if timing not in TIMINGS:
+        raise ValueError(f"prewarm timing must be one of {', '.join(TIMINGS)}, not {timing!r}")
     if p_s <= 0.0 or p_s < k:
         return None
     if tc.size == 0:
         return 0.0
-    q = 1.0 - min(1.0, k / p_s)
-    x = float(np.quantile(tc, q))
+    r = min(1.0, k / p_s)
+    x = float(np.quantile(tc, r if timing == "late" else 1.0 - r))
     return max(0.0, x - t_p)
 
 
@@ -237,7 +255,10 @@ class PrewarmStrategy(ABC):
         graphs: GraphLookup | None = None,
         estimators: EstimatorLookup | None = None,
         n_walks: int = 200,
+        timing: str = "ready",
     ) -> None:
+        if timing not in TIMINGS:
+            raise ValueError(f"prewarm timing must be one of {', '.join(TIMINGS)}, not {timing!r}")
         for where, v in [("k", k), *(("k_by_app." + a, x) for a, x in (k_by_app or {}).items()),
                          *(("k_by_tenant." + t, x) for t, x in (k_by_tenant or {}).items())]:
             _check_k(v, where)
@@ -251,6 +272,7 @@ class PrewarmStrategy(ABC):
         self.graphs = graphs
         self.estimators = estimators
         self.n_walks = n_walks
+        self.timing = timing
         self.counters = PrewarmStats()
         self.by_type: dict[str, PrewarmStats] = {}  # the same counters per backend type
         # wall seconds per isolated service second of LLM units (queueing and batching under
@@ -425,7 +447,7 @@ class PrewarmStrategy(ABC):
             gap = np.asarray(node.consumption.gap_s, dtype=float)
             t = tc + (float(np.median(gap)) if gap.size else 0.0)
             for res in cold:
-                off = start_offset(t, p_s, k, self.learner.estimate(res))
+                off = start_offset(t, p_s, k, self.learner.estimate(res), self.timing)
                 if off is None:
                     continue
                 pw = self._new(run.run_id, nxt, res, p_s, now, now + off)

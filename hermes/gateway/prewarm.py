@@ -59,7 +59,8 @@ class GatewayPrewarmer:
             return sched.pool.get(app) if sched.pool is not None else None
 
         strategy = make_prewarm(name, k=sc.k, graphs=sched.app_graph, estimators=estimators,
-                                n_walks=min(200, sc.n_walks))
+                                n_walks=min(200, sc.n_walks),
+                                timing=getattr(sc, "prewarm_timing", "ready"))
         knobs = getattr(sched, "knobs", None)
         if knobs is not None:  # live K settings (admin API, `hermes knob set`) apply at once
             strategy.k_by_app = knobs.setdefault("app", {})

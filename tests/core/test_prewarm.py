@@ -79,6 +79,39 @@ def test_start_offset_solves_the_k_equation():
     assert all(a > b for a, b in zip(offs, offs[1:], strict=False))
 
 
+def test_late_timing_bounds_the_chance_of_a_late_warmup_and_starts_earlier_for_lower_k():
+    t_p = 1.0
+    for p_s, k in [(1.0, 0.5), (0.8, 0.5), (0.9, 0.3), (1.0, 0.1)]:
+        ts = start_offset(TC, p_s, k, t_p, timing="late")
+        assert ts is not None
+        late = p_s * float(np.mean(TC <= ts + t_p))
+        assert late == pytest.approx(k, abs=0.01)
+    assert start_offset(TC, 0.2, 0.5, t_p, timing="late") is None  # the same p_s >= K gate
+    # lower K: start earlier (a smaller chance of finding the backend still warming), the
+    # opposite of the "ready" timing, and with the gate admitting more branches as well
+    offs = [start_offset(TC, 1.0, k, t_p, timing="late") for k in (0.1, 0.3, 0.5, 0.7, 0.9)]
+    assert all(a < b for a, b in zip(offs, offs[1:], strict=False))
+    # p_s = 1, K = 0.5: both timings start at the median of t_c minus t_p
+    assert start_offset(TC, 1.0, 0.5, t_p, timing="late") == pytest.approx(
+        start_offset(TC, 1.0, 0.5, t_p), abs=1e-9)
+    with pytest.raises(ValueError, match="timing must be one of ready, late"):
+        start_offset(TC, 1.0, 0.5, t_p, timing="soon")
+    with pytest.raises(ValueError, match="timing must be one of ready, late, not 'soon'"):
+        planner(timing="soon")
+
+
+def test_late_timing_planner_starts_a_likely_branch_earlier_at_lower_k():
+    starts = {}
+    for k in (0.3, 0.7):
+        p = planner(k=k, timing="late")
+        p.on_unit_start(run(), "gen", "llm:m", 10.0, WarmSet())
+        (pw,) = [x for x in p.outstanding("r1") if x.unit == "exec"]  # p_s 0.8
+        starts[k] = pw.start_at
+    # P(tc <= ts + 1) = K / 0.8: ts = Q(0.375) - 1 = 2.75 at K 0.3, Q(0.875) - 1 = 7.75 at 0.7
+    assert starts[0.3] == pytest.approx(12.75, abs=0.02)
+    assert starts[0.7] == pytest.approx(17.75, abs=0.02)
+
+
 def test_plan_start_use_and_no_prewarm_below_k():
     p = planner(k=0.5)
     warm = WarmSet()

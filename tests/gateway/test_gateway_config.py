@@ -84,3 +84,14 @@ def test_a_taken_node_address_is_a_clear_error(tmp_path) -> None:  # noqa: ANN00
             await first.stop()
 
     asyncio.run(main())
+
+
+def test_prewarm_timing_reaches_the_live_planner(tmp_path: Path) -> None:
+    from hermes.gateway.scheduler import LiveScheduler
+
+    for env, want in (({}, "ready"), ({"HERMES_PREWARM_TIMING": "late"}, "late")):
+        cfg = load_config(None, environ=env, bind="", kb=str(tmp_path / "kb"),
+                          state_dir=str(tmp_path / "state"))
+        assert LiveScheduler(cfg).prewarm.strategy.timing == want
+    with pytest.raises(ConfigError, match="prewarm_timing"):
+        load_config(None, environ={"HERMES_PREWARM_TIMING": "soon"})
