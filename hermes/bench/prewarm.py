@@ -19,8 +19,9 @@ the run short).
   ``load_lora_adapter`` loads into the host-memory LRU cache (``max_cpu_loras``) while the GPU
   slots (``max_loras``) are (re)filled per batch from there by a short copy;
   ``lora_gpu_hit_ratio`` counts only adapters already in a GPU slot.
-- ``knob --apps CG,PE --k ...`` (Fig. 14): only those apps; per K the mean ACT, its reduction
-  against ``lru`` (no prewarm) measured on the same arrivals, and the wasted backend-seconds.
+- ``knob --apps CG,PE --k ...`` (Fig. 14): only those apps; per K (and ``--timing``, the
+  planner's start-time rule) the mean ACT, its reduction against ``lru`` (no prewarm) measured
+  on the same arrivals, and the wasted backend-seconds, added up over ``--seeds``.
 """
 
 from __future__ import annotations
