@@ -297,6 +297,8 @@ class LiveScheduler:
         self.runs: dict[str, LiveRun] = {}
         self._finished_order: OrderedDict[str, None] = OrderedDict()
         self.requests: dict[str, PendingRequest] = {}
+        #: the same requests by tenant (policies whose keys read per-tenant state: key_scope)
+        self._by_tenant: dict[str, dict[str, PendingRequest]] = {}
         self.nodes: dict[str, Node] = {}
         self._node_ready = asyncio.Event()
         self._profilers: dict[str, Any] = {}
@@ -774,6 +776,7 @@ class LiveScheduler:
 
     def _register(self, req: PendingRequest) -> None:
         self.requests[req.request_id] = req
+        self._by_tenant.setdefault(req.run.state.tenant, {})[req.request_id] = req
         req.run.pending[req.request_id] = req
         req.inv.requests.append(req)
         req.run.last_activity = time.monotonic()
@@ -847,6 +850,11 @@ class LiveScheduler:
     # ------------------------------------------------------------------ completion
     def _untrack(self, req: PendingRequest) -> None:
         self.requests.pop(req.request_id, None)
+        same = self._by_tenant.get(req.run.state.tenant)
+        if same is not None:
+            same.pop(req.request_id, None)
+            if not same:
+                del self._by_tenant[req.run.state.tenant]
         req.run.pending.pop(req.request_id, None)
         node = self.nodes.get(req.node or "")
         if node is not None:
@@ -956,11 +964,17 @@ class LiveScheduler:
 
     # ------------------------------------------------------------------ ranks -> keys
     def _rekey_run(self, run: LiveRun, now: float) -> None:
-        if self.policy.dynamic_keys:  # keys read shared state (VTC's tenant counters): all of them
+        """Re-key the queued requests whose keys ``run``'s new state can change: its own, or
+        its tenant's when keys read per-tenant state (VTC: O(the tenant's queue), not
+        O(every queued request), per completion), or all (``policy.key_scope``)."""
+        scope = getattr(self.policy, "key_scope", "all" if self.policy.dynamic_keys else "run")
+        if scope == "all":
             self.rekey_all()
             return
+        reqs = (run.pending if scope == "run"
+                else self._by_tenant.get(run.state.tenant, {}))
         changes: dict[str, dict[str, list[float]]] = {}
-        for req in run.pending.values():
+        for req in list(reqs.values()):
             self._recompute(req, now, changes)
         self._send_rekeys(changes)
 

@@ -20,6 +20,25 @@ def test_vtc_requeues_a_tenants_waiting_requests_when_its_counter_grows(make_gat
     engine = state.node.slots["sim0"].engine
     policy = state.scheduler.policy
     finished: dict[str, float] = {}
+    # which tenant's requests each run event re-keys (VTC: only its own tenant's)
+    sched = state.scheduler
+    touched: list[tuple[str, str]] = []
+    rekey_run, recompute = sched._rekey_run, sched._recompute
+    trigger: list[str] = []
+
+    def spy_rekey_run(run, now):  # noqa: ANN001, ANN202
+        trigger.append(run.state.tenant)
+        try:
+            return rekey_run(run, now)
+        finally:
+            trigger.pop()
+
+    def spy_recompute(req, now, changes):  # noqa: ANN001, ANN202
+        if trigger:
+            touched.append((trigger[-1], req.run.state.tenant))
+        return recompute(req, now, changes)
+
+    sched._rekey_run, sched._recompute = spy_rekey_run, spy_recompute
 
     async def scenario() -> None:
         async with httpx.AsyncClient(base_url=srv.url, timeout=60) as http:
@@ -61,3 +80,5 @@ def test_vtc_requeues_a_tenants_waiting_requests_when_its_counter_grows(make_gat
     assert policy.counter("a") > policy.counter("b") > 0
     # a's streamed tokens raised a's counter while a2 waited: b overtook it
     assert sorted(finished, key=finished.__getitem__) == ["a-blocker", "b", "a2"]
+    # a's events re-keyed a2 (another run of a) but never b's request, and vice versa
+    assert ("a", "a") in touched and all(t == r for t, r in touched), touched

@@ -37,6 +37,10 @@ class SchedulingPolicy(ABC):
     #: whether request keys change without a rank change (VTC's live tenant counters), so a
     #: driver must re-key waiting queues before each dispatch
     dynamic_keys: ClassVar[bool] = False
+    #: whose queued requests' keys an event of one run can change: ``"run"`` (its own: keys
+    #: read only the run's rank), ``"tenant"`` (every run of its tenant: keys read per-tenant
+    #: state, e.g. VTC's counters) or ``"all"``; a live driver re-keys just those
+    key_scope: ClassVar[str] = "run"
     #: whether the driver builds the EstimatorPool with online refinement (estimator policies)
     refine: ClassVar[bool] = True
 

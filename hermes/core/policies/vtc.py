@@ -35,6 +35,7 @@ class VirtualTokenCounterPolicy(SchedulingPolicy):
 
     name: ClassVar[str] = "vtc"
     dynamic_keys: ClassVar[bool] = True
+    key_scope: ClassVar[str] = "tenant"  # an event of a run moves only its tenant's counter
 
     def __init__(self, *, input_weight: float = 1.0, output_weight: float = 2.0) -> None:
         self.input_weight = input_weight
