@@ -140,7 +140,6 @@ class GatewayMetrics:
         self.scheduler: Any = None
         self._prior_pending: set[str] = set()
         self._seen: set[tuple[str, str]] = set()  # (app, tenant) with series created
-        self._engine_children: dict[tuple[str | None, str], tuple[Any, Any]] = {}
         #: labelled children by (metric, label values): ``labels()`` validates and locks on
         #: every call, and each run touches a handful of series (hermes bench gateway)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -202,20 +201,16 @@ class GatewayMetrics:
                 self._child(self.est_abs_err, app).observe(abs(pred - st.attained_s))
         if st.deadline is not None and state in ("finished", "failed"):
             met = state == "finished" and st.finished is not None and st.finished <= st.deadline
-            self.deadline.labels(app, tenant, "met" if met else "missed").inc()
+            self._child(self.deadline, app, tenant, "met" if met else "missed").inc()
 
     def on_request_done(self, node: str | None, engine: str, queue_s: float,
                         service_s: float) -> None:
-        children = self._engine_children.get((node, engine))
-        if children is None:
-            n = node or ""
-            children = self._engine_children[(node, engine)] = (
-                self.queue.labels(n, engine), self.service.labels(n, engine))
-        children[0].observe(queue_s)
-        children[1].observe(service_s)
+        n = node or ""
+        self._child(self.queue, n, engine).observe(queue_s)
+        self._child(self.service, n, engine).observe(service_s)
 
     def on_tool_done(self, backend: str, duration_s: float, cold: bool) -> None:
-        self.tool.labels(backend_type(backend), "cold" if cold else "warm").observe(duration_s)
+        self._child(self.tool, backend_type(backend), "cold" if cold else "warm").observe(duration_s)
 
     def on_rank_refresh(self, seconds: float) -> None:
         self.refresh.observe(seconds)

@@ -156,12 +156,41 @@ class HermesLet:
         return held
 
     async def run(self) -> None:
-        """Start engines, connect, serve until :meth:`stop`; then abort work and close."""
+        """Start engines, connect (a DEALER socket, or the in-process link), serve until
+        :meth:`stop`; then abort work and close."""
         for s in self.slots.values():
             await s.engine.start()
-        if self.link is not None:
-            await self._serve_link(self.link)
-            return
+        if self.link is None:
+            self.sock = self._connect()
+        recv = self._recv_loop() if self.link is None else self._recv_link(self.link)
+        tasks: list[asyncio.Task] = []
+        try:
+            await self._send(self.hello())
+            self._started.set()
+            tasks = [
+                asyncio.create_task(recv, name=f"hermeslet-{self.node}-recv"),
+                asyncio.create_task(self._heartbeat_loop(), name=f"hermeslet-{self.node}-hb"),
+            ]
+            stop = asyncio.create_task(self._stop.wait())
+            done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            for t in done:
+                if t is not stop and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+        finally:
+            if not tasks:
+                recv.close()  # never scheduled
+            await self._shutdown(tasks)
+            if self.link is not None:
+                self.link.close()
+            if self.sock is not None:
+                self.sock.close(linger=0)
+                self.sock = None
+            if self._own_ctx:
+                self.ctx.term()
+
+    def _connect(self) -> zmq.asyncio.Socket:
+        """The DEALER socket to the scheduler (identity = node name; CURVE when configured)."""
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, self.node.encode())
         sock.setsockopt(zmq.LINGER, 0)
@@ -170,47 +199,7 @@ class HermesLet:
 
             secure_client(sock, *self.curve_keys)
         sock.connect(self.address)
-        self.sock = sock
-        tasks: list[asyncio.Task] = []
-        try:
-            await self._send(self.hello())
-            self._started.set()
-            tasks = [
-                asyncio.create_task(self._recv_loop(), name=f"hermeslet-{self.node}-recv"),
-                asyncio.create_task(self._heartbeat_loop(), name=f"hermeslet-{self.node}-hb"),
-            ]
-            await self._until_stopped(tasks)
-        finally:
-            await self._shutdown(tasks)
-            sock.close(linger=0)
-            self.sock = None
-            if self._own_ctx:
-                self.ctx.term()
-
-    async def _serve_link(self, link: InprocLink) -> None:
-        """:meth:`run` over an in-process link: the same loops, no socket."""
-        tasks: list[asyncio.Task] = []
-        try:
-            await self._send(self.hello())
-            self._started.set()
-            tasks = [
-                asyncio.create_task(self._recv_link(link), name=f"hermeslet-{self.node}-recv"),
-                asyncio.create_task(self._heartbeat_loop(), name=f"hermeslet-{self.node}-hb"),
-            ]
-            await self._until_stopped(tasks)
-        finally:
-            await self._shutdown(tasks)
-            link.close()
-            if self._own_ctx:
-                self.ctx.term()
-
-    async def _until_stopped(self, tasks: list[asyncio.Task]) -> None:
-        stop = asyncio.create_task(self._stop.wait())
-        done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
-        stop.cancel()
-        for t in done:
-            if t is not stop and t.exception() is not None:
-                raise t.exception()  # type: ignore[misc]
+        return sock
 
     async def _shutdown(self, tasks: list[asyncio.Task]) -> None:
         """Cancel the loops and all queued work, close the engines."""

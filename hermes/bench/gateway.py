@@ -38,24 +38,10 @@ import httpx
 import numpy as np
 
 from hermes import evloop
-from hermes.procs import free_port, stop_group
+from hermes.procs import free_port, stop_group, wait_http
 
 MODEL = "sim-bench"
 CLIENTS = ("aiohttp", "httpx")
-
-
-def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise OSError(f"{proc.args[:4]} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise OSError(f"{url} not ready after {timeout:.0f} s")
 
 
 def _cpu_s(pid: int) -> float:
@@ -193,7 +179,7 @@ def bench_gateway(
                file=sys.stderr, disable=not progress)
     try:
         engine_url = f"http://127.0.0.1:{eport}"
-        _wait_http(engine_url + "/health", eng)
+        wait_http(engine_url + "/health", eng)
         for c in levels:
             lat, wall, err, cpu = _phase(engine_url, requests, warmup, c, bar, client,
                                          engine=eng.pid)
@@ -239,7 +225,7 @@ def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: in
                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             url = f"http://127.0.0.1:{gport}"
-            _wait_http(url + "/healthz", gw)
+            wait_http(url + "/healthz", gw)
             for c in levels:
                 lat, wall, err, cpu = _phase(url, requests, warmup, c, bar, client,
                                              gateway=gw.pid, engine=engine_pid)

@@ -34,6 +34,8 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from hermes.procs import free_port, stop_group, wait_http
+
 MAX_MINUTES = 60.0
 MAX_RATE = 200.0
 MAX_OUTSTANDING = 2000
@@ -73,34 +75,15 @@ class SoakResult:
 
 def start_gateway(time_scale: float, state_dir: Path, keep_runs: int) -> tuple[subprocess.Popen, str]:
     """``hermes serve`` on a free loopback port; returns the process and its URL."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "HERMES_LOG_LEVEL": "warning", "HERMES_KEEP_FINISHED_RUNS": str(keep_runs)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "hermes.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
          "--bind", "", "--time-scale", str(time_scale), "--state-dir", str(state_dir),
          "--kb", str(state_dir / "kb")],
-        stdout=(state_dir / "gateway.log").open("ab"), stderr=subprocess.STDOUT, env=env)
+        stdout=(state_dir / "gateway.log").open("ab"), stderr=subprocess.STDOUT, env=env,
+        start_new_session=True)
     return proc, f"http://127.0.0.1:{port}"
-
-
-async def _wait_ready(url: str, timeout: float = 60.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient(timeout=2.0) as http:
-        while time.monotonic() < deadline:
-            try:
-                r = await http.get(url + "/healthz")
-                if r.status_code == 200 and r.json().get("nodes"):
-                    return
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.2)
-    raise RuntimeError(f"gateway at {url} not ready in {timeout:.0f} s")
 
 
 async def run_soak(url: str, pid: int | None, minutes: float, rate: float, *, app: str,
@@ -264,18 +247,13 @@ def cmd_soak(args: Any) -> int:
         proc, url = start_gateway(args.time_scale, Path(tmp.name), args.keep_runs)
         pid = proc.pid
     try:
-        asyncio.run(_wait_ready(url))
+        wait_http(url + "/healthz", proc, ready=lambda r: bool(r.json().get("nodes")))
         res = asyncio.run(run_soak(url, pid, args.minutes, args.rate, app=args.app,
                                    model=args.model, max_tokens=args.max_tokens,
                                    progress=not args.no_progress))
     finally:
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_group(proc, grace_s=20.0)
         if tmp is not None:
             tmp.cleanup()
     rows = summarize(res, args.minutes, args.rate, args.warmup)

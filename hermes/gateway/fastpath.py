@@ -2,7 +2,8 @@
 
 Every OpenAI request through the gateway would otherwise cross FastAPI's generic routing
 (route matching over every router, dependency solving for a handler whose only parameter is
-the request, per-request exit stacks) before :func:`hermes.gateway.openai_api._handle` runs:
+the request, per-request exit stacks) before
+:func:`hermes.gateway.openai_api.handle_completion` runs:
 on ``hermes bench gateway`` that machinery was about a fifth of the gateway's event-loop CPU
 per request. :class:`OpenAIFastPath` sits inside the security middleware (body limits, API
 keys, tenant admission all apply unchanged) and hands ``POST /v1/completions`` and
@@ -20,7 +21,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from hermes.gateway.openai_api import _handle
+from hermes.gateway.openai_api import handle_completion
 
 _ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
@@ -38,7 +39,7 @@ class OpenAIFastPath:
             return
         request = Request(scope, receive)
         try:
-            response = await _handle(request, endpoint)  # type: ignore[arg-type]
+            response = await handle_completion(request, endpoint)  # type: ignore[arg-type]
         except Exception as exc:
             handler = _handler_for(scope["app"], exc)
             if handler is None:

@@ -146,7 +146,11 @@ def _engine_body(body: _Body) -> dict[str, Any]:
     return data
 
 
-async def _handle(request: Request, endpoint: Literal["chat", "completions"]) -> Response:
+async def handle_completion(request: Request,
+                            endpoint: Literal["chat", "completions"]) -> Response:
+    """One completion request, from body to answer: bind it to its run and unit (headers),
+    queue it by the run's rank, wait or stream (the FastAPI routes below and the fast path,
+    :mod:`hermes.gateway.fastpath`, both call this)."""
     sched = _sched(request)
     parsed = await _parse(request, ChatBody if endpoint == "chat" else CompletionBody)
     if isinstance(parsed, JSONResponse):
@@ -289,13 +293,13 @@ async def _sse(sched: LiveScheduler, run: LiveRun, req: PendingRequest, endpoint
 @router.post("/v1/chat/completions", tags=["openai"])
 async def chat_completions(request: Request) -> Response:
     """OpenAI chat completions (``stream: true`` for server-sent events)."""
-    return await _handle(request, "chat")
+    return await handle_completion(request, "chat")
 
 
 @router.post("/v1/completions", tags=["openai"])
 async def completions(request: Request) -> Response:
     """OpenAI text completions (``stream: true`` for server-sent events)."""
-    return await _handle(request, "completions")
+    return await handle_completion(request, "completions")
 
 
 @router.get("/v1/models", tags=["openai"])

@@ -967,14 +967,13 @@ class LiveScheduler:
         """Re-key the queued requests whose keys ``run``'s new state can change: its own, or
         its tenant's when keys read per-tenant state (VTC: O(the tenant's queue), not
         O(every queued request), per completion), or all (``policy.key_scope``)."""
-        scope = getattr(self.policy, "key_scope", "all" if self.policy.dynamic_keys else "run")
+        scope = self.policy.key_scope
         if scope == "all":
             self.rekey_all()
             return
-        reqs = (run.pending if scope == "run"
-                else self._by_tenant.get(run.state.tenant, {}))
+        reqs = run.pending if scope == "run" else self._by_tenant.get(run.state.tenant, {})
         changes: dict[str, dict[str, list[float]]] = {}
-        for req in list(reqs.values()):
+        for req in reqs.values():  # re-keying changes keys, not membership
             self._recompute(req, now, changes)
         self._send_rekeys(changes)
 

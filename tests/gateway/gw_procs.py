@@ -6,10 +6,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
+from hermes.procs import wait_http
 
 
 def start_gateway(port: int, zmq_port: int, state_dir: Path, log: Path, **env: str) -> subprocess.Popen:
@@ -32,18 +31,9 @@ def start_node(zmq_port: int, name: str, log: Path, *extra: str) -> subprocess.P
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, nodes: int = 1, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode}")
-        try:
-            r = httpx.get(url + "/healthz", timeout=1.0)
-            if r.status_code == 200 and len(r.json()["nodes"]) >= nodes:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} not healthy with {nodes} nodes in {timeout} s")
+    """The gateway at ``url`` answers ``/healthz`` with at least ``nodes`` HermesLets."""
+    wait_http(url + "/healthz", proc, timeout=timeout,
+              ready=lambda r: len(r.json()["nodes"]) >= nodes)
 
 
 def kill(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:

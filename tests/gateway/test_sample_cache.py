@@ -9,15 +9,21 @@ from hermes.core.estimator import EstimatorPool
 from hermes.core.state import RunProgress, UnitObservation
 from hermes.gateway.sample_cache import CachingEstimatorPool
 
+APP, UNIT = "factool_code", "generate_queries"  # an app and its first unit
+
+
+def memo_pool(n_walks: int) -> tuple[dict, EstimatorPool, CachingEstimatorPool]:
+    """The shipped PDGraphs, their estimator pool and the memoizing pool around it."""
+    graphs = load_graphs()
+    raw = EstimatorPool(graphs, get_cost_model("llama2-7b-a100"), n_walks=n_walks)
+    return graphs, raw, CachingEstimatorPool(raw)
+
 
 def test_identical_states_share_samples_and_others_do_not() -> None:
-    graphs = load_graphs()
-    app = "factool_code"
-    raw = EstimatorPool(graphs, get_cost_model("llama2-7b-a100"), n_walks=200)
-    pool = CachingEstimatorPool(raw)
+    graphs, raw, pool = memo_pool(200)
+    app, unit = APP, UNIT
     est = pool.get(app)
     assert est is not None and pool.get("no-such-app") is None
-    unit = "generate_queries"  # factool_code's first unit
     fresh = est.sample(RunProgress())
     assert est.sample(RunProgress()) is fresh  # two new runs of the app: one draw
     started = est.sample(RunProgress(current=unit))
@@ -46,12 +52,9 @@ def test_derived_samples_and_ranks_are_memoized_and_equal_fresh_ones() -> None:
     from hermes.core.state import RunState
     from hermes.gateway.sample_cache import SharedSamples
 
-    graphs = load_graphs()
-    app = "factool_code"
-    raw = EstimatorPool(graphs, get_cost_model("llama2-7b-a100"), n_walks=300)
-    pool = CachingEstimatorPool(raw)
+    _, _, pool = memo_pool(300)
+    app, unit = APP, UNIT
     est = pool.get(app)
-    unit = "generate_queries"
     fresh = est.sample(RunProgress())
     assert isinstance(fresh, SharedSamples)
     plain = DemandSamples(**{f: getattr(fresh, f) for f in DemandSamples.__slots__})

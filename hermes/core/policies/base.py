@@ -39,8 +39,18 @@ class SchedulingPolicy(ABC):
     dynamic_keys: ClassVar[bool] = False
     #: whose queued requests' keys an event of one run can change: ``"run"`` (its own: keys
     #: read only the run's rank), ``"tenant"`` (every run of its tenant: keys read per-tenant
-    #: state, e.g. VTC's counters) or ``"all"``; a live driver re-keys just those
+    #: state, e.g. VTC's counters) or ``"all"``; a live driver re-keys just those. A policy
+    #: with ``dynamic_keys`` must say which (checked when the class is defined)
     key_scope: ClassVar[str] = "run"
+
+    def __init_subclass__(cls, **kw: object) -> None:
+        super().__init_subclass__(**kw)
+        if cls.key_scope not in ("run", "tenant", "all"):
+            raise TypeError(f"{cls.__name__}.key_scope must be run, tenant or all, "
+                            f"not {cls.key_scope!r}")
+        if cls.dynamic_keys and cls.key_scope == "run":
+            raise TypeError(f"{cls.__name__} has dynamic_keys: its keys read state other runs "
+                            "change, so key_scope must be 'tenant' or 'all', not 'run'")
     #: whether the driver builds the EstimatorPool with online refinement (estimator policies)
     refine: ClassVar[bool] = True
 

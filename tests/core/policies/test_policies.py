@@ -293,3 +293,14 @@ def test_llmsched_is_deterministic_by_seed() -> None:
     assert ranks(5) != ranks(6)
     explored = sum(x < 0 for x in ranks(5))
     assert 2 <= explored <= 25  # ~ε of the refreshes explore
+
+
+def test_key_scope_is_declared_for_keys_that_read_other_runs_state() -> None:
+    from hermes.core.policies.base import SchedulingPolicy
+    from hermes.core.policies.vtc import VirtualTokenCounterPolicy
+
+    assert VirtualTokenCounterPolicy.key_scope == "tenant"
+    with pytest.raises(TypeError, match="dynamic_keys.*key_scope must be 'tenant' or 'all'"):
+        type("Shared", (SchedulingPolicy,), {"dynamic_keys": True, "rank": lambda s, r, n: 0.0})
+    with pytest.raises(TypeError, match="key_scope must be run, tenant or all"):
+        type("Odd", (SchedulingPolicy,), {"key_scope": "app", "rank": lambda s, r, n: 0.0})
