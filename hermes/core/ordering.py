@@ -142,6 +142,14 @@ class KeyedQueue(Generic[T]):
         self._heap = [t for t in self._heap if self._valid(t)]
         heapq.heapify(self._heap)
 
+    def head(self, n: int) -> list[T]:
+        """The ``n`` lowest-key items in queue order (lowest first; FIFO on equal keys),
+        without removing them: the requests a driver will release next."""
+        if n <= 0:
+            return []
+        return [e.item for e in heapq.nsmallest(n, self._entries.values(),
+                                                 key=lambda e: (e.key, e.tie))]
+
     def key_of(self, item_id: Hashable) -> Key | None:
         e = self._entries.get(item_id)
         return e.key if e is not None else None

@@ -44,7 +44,9 @@ Baselines, selectable like policies (:func:`make_prewarm`): ``lru`` (no prewarm;
 cached reactively and evicted least recently used), ``epwq`` (prefetch only for requests
 already in a waiting queue: when a request is queued its resources start warming instead of at
 admission), ``none`` (no prewarm and no prefix caching), ``hermes`` (the planner, plus the
-``epwq`` prefetch for what it did not foresee).
+``epwq`` prefetch for what it did not foresee; for LoRA adapters a queue lookahead instead,
+:func:`head_adapters`: the adapters of the next requests in admission order are kept loaded,
+so that a fetch lands shortly before its request is admitted rather than when it is queued).
 
 Waste accounting (:class:`PrewarmStats`): a prewarm that was started and not used wastes the
 backend from its start to its release; a used one wastes the time it sat warm and idle before
@@ -55,7 +57,7 @@ from __future__ import annotations
 
 import itertools
 from abc import ABC
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar, Literal, Protocol
 
@@ -135,6 +137,43 @@ def start_offset(tc: np.ndarray, p_s: float, k: float, t_p: float,
     return max(0.0, x - t_p)
 
 
+def head_adapters(
+    queued: Iterable[str | None], running: Collection[str], slots: int
+) -> list[str]:
+    """The LoRA adapters to have loaded for the head of a queue (Hermes' queue lookahead).
+
+    A queued request needs its adapter at its *admission*, and the order of admissions is the
+    queue's key order, which the scheduler sets. Under load many more distinct adapters wait
+    than an engine keeps loaded, so fetching each one when its request is queued (``epwq``)
+    evicts the adapters of earlier requests before they are admitted. Instead, keep loaded
+    the adapters of the next requests in admission order, as many distinct ones as the host
+    cache holds beside those of running requests: ``queued`` are the queued requests'
+    adapters in admission order (``None``: no adapter), ``running`` the adapters of running
+    requests, ``slots`` the adapters the engine keeps loaded (vLLM's ``max_cpu_loras``).
+    Returns at most ``slots - len(running)`` distinct adapters, none of them running, in
+    admission order (the first is needed first)."""
+    room = slots - len(running)
+    out: list[str] = []
+    if room <= 0:
+        return out
+    for a in queued:
+        if a and a not in running and a not in out:
+            out.append(a)
+            if len(out) >= room:
+                break
+    return out
+
+
+def lookahead_full(adapter: str, head: Sequence[str], running: Collection[str],
+                   slots: int) -> bool:
+    """Whether a planned (next-unit) load of ``adapter`` should wait for the queue
+    lookahead: the head of the queue (``head``, from :func:`head_adapters`) already fills the
+    slots beside the running adapters, so the next unit's request will queue behind those
+    requests, and loading its adapter now would evict one that is needed sooner. The lookahead
+    loads it when its request nears the head."""
+    return adapter not in head and len(head) >= slots - len(running)
+
+
 class WarmupLearner:
     """Warm-up time per resource: EWMA of observations, seeded per kind."""
 
@@ -209,6 +248,7 @@ class PrewarmStats:
     late: int = 0  # planned, branch taken before the planned start (not started)
     cancelled: int = 0  # started, branch not taken: released (wasted)
     dropped: int = 0  # planned, branch not taken before the start: nothing spent
+    deferred: int = 0  # due, but the driver left it to the queue lookahead: nothing spent
     released_idle: int = 0  # started, neither used nor cancelled within the idle timeout
     wasted_backend_s: float = 0.0
     idle_backend_s: float = 0.0  # part of wasted_backend_s: used prewarms warm before needed
@@ -242,6 +282,9 @@ class PrewarmStrategy(ABC):
     prefetch_queued: ClassVar[bool] = False
     #: whether the planner prewarms predicted next units
     plans: ClassVar[bool] = False
+    #: whether queued requests' LoRA adapters are loaded in admission order, for the head of
+    #: the queue (:func:`head_adapters`), instead of on enqueue
+    lookahead: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -313,7 +356,7 @@ class PrewarmStrategy(ABC):
             return []
         out = []
         for res in self.resources(run, run.app, unit, backend):
-            if warm.is_warm(res, now):
+            if warm.is_warm(res, now) or (self.lookahead and resource_kind(res) == "lora"):
                 continue
             self._bump(res, "prefetched", 1)  # serves a request already waiting: never wasted
             out.append(PrewarmAction("start", res, run.run_id, unit, 0, prefetch=True))
@@ -349,12 +392,24 @@ class PrewarmStrategy(ABC):
         times += [(pw.ready_at or 0.0) + self.idle_timeout_s for pw in self._live.values()]
         return min(times) if times else None
 
+    def defer(self, pid: int, now: float) -> None:
+        """The driver did not carry out the start of prewarm ``pid`` (an adapter left to the
+        queue lookahead, :func:`lookahead_full`): it ends unstarted, costs nothing, and its
+        unit is served by the lookahead."""
+        pw = self._live.get(pid)
+        if pw is None:
+            return
+        self._bump(pw.resource, "started", -1)
+        self._bump(pw.resource, "deferred", 1)
+        pw.started_at = None
+        self._end(pw, "cancelled", now)
+
     def observe_warmup(self, resource: str, seconds: float) -> None:
         self.learner.observe(resource, seconds)
 
     def stats(self) -> dict[str, float]:
-        """Flat counters: planned, started, used, late, cancelled, dropped, released_idle,
-        wasted, wasted_backend_s, idle_backend_s."""
+        """Flat counters: planned, started, used, late, cancelled, dropped, deferred,
+        released_idle, wasted, wasted_backend_s, idle_backend_s."""
         return self.counters.as_dict()
 
     def stats_by_type(self) -> dict[str, dict[str, float]]:
@@ -474,11 +529,13 @@ def _check_k(v: float, where: str) -> None:
 
 
 class HermesPrewarm(PrewarmStrategy):
-    """The PDGraph planner with the K knob (module docstring), plus prefetch on enqueue."""
+    """The PDGraph planner with the K knob (module docstring), plus prefetch on enqueue
+    (LoRA adapters: for the head of the queue, :func:`head_adapters`)."""
 
     name = "hermes"
     plans = True
     prefetch_queued = True
+    lookahead = True
 
 
 class LRUPrewarm(PrewarmStrategy):

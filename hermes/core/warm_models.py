@@ -379,7 +379,10 @@ class LoraSlots:
             if ready <= now:
                 st.hits += 1
                 return 0.0
-            st.warming_hits += 1
+            if self.cpu.get(adapter, float("inf")) <= now:
+                st.cpu_hits += 1  # in host memory: it waits for the copy under way, no disk read
+            else:
+                st.warming_hits += 1
             stall = self._iter.wait(now, ready)
             st.stall_s += stall
             return stall

@@ -12,6 +12,11 @@ cache size, is the engine's KV capacity, for every strategy.
   cached, and its hold on the prefix starts when it is admitted; for a queued request
   (epwq, hermes): swap the prefix in from host memory if it is there;
 - ``start lora:...``: load the adapter into a GPU slot in the background;
+- LoRA lookahead (``strategy.lookahead``, hermes): on every enqueue and admission, the
+  adapters of the engine's next requests in admission order are loaded
+  (:func:`~hermes.core.prewarm.head_adapters`), in place of the epwq fetch on enqueue; a
+  planned adapter prewarm is deferred to it (not started) when the head already fills the
+  host slots (:func:`~hermes.core.prewarm.lookahead_full`);
 - ``start docker:...`` / ``dnn:...``: start a tool instance (its cold start);
 - ``release``: unpin the prefix, or shut down an unused prewarmed tool instance. The release of
   a *used* prefix or adapter (its unit started) is handed over to the unit's request: the hold
@@ -35,7 +40,7 @@ from typing import TYPE_CHECKING
 from hermes.core.backend import BackendSpec
 from hermes.core.costmodel import CostModel
 from hermes.core.engine_model import EngineModel, EngineRequest, pick_engine
-from hermes.core.prewarm import PrewarmAction, PrewarmStrategy
+from hermes.core.prewarm import PrewarmAction, PrewarmStrategy, head_adapters, lookahead_full
 from hermes.core.state import RunState
 from hermes.core.tools_model import ToolPool
 from hermes.core.warm_models import (
@@ -53,6 +58,8 @@ if TYPE_CHECKING:
 AdapterFn = Callable[[RunState, str, str], "str | None"]
 
 PREWARM_RUN = "prewarm"  # run id of the prefill-only requests a prewarm submits
+#: queued requests scanned per adapter the lookahead may load (:meth:`SimWarmState._lookahead`)
+LOOKAHEAD_SCAN = 4
 
 
 class SimWarmState:
@@ -196,6 +203,10 @@ class SimWarmState:
 
     def on_enqueue(self, run: RunState, step: Step, now: float) -> None:
         self._apply(self.strategy.on_enqueue(run, step.unit, step.backend, now, self), now)
+        if self.strategy.lookahead:
+            for ei, slots in enumerate(self.loras):
+                if slots is not None:
+                    self._lookahead(ei, slots, now)
 
     def on_run_finish(self, run: RunState, now: float) -> None:
         self._apply(self.strategy.on_run_finish(run, now), now)
@@ -216,6 +227,8 @@ class SimWarmState:
         slots = self.loras[ei]
         if slots is not None and req.lora:
             stall += slots.admit(req.lora, now)
+        if slots is not None and self.strategy.lookahead:
+            self._lookahead(ei, slots, now)
         if req.run_id == PREWARM_RUN:
             # engine work a prewarm adds: the prompt tokens its request computes
             self.prewarm_prefill_tokens += req.input_tokens - req.computed
@@ -230,6 +243,24 @@ class SimWarmState:
                 if held:
                     self._unhold(kind, name or "", held)
         return stall
+
+    def _lookahead(self, ei: int, slots: LoraSlots, now: float) -> None:
+        """Load the adapters of the engine's next requests in admission order
+        (:func:`~hermes.core.prewarm.head_adapters`) that are not loaded yet: into a free GPU
+        slot, else into host memory."""
+        for a in self._head(ei, slots):
+            if a not in slots.cpu and a not in slots.gpu:
+                slots.prefetch(a, now)
+
+    def _head(self, ei: int, slots: LoraSlots) -> list[str]:
+        eng = self._engines()[ei]
+        room = slots.max_cpu_loras - len(eng.running_loras)
+        if room <= 0 or not eng.waiting_loras:
+            return []
+        # the first few requests hold the next ``room`` distinct adapters, unless a run sends
+        # many requests of one adapter: then fewer are fetched ahead
+        head = eng.waiting.head(LOOKAHEAD_SCAN * room)
+        return head_adapters((r.lora for r in head), eng.running_loras, slots.max_cpu_loras)
 
     # ------------------------------------------------------------------ actions
     def _engine_index(self, req: EngineRequest) -> int:
@@ -275,6 +306,11 @@ class SimWarmState:
         if kind == "lora":
             slots = self.loras[ei]
             if slots is not None:
+                if not prefetch and self.strategy.lookahead and lookahead_full(
+                        name, self._head(ei, slots), engines[ei].running_loras,
+                        slots.max_cpu_loras):
+                    self.strategy.defer(pid, now)  # its request will queue behind the head
+                    return
                 if not prefetch:
                     slots.pin(name)
                     self._held[pid] = ei

@@ -158,3 +158,19 @@ def test_requests_of_one_adapter_admitted_together_wait_for_one_load():
     assert res.duration_s == pytest.approx(COST.iteration_s(400, 0, 0) + 0.5)
     assert slots.stats.stall_s == pytest.approx(0.5)
     assert (slots.stats.misses, slots.stats.warming_hits) == (2, 2)
+
+
+def test_a_request_sharing_a_copy_from_host_memory_is_a_host_hit_one_sharing_a_disk_read_is_not():
+    """A LoRA hit is an adapter in host memory or a GPU slot at admission (nothing read from
+    disk): requests admitted with one that is being copied from host memory count as host
+    hits; requests admitted with one being read from disk do not."""
+    eng = EngineModel(COST, max_loras=2)
+    slots = LoraSlots(2, 4, disk_load_s=0.25, cpu_load_s=0.02)
+    eng.admission_hook = SlotHook(eng, slots)
+    slots._to_cpu("A", -1.0)  # A is in host memory, B nowhere
+    for rid, lora in [("a0", "A"), ("a1", "A"), ("b0", "B"), ("b1", "B")]:
+        eng.add(lreq(rid, lora, p=100, o=3), 0.0)
+    res = eng.step(0.0)
+    assert res.duration_s == pytest.approx(COST.iteration_s(400, 0, 0) + 0.02 + 0.25)
+    st = slots.stats
+    assert (st.cpu_hits, st.misses, st.warming_hits) == (2, 1, 1)

@@ -66,3 +66,14 @@ def test_matches_sorted_reference_under_random_operations(ops):
             assert q.pop() == expect
             del ref[expect]
     assert list(q.ordered()) == sorted(ref, key=lambda i: ref[i])
+
+
+def test_head_lists_the_next_items_in_release_order_without_removing_them():
+    q: KeyedQueue[str] = KeyedQueue()
+    for i, k in enumerate([3.0, 1.0, 2.0, 1.0, 5.0]):
+        q.push(f"r{i}", f"r{i}", (k,))
+    q.rekey("r4", (0.5,))
+    q.remove("r2")
+    assert q.head(3) == ["r4", "r1", "r3"]  # equal keys stay FIFO
+    assert q.head(0) == [] and q.head(10) == ["r4", "r1", "r3", "r0"]
+    assert len(q) == 4 and [q.pop() for _ in range(4)] == ["r4", "r1", "r3", "r0"]

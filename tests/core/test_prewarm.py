@@ -278,3 +278,30 @@ def test_warm_prefix_is_held_while_its_unit_is_coming():
     c.release("b")
     c.on_prefilled("y", 600, 2.0)
     assert c.where("b") == "none"
+
+
+def test_head_adapters_takes_the_next_distinct_adapters_in_admission_order():
+    from hermes.core.prewarm import head_adapters, lookahead_full
+
+    queued = ["A", None, "B", "A", "R", "C", "D", "E"]
+    # 5 slots, R runs: room for 4, R is loaded already and no slot is spent on it
+    assert head_adapters(queued, {"R"}, 5) == ["A", "B", "C", "D"]
+    assert head_adapters(queued, {"R", "S", "T", "U", "V"}, 5) == []
+    assert head_adapters(iter(["A", "A"]), set(), 4) == ["A"]
+    # the head fills the room: a next unit's adapter waits for the lookahead, unless it is
+    # needed at the head anyway
+    head = head_adapters(queued, {"R"}, 5)
+    assert lookahead_full("X", head, {"R"}, 5) and not lookahead_full("C", head, {"R"}, 5)
+    assert not lookahead_full("X", ["A"], {"R"}, 5)
+
+
+def test_a_deferred_prewarm_is_not_started_and_costs_nothing():
+    p = planner(k=0.5)
+    p.on_unit_start(run(), "gen", "llm:m", 0.0, WarmSet())
+    (start,) = p.due(100.0)
+    p.defer(start.pid, 100.0)  # the driver left it to the queue lookahead
+    assert p.outstanding("r1") == [] and p.next_due() is None
+    assert p.on_unit_start(run(), "exec", "docker:img", 103.0, WarmSet()) == []  # no release
+    st = p.stats()
+    assert (st["started"], st["deferred"], st["used"], st["wasted"]) == (0, 1, 0, 0)
+    assert st["wasted_backend_s"] == 0.0
