@@ -213,9 +213,10 @@ def add_prewarm_parsers(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--window", type=float, default=15.0, help="submission window, minutes")
     s.add_argument("--cache-gb", dest="cache_gb", type=float, default=8.0)
     s.add_argument("--plot", default=None, help="write the figure to FILE.png")
-    s.add_argument("--timing", default="ready",
-                   help="planner start-time rules to sweep, comma-separated: ready (p_s P(t_c > "
-                        "t_s + t_p) = K, as specified) and/or late (p_s P(t_c <= t_s + t_p) = K)")
+    s.add_argument("--timing", default="late",
+                   help="planner start-time rules to sweep, comma-separated: late (p_s P(t_c <= "
+                        "t_s + t_p) = K, the default) and/or ready (p_s P(t_c > t_s + t_p) = K, "
+                        "as first specified)")
     s.add_argument("--seeds", default=None,
                    help="arrival seeds, comma-separated (figures add up over them; default "
                         "--seed)")

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hermes.bench.sched import build_arrivals, load_graphs, make_sim_policy, map_jobs
+from hermes.core.prewarm import DEFAULT_TIMING
 from hermes.sim.simulator import Arrival, Simulator, setup_engines
 
 STRATEGIES = ("hermes", "epwq", "lru")
@@ -47,7 +48,7 @@ class WarmJob:
     setup: str = "llama2-7b-a100"
     policy: str = "vllm"
     k: float = 0.5
-    timing: str = "ready"  # how the planner's start time follows from K (start_offset)
+    timing: str = DEFAULT_TIMING  # how the planner's start time follows from K (start_offset)
     cache_gb: float | None = None
     cpu_cache_gb: float = 0.0
     max_loras: int | None = None
@@ -250,7 +251,7 @@ def bench_knob(
     workers: int | None = None,
     progress: bool = True,
     pdgraph_dir: str | None = None,
-    timings: Sequence[str] = ("ready",),
+    timings: Sequence[str] = (DEFAULT_TIMING,),
     seeds: Sequence[int] | None = None,
 ) -> list[dict]:
     """Fig. 14: per K, mean ACT reduction against ``lru`` and wasted backend-seconds.
@@ -322,8 +323,8 @@ def plot_knob(rows: Sequence[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 4))
-    for timing in dict.fromkeys(r.get("timing", "ready") for r in rows):
-        sel = [r for r in rows if r.get("timing", "ready") == timing]
+    for timing in dict.fromkeys(r.get("timing", DEFAULT_TIMING) for r in rows):
+        sel = [r for r in rows if r.get("timing", DEFAULT_TIMING) == timing]
         x = [r["wasted_backend_s"] for r in sel]
         y = [100 * r["latency_reduction"] for r in sel]
         ax.plot(x, y, "o-", label=f"timing {timing}")

@@ -30,10 +30,10 @@ at ``t_s`` (seconds from now) where
 ``p_s * P(t_c > t_s + t_p) = K``, i.e. ``t_s = Q_{t_c}(1 - K/p_s) - t_p`` clipped at 0
 (:func:`start_offset`). A higher K demands a higher chance that the warm-up is over before the
 backend is needed, so it prewarms fewer branches and starts them earlier; a lower K prewarms
-unlikely branches too and starts late. ``timing="late"`` instead solves
+unlikely branches too and starts late. ``timing="late"`` (the default) instead solves
 ``p_s * P(t_c <= t_s + t_p) = K`` (the chance of a late warm-up on the branch taken is K), so
 that a lower K both admits more branches and starts earlier: a monotone knob, at the price of
-departing from the rule above (README, *Prewarming results*). When the run's next unit starts, prewarms of the branch
+departing from the rule above (README, *Prewarming results*; ``timing="ready"`` keeps it). When the run's next unit starts, prewarms of the branch
 taken are *used* and the others are *cancelled* (released if already started). A started
 prewarm that is neither used nor cancelled is *released* after ``idle_timeout_s``.
 
@@ -108,17 +108,21 @@ class WarmView(Protocol):
 
 #: how the start time follows from K (:func:`start_offset`)
 TIMINGS = ("ready", "late")
+#: the default: ``late``, whose K sweep is monotone (lower K: lower latency, more waste), as the
+#: knob is documented to behave; ``ready`` is the start rule as first specified, whose two
+#: halves pull against each other (README, *Prewarming results*)
+DEFAULT_TIMING = "late"
 
 
 def start_offset(tc: np.ndarray, p_s: float, k: float, t_p: float,
-                 timing: str = "ready") -> float | None:
+                 timing: str = DEFAULT_TIMING) -> float | None:
     """Seconds from now at which to start warming, or ``None`` when ``p_s < k``.
 
-    ``timing="ready"`` (the rule as specified): solves ``p_s * P(t_c > t_s + t_p) = k`` on the
+    ``timing="ready"`` (the rule as first specified): solves ``p_s * P(t_c > t_s + t_p) = k`` on the
     empirical distribution of ``tc``: the warm-up must be over before the current unit
     completes with probability ``k / p_s``, so a lower K starts later.
 
-    ``timing="late"``: solves ``p_s * P(t_c <= t_s + t_p) = k``: the chance that the branch is
+    ``timing="late"`` (the default, :data:`DEFAULT_TIMING`): solves ``p_s * P(t_c <= t_s + t_p) = k``: the chance that the branch is
     taken and finds its backend still warming is ``k``, so a lower K starts earlier. With the
     ``p_s >= k`` gate (both timings) a lower K is then more eager on both counts, which is what
     makes the K sweep monotone (lower K: lower latency, more waste); under ``"ready"`` the gate
@@ -298,7 +302,7 @@ class PrewarmStrategy(ABC):
         graphs: GraphLookup | None = None,
         estimators: EstimatorLookup | None = None,
         n_walks: int = 200,
-        timing: str = "ready",
+        timing: str = DEFAULT_TIMING,
     ) -> None:
         if timing not in TIMINGS:
             raise ValueError(f"prewarm timing must be one of {', '.join(TIMINGS)}, not {timing!r}")

@@ -41,9 +41,10 @@ class SchedulerConfig(_Section):
     k: float = Field(default=0.5, ge=0.0, le=1.0)
     #: prewarm strategy: hermes (planner with K) | epwq | lru | none
     prewarm: str = "hermes"
-    #: how the planner's start time follows from K: ready (p_s P(t_c > t_s + t_p) = K, as
-    #: specified) | late (p_s P(t_c <= t_s + t_p) = K: lower K starts earlier)
-    prewarm_timing: Literal["ready", "late"] = "ready"
+    #: how the planner's start time follows from K: late (p_s P(t_c <= t_s + t_p) = K: a lower
+    #: K also starts earlier, a monotone knob) | ready (p_s P(t_c > t_s + t_p) = K, as first
+    #: specified)
+    prewarm_timing: Literal["ready", "late"] = "late"
     seed: int = 0
     #: ZeroMQ ROUTER address that external HermesLets connect to; "" binds none
     bind: str = "tcp://127.0.0.1:5557"

@@ -21,6 +21,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from hermes.core.prewarm import (
+    DEFAULT_TIMING,
     PrewarmAction,
     PrewarmStrategy,
     default_resources,
@@ -60,7 +61,7 @@ class GatewayPrewarmer:
 
         strategy = make_prewarm(name, k=sc.k, graphs=sched.app_graph, estimators=estimators,
                                 n_walks=min(200, sc.n_walks),
-                                timing=getattr(sc, "prewarm_timing", "ready"))
+                                timing=getattr(sc, "prewarm_timing", DEFAULT_TIMING))
         knobs = getattr(sched, "knobs", None)
         if knobs is not None:  # live K settings (admin API, `hermes knob set`) apply at once
             strategy.k_by_app = knobs.setdefault("app", {})

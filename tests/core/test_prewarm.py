@@ -66,16 +66,17 @@ def run(k: float | None = None, tenant: str = "toy") -> RunState:
 
 
 def test_start_offset_solves_the_k_equation():
+    """The rule as first specified (timing 'ready'; the default is 'late')."""
     t_p = 1.0
     for p_s, k in [(1.0, 0.5), (0.8, 0.5), (0.9, 0.3), (1.0, 0.9)]:
-        ts = start_offset(TC, p_s, k, t_p)
+        ts = start_offset(TC, p_s, k, t_p, timing="ready")
         assert ts is not None
         eff = p_s * float(np.mean(TC > ts + t_p))
         assert eff == pytest.approx(k, abs=0.01)
-    assert start_offset(TC, 0.2, 0.5, t_p) is None  # p_s < K: no prewarm
-    assert start_offset(TC, 1.0, 0.99, 20.0) == 0.0  # cannot be in time: start at once
+    assert start_offset(TC, 0.2, 0.5, t_p, timing="ready") is None  # p_s < K: no prewarm
+    assert start_offset(TC, 1.0, 0.99, 20.0, timing="ready") == 0.0  # cannot be in time: start at once
     # higher K: start earlier (to be ready with a higher probability)
-    offs = [start_offset(TC, 1.0, k, t_p) for k in (0.1, 0.3, 0.5, 0.7, 0.9)]
+    offs = [start_offset(TC, 1.0, k, t_p, timing="ready") for k in (0.1, 0.3, 0.5, 0.7, 0.9)]
     assert all(a > b for a, b in zip(offs, offs[1:], strict=False))
 
 
@@ -119,8 +120,13 @@ def test_plan_start_use_and_no_prewarm_below_k():
     assert acts == []  # planned for later
     (pw,) = p.outstanding("r1")  # only exec (p 0.8); classify (p 0.2) is below K
     assert pw.unit == "exec" and pw.resource == "docker:img"
-    # P(tc > ts + 1) = 0.5 / 0.8 -> ts = Q(0.375) - 1 = 2.75 s after the unit started
-    assert pw.start_at == pytest.approx(10.0 + 2.75, abs=0.02)
+    # default timing 'late': P(tc <= ts + 1) = 0.5 / 0.8 -> ts = Q(0.625) - 1 = 5.25 s after
+    # the unit started ('ready': P(tc > ts + 1) = 0.5 / 0.8 -> Q(0.375) - 1 = 2.75 s)
+    assert p.timing == "late"
+    assert pw.start_at == pytest.approx(10.0 + 5.25, abs=0.02)
+    q = planner(k=0.5, timing="ready")
+    q.on_unit_start(run(), "gen", "llm:m", 10.0, warm)
+    assert q.outstanding("r1")[0].start_at == pytest.approx(10.0 + 2.75, abs=0.02)
     assert p.next_due() == pytest.approx(pw.start_at)
     assert p.due(11.0) == []
     (start,) = p.due(pw.start_at)
@@ -160,8 +166,8 @@ def test_pending_prewarm_of_a_branch_not_taken_costs_nothing():
 def test_unclaimed_prewarm_released_after_idle_timeout():
     p = planner(k=0.5, idle_timeout_s=5.0)
     p.on_unit_start(run(), "gen", "llm:m", 0.0, WarmSet())
-    (s,) = p.due(3.0)
-    ready = 3.0 + p.learner.estimate("docker:img")
+    (s,) = p.due(6.0)  # planned at 5.25 s
+    ready = 6.0 + p.learner.estimate("docker:img")
     assert p.due(ready + 4.0) == []
     (rel,) = p.due(ready + 5.0)
     assert rel.action == "release"

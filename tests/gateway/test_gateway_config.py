@@ -89,7 +89,7 @@ def test_a_taken_node_address_is_a_clear_error(tmp_path) -> None:  # noqa: ANN00
 def test_prewarm_timing_reaches_the_live_planner(tmp_path: Path) -> None:
     from hermes.gateway.scheduler import LiveScheduler
 
-    for env, want in (({}, "ready"), ({"HERMES_PREWARM_TIMING": "late"}, "late")):
+    for env, want in (({}, "late"), ({"HERMES_PREWARM_TIMING": "ready"}, "ready")):
         cfg = load_config(None, environ=env, bind="", kb=str(tmp_path / "kb"),
                           state_dir=str(tmp_path / "state"))
         assert LiveScheduler(cfg).prewarm.strategy.timing == want
