@@ -9,7 +9,8 @@
   :class:`PooledDockerSandbox` is the tool runner's Docker sandbox backed by the pool: a call
   that finds a warm container skips the create+start (``cold=False``).
 - :class:`LoraPrewarmer`: runtime ``POST /v1/load_lora_adapter`` / ``unload_lora_adapter`` on
-  a vLLM-compatible server, keeping at most ``max_loras`` adapters it loaded (LRU unload).
+  a vLLM-compatible server, keeping at most ``max_loras`` adapters it loaded (LRU unload,
+  never of an adapter in use: see :mod:`hermeslet.lora_lookahead`).
 - :class:`KVPrefixPrewarmer`: a prefill-only request (``max_tokens: 1``) carrying the next
   unit's shared prompt prefix (its system message), so that the engine's prefix cache holds
   it.
