@@ -51,6 +51,7 @@ class _EngineSlot:
     engine: EngineAdapter
     queue: KeyedQueue[_Queued] = field(default_factory=KeyedQueue)
     inflight: dict[str, asyncio.Task] = field(default_factory=dict)
+    models: dict[str, str] = field(default_factory=dict)  # in flight: request id -> model
 
 
 class HermesLet:
@@ -339,9 +340,19 @@ class HermesLet:
             sub = item.msg
             if self.release_log is not None:
                 self.release_log(slot.engine.name, sub.request_id)
+            slot.models[sub.request_id] = sub.model
             slot.inflight[sub.request_id] = asyncio.create_task(
                 self._serve(slot, item, key), name=f"req-{sub.request_id}"
             )
+        self._lora_lookahead(slot)
+
+    def _lora_lookahead(self, slot: _EngineSlot) -> None:
+        """Issue 5: start loading the LoRA adapters of the slot's next queued requests
+        (:mod:`hermeslet.lora_lookahead`; off unless the prewarmer has it)."""
+        la = self.prewarmer.lora_lookahead if self.prewarmer is not None else None
+        if la is not None:
+            la.update(slot.engine.name, slot.engine.model,
+                      lambda n: [q.msg.model for q in slot.queue.head(n)], slot.models.values())
 
     async def _serve(self, slot: _EngineSlot, item: _Queued, key: tuple[float, ...]) -> None:
         sub = item.msg
@@ -385,6 +396,7 @@ class HermesLet:
                                       error=f"{type(e).__name__}: {e}", retryable=True))
         finally:
             slot.inflight.pop(sub.request_id, None)
+            slot.models.pop(sub.request_id, None)
             if not self._stop.is_set():
                 self._pump(slot)
 

@@ -41,6 +41,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="pass vLLM `priority` (default: on for vllm and sim, off for openai)")
     r.add_argument("--enable-lora", action="store_true", help="vllm: --enable-lora")
     r.add_argument("--max-loras", type=int, default=4, help="vllm: --max-loras")
+    r.add_argument("--max-cpu-loras", type=_positive_int, default=None, metavar="N",
+                   help="LoRA adapters kept loaded per engine (vllm: --max-cpu-loras; "
+                        "default --max-loras)")
+    r.add_argument("--lora-lookahead", action="store_true",
+                   help="load the LoRA adapters of each engine's next queued requests ahead of "
+                        "their release (implies --prewarm --enable-lora; needs --lora-path)")
+    r.add_argument("--lora-path", action="append", type=_lora_path, default=None,
+                   metavar="NAME=PATH",
+                   help="where LoRA adapter NAME lies on the engine's host (repeatable)")
     r.add_argument("--vllm-python", help="python with vllm (default $HERMES_VLLM_PYTHON)")
     r.add_argument("--docker", nargs="?", const="", default=None, metavar="BASE_URL",
                    help="run docker:IMAGE tools in Docker (optional daemon URL)")
@@ -72,11 +81,32 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _lora_path(text: str) -> tuple[str, str]:
+    """``NAME=PATH`` of ``--lora-path`` (argparse names the flag in its error)."""
+    name, sep, path = text.partition("=")
+    if not sep or not name.strip() or not path.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH with a non-empty name and path, "
+                                         f"got {text!r}")
+    return name.strip(), path.strip()
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
 def build_agent(args: argparse.Namespace):  # noqa: ANN201
     from hermeslet.agent import HermesLet
     from hermeslet.engines import make_engine
     from hermeslet.tools import DockerSandbox, ToolRunner
 
+    lookahead = getattr(args, "lora_lookahead", False)
+    max_cpu_loras = getattr(args, "max_cpu_loras", None)
     engines = []
     for i, spec in enumerate(args.engine or ["sim"]):
         kind = spec.partition(":")[0]
@@ -91,19 +121,23 @@ def build_agent(args: argparse.Namespace):  # noqa: ANN201
                 cost = cost.with_overrides(max_num_seqs=args.max_num_seqs)
             kw["cost"] = cost
         if kind == "vllm":
-            kw.update(enable_lora=args.enable_lora, max_loras=args.max_loras,
+            kw.update(enable_lora=args.enable_lora or lookahead, max_loras=args.max_loras,
                       python=args.vllm_python)
+            if max_cpu_loras is not None:
+                kw["extra_args"] = ["--max-cpu-loras", str(max_cpu_loras)]
         name = kind if len(args.engine or ["sim"]) == 1 else f"{kind}{i}"
         engines.append(make_engine(spec, name=name, model=args.model,
                                    max_inflight=args.max_inflight,
                                    time_scale=args.time_scale, **kw))
     docker = DockerSandbox(base_url=args.docker or None) if args.docker is not None else None
     prewarmer = None
-    if getattr(args, "prewarm", False):
+    if getattr(args, "prewarm", False) or lookahead:
         from hermeslet.prewarmers import build_node_prewarmer
 
-        pooled, prewarmer = build_node_prewarmer(engines, docker_url=args.docker,
-                                                 lora=args.enable_lora, max_loras=args.max_loras)
+        pooled, prewarmer = build_node_prewarmer(
+            engines, docker_url=args.docker, lora=args.enable_lora or lookahead,
+            max_loras=max_cpu_loras or args.max_loras,
+            lora_paths=dict(getattr(args, "lora_path", None) or []), lookahead=lookahead)
         docker = pooled or docker
     return HermesLet(args.node, args.scheduler, engines,
                      tools=ToolRunner(docker=docker), tool_concurrency=args.tool_concurrency,

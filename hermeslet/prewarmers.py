@@ -9,7 +9,8 @@
   :class:`PooledDockerSandbox` is the tool runner's Docker sandbox backed by the pool: a call
   that finds a warm container skips the create+start (``cold=False``).
 - :class:`LoraPrewarmer`: runtime ``POST /v1/load_lora_adapter`` / ``unload_lora_adapter`` on
-  a vLLM-compatible server, keeping at most ``max_loras`` adapters it loaded (LRU unload).
+  a vLLM-compatible server, keeping at most ``max_loras`` adapters it loaded (LRU unload,
+  never of an adapter in use: see :mod:`hermeslet.lora_lookahead`).
 - :class:`KVPrefixPrewarmer`: a prefill-only request (``max_tokens: 1``) carrying the next
   unit's shared prompt prefix (its system message), so that the engine's prefix cache holds
   it.
@@ -27,7 +28,7 @@ import asyncio
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -230,8 +231,26 @@ class PooledDockerSandbox(BlockingDockerSandbox):
         return self.pool.run_blocking(argv, image, timeout_s)
 
 
+@dataclass(slots=True)
+class LookaheadCounters:
+    """What the LoRA queue lookahead (:mod:`hermeslet.lora_lookahead`) did, apart from the
+    scheduler's prewarms (it is no prewarm: no used/wasted accounting)."""
+
+    loads: int = 0  # adapters loaded ahead of their queued requests
+    failed: int = 0  # loads that raised (logged; the request loads it itself, or fails)
+    no_path: int = 0  # distinct adapters skipped: no path known (``--lora-path``)
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
 class LoraPrewarmer:
-    """Runtime LoRA loading on a vLLM-compatible server (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``)."""
+    """Runtime LoRA loading on a vLLM-compatible server (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``).
+
+    ``max_loras`` is the number of adapters it keeps loaded (vLLM's ``max_cpu_loras``). Loads
+    are serialized (one at a time, so that the LRU bound holds), and an adapter in ``in_use``
+    (set by the queue lookahead: adapters of in-flight requests and of the queue's head) or in
+    a load's ``keep`` is never unloaded to make room."""
 
     def __init__(self, base_url: str, *, max_loras: int = 8, timeout_s: float = 30.0,
                  paths: dict[str, str] | None = None) -> None:
@@ -241,36 +260,63 @@ class LoraPrewarmer:
         self.paths = dict(paths or {})  # adapter name -> path on the engine's host
         self.loaded: OrderedDict[str, float] = OrderedDict()  # name -> load seconds
         self.counters = PrewarmCounters()
+        self.lookahead = LookaheadCounters()
+        self.in_use: set[str] = set()
+        self._lock: asyncio.Lock | None = None  # created in the running loop
 
-    async def load(self, name: str, path: str | None = None) -> float:
-        """Load ``name`` (LRU-unloading one of ours beyond ``max_loras``); returns seconds."""
+    async def load(self, name: str, path: str | None = None, *, keep: Collection[str] = (),
+                   lookahead: bool = False) -> float:
+        """Load ``name`` (LRU-unloading one of ours beyond ``max_loras``, never one in ``keep``
+        or :attr:`in_use`); returns seconds (0.0: already loaded). ``lookahead``: count it as
+        a queue-lookahead load, not as a prewarm."""
         import httpx
 
-        if name in self.loaded:
-            self.loaded.move_to_end(name)
-            return 0.0
-        path = path or self.paths.get(name)
-        if not path:
-            raise ValueError(f"no path known for LoRA adapter {name!r}")
-        async with httpx.AsyncClient(timeout=self.timeout_s) as http:
-            while len(self.loaded) >= self.max_loras:
-                old, _ = self.loaded.popitem(last=False)
-                await http.post(f"{self.base_url}/v1/unload_lora_adapter", json={"lora_name": old})
-            t0 = time.monotonic()
-            r = await http.post(f"{self.base_url}/v1/load_lora_adapter",
-                                json={"lora_name": name, "lora_path": path})
-            dt = time.monotonic() - t0
-        if r.status_code >= 400 and "already" not in r.text:
-            raise RuntimeError(f"load_lora_adapter {name!r}: HTTP {r.status_code}: {r.text[:200]}")
-        self.loaded[name] = dt
-        self.counters.started += 1
-        self.counters.warmup_s_last = dt
-        return dt
+        if path:
+            self.paths.setdefault(name, path)
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if name in self.loaded:
+                self.loaded.move_to_end(name)
+                return 0.0
+            path = path or self.paths.get(name)
+            if not path:
+                raise ValueError(f"no path known for LoRA adapter {name!r}")
+            async with httpx.AsyncClient(timeout=self.timeout_s) as http:
+                while len(self.loaded) >= self.max_loras:
+                    old = self._victim(name, keep)
+                    self.loaded.pop(old)
+                    await http.post(f"{self.base_url}/v1/unload_lora_adapter",
+                                    json={"lora_name": old})
+                t0 = time.monotonic()
+                r = await http.post(f"{self.base_url}/v1/load_lora_adapter",
+                                    json={"lora_name": name, "lora_path": path})
+                dt = time.monotonic() - t0
+            if r.status_code >= 400 and "already" not in r.text:
+                raise RuntimeError(
+                    f"load_lora_adapter {name!r}: HTTP {r.status_code}: {r.text[:200]}")
+            self.loaded[name] = dt
+            if lookahead:
+                self.lookahead.loads += 1
+            else:
+                self.counters.started += 1
+            self.counters.warmup_s_last = dt
+            return dt
+
+    def _victim(self, name: str, keep: Collection[str]) -> str:
+        """The least recently used loaded adapter that nothing needs now."""
+        for old in self.loaded:
+            if old not in keep and old not in self.in_use:
+                return old
+        raise RuntimeError(f"cannot load LoRA adapter {name!r}: all {len(self.loaded)} loaded "
+                           f"adapters (max {self.max_loras}) are in use")
 
     async def unload(self, name: str) -> bool:
+        """Unload ``name`` if we loaded it and nothing needs it now (:attr:`in_use`: an
+        in-flight or next queued request runs with it)."""
         import httpx
 
-        if name not in self.loaded:
+        if name not in self.loaded or name in self.in_use:
             return False
         async with httpx.AsyncClient(timeout=self.timeout_s) as http:
             r = await http.post(f"{self.base_url}/v1/unload_lora_adapter", json={"lora_name": name})
@@ -342,6 +388,8 @@ class NodePrewarmer:
     loras: dict[str, LoraPrewarmer] = field(default_factory=dict)  # model -> prewarmer
     prefixes: dict[str, KVPrefixPrewarmer] = field(default_factory=dict)  # model -> prewarmer
     dnn: dict[str, DnnHook] = field(default_factory=dict)  # model -> hook
+    #: the LoRA queue lookahead (a :class:`hermeslet.lora_lookahead.LoraLookahead`), if on
+    lora_lookahead: Any = None
 
     async def handle(self, backend: str, action: str, params: dict | None = None) -> tuple[bool, str]:
         """Carry out one signal; returns (ok, detail) for the ack (detail has ``warmup_s=``)."""
@@ -390,6 +438,9 @@ class NodePrewarmer:
         for model, pw in self.loras.items():
             out.update({f"lora_{model}_{k}": v for k, v in pw.counters.as_dict().items()})
             out[f"lora_{model}_loaded"] = len(pw.loaded)
+            if self.lora_lookahead is not None:
+                out.update({f"lora_{model}_lookahead_{k}": v
+                            for k, v in pw.lookahead.as_dict().items()})
         for model, pw in self.prefixes.items():
             out.update({f"kv_{model}_{k}": v for k, v in pw.counters.as_dict().items()})
         for model, hook in self.dnn.items():
@@ -399,10 +450,13 @@ class NodePrewarmer:
 
 
 def build_node_prewarmer(
-    engines: list[Any], *, docker_url: str | None = None, lora: bool = False, max_loras: int = 4
+    engines: list[Any], *, docker_url: str | None = None, lora: bool = False, max_loras: int = 4,
+    lora_paths: dict[str, str] | None = None, lookahead: bool = False,
 ) -> tuple[PooledDockerSandbox | None, NodePrewarmer]:
     """The prewarmers a node can run: a container pool when Docker is configured (``""``: the
-    default daemon) and, per HTTP engine, KV prefixes and (``lora``) runtime LoRA loading.
+    default daemon) and, per HTTP engine, KV prefixes and (``lora``) runtime LoRA loading of
+    at most ``max_loras`` adapters (``lora_paths``: adapter name -> path on the engine's
+    host), with the queue lookahead when ``lookahead``.
     Returns the pooled Docker sandbox for the tool runner (or ``None``) and the prewarmer."""
     pool = ContainerPool(base_url=docker_url or None) if docker_url is not None else None
     node = NodePrewarmer(containers=pool)
@@ -412,5 +466,9 @@ def build_node_prewarmer(
             continue  # the in-process sim engine: its prefix cache warms from use
         node.prefixes[model] = KVPrefixPrewarmer(url, model)
         if lora:
-            node.loras[model] = LoraPrewarmer(url, max_loras=max_loras)
+            node.loras[model] = LoraPrewarmer(url, max_loras=max_loras, paths=lora_paths)
+    if lora and lookahead:
+        from hermeslet.lora_lookahead import LoraLookahead
+
+        node.lora_lookahead = LoraLookahead(node)
     return (PooledDockerSandbox(pool) if pool is not None else None), node

@@ -141,6 +141,12 @@ def start_offset(tc: np.ndarray, p_s: float, k: float, t_p: float,
     return max(0.0, x - t_p)
 
 
+#: queued requests a LoRA lookahead scans per adapter it may load (the simulator's and the
+#: HermesLet's): the first few requests hold the next distinct adapters, unless a run sends
+#: many requests of one adapter: then fewer are fetched ahead
+LOOKAHEAD_SCAN = 4
+
+
 def head_adapters(
     queued: Iterable[str | None], running: Collection[str], slots: int
 ) -> list[str]:

@@ -40,7 +40,13 @@ from typing import TYPE_CHECKING
 from hermes.core.backend import BackendSpec
 from hermes.core.costmodel import CostModel
 from hermes.core.engine_model import EngineModel, EngineRequest, pick_engine
-from hermes.core.prewarm import PrewarmAction, PrewarmStrategy, head_adapters, lookahead_full
+from hermes.core.prewarm import (
+    LOOKAHEAD_SCAN,
+    PrewarmAction,
+    PrewarmStrategy,
+    head_adapters,
+    lookahead_full,
+)
 from hermes.core.state import RunState
 from hermes.core.tools_model import ToolPool
 from hermes.core.warm_models import (
@@ -58,8 +64,6 @@ if TYPE_CHECKING:
 AdapterFn = Callable[[RunState, str, str], "str | None"]
 
 PREWARM_RUN = "prewarm"  # run id of the prefill-only requests a prewarm submits
-#: queued requests scanned per adapter the lookahead may load (:meth:`SimWarmState._lookahead`)
-LOOKAHEAD_SCAN = 4
 
 
 class SimWarmState:

@@ -1,0 +1,98 @@
+"""LoRA queue lookahead on the HermesLet: keep the adapters of each engine's next queued
+requests loaded, in the order the agent will release them (issue 5).
+
+The rule is the simulator's (:mod:`hermes.sim.warm`), from :mod:`hermes.core.prewarm`: after
+a request is queued and after each release, the agent calls :meth:`LoraLookahead.update` with
+the engine's queue head (``LOOKAHEAD_SCAN`` requests per free adapter slot) and the models of
+its in-flight requests; :func:`~hermes.core.prewarm.head_adapters` picks the adapters to have
+loaded (the first ``slots - running`` distinct ones, in release order), and each one that is
+not loaded, not being loaded and whose path is known (``--lora-path``) is loaded in the
+background by the engine's :class:`~hermeslet.prewarmers.LoraPrewarmer`. The adapters of
+in-flight requests and of the head are that prewarmer's ``in_use``: no load unloads them.
+
+A queued request's adapter is its ``model`` when that differs from the engine's base model.
+Nothing here blocks the agent's loop: :meth:`update` is synchronous and only starts tasks; a
+failed load is logged and counted (``lookahead.failed``), never raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+
+from hermes.core.prewarm import LOOKAHEAD_SCAN, head_adapters
+from hermeslet.prewarmers import LoraPrewarmer, NodePrewarmer
+
+log = logging.getLogger("hermeslet.lora_lookahead")
+
+#: ``head(n)``: the models of the next ``n`` queued requests, in release order
+HeadFn = Callable[[int], Iterable[str]]
+
+
+class LoraLookahead:
+    """The queue lookahead of one node's LoRA prewarmers (``node.loras``, per base model)."""
+
+    def __init__(self, node: NodePrewarmer, *, scan: int = LOOKAHEAD_SCAN) -> None:
+        self.node = node
+        self.scan = scan
+        self._use: dict[str, tuple[str, set[str]]] = {}  # engine -> (base model, in use)
+        self._pending: set[tuple[str, str]] = set()  # (base model, adapter) being loaded
+        self._tasks: set[asyncio.Task] = set()
+        self._no_path: set[tuple[str, str]] = set()
+
+    def update(self, engine: str, base: str | None, head: HeadFn,
+               running: Iterable[str]) -> list[str]:
+        """Recompute the head of ``engine`` (serving ``base``) and start the loads it needs;
+        returns the adapters whose load was started now. Call it from the event loop."""
+        pw = self.node.loras.get(base or "")
+        if pw is None:
+            return []
+        try:
+            return self._update(pw, engine, base or "", head, running)
+        except Exception:  # a bug here must not take the agent's loop down
+            log.exception("LoRA lookahead for engine %s failed", engine)
+            return []
+
+    def _update(self, pw: LoraPrewarmer, engine: str, base: str, head: HeadFn,
+                running: Iterable[str]) -> list[str]:
+        run = {m for m in running if m and m != base}
+        room = pw.max_loras - len(run)
+        queued = [m if m != base else None for m in head(self.scan * room)] if room > 0 else []
+        want = head_adapters(queued, run, pw.max_loras)
+        self._use[engine] = (base, run | set(want))
+        pw.in_use = set().union(*(u for b, u in self._use.values() if b == base))
+        started: list[str] = []
+        for a in want:
+            if a in pw.loaded or (base, a) in self._pending:
+                continue
+            if not pw.paths.get(a):
+                if (base, a) not in self._no_path:
+                    self._no_path.add((base, a))
+                    pw.lookahead.no_path += 1
+                    log.info("LoRA lookahead: no path known for adapter %r (--lora-path)", a)
+                continue
+            self._pending.add((base, a))
+            task = asyncio.get_running_loop().create_task(self._load(pw, base, a),
+                                                          name=f"lora-lookahead-{a}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            started.append(a)
+        return started
+
+    async def _load(self, pw: LoraPrewarmer, base: str, adapter: str) -> None:
+        try:
+            await pw.load(adapter, lookahead=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            pw.lookahead.failed += 1
+            log.warning("LoRA lookahead: loading %r failed: %s: %s", adapter,
+                        type(exc).__name__, exc)
+        finally:
+            self._pending.discard((base, adapter))
+
+    async def idle(self) -> None:
+        """Wait until the loads started so far have ended (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
