@@ -57,9 +57,8 @@ class LoraLookahead:
     def _update(self, pw: LoraPrewarmer, engine: str, base: str, head: HeadFn,
                 running: Iterable[str]) -> list[str]:
         run = {m for m in running if m and m != base}
-        room = pw.max_loras - len(run)
-        queued = [m if m != base else None for m in head(self.scan * room)] if room > 0 else []
-        want = head_adapters(queued, run, pw.max_loras)
+        want = head_adapters(lambda n: (m if m != base else None for m in head(n)), run,
+                             pw.max_loras, scan=self.scan)
         self._use[engine] = (base, run | set(want))
         pw.in_use = set().union(*(u for b, u in self._use.values() if b == base))
         started: list[str] = []

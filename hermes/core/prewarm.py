@@ -147,8 +147,13 @@ def start_offset(tc: np.ndarray, p_s: float, k: float, t_p: float,
 LOOKAHEAD_SCAN = 4
 
 
+#: ``head(n)``: the adapters of a queue's next ``n`` requests in admission order (``None``: a
+#: request without one)
+QueueHead = Callable[[int], Iterable[str | None]]
+
+
 def head_adapters(
-    queued: Iterable[str | None], running: Collection[str], slots: int
+    head: QueueHead, running: Collection[str], slots: int, *, scan: int = LOOKAHEAD_SCAN
 ) -> list[str]:
     """The LoRA adapters to have loaded for the head of a queue (Hermes' queue lookahead).
 
@@ -157,16 +162,16 @@ def head_adapters(
     than an engine keeps loaded, so fetching each one when its request is queued (``epwq``)
     evicts the adapters of earlier requests before they are admitted. Instead, keep loaded
     the adapters of the next requests in admission order, as many distinct ones as the host
-    cache holds beside those of running requests: ``queued`` are the queued requests'
-    adapters in admission order (``None``: no adapter), ``running`` the adapters of running
-    requests, ``slots`` the adapters the engine keeps loaded (vLLM's ``max_cpu_loras``).
-    Returns at most ``slots - len(running)`` distinct adapters, none of them running, in
-    admission order (the first is needed first)."""
+    cache holds beside those of running requests: ``head`` lists the queued requests' adapters
+    in admission order (asked for ``scan`` requests per free slot), ``running`` the adapters of
+    running requests, ``slots`` the adapters the engine keeps loaded (vLLM's
+    ``max_cpu_loras``). Returns at most ``slots - len(running)`` distinct adapters, none of
+    them running, in admission order (the first is needed first)."""
     room = slots - len(running)
     out: list[str] = []
     if room <= 0:
         return out
-    for a in queued:
+    for a in head(scan * room):
         if a and a not in running and a not in out:
             out.append(a)
             if len(out) >= room:

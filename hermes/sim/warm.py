@@ -41,7 +41,6 @@ from hermes.core.backend import BackendSpec
 from hermes.core.costmodel import CostModel
 from hermes.core.engine_model import EngineModel, EngineRequest, pick_engine
 from hermes.core.prewarm import (
-    LOOKAHEAD_SCAN,
     PrewarmAction,
     PrewarmStrategy,
     head_adapters,
@@ -258,13 +257,10 @@ class SimWarmState:
 
     def _head(self, ei: int, slots: LoraSlots) -> list[str]:
         eng = self._engines()[ei]
-        room = slots.max_cpu_loras - len(eng.running_loras)
-        if room <= 0 or not eng.waiting_loras:
+        if not eng.waiting_loras:
             return []
-        # the first few requests hold the next ``room`` distinct adapters, unless a run sends
-        # many requests of one adapter: then fewer are fetched ahead
-        head = eng.waiting.head(LOOKAHEAD_SCAN * room)
-        return head_adapters((r.lora for r in head), eng.running_loras, slots.max_cpu_loras)
+        return head_adapters(lambda n: (r.lora for r in eng.waiting.head(n)),
+                             eng.running_loras, slots.max_cpu_loras)
 
     # ------------------------------------------------------------------ actions
     def _engine_index(self, req: EngineRequest) -> int:

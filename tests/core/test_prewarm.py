@@ -290,14 +290,22 @@ def test_head_adapters_takes_the_next_distinct_adapters_in_admission_order():
     from hermes.core.prewarm import head_adapters, lookahead_full
 
     queued = ["A", None, "B", "A", "R", "C", "D", "E"]
+    asked: list[int] = []
+
+    def head(n: int) -> list[str | None]:
+        asked.append(n)
+        return queued[:n]
+
     # 5 slots, R runs: room for 4, R is loaded already and no slot is spent on it
-    assert head_adapters(queued, {"R"}, 5) == ["A", "B", "C", "D"]
-    assert head_adapters(queued, {"R", "S", "T", "U", "V"}, 5) == []
-    assert head_adapters(iter(["A", "A"]), set(), 4) == ["A"]
+    assert head_adapters(head, {"R"}, 5) == ["A", "B", "C", "D"]
+    assert asked == [4 * 4]  # LOOKAHEAD_SCAN requests per free slot
+    assert head_adapters(head, {"R", "S", "T", "U", "V"}, 5) == []
+    assert asked == [16]  # no free slot: the queue is not read
+    assert head_adapters(lambda n: iter(["A", "A"]), set(), 4) == ["A"]
     # the head fills the room: a next unit's adapter waits for the lookahead, unless it is
     # needed at the head anyway
-    head = head_adapters(queued, {"R"}, 5)
-    assert lookahead_full("X", head, {"R"}, 5) and not lookahead_full("C", head, {"R"}, 5)
+    got = head_adapters(head, {"R"}, 5)
+    assert lookahead_full("X", got, {"R"}, 5) and not lookahead_full("C", got, {"R"}, 5)
     assert not lookahead_full("X", ["A"], {"R"}, 5)
 
 
