@@ -665,7 +665,9 @@ class EngineModel:
         res.prefill_tokens = prefill
         res.decode_seqs = decode
         res.decode_tokens = decode
-        finished: set[str] = set()
+        # insertion-ordered (a set's order would follow string hashes, which differ per
+        # process: the simulator handles finished requests in this order)
+        finished: dict[str, None] = {}
         for rid, n in sched.items():
             r = by_id[rid]
             if r.computed == r.total_tokens:  # decode: one token in, one token out
@@ -696,7 +698,7 @@ class EngineModel:
                         self.kv_used -= r.prefix_tokens
             self.kv_used += n
             if r.done:
-                finished.add(rid)
+                finished[rid] = None
         self._peak = max(self._peak, self.kv_used)
         if finished:
             self.running = [r for r in self.running if r.request_id not in finished]
