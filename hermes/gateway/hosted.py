@@ -165,7 +165,7 @@ class HostedContext:
             if done_inv is not None:  # closed before the restart: its calls are journaled
                 yield UnitHandle(self, done_inv)
                 return
-        model = self.scheduler.resolve_model(None, strict=False) if backend is None else None
+        model = await self.scheduler.serving_model(None, strict=False) if backend is None else None
         inv = self.scheduler.begin_unit(self.run, name, backend or f"llm:{model}",
                                         explicit=True, upstream=upstream)
         try:
@@ -202,7 +202,7 @@ class HostedContext:
             model = spec.lora or spec.name
         seq, got = await self._journaled(inv)
         if got is None:
-            served = self.scheduler.resolve_model(model, strict=False)
+            served = await self.scheduler.serving_model(model, strict=False)
             req = await self.scheduler.submit_llm(self.run, inv, model=served,
                                                   endpoint=endpoint, body=body)  # type: ignore[arg-type]
             got = await self._wait_journaled(seq, req)

@@ -158,9 +158,7 @@ async def handle_completion(request: Request,
     body = parsed
     run: LiveRun | None = None
     try:
-        if not sched.nodes:
-            await sched.wait_for_nodes(10.0)
-        model = sched.resolve_model(body.model, strict=True)
+        model = await sched.serving_model(body.model, strict=True)
         run, unit = await _bind_run(sched, request)
         inv = sched.unit_for_request(run, unit, f"llm:{model}")
         req = await sched.submit_llm(run, inv, model=model, endpoint=endpoint,

@@ -672,6 +672,14 @@ class LiveScheduler:
             raise NoCapacity("no engine is connected")
         return default
 
+    async def serving_model(self, model: str | None, *, strict: bool) -> str:
+        """:meth:`resolve_model`, after waiting (up to 10 s) for a HermesLet when none is
+        connected: a gateway that has just (re)started accepts runs before its nodes have said
+        hello, and their calls should wait for an engine rather than fail at once."""
+        if not self.nodes:
+            await self.wait_for_nodes()
+        return self.resolve_model(model, strict=strict)
+
     def _pick_engine(self, model: str, exclude: set[str] = frozenset()) -> tuple[Node, EngineInfo]:
         best: tuple[float, int, Node, EngineInfo] | None = None
         for node in self.nodes.values():
