@@ -496,6 +496,7 @@ class DurableState:
             sched._t0_wall += high - sched.now() + 1e-3
         self.recovering = True
         replays: list[tuple[LiveRun, Any, Replay]] = []
+        recorded: set[str] | None = None
         for d in docs:
             self._restoring = True
             try:
@@ -506,6 +507,9 @@ class DurableState:
                 self.stats["restored_ended"] += 1
                 continue
             run.recovered = int(d.get("recovered", 0)) + 1
+            if recorded is None:
+                recorded = sched.recorded_run_ids()
+            run.recorded = run.run_id in recorded
             if run.hosted:
                 app = hosted_registry.get(run.app)
                 if app is None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import time
 import uuid
@@ -212,6 +213,9 @@ class LiveRun:
     last_activity: float = field(default_factory=time.monotonic)
     seq: itertools.count = field(default_factory=itertools.count)
     finished_event: asyncio.Event = field(default_factory=asyncio.Event)
+    #: its record is in records.jsonl (written by this gateway, or by the one before a restart
+    #: that was killed between the record and the durable end): it is not written again
+    recorded: bool = False
 
     @property
     def run_id(self) -> str:
@@ -494,9 +498,12 @@ class LiveScheduler:
         self.policy.on_finish(run.state, now)
         self._retire(run)
         self.stats["runs_finished"] += 1
-        self.durable.run_ended(run)
-        if run.units:
+        if run.units and not run.recorded:
+            # the record first: a kill between the two leaves a run that resumes (and finds its
+            # record, :meth:`recorded_run_ids`), never a durably finished run without a record
             self._learn(self._record(run))
+            run.recorded = True
+        self.durable.run_ended(run)
         return run
 
     def fail_run(self, run_id: str, error: str) -> None:
@@ -1194,6 +1201,29 @@ class LiveScheduler:
         st = run.state
         return RunRecord(app=st.app, run_id=st.run_id, submitted=st.submitted,
                          finished=st.finished or self.now(), deadline=st.deadline, units=units)
+
+    def recorded_run_ids(self, tail_bytes: int = 1 << 16) -> set[str]:
+        """Run ids of the last records in records.jsonl (its last ``tail_bytes``): after a
+        restart, a run whose record was written just before the kill but whose end was not
+        stored resumes, and must not be recorded twice. Only the run being finished at the
+        kill can be in that state (record and durable end are written in one synchronous
+        step), so the tail is enough."""
+        try:
+            with self.records_path.open("rb") as fh:
+                size = fh.seek(0, 2)
+                fh.seek(max(0, size - tail_bytes))
+                lines = fh.read().splitlines()
+        except FileNotFoundError:
+            return set()
+        if size > tail_bytes:
+            lines = lines[1:]  # cut through
+        out: set[str] = set()
+        for line in lines:
+            try:
+                out.add(json.loads(line)["run_id"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn last line
+        return out
 
     def _learn(self, rec: RunRecord) -> None:
         """Append the record and feed it to its app's profiler.

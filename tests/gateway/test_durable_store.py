@@ -4,6 +4,7 @@ stay usable, and the knowledge base keeps what it learned."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -176,3 +177,49 @@ def test_one_request_runs_end_after_their_answer_in_batched_writes(
         for rid in ids[::8]:
             r = http.get(f"/v1/runs/{rid}").json()
             assert r["state"] == "finished" and r["app"] == "default"
+
+
+def _recorded(state: Path) -> list[str]:
+    path = state / "records.jsonl"
+    return [json.loads(x)["run_id"] for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_run_is_recorded_before_its_end_is_stored_and_once_across_a_restart(
+        make_gateway, tmp_path: Path, request: pytest.FixtureRequest) -> None:  # noqa: ANN001
+    """finish_run writes the record before the durable end, so a kill between the two leaves
+    a run that resumes rather than a finished run without a record; the resumed run finds its
+    record at the end of records.jsonl and is not recorded twice."""
+    opts = _restartable("sqlite", tmp_path, request)
+    state = tmp_path / "state"
+    body = {"model": "llama-2-7b", "prompt": "x" * 40, "max_tokens": 3}
+    srv = make_gateway(**opts)
+    sched = gateway_state(srv).scheduler
+    seen_at_end: dict[str, bool] = {}
+    run_ended = sched.durable.run_ended
+
+    def checked(run):  # noqa: ANN001, ANN202
+        seen_at_end[run.run_id] = run.run_id in _recorded(state)
+        return run_ended(run)
+
+    sched.durable.run_ended = checked
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        ids = [http.post("/v1/runs", json={"app": "myagent"}).json()["run_id"] for _ in range(3)]
+        for rid in ids:
+            r = http.post("/v1/completions", json=body,
+                          headers={"X-Hermes-Run": rid, "X-Hermes-Unit": "plan"})
+            assert r.status_code == 200
+        assert http.post(f"/v1/runs/{ids[0]}/finish").json()["state"] == "finished"
+    assert seen_at_end == {ids[0]: True}
+    srv.stop()
+    # the state a kill between record and durable end leaves: ids[1]'s record is written, its
+    # stored document still says running
+    rec = json.loads((state / "records.jsonl").read_text().splitlines()[0])
+    with (state / "records.jsonl").open("a") as fh:
+        fh.write(json.dumps({**rec, "run_id": ids[1]}) + "\n")
+
+    srv2 = make_gateway(**opts)
+    with httpx.Client(base_url=srv2.url, timeout=30) as http:
+        for rid in ids[1:]:
+            assert http.get(f"/v1/runs/{rid}").json()["state"] == "running"
+            assert http.post(f"/v1/runs/{rid}/finish").json()["state"] == "finished"
+    assert sorted(_recorded(state)) == sorted(ids)  # each once
