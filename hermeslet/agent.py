@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from hermeslet.prewarmers import NodePrewarmer
 
 VERSION = "0.1.0"
+
+log = logging.getLogger("hermeslet.agent")
 
 
 @dataclass(slots=True)
@@ -119,13 +122,22 @@ class HermesLet:
             node=self.node,
             engines=[
                 P.EngineInfo(name=s.engine.name, model=s.engine.model, kind=s.engine.kind,
-                             loras=list(s.engine.loras), max_inflight=s.engine.max_inflight)
+                             loras=self._served_loras(s), max_inflight=s.engine.max_inflight)
                 for s in self.slots.values()
             ],
             tools=self.tools.kinds,
             version=P.PROTOCOL_VERSION,
             holding=self.holding(),
         )
+
+    def _served_loras(self, slot: _EngineSlot) -> list[str]:
+        """The adapters an engine serves: loaded on it now, or loadable on demand by the
+        node's LoRA prewarmer (a known ``--lora-path``), so that the scheduler routes their
+        requests here."""
+        out = list(slot.engine.loras)
+        if self.prewarmer is not None:
+            out += [a for a in self.prewarmer.loadable(slot.engine.model) if a not in out]
+        return out
 
     def heartbeat(self) -> P.Heartbeat:
         return P.Heartbeat(
@@ -288,6 +300,11 @@ class HermesLet:
         for s in self.slots.values():
             if s.engine.serves(msg.model):
                 return s
+        if self.prewarmer is not None:
+            for s in self.slots.values():
+                pw = self.prewarmer.loras.get(s.engine.model)
+                if pw is not None and pw.loadable(msg.model):
+                    return s
         if len(self.slots) == 1:
             return next(iter(self.slots.values()))
         return None
@@ -347,12 +364,36 @@ class HermesLet:
         self._lora_lookahead(slot)
 
     def _lora_lookahead(self, slot: _EngineSlot) -> None:
-        """Issue 5: start loading the LoRA adapters of the slot's next queued requests
-        (:mod:`hermeslet.lora_lookahead`; off unless the prewarmer has it)."""
-        la = self.prewarmer.lora_lookahead if self.prewarmer is not None else None
-        if la is not None:
-            la.update(slot.engine.name, slot.engine.model,
-                      lambda n: [q.msg.model for q in slot.queue.head(n)], slot.models.values())
+        """Issue 5: tell the LoRA prewarmer which adapters the in-flight requests use (none of
+        them is unloaded), and with the lookahead on, start loading those of the slot's next
+        queued requests (:mod:`hermeslet.lora_lookahead`)."""
+        pw = self.prewarmer
+        if pw is None or slot.engine.model not in pw.loras:
+            return
+        if pw.lora_lookahead is not None:
+            pw.lora_lookahead.update(slot.engine.name, slot.engine.model,
+                                     lambda n: [q.msg.model for q in slot.queue.head(n)],
+                                     slot.models.values())
+        else:
+            base = slot.engine.model
+            pw.set_in_use(slot.engine.name, base,
+                          {m for m in slot.models.values() if m and m != base})
+
+    async def _ensure_adapter(self, slot: _EngineSlot, model: str) -> str | None:
+        """Before a request with a LoRA adapter goes to the engine: load the adapter if the
+        node's prewarmer can and it is not loaded (a cold start the request waits for).
+        Returns why a load failed (``None``: loaded, or nothing to load); the request is sent
+        anyway (the engine may have the adapter), and that reason is added to its error."""
+        pw = self.prewarmer.loras.get(slot.engine.model) if self.prewarmer is not None else None
+        if pw is None or model == slot.engine.model or not pw.loadable(model):
+            return None
+        try:
+            await pw.ensure(model)
+        except Exception as exc:
+            log.warning("loading LoRA adapter %r on engine %s failed: %s: %s", model,
+                        slot.engine.name, type(exc).__name__, exc)
+            return f"loading LoRA adapter {model!r} failed ({type(exc).__name__}: {exc})"
+        return None
 
     async def _serve(self, slot: _EngineSlot, item: _Queued, key: tuple[float, ...]) -> None:
         sub = item.msg
@@ -363,7 +404,9 @@ class HermesLet:
         prio = sub.priority if sub.priority is not None else \
             P.key_to_priority(key, self.priority_scale)
         body = {**sub.body, "model": sub.model}
+        load_err: str | None = None
         try:
+            load_err = await self._ensure_adapter(slot, sub.model)
             result: GenResult | None = None
             async for out in eng.generate(sub.endpoint, body, sub.stream,
                                           request_id=sub.request_id, priority=prio):
@@ -389,7 +432,8 @@ class HermesLet:
             await self._send(P.Failed(request_id=sub.request_id, error="cancelled",
                                       retryable=False))
         except EngineError as e:
-            await self._send(P.Failed(request_id=sub.request_id, error=str(e),
+            err = str(e) if load_err is None else f"{e}; {load_err}"
+            await self._send(P.Failed(request_id=sub.request_id, error=err,
                                       retryable=e.retryable, status=e.status))
         except Exception as e:  # never let one request kill the agent
             await self._send(P.Failed(request_id=sub.request_id,

@@ -12,19 +12,26 @@ in-flight requests and of the head are that prewarmer's ``in_use``: no load unlo
 
 A queued request's adapter is its ``model`` when that differs from the engine's base model.
 Nothing here blocks the agent's loop: :meth:`update` is synchronous and only starts tasks; a
-failed load is logged and counted (``lookahead.failed``), never raised.
+failed load is logged and counted (``lookahead.failed``), never raised, and the lookahead
+does not try that adapter again for a while (1 s after the first failure, doubling up to
+:data:`MAX_BACKOFF_S`; a request released with it still loads it itself). Without this, an
+adapter whose path is wrong would be loaded again at every enqueue and release.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
 
 from hermes.core.prewarm import LOOKAHEAD_SCAN, head_adapters
 from hermeslet.prewarmers import LoraPrewarmer, NodePrewarmer
 
 log = logging.getLogger("hermeslet.lora_lookahead")
+
+#: longest wait before the lookahead tries an adapter whose load failed again, seconds
+MAX_BACKOFF_S = 60.0
 
 #: ``head(n)``: the models of the next ``n`` queued requests, in release order
 HeadFn = Callable[[int], Iterable[str]]
@@ -36,10 +43,11 @@ class LoraLookahead:
     def __init__(self, node: NodePrewarmer, *, scan: int = LOOKAHEAD_SCAN) -> None:
         self.node = node
         self.scan = scan
-        self._use: dict[str, tuple[str, set[str]]] = {}  # engine -> (base model, in use)
         self._pending: set[tuple[str, str]] = set()  # (base model, adapter) being loaded
         self._tasks: set[asyncio.Task] = set()
         self._no_path: set[tuple[str, str]] = set()
+        #: (base model, adapter) whose last load failed -> (not before, current backoff s)
+        self._backoff: dict[tuple[str, str], tuple[float, float]] = {}
 
     def update(self, engine: str, base: str | None, head: HeadFn,
                running: Iterable[str]) -> list[str]:
@@ -59,11 +67,14 @@ class LoraLookahead:
         run = {m for m in running if m and m != base}
         want = head_adapters(lambda n: (m if m != base else None for m in head(n)), run,
                              pw.max_loras, scan=self.scan)
-        self._use[engine] = (base, run | set(want))
-        pw.in_use = set().union(*(u for b, u in self._use.values() if b == base))
+        self.node.set_in_use(engine, base, run | set(want))
         started: list[str] = []
+        now = time.monotonic()
         for a in want:
             if a in pw.loaded or (base, a) in self._pending:
+                continue
+            retry = self._backoff.get((base, a))
+            if retry is not None and now < retry[0]:
                 continue
             if not pw.paths.get(a):
                 if (base, a) not in self._no_path:
@@ -82,12 +93,16 @@ class LoraLookahead:
     async def _load(self, pw: LoraPrewarmer, base: str, adapter: str) -> None:
         try:
             await pw.load(adapter, lookahead=True)
+            self._backoff.pop((base, adapter), None)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             pw.lookahead.failed += 1
-            log.warning("LoRA lookahead: loading %r failed: %s: %s", adapter,
-                        type(exc).__name__, exc)
+            prev = self._backoff.get((base, adapter))
+            delay = 1.0 if prev is None else min(MAX_BACKOFF_S, 2.0 * prev[1])
+            self._backoff[(base, adapter)] = (time.monotonic() + delay, delay)
+            log.warning("LoRA lookahead: loading %r failed (not tried again for %.0f s): %s: %s",
+                        adapter, delay, type(exc).__name__, exc)
         finally:
             self._pending.discard((base, adapter))
 

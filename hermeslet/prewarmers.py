@@ -249,8 +249,15 @@ class LoraPrewarmer:
 
     ``max_loras`` is the number of adapters it keeps loaded (vLLM's ``max_cpu_loras``). Loads
     are serialized (one at a time, so that the LRU bound holds), and an adapter in ``in_use``
-    (set by the queue lookahead: adapters of in-flight requests and of the queue's head) or in
-    a load's ``keep`` is never unloaded to make room."""
+    (set by the agent: adapters of in-flight requests, and of the queue's head when the
+    lookahead is on) or in a load's ``keep`` is never unloaded to make room.
+
+    Adapters with a known path (``paths``, ``--lora-path``) are *loadable*: the node serves
+    them whether they are loaded now or not, and a request whose adapter is not loaded when it
+    is released loads it first (:meth:`ensure`: a cold start, ``counters.cold_starts``; one
+    that finds it loaded is a ``warm_hits``). An adapter loaded by a scheduler prewarm is
+    ``used`` when a request first finds it, and ``wasted`` (with the seconds it sat loaded) when
+    it is unloaded before that."""
 
     def __init__(self, base_url: str, *, max_loras: int = 8, timeout_s: float = 30.0,
                  paths: dict[str, str] | None = None) -> None:
@@ -262,13 +269,34 @@ class LoraPrewarmer:
         self.counters = PrewarmCounters()
         self.lookahead = LookaheadCounters()
         self.in_use: set[str] = set()
+        self._prewarmed: dict[str, float] = {}  # loaded by a prewarm, not used yet -> when
         self._lock: asyncio.Lock | None = None  # created in the running loop
 
+    def loadable(self, name: str) -> bool:
+        """Whether this prewarmer can serve ``name``: loaded now, or its path is known."""
+        return name in self.loaded or bool(self.paths.get(name))
+
+    async def ensure(self, name: str) -> float:
+        """A request with adapter ``name`` is about to be sent: load it if it is not loaded
+        (waiting for a load of it already under way); returns the seconds the request waited
+        (0.0: it was loaded)."""
+        if name in self.loaded:
+            self.loaded.move_to_end(name)
+            self._hit(name)
+            return 0.0
+        return await self.load(name, on_demand=True)
+
+    def _hit(self, name: str) -> None:
+        self.counters.warm_hits += 1
+        if self._prewarmed.pop(name, None) is not None:
+            self.counters.used += 1
+
     async def load(self, name: str, path: str | None = None, *, keep: Collection[str] = (),
-                   lookahead: bool = False) -> float:
+                   lookahead: bool = False, on_demand: bool = False) -> float:
         """Load ``name`` (LRU-unloading one of ours beyond ``max_loras``, never one in ``keep``
         or :attr:`in_use`); returns seconds (0.0: already loaded). ``lookahead``: count it as
-        a queue-lookahead load, not as a prewarm."""
+        a queue-lookahead load, ``on_demand``: as a request's own (cold) load, else as a
+        prewarm."""
         import httpx
 
         if path:
@@ -278,6 +306,8 @@ class LoraPrewarmer:
         async with self._lock:
             if name in self.loaded:
                 self.loaded.move_to_end(name)
+                if on_demand:
+                    self._hit(name)
                 return 0.0
             path = path or self.paths.get(name)
             if not path:
@@ -286,6 +316,7 @@ class LoraPrewarmer:
                 while len(self.loaded) >= self.max_loras:
                     old = self._victim(name, keep)
                     self.loaded.pop(old)
+                    self._unloaded(old)
                     await http.post(f"{self.base_url}/v1/unload_lora_adapter",
                                     json={"lora_name": old})
                 t0 = time.monotonic()
@@ -298,10 +329,20 @@ class LoraPrewarmer:
             self.loaded[name] = dt
             if lookahead:
                 self.lookahead.loads += 1
+            elif on_demand:
+                self.counters.cold_starts += 1
             else:
                 self.counters.started += 1
+                self._prewarmed[name] = time.monotonic()
             self.counters.warmup_s_last = dt
             return dt
+
+    def _unloaded(self, name: str) -> None:
+        """``name`` left the engine: a prewarm of it that no request used was wasted."""
+        since = self._prewarmed.pop(name, None)
+        if since is not None:
+            self.counters.wasted += 1
+            self.counters.wasted_backend_s += time.monotonic() - since
 
     def _victim(self, name: str, keep: Collection[str]) -> str:
         """The least recently used loaded adapter that nothing needs now."""
@@ -321,6 +362,7 @@ class LoraPrewarmer:
         async with httpx.AsyncClient(timeout=self.timeout_s) as http:
             r = await http.post(f"{self.base_url}/v1/unload_lora_adapter", json={"lora_name": name})
         self.loaded.pop(name, None)
+        self._unloaded(name)
         return r.status_code < 400
 
 
@@ -390,6 +432,24 @@ class NodePrewarmer:
     dnn: dict[str, DnnHook] = field(default_factory=dict)  # model -> hook
     #: the LoRA queue lookahead (a :class:`hermeslet.lora_lookahead.LoraLookahead`), if on
     lora_lookahead: Any = None
+    #: engine name -> (base model, adapters its requests need now): in-flight requests', and
+    #: the queue head's when the lookahead is on
+    _use: dict[str, tuple[str, set[str]]] = field(default_factory=dict)
+
+    def set_in_use(self, engine: str, base: str, adapters: set[str]) -> None:
+        """The adapters that ``engine`` (serving ``base``) needs loaded now; the base model's
+        LoRA prewarmer unloads none of them (the union over the engines of that model)."""
+        pw = self.loras.get(base)
+        if pw is None:
+            return
+        self._use[engine] = (base, adapters)
+        pw.in_use = set().union(*(u for b, u in self._use.values() if b == base))
+
+    def loadable(self, base: str) -> list[str]:
+        """Adapters of ``base`` that this node can serve without their being loaded now
+        (their path is known), for the node's ``hello``."""
+        pw = self.loras.get(base)
+        return sorted(a for a in pw.paths if pw.paths[a]) if pw is not None else []
 
     async def handle(self, backend: str, action: str, params: dict | None = None) -> tuple[bool, str]:
         """Carry out one signal; returns (ok, detail) for the ack (detail has ``warmup_s=``)."""

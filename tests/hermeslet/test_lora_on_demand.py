@@ -1,0 +1,140 @@
+"""LoRA adapters a HermesLet can load (``--lora-path``) are served whether loaded or not:
+announced in ``hello`` so the scheduler routes their requests to the right engine, loaded when
+a request is released without its adapter loaded (a cold start), and the scheduler's prewarms
+of them are counted used or wasted. Against real sim-engine HTTP servers (vLLM's LoRA API), a
+real HermesLet and, for routing, a real LiveScheduler over the in-process link."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hermes.gateway.config import load_config
+from hermes.gateway.scheduler import LiveScheduler, ModelNotFound
+from hermes.procs import stop_group
+from hermeslet.agent import HermesLet
+from hermeslet.engines.openai_http import OpenAIHTTPEngine
+from hermeslet.lora_lookahead import LoraLookahead
+from hermeslet.prewarmers import LoraPrewarmer, NodePrewarmer
+from tests.hermeslet.conftest import _start_sim
+from tests.hermeslet.test_lora_lookahead import adapters, agent_on, lora_submit, results
+
+pytestmark = pytest.mark.timeout(40)
+
+
+@pytest.fixture
+def two_bases():
+    """Two sim-engine servers with different base models (no adapters loaded)."""
+    procs = [_start_sim("--time-scale", "50", "--model", m) for m in ("base-a", "base-b")]
+    yield [u for _, u in procs]
+    for p, _ in procs:
+        stop_group(p, grace_s=5)
+
+
+def loaded(url: str, base: str) -> set[str]:
+    data = httpx.get(url + "/v1/models", timeout=5).json()["data"]
+    return {m["id"] for m in data if m["id"] != base}
+
+
+async def test_loadable_adapter_is_announced_routed_and_loaded_on_demand(two_bases, tmp_path: Path):
+    """Adapter ``z`` is loadable on base-b's engine only: the scheduler knows it from the
+    hello and sends its request to that engine, which loads it first; a second request finds
+    it loaded. Without the announcement the scheduler refuses ``z`` (strict) and the node has
+    no engine that serves it."""
+    url_a, url_b = two_bases
+    pn = NodePrewarmer(loras={"base-a": LoraPrewarmer(url_a, max_loras=2),
+                              "base-b": LoraPrewarmer(url_b, max_loras=2,
+                                                      paths={"z": "/adapters/z"})})
+    cfg = load_config(None, environ={}, bind="", kb=str(tmp_path / "kb"),
+                      state_dir=str(tmp_path / "state"), time_scale=50.0, log_level="warning")
+    sched = LiveScheduler(cfg)
+    await sched.start()
+    engines = [OpenAIHTTPEngine(url_a, name="ea", max_inflight=2),
+               OpenAIHTTPEngine(url_b, name="eb", max_inflight=2)]
+    agent = HermesLet("n1", "inproc-link", engines, link=sched.inproc_link("n1"),
+                      heartbeat_s=0.1, prewarmer=pn)
+    task = asyncio.create_task(agent.run())
+    try:
+        assert await sched.wait_for_nodes(10)
+        hello = agent.hello()
+        assert {e.name: e.loras for e in hello.engines} == {"ea": [], "eb": ["z"]}
+        assert sched.resolve_model("z", strict=True) == "z"
+        assert sched._pick_engine("z")[1].name == "eb"
+        with pytest.raises(ModelNotFound):
+            sched.resolve_model("nope", strict=True)
+        for i in range(2):
+            run = sched.create_run("default")
+            inv = sched.unit_for_request(run, "llm", "llm:base-b")
+            req = await sched.submit_llm(run, inv, model="z", endpoint="completions",
+                                         body={"prompt": f"hi {i}", "max_tokens": 3})
+            done = await sched.wait(req, timeout=15)
+            assert done.output_tokens == 3 and done.engine == "eb"
+    finally:
+        agent.stop()
+        await asyncio.wait_for(task, 10)
+        await sched.stop()
+    assert loaded(url_b, "base-b") == {"z"} and loaded(url_a, "base-a") == set()
+    pw = pn.loras["base-b"]
+    assert pw.counters.cold_starts == 1 and pw.counters.warm_hits == 1
+    assert pw.counters.started == 0  # no scheduler prewarm
+
+
+@pytest.fixture
+def url():
+    proc, u = _start_sim("--time-scale", "1", "--model", "sim-7b")
+    yield u
+    stop_group(proc, grace_s=5)
+
+
+async def test_prewarmed_adapter_is_used_or_wasted(url):
+    """A prewarm whose adapter a request then finds loaded is used; one unloaded before any
+    request came is wasted, with the seconds it sat loaded."""
+    pn = NodePrewarmer(loras={"sim-7b": LoraPrewarmer(
+        url, max_loras=2, paths={n: f"/adapters/{n}" for n in "abc"})})
+    pw = pn.loras["sim-7b"]
+    ok, detail = await pn.handle("lora:sim-7b@a", "start")
+    assert ok and detail.startswith("warmup_s=")
+    assert await pw.ensure("a") == 0.0  # the request finds it loaded
+    assert (pw.counters.started, pw.counters.used, pw.counters.warm_hits) == (1, 1, 1)
+    await pn.handle("lora:sim-7b@b", "start")
+    await asyncio.sleep(0.05)
+    waited = await pw.ensure("c")  # a request of c: loads it, unloading a (LRU), then b
+    assert waited > 0.0 and pw.counters.cold_starts == 1
+    assert pw.counters.wasted == 0  # a was unloaded, but it had been used
+    await pw.ensure("a")  # loads a again: b (prewarmed, never used) goes
+    assert loaded(url, "sim-7b") == {"c", "a"}
+    assert pw.counters.wasted == 1 and pw.counters.wasted_backend_s >= 0.05
+    assert pw.counters.used == 1 and pw.counters.cold_starts == 2
+
+
+async def test_failed_lookahead_load_backs_off(url):
+    """A lookahead load that fails is not tried again at every enqueue: five requests of the
+    adapter queued within a second cost one failed load; after the backoff it is tried again.
+    The requests themselves try to load it when released, and fail with the reason."""
+    dead = str(httpx.URL(url).copy_with(port=1))  # nothing listens on port 1
+    pn = NodePrewarmer(loras={"sim-7b": LoraPrewarmer(dead, max_loras=2,
+                                                      paths={"a": "/adapters/a"})})
+    pn.lora_lookahead = LoraLookahead(pn)
+    pw = pn.loras["sim-7b"]
+    async with agent_on(url, pn) as (sched, _):
+        await sched.send(lora_submit("r0", 0, "sim-7b", max_tokens=250))
+        for i in range(5):
+            await sched.send(lora_submit(f"a{i}", 1 + i, "a"))
+            await asyncio.sleep(0.05)
+        await pn.lora_lookahead.idle()
+        assert pw.lookahead.failed == 1
+        await asyncio.sleep(1.1)
+        await sched.send(lora_submit("a5", 10, "a"))
+        await asyncio.sleep(0.1)
+        await pn.lora_lookahead.idle()
+        assert pw.lookahead.failed == 2
+        res = await results(sched, 7)
+    assert res["r0"].type == "done"
+    failed = [res[f"a{i}"] for i in range(6)]
+    assert all(r.type == "failed" and r.status == 404 for r in failed)
+    assert all("loading LoRA adapter 'a' failed" in r.error for r in failed)
+    assert adapters(url) == set()
+
