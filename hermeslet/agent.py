@@ -321,21 +321,27 @@ class HermesLet:
         self._pump(slot)
 
     def _on_rekey(self, msg: P.Rekey) -> None:
+        moved: set[str] = set()
         for rid, key in msg.keys.items():
             k = tuple(key)
-            for s in self.slots.values():
+            for name, s in self.slots.items():
                 if rid in s.queue:
                     s.queue.rekey(rid, k)
+                    moved.add(name)
                     break
             else:
                 if rid in self.tool_queue:
                     self.tool_queue.rekey(rid, k)
+        for name in moved:  # the release order changed: so may the adapters to have loaded
+            self._lora_lookahead(self.slots[name])
 
     async def _on_cancel(self, msg: P.Cancel) -> None:
         for rid in msg.request_ids:
             dropped = self.tool_queue.remove(rid) is not None  # queued: report here
             for s in self.slots.values():
-                dropped = s.queue.remove(rid) is not None or dropped
+                if s.queue.remove(rid) is not None:
+                    dropped = True
+                    self._lora_lookahead(s)
                 task = s.inflight.get(rid)
                 if task is not None:  # in flight: the task reports `failed`, refills window
                     task.cancel()

@@ -138,3 +138,34 @@ async def test_failed_lookahead_load_backs_off(url):
     assert all("loading LoRA adapter 'a' failed" in r.error for r in failed)
     assert adapters(url) == set()
 
+
+
+async def test_rekey_and_cancel_move_the_lookahead(url):
+    """One adapter slot: the head's adapter is loaded while a base-model request runs. A
+    rekey that puts another adapter's request first loads that one at once (not at the next
+    release), and cancelling that request brings back the next one's."""
+    from hermes import protocol as P
+
+    pn = NodePrewarmer(loras={"sim-7b": LoraPrewarmer(
+        url, max_loras=1, paths={n: f"/adapters/{n}" for n in "abc"})})
+    pn.lora_lookahead = LoraLookahead(pn)
+    async with agent_on(url, pn) as (sched, agent):
+        await sched.send(lora_submit("r0", 0, "sim-7b", max_tokens=250))
+        for i, a in enumerate("abc"):
+            await sched.send(lora_submit(f"r{a}", 1 + i, a))
+        await asyncio.sleep(0.2)
+        await pn.lora_lookahead.idle()
+        assert adapters(url) == {"a"}
+        await sched.send(P.Rekey(keys={"rc": [0.5]}))
+        await asyncio.sleep(0.2)
+        await pn.lora_lookahead.idle()
+        assert "r0" in agent.slots["http"].inflight  # no release happened in between
+        assert adapters(url) == {"c"}
+        await sched.send(P.Cancel(request_ids=["rc"]))
+        await asyncio.sleep(0.2)
+        await pn.lora_lookahead.idle()
+        assert "r0" in agent.slots["http"].inflight
+        assert adapters(url) == {"a"}
+        res = await results(sched, 4)
+    assert res["rc"].type == "failed" and res["rc"].error == "cancelled"
+    assert all(res[r].type == "done" for r in ("r0", "ra", "rb"))
