@@ -111,7 +111,8 @@ def cmd_prewarm(args: argparse.Namespace) -> int:
     else:
         rows = W.bench_prewarm_kv(
             args.apps or 500, args.window or 15.0, _floats(args.cache_gb), _names(args.strategies),
-            tenants=args.tenants or 1, cpu_cache_gb=args.cpu_cache_gb, **common,
+            tenants=args.tenants or 1, cpu_cache_gb=args.cpu_cache_gb, bound=args.bound,
+            **common,
         )
         title = f"prewarm KV prefixes (cpu tier {args.cpu_cache_gb:g} GB, seed {args.seed})"
     return _finish(rows, args, title, t0)
@@ -203,6 +204,10 @@ def add_prewarm_parsers(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-loras", dest="max_loras", type=int, default=10)
     s.add_argument("--max-cpu-loras", dest="max_cpu_loras", type=int, default=20)
     s.add_argument("--k", type=float, default=0.5, help="prewarm knob K of the hermes strategy")
+    s.add_argument("--bound", action="store_true",
+                   help="KV: add a 'bound' row per cache size: lru with an unlimited host tier "
+                        "swapping in at no cost (no prefix computed twice), the most any "
+                        "prewarm could save")
     s.set_defaults(func=cmd_prewarm)
 
     s = bsub.add_parser("knob", help="K sweep: ACT reduction vs wasted backend-seconds (Fig. 14)")

@@ -10,7 +10,8 @@ the run short).
   engine (tokens = GB / the cost model's KV bytes per token) and a host-memory tier of
   ``--cpu-cache-gb``; rows ``{cache_gb, strategy, kv_hit_ratio, mean_act_s, ...}``. Prefixes
   are the units' system prompts; with ``--tenants T`` every app is deployed by T tenants, each
-  with its own prompts (T x the distinct prefixes).
+  with its own prompts (T x the distinct prefixes). ``--bound`` adds the ``bound`` row: no
+  prefix computed twice (:func:`bench_prewarm_kv`).
 - ``prewarm --lora`` (Fig. 13b): ``--adapters`` rank-8 LoRA adapters, one per (tenant, app,
   LLM unit) until there are that many, tenants drawn uniformly per run; ``--max-loras`` GPU
   slots and ``--max-cpu-loras`` host slots; rows ``{strategy, lora_hit_ratio, mean_act_s, ...}``.
@@ -36,6 +37,8 @@ from hermes.core.prewarm import DEFAULT_TIMING
 from hermes.sim.simulator import Arrival, Simulator, setup_engines
 
 STRATEGIES = ("hermes", "epwq", "lru")
+#: the host tier of the ``bound`` row (:func:`bench_prewarm_kv`): more than any workload needs
+UNLIMITED_GB = 1e6
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,7 @@ class WarmJob:
     timing: str = DEFAULT_TIMING  # how the planner's start time follows from K (start_offset)
     cache_gb: float | None = None
     cpu_cache_gb: float = 0.0
+    swap_bytes_per_s: float = 16e9  # host-tier swap-in bandwidth (inf: instant)
     max_loras: int | None = None
     max_cpu_loras: int | None = None
     adapters: tuple[tuple[str, str, str], ...] = ()  # (tenant, app, unit) -> index = adapter
@@ -82,6 +86,7 @@ def simulate(job: WarmJob) -> tuple[tuple, np.ndarray, dict, float]:
                             n_walks=job.walks, timing=job.timing)
     warm = SimWarmState(
         strategy, cost, n_engines=n_engines, cache_gb=job.cache_gb, cpu_cache_gb=job.cpu_cache_gb,
+        swap_bytes_per_s=job.swap_bytes_per_s,
         max_loras=job.max_loras, max_cpu_loras=job.max_cpu_loras,
         adapter=_adapter_fn(job) if job.adapters else None,
     )
@@ -135,8 +140,15 @@ def bench_prewarm_kv(
     workers: int | None = None,
     progress: bool = True,
     pdgraph_dir: str | None = None,
+    bound: bool = False,
 ) -> list[dict]:
-    """Fig. 13a: KV prefix hit ratio and mean ACT per (cache size, strategy)."""
+    """Fig. 13a: KV prefix hit ratio and mean ACT per (cache size, strategy).
+
+    ``bound``: one more row per cache size, ``bound``: ``lru`` with an unlimited host tier
+    that swaps a prefix in at no cost, so that no prefix is ever computed twice (its blocks
+    still come out of the GPU pool when a request uses it). It is what perfect foresight
+    could at most save at that GPU cache size; its ``kv_hit_ratio`` counts the host-tier hits
+    too (nothing recomputed, no stall)."""
     arrivals, _ = build_arrivals(apps, window_min, seed=seed, trace=trace, setup=setup)
     if tenants > 1:
         arrivals = with_tenants(arrivals, tenants, seed)
@@ -146,15 +158,21 @@ def bench_prewarm_kv(
         for gb in cache_gbs
         for s in strategies
     ]
+    if bound:
+        jobs += [WarmJob((gb, "bound"), "lru", tuple(arrivals), setup, policy, k, cache_gb=gb,
+                         cpu_cache_gb=UNLIMITED_GB, swap_bytes_per_s=float("inf"), walks=walks,
+                         seed=seed, pdgraph_dir=pdgraph_dir)
+                 for gb in cache_gbs]
     res = run_warm_jobs(jobs, workers=workers, progress=progress)
     rows = []
     for gb in cache_gbs:
-        for s in strategies:
+        for s in [*strategies, *(["bound"] if bound else [])]:
             acts, st = res[(gb, s)]
+            hits = "kv_resident_hit_ratio" if s == "bound" else "kv_hit_ratio"
             rows.append({
                 "cache_gb": gb,
                 "strategy": s,
-                "kv_hit_ratio": st.get("kv_hit_ratio", 0.0),
+                "kv_hit_ratio": st.get(hits, 0.0),
                 "mean_act_s": float(acts.mean()),
                 "p95_act_s": float(np.percentile(acts, 95)),
                 **_row_stats(st, ("kv_cpu_hits", "kv_warming_hits", "prewarm_started",

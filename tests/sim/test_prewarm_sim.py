@@ -144,3 +144,20 @@ def test_lora_lookahead_beats_fetch_on_enqueue_when_requests_queue():
     assert h["lora_resident_hit_ratio"] > 1.5 * e["lora_resident_hit_ratio"]
     assert h["lora_stall_s"] < e["lora_stall_s"] and h_act < e_act
     assert h["prewarm_deferred"] > 0 and h["prewarm_started"] > 0
+
+
+def test_kv_bound_row_never_recomputes_a_prefix():
+    """``bench prewarm --bound``: lru with an unlimited host tier that swaps in at no cost.
+    Evicted prefixes come back from the host tier instead of being recomputed, so it hits
+    more often and, under load (here requests queue), is faster than lru with the 4 GB tier."""
+    from hermes.bench.prewarm import bench_prewarm_kv
+
+    rows = bench_prewarm_kv(200, 4.0, (8,), ("lru",), tenants=8, cpu_cache_gb=4, bound=True,
+                            workers=1, progress=False, walks=50)
+    by = {r["strategy"]: r for r in rows}
+    assert set(by) == {"lru", "bound"}
+    lru, bound = by["lru"], by["bound"]
+    assert bound["kv_hit_ratio"] > lru["kv_hit_ratio"]
+    assert bound["mean_act_s"] < 0.95 * lru["mean_act_s"]
+    assert bound["prewarm_started"] == 0  # no prewarm: only the cache differs
+    assert bound["kv_cpu_hits"] > 0  # evicted prefixes came back from the host tier
