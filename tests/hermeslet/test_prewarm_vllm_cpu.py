@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from hermeslet.engines.vllm import VLLMEngine
-from hermeslet.prewarmers import KVPrefixPrewarmer, LoraPrewarmer
+from hermeslet.prewarmers import KVPrefixPrewarmer, LoraPrewarmer, NodePrewarmer
+from tests.hermeslet.test_lora_lookahead import agent_on, lora_submit, results
 from tests.hermeslet.test_vllm_cpu import BUILD
 
 VLLM_PY = os.environ.get("HERMES_VLLM_PYTHON")
@@ -78,6 +79,18 @@ async def test_lora_and_prefix_prewarm_on_vllm(tiny_with_adapters):
             await pw.load("a2")  # beyond max_loras: a0 is unloaded first
             models = {m["id"] for m in (await http.get(url + "/v1/models")).json()["data"]}
             assert {"a1", "a2"} <= models and "a0" not in models
+            r = await http.post(url + "/v1/completions",
+                                json={"model": "a0", "prompt": "the quick", "max_tokens": 2})
+            assert r.status_code == 404, r.text  # vLLM serves no adapter it has not loaded
+        # through a HermesLet, a request for the unloaded a0 loads it first (on demand)
+        node = NodePrewarmer(loras={"tiny": pw})
+        async with agent_on(url, node) as (sched, agent):
+            assert "a0" in {a for e in agent.hello().engines for a in e.loras}
+            await sched.send(lora_submit("r-a0", 0, "a0", max_tokens=3))
+            (res,) = (await results(sched, 1)).values()
+        assert res.type == "done" and res.output_tokens == 3, res
+        assert pw.counters.cold_starts == 1 and "a0" in pw.loaded
+        async with httpx.AsyncClient(timeout=60) as http:
             # KV prefix: a prefill-only request makes the unit's request hit the cache
             system = "the lazy dog jumps over the quick brown fox " * 30  # several KV blocks (CPU block: 128)
             kv = KVPrefixPrewarmer(url, "tiny")
