@@ -1,8 +1,9 @@
 """A HermesLet's prewarm metrics (:func:`hermeslet.metrics.prewarm_metrics`) against real parts:
 the built-in engine's HTTP server (``hermeslet sim-engine``, vLLM's LoRA and chat API), a real
 :class:`~hermeslet.agent.HermesLet` and its :class:`~hermeslet.metrics.MetricsServer`, scraped
-over HTTP and parsed with prometheus_client's parser. (The container pool's metrics are checked
-against a real dockerd in ``test_prewarm_docker.py``.)
+over HTTP and parsed with prometheus_client's parser, and the prewarm dashboard's node queries
+through a real Prometheus. (The container pool's metrics are checked against a real dockerd in
+``test_prewarm_docker.py``.)
 
 The base model's name has underscores, which the flat ``NodePrewarmer.stats()`` keys cannot
 tell apart from the key's own separators: the metrics carry it whole in a label.
@@ -11,6 +12,7 @@ tell apart from the key's own separators: the metrics carry it whole in a label.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import httpx
@@ -25,6 +27,14 @@ from hermeslet.metrics import MetricsServer, node_registry
 from hermeslet.prewarmers import DnnHook, KVPrefixPrewarmer, LoraPrewarmer, NodePrewarmer
 from tests.hermeslet.conftest import _start_sim
 from tests.hermeslet.test_lora_lookahead import agent_on, lora_submit, node, results
+from tests.ops.test_prometheus_dashboards import (  # noqa: F401 (the prometheus fixture)
+    SCRAPE_S,
+    needs_prewarming_node,
+    panel_queries,
+    prometheus,
+    to_promql,
+    wait_scraped,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -179,3 +189,58 @@ async def test_lora_lookahead_counters_come_from_the_running_agent(url):
     assert val(s, "hermeslet_lora_lookahead_failed_total", **la) == 1
     assert val(s, "hermeslet_lora_lookahead_loads_total", **la) == 0
     assert val(s, "hermeslet_lora_adapters_loaded", **la) == 0
+
+
+async def test_dashboard_queries_of_a_prewarming_node_return_data(url, prometheus):  # noqa: F811
+    """The prewarm dashboard's queries that only a prewarming node answers (the general
+    dashboard test skips them: its node has no prewarmers), through a real Prometheus scraping
+    a running HermesLet with a LoRA lookahead and a KV prefix prewarmer, before and after the
+    node worked: the adapter gauge shows the one adapter loaded, the lookahead's load rate
+    rises above zero, and the KV warm-up is measured."""
+    queries = [(title, expr) for _, title, expr in panel_queries() if needs_prewarming_node(expr)]
+    assert len(queries) >= 6
+    pn = node(url, slots=2, paths={"a_1": "/adapters/a_1"})
+    pn.loras = {BASE: pn.loras.pop("sim-7b")}
+    pn.prefixes[BASE] = KVPrefixPrewarmer(url, BASE)
+    async with agent_on(url, pn) as (sched, agent):
+        metrics = await MetricsServer(node_registry(agent)).start()
+        try:
+            prom = await asyncio.to_thread(prometheus, {"hermeslet": f"127.0.0.1:{metrics.port}"})
+            await asyncio.to_thread(wait_scraped, prom, {"hermeslet"})
+            start = time.time()
+            await sched.send(lora_submit("r0", 0, BASE, max_tokens=20))
+            await sched.send(lora_submit("r1", 1, "a_1"))
+            res = await results(sched, 2)
+            ok, detail = await pn.handle(f"kv:{BASE}/app/unit", "start",
+                                         {"prefix": "Shared system prompt. " * 20})
+            assert ok, detail
+            await asyncio.to_thread(wait_scraped, prom, {"hermeslet"}, 30.0,
+                                    time.time() + SCRAPE_S)
+            end = time.time()
+            got = {}
+            async with httpx.AsyncClient() as c:
+                for title, expr in queries:
+                    r = await c.get(prom + "/api/v1/query_range", timeout=30, params={
+                        "query": to_promql(expr), "start": start, "end": end, "step": 1})
+                    body = r.json()
+                    assert r.status_code == 200 and body["status"] == "success", (title, body)
+                    got[expr] = {s["metric"].get("backend_type", ""): [float(v) for _, v in
+                                                                       s["values"]]
+                                 for s in body["data"]["result"]}
+        finally:
+            await metrics.close()
+    assert res["r1"].type == "done"  # its adapter was loaded ahead of its release
+    empty = [expr for expr, series in got.items()
+             if not any(math.isfinite(v) for vs in series.values() for v in vs)]
+    assert not empty, empty
+
+    def one(metric: str) -> dict[str, list[float]]:
+        (expr,) = [e for e in got if metric in e]
+        return got[expr]
+
+    assert one("hermeslet_lora_adapters_loaded")[""][-1] == 1
+    assert one("hermeslet_lora_adapters_max")[""][-1] == 2
+    assert max(one("hermeslet_lora_lookahead_loads_total")[""]) > 0
+    assert max(one("hermeslet_lora_lookahead_failed_total")[""]) == 0
+    warmups = one("hermeslet_prewarm_last_warmup_seconds")
+    assert warmups["kv"][-1] > 0 and warmups["lora"][-1] > 0
