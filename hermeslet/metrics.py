@@ -4,8 +4,27 @@
 of it, the in-flight window (used and size), and what the engine itself reports (vLLM's
 ``/metrics``, fetched by the adapter at every heartbeat: ``vllm:kv_cache_usage_perc``,
 ``vllm:num_requests_running``/``waiting``, ``vllm:prefix_cache_queries_total``/
-``hits_total``; the built-in engine reports the same), plus the tool queue. Nothing is
-updated per request.
+``hits_total``; the built-in engine reports the same), plus the tool queue, plus the node's
+prewarmers (:class:`~hermeslet.prewarmers.NodePrewarmer`, read from their own objects, never
+from the flat ``stats()`` keys, since model names may contain ``_``):
+
+- counters ``hermeslet_prewarm_{started,used,wasted,wasted_backend_seconds}`` (the gateway's
+  ``hermes_prewarm_*`` per node) and ``hermeslet_prewarm_{cold_starts,warm_hits}``, labels
+  ``node``, ``backend_type`` (``docker``, ``lora``, ``kv``, ``dnn``) and ``target`` (the
+  base model of ``lora``, the model of ``kv`` and ``dnn``; empty for ``docker``, whose pool
+  counts over all images). Every node exports ``docker``, ``lora`` and ``kv`` rows from the
+  start (target empty, at zero where it has no such prewarmer), as the gateway does; a DNN
+  hook counts its loads as ``started`` (it tracks no use or waste); cold starts and warm hits
+  are counted by the container pool only (tool calls), so only ``docker`` has them;
+- gauge ``hermeslet_prewarm_last_warmup_seconds`` (the last measured warm-up, once there was
+  one), gauge ``hermeslet_prewarm_idle_containers{node,image}`` (warm containers waiting);
+- gauges ``hermeslet_lora_adapters_loaded`` and ``hermeslet_lora_adapters_max{node,model}``
+  (adapters a LoRA prewarmer keeps loaded, and its ``max_loras``), counters
+  ``hermeslet_lora_lookahead_{loads,failed,no_path}{node,model}`` when the queue lookahead is
+  on (:mod:`hermeslet.lora_lookahead`);
+- gauge ``hermeslet_dnn_model_loaded{node,model}`` (0 or 1).
+
+Nothing is updated per request: every value is read when Prometheus scrapes.
 
 A standalone HermesLet serves them with :class:`MetricsServer` (``hermeslet run
 --metrics-port P``) on its own event loop, so a scrape reads the agent's state between two
@@ -102,6 +121,91 @@ class NodeCollector:
                               labels=["node"])
         g.add_metric([node], len(a.tool_tasks))
         yield g
+        yield from prewarm_metrics(node, getattr(a, "prewarmer", None))
+
+
+#: backend types whose prewarm counters every node exports (as the gateway's PREWARM_TYPES)
+PREWARM_TYPES: tuple[str, ...] = ("docker", "lora", "kv")
+#: PrewarmCounters field -> metric family (name, help) of the node's prewarm counters
+_PREWARM_COUNTERS: dict[str, tuple[str, str]] = {
+    "started": ("hermeslet_prewarm_started", "Backend prewarms started on the node."),
+    "used": ("hermeslet_prewarm_used", "Prewarmed backends a request used."),
+    "wasted": ("hermeslet_prewarm_wasted", "Prewarmed backends released unused (wrong branch "
+               "or idle timeout)."),
+    "wasted_backend_s": ("hermeslet_prewarm_wasted_backend_seconds", "Backend seconds held "
+                         "warm and never used."),
+    "cold_starts": ("hermeslet_prewarm_cold_starts", "Calls that found no warm backend and "
+                    "started one themselves."),
+    "warm_hits": ("hermeslet_prewarm_warm_hits", "Calls that found a warm backend."),
+}
+#: the counters exported at zero for backend types the node has no prewarmer of
+_ZERO_FROM_START = ("started", "used", "wasted", "wasted_backend_s")
+#: backend types whose prewarmer counts calls (cold_starts, warm_hits): the container pool
+_CALL_COUNTED = ("docker",)
+
+
+def prewarm_metrics(node: str, pw: Any) -> Iterator[Metric]:
+    """The prewarm families of one node; ``pw`` is its
+    :class:`~hermeslet.prewarmers.NodePrewarmer` or ``None``. Every family is yielded (so
+    that it is listed before it has samples); see the module docstring for the rows."""
+    labels = ["node", "backend_type", "target"]
+    counters = {k: CounterMetricFamily(name, doc, labels=labels)
+                for k, (name, doc) in _PREWARM_COUNTERS.items()}
+    last = GaugeMetricFamily("hermeslet_prewarm_last_warmup_seconds", "The last measured "
+                             "warm-up of a backend (create+start, adapter load, prefix "
+                             "prefill, model load).", labels=labels)
+    idle = GaugeMetricFamily("hermeslet_prewarm_idle_containers", "Prewarmed containers "
+                             "waiting for a tool call.", labels=["node", "image"])
+    loaded = GaugeMetricFamily("hermeslet_lora_adapters_loaded", "LoRA adapters the node's "
+                               "prewarmer keeps loaded on the engine.", labels=["node", "model"])
+    cap = GaugeMetricFamily("hermeslet_lora_adapters_max", "At most this many adapters loaded "
+                            "(max_loras; vLLM's --max-cpu-loras).", labels=["node", "model"])
+    la = {k: CounterMetricFamily(f"hermeslet_lora_lookahead_{k}", doc, labels=["node", "model"])
+          for k, doc in (("loads", "Adapters the queue lookahead loaded ahead of their queued "
+                                   "requests."),
+                         ("failed", "Lookahead loads that failed."),
+                         ("no_path", "Adapters the lookahead skipped: no path known "
+                                     "(--lora-path)."))}
+    dnn = GaugeMetricFamily("hermeslet_dnn_model_loaded", "Whether a DNN tool model is loaded "
+                            "(0 or 1).", labels=["node", "model"])
+    seen: set[str] = set()
+
+    def add(btype: str, target: str, c: Any) -> None:
+        seen.add(btype)
+        for key, fam in counters.items():
+            if key in _ZERO_FROM_START or btype in _CALL_COUNTED:
+                fam.add_metric([node, btype, target], float(getattr(c, key)))
+        if c.warmup_s_last > 0:
+            last.add_metric([node, btype, target], float(c.warmup_s_last))
+
+    if pw is not None:
+        pool = pw.containers
+        if pool is not None:
+            add("docker", "", pool.counters)
+            for image, ws in list(pool.idle.items()):
+                idle.add_metric([node, image], len(ws))
+        for model, lp in list(pw.loras.items()):
+            add("lora", model, lp.counters)
+            loaded.add_metric([node, model], len(lp.loaded))
+            cap.add_metric([node, model], lp.max_loras)
+            if pw.lora_lookahead is not None:
+                for key, fam in la.items():
+                    fam.add_metric([node, model], float(getattr(lp.lookahead, key)))
+        for model, kp in list(pw.prefixes.items()):
+            add("kv", model, kp.counters)
+        for model, hook in list(pw.dnn.items()):
+            counters["started"].add_metric([node, "dnn", model], float(hook.loads))
+            if hook.load_s is not None:
+                last.add_metric([node, "dnn", model], float(hook.load_s))
+            dnn.add_metric([node, model], 0.0 if hook.model is None else 1.0)
+    for btype in PREWARM_TYPES:
+        if btype not in seen:
+            for key in _ZERO_FROM_START:
+                counters[key].add_metric([node, btype, ""], 0.0)
+    yield from counters.values()
+    yield from (last, idle, loaded, cap)
+    yield from la.values()
+    yield dnn
 
 
 def node_registry(agent: Any) -> CollectorRegistry:

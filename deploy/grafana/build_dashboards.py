@@ -200,6 +200,32 @@ def prewarm() -> dict:
                "p50 {{backend_type}} {{start}}"),
             _q(_quantile(0.95, "hermes_tool_duration_seconds", "backend_type, start"),
                "p95 {{backend_type}} {{start}}")], unit="s", w=24),
+        # the HermesLets' own counters (hermeslet/metrics.py), per node
+        _panel("Node prewarms: wasted backend-seconds per second", [
+            _q(f"sum by (node, {by}) (rate(hermeslet_prewarm_wasted_backend_seconds_total"
+               f"[{RI}]))", "{{node}} {{backend_type}}")], unit="s",
+            desc="Backend seconds held warm on each node and released or reaped unused."),
+        _panel("Node prewarms started / wasted per second", [
+            _q(f"sum by (node, {by}) (rate(hermeslet_prewarm_started_total[{RI}]))",
+               "started {{node}} {{backend_type}}"),
+            _q(f"sum by (node, {by}) (rate(hermeslet_prewarm_wasted_total[{RI}]))",
+               "wasted {{node}} {{backend_type}}")], unit="reqps"),
+        _panel("LoRA lookahead loads / failures per second", [
+            _q(f"sum by (node) (rate(hermeslet_lora_lookahead_loads_total[{RI}]))",
+               "loads {{node}}"),
+            _q(f"sum by (node) (rate(hermeslet_lora_lookahead_failed_total[{RI}]))",
+               "failed {{node}}"),
+            _q(f"sum by (node) (rate(hermeslet_lora_lookahead_no_path_total[{RI}]))",
+               "no path {{node}}")], unit="reqps",
+            desc="Adapters the queue lookahead loaded ahead of their requests; failed loads; "
+                 "adapters skipped for want of a --lora-path. Nodes with the lookahead on."),
+        _panel("LoRA adapters loaded / max per node", [
+            _q("sum by (node) (hermeslet_lora_adapters_loaded)", "loaded {{node}}"),
+            _q("sum by (node) (hermeslet_lora_adapters_max)", "max {{node}}")]),
+        _panel("Last measured warm-up per node", [
+            _q(f"max by (node, {by}) (hermeslet_prewarm_last_warmup_seconds)",
+               "{{node}} {{backend_type}}")], unit="s", w=24,
+            desc="Container create+start, adapter load, prefix prefill or model load."),
     ])
 
 

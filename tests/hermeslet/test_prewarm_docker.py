@@ -199,3 +199,24 @@ def test_wrong_branch_container_is_released_and_counted(docker_client):
     asyncio.run(go())
     st = node.stats()
     assert st["docker_wasted"] == 1 and st["docker_idle"] == 0 and st["docker_wasted_backend_s"] > 0
+    # the waste is counted in the node's metrics (one scrape of a HermesLet with this prewarmer)
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hermeslet.agent import HermesLet
+    from hermeslet.engines import make_engine
+    from hermeslet.metrics import node_registry
+
+    agent = HermesLet("node-d", "inproc://unused", [make_engine("sim", name="e", model="m")],
+                      prewarmer=node)
+    page = generate_latest(node_registry(agent)).decode()
+    got = {s.name: s.value for f in text_string_to_metric_families(page) for s in f.samples
+           if s.labels.get("backend_type") == "docker" and s.labels["node"] == "node-d"}
+    assert got["hermeslet_prewarm_started_total"] == 1
+    assert got["hermeslet_prewarm_wasted_total"] == 1 and got["hermeslet_prewarm_used_total"] == 0
+    assert got["hermeslet_prewarm_wasted_backend_seconds_total"] == pytest.approx(
+        pool.counters.wasted_backend_s) and pool.counters.wasted_backend_s > 0
+    assert got["hermeslet_prewarm_last_warmup_seconds"] == pytest.approx(
+        pool.counters.warmup_s_last) and pool.counters.warmup_s_last > 0
+    assert "hermeslet_prewarm_idle_containers" not in got  # its label is the image
+    assert f'hermeslet_prewarm_idle_containers{{image="{IMAGE}",node="node-d"}} 0.0' in page
