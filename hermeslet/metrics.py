@@ -15,7 +15,9 @@ from the flat ``stats()`` keys, since model names may contain ``_``):
   counts over all images). Every node exports ``docker``, ``lora`` and ``kv`` rows from the
   start (target empty, at zero where it has no such prewarmer), as the gateway does; a DNN
   hook counts its loads as ``started`` (it tracks no use or waste); cold starts and warm hits
-  are counted by the container pool only (tool calls), so only ``docker`` has them;
+  count calls: tool calls of the container pool (``docker``) and requests released with their
+  LoRA adapter not loaded / loaded (``lora``); a KV prefix's use is not visible on the node
+  (the gateway's planner counts it);
 - gauge ``hermeslet_prewarm_last_warmup_seconds`` (the last measured warm-up, once there was
   one), gauge ``hermeslet_prewarm_idle_containers{node,image}`` (warm containers waiting);
 - gauges ``hermeslet_lora_adapters_loaded`` and ``hermeslet_lora_adapters_max{node,model}``
@@ -141,7 +143,9 @@ _PREWARM_COUNTERS: dict[str, tuple[str, str]] = {
 #: the counters exported at zero for backend types the node has no prewarmer of
 _ZERO_FROM_START = ("started", "used", "wasted", "wasted_backend_s")
 #: backend types whose prewarmer counts calls (cold_starts, warm_hits): the container pool
-_CALL_COUNTED = ("docker",)
+#: (tool calls) and the LoRA prewarmer (requests released with their adapter not loaded /
+#: loaded)
+_CALL_COUNTED = ("docker", "lora")
 
 
 def prewarm_metrics(node: str, pw: Any) -> Iterator[Metric]:

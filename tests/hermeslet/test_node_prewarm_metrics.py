@@ -139,11 +139,17 @@ async def test_kv_lora_and_dnn_prewarms_show_in_the_nodes_metrics(url):
     assert val(s1, "hermeslet_dnn_model_loaded", node=NODE, model="res_net50") == 1
     # the lookahead is off: its counters are listed but have no samples
     assert not {n for n in names(s1) if n.startswith("hermeslet_lora_lookahead_")}
-    # cold starts / warm hits are the container pool's (tool calls): none for kv or lora
+    # a_1 was unloaded before any request used it: a wasted prewarm, with its loaded time
+    assert val(s1, "hermeslet_prewarm_wasted_total", **lo) == 1
+    assert val(s1, "hermeslet_prewarm_wasted_backend_seconds_total", **lo) > 0
+    assert val(s1, "hermeslet_prewarm_used_total", **lo) == 0
+    # cold starts / warm hits count calls (tool calls, LoRA requests): none for kv
     assert val(s1, "hermeslet_prewarm_cold_starts_total", **kv) is None
+    assert val(s1, "hermeslet_prewarm_cold_starts_total", **lo) == 0
 
     assert val(s2, "hermeslet_lora_adapters_loaded", node=NODE, model=BASE) == 1
     assert adapters(url) == {"b"}
+    assert val(s2, "hermeslet_prewarm_wasted_total", **lo) == 2  # c released unused
     assert val(s2, "hermeslet_dnn_model_loaded", node=NODE, model="res_net50") == 0
     assert val(s2, "hermeslet_prewarm_started_total", **dnn) == 1  # a release starts nothing
     assert val(s2, "hermeslet_prewarm_started_total", **kv) == 1
@@ -171,6 +177,10 @@ async def test_lora_lookahead_counters_come_from_the_running_agent(url):
     assert val(s, "hermeslet_lora_lookahead_no_path_total", **la) == 1
     assert val(s, "hermeslet_lora_lookahead_failed_total", **la) == 0
     assert val(s, "hermeslet_lora_adapters_loaded", **la) == 1
+    # r2 found a_1 loaded by the lookahead when it was released: a warm hit, no cold start
+    lo = {"node": "node-l", "backend_type": "lora", "target": BASE}
+    assert val(s, "hermeslet_prewarm_warm_hits_total", **lo) == 1
+    assert val(s, "hermeslet_prewarm_cold_starts_total", **lo) == 0
     assert val(s, "hermeslet_prewarm_started_total", node="node-l", backend_type="lora",
                target=BASE) == 0
     assert val(s, "hermeslet_prewarm_last_warmup_seconds", node="node-l", backend_type="lora",
