@@ -37,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--setup", default="llama2-7b-a100", help="sim engine cost model")
     r.add_argument("--max-num-seqs", type=int, default=None,
                    help="sim engine: override the running-batch limit")
+    _kv_flags(r, "sim engine: ")
     r.add_argument("--priority", action=argparse.BooleanOptionalAction, default=None,
                    help="pass vLLM `priority` (default: on for vllm and sim, off for openai)")
     r.add_argument("--enable-lora", action="store_true", help="vllm: --enable-lora")
@@ -77,8 +78,36 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--max-num-seqs", type=int, default=None,
                    help="override the setup's running-batch limit (e.g. 1 to saturate)")
+    _kv_flags(s, "")
     s.add_argument("--log-level", default="warning")
     return p
+
+
+def _kv_flags(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--kv-cache-gb", dest="kv_cache_gb", type=_positive_float, default=None,
+                   metavar="GB", help=f"{what}KV capacity in GB, one block pool for running "
+                   "requests and cached prefixes (default: the setup's capacity, and an LRU of "
+                   "whole prefixes)")
+    p.add_argument("--cpu-cache-gb", dest="cpu_cache_gb", type=_nonneg_float, default=0.0,
+                   metavar="GB", help=f"{what}host-memory tier for prefixes evicted from the "
+                   "KV pool (with --kv-cache-gb; default 0: none)")
+
+
+def _positive_float(text: str) -> float:
+    v = _nonneg_float(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return v
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return v
 
 
 def _lora_path(text: str) -> tuple[str, str]:
@@ -120,6 +149,8 @@ def build_agent(args: argparse.Namespace):  # noqa: ANN201
             if args.max_num_seqs is not None:
                 cost = cost.with_overrides(max_num_seqs=args.max_num_seqs)
             kw["cost"] = cost
+            if args.kv_cache_gb is not None:
+                kw.update(kv_cache_gb=args.kv_cache_gb, cpu_cache_gb=args.cpu_cache_gb)
         if kind == "vllm":
             kw.update(enable_lora=args.enable_lora or lookahead, max_loras=args.max_loras,
                       python=args.vllm_python)
@@ -186,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
         serve(host=args.host, port=args.port, setup=args.setup, time_scale=args.time_scale,
               model=args.model, seed=args.seed, max_num_seqs=args.max_num_seqs,
+              kv_cache_gb=args.kv_cache_gb, cpu_cache_gb=args.cpu_cache_gb,
               log_level=args.log_level)
         return 0
     return 2

@@ -273,7 +273,8 @@ async def _sse(endpoint: str, rid: str, model: str, created: int, first: GenChun
 
 def serve(*, host: str = "127.0.0.1", port: int = 8000, setup: str = "llama2-7b-a100",
           time_scale: float = 1.0, model: str = "sim-llama2-7b", seed: int = 0,
-          max_num_seqs: int | None = None, log_level: str = "warning") -> None:
+          max_num_seqs: int | None = None, kv_cache_gb: float | None = None,
+          cpu_cache_gb: float = 0.0, log_level: str = "warning") -> None:
     """Run the standalone server (blocking): ``hermeslet sim-engine``."""
     import uvicorn
 
@@ -282,7 +283,8 @@ def serve(*, host: str = "127.0.0.1", port: int = 8000, setup: str = "llama2-7b-
     cost = get_cost_model(setup)
     if max_num_seqs is not None:
         cost = cost.with_overrides(max_num_seqs=max_num_seqs)
-    engine = SimEngine(name="sim", model=model, cost=cost, time_scale=time_scale, seed=seed)
+    engine = SimEngine(name="sim", model=model, cost=cost, time_scale=time_scale, seed=seed,
+                       kv_cache_gb=kv_cache_gb, cpu_cache_gb=cpu_cache_gb)
     from hermes import evloop
 
     # uvloop + httptools where installed (uvicorn[standard]): the engine server's own per-request

@@ -20,7 +20,14 @@ What the simulated engine produces (documented contract, also for ``hermeslet si
   on ties), as vLLM's ``--scheduling-policy priority``.
 - **Prefix cache**: for chat requests the first message (the system prompt: a unit's shared
   role) is the cacheable prefix; an LRU of :data:`PREFIX_CACHE_ENTRIES` prefixes feeds the
-  engine model's prefix-cache hook and the ``vllm:prefix_cache_*`` counters.
+  engine model's prefix-cache hook and the ``vllm:prefix_cache_*`` counters. With
+  ``kv_cache_gb`` it is instead the engine's one KV block pool, as in the simulator
+  (:class:`~hermes.core.warm_models.BlockPoolPrefixCache`): that many GB of KV for running
+  requests and cached prefixes together, cached prefixes evicted least recently used when
+  running requests need the blocks, to a host-memory tier of ``cpu_cache_gb`` (0: dropped);
+  a prefix found there is swapped back in, stalling the iteration that admits its request
+  for its size at ``swap_gb_per_s``. ``prefix_cache_queries``/``hits`` count prompt-prefix
+  tokens (GPU or host hits), ``prefix_cache_cpu_hits`` the requests served from host memory.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from typing import Any
 
 from hermes.core.costmodel import DEFAULT_SETUP, CostModel, get_cost_model
 from hermes.core.engine_model import EngineModel, EngineRequest
-from hermes.core.warm_models import LRUPrefixCache
+from hermes.core.warm_models import BlockPoolPrefixCache, LRUPrefixCache, gb_to_tokens
 from hermeslet.engines.base import EngineAdapter, EngineError, EngineMetrics, GenChunk, GenResult
 
 DEFAULT_MAX_TOKENS = 16
@@ -120,6 +127,9 @@ class SimEngine(EngineAdapter):
         use_priority: bool = True,
         step_wall_s: float = 0.02,
         max_catchup_s: float = 1.0,
+        kv_cache_gb: float | None = None,
+        cpu_cache_gb: float = 0.0,
+        swap_gb_per_s: float = 16.0,
     ) -> None:
         super().__init__(name=name, model=model, max_inflight=max_inflight,
                          use_priority=use_priority)
@@ -127,8 +137,23 @@ class SimEngine(EngineAdapter):
             raise ValueError("time_scale must be > 0")
         self.time_scale = time_scale
         self.cost = cost or get_cost_model(setup)
-        self.prefix_cache = LRUPrefixCache()
-        self.core = EngineModel(self.cost, name=name, prefix_cache=self.prefix_cache)
+        self.prefix_cache: LRUPrefixCache | _TokenCountingPool
+        if kv_cache_gb is None:
+            self.prefix_cache = LRUPrefixCache()
+            self.core = EngineModel(self.cost, name=name, prefix_cache=self.prefix_cache)
+        else:
+            if kv_cache_gb <= 0 or cpu_cache_gb < 0 or swap_gb_per_s <= 0:
+                raise ValueError("kv_cache_gb and swap_gb_per_s must be > 0, cpu_cache_gb >= 0")
+            per_token = self.cost.kv_bytes_per_token
+            pool = _TokenCountingPool(
+                gb_to_tokens(kv_cache_gb, per_token),
+                cpu_capacity_tokens=gb_to_tokens(cpu_cache_gb, per_token),
+                kv_bytes_per_token=per_token, swap_bytes_per_s=swap_gb_per_s * 1e9,
+            )
+            self.prefix_cache = pool
+            self.core = EngineModel(self.cost, name=name, prefix_cache=pool)
+            pool.engine_tokens = lambda: self.core.kv_used
+            self.core.admission_hook = pool  # the swap-in stalls the admitting iteration
         self.seed = seed
         self.step_wall_s = step_wall_s
         self.max_catchup_s = max(step_wall_s, max_catchup_s)
@@ -275,10 +300,16 @@ class SimEngine(EngineAdapter):
     def stats(self) -> EngineMetrics:
         waiting = len(self.core.waiting)
         running = len(self.core.running)
-        kv = self.core.kv_used / self.cost.kv_capacity_tokens
+        used = self.core.kv_used
+        extra: dict[str, float] = {}
+        if isinstance(self.prefix_cache, BlockPoolPrefixCache):
+            used += self.prefix_cache.locked_tokens()  # shared prefix blocks in use
+            extra["prefix_cache_cpu_hits"] = float(self.prefix_cache.stats.cpu_hits)
+        kv = used / self.core.kv_capacity
         return EngineMetrics(
             running=running, waiting=waiting, kv_usage=kv,
             extra={
+                **extra,
                 "prefix_cache_queries": float(self.prefix_cache.queries),
                 "prefix_cache_hits": float(self.prefix_cache.hits),
                 "prompt_tokens": float(self.prompt_tokens_total),
@@ -290,3 +321,24 @@ class SimEngine(EngineAdapter):
     async def metrics(self) -> EngineMetrics:
         self.last_metrics = self.stats()
         return self.last_metrics
+
+
+class _TokenCountingPool(BlockPoolPrefixCache):
+    """The KV block pool of a built-in engine with ``kv_cache_gb``: counts prompt-prefix
+    tokens looked up and found (``queries``/``hits``, as vLLM's ``prefix_cache_*`` counters)
+    and is the engine model's admission hook, so that a host-memory swap-in stalls the
+    iteration that admits its request."""
+
+    def __init__(self, capacity_tokens: int, **kw: Any) -> None:
+        super().__init__(capacity_tokens, **kw)
+        self.queries = 0
+        self.hits = 0
+
+    def cached_tokens(self, prefix: str, prefix_tokens: int, now: float) -> int:
+        got = super().cached_tokens(prefix, prefix_tokens, now)
+        self.queries += prefix_tokens
+        self.hits += got
+        return got
+
+    def on_admit(self, req: EngineRequest, now: float) -> float:
+        return self.take_stall_s()
