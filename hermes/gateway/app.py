@@ -37,8 +37,10 @@ def make_engine_adapter(e: EngineConfig, time_scale: float) -> Any:
     from hermeslet.engines import make_engine
 
     if e.kind == "sim":
+        kv = ({"kv_cache_gb": e.kv_cache_gb, "cpu_cache_gb": e.cpu_cache_gb}
+              if e.kv_cache_gb > 0 else {})
         eng = make_engine("sim", name=e.name, model=e.model, max_inflight=e.max_inflight,
-                          time_scale=time_scale, setup=e.cost_model)
+                          time_scale=time_scale, setup=e.cost_model, **kv)
     elif e.kind == "openai":
         eng = make_engine(f"openai:{e.url}", name=e.name, model=e.model or None,
                           max_inflight=e.max_inflight)

@@ -97,6 +97,11 @@ class EngineConfig(_Section):
     model: str = "llama-2-7b"
     #: cost model of a ``sim`` engine
     cost_model: str = "llama2-7b-a100"
+    #: ``sim``: KV capacity in GB of one block pool for running requests and cached prefixes
+    #: (``hermeslet run --kv-cache-gb``); 0: the LRU of whole prefixes
+    kv_cache_gb: float = Field(default=0.0, ge=0)
+    #: ``sim`` with ``kv_cache_gb``: host-memory tier for evicted prefixes, GB
+    cpu_cache_gb: float = Field(default=0.0, ge=0)
     #: URL of an ``openai``/``vllm`` engine server
     url: str = ""
     max_inflight: int = Field(default=32, ge=1)

@@ -95,3 +95,21 @@ def test_prewarm_timing_reaches_the_live_planner(tmp_path: Path) -> None:
         assert LiveScheduler(cfg).prewarm.strategy.timing == want
     with pytest.raises(ConfigError, match="prewarm_timing"):
         load_config(None, environ={"HERMES_PREWARM_TIMING": "soon"})
+
+
+def test_embedded_sim_engine_kv_pool_from_config() -> None:
+    """``[[engines]] kv_cache_gb`` (here from HERMES_ENGINES) gives the embedded built-in
+    engine its KV block pool and host tier; the default keeps the LRU of prefixes; a negative
+    size is refused naming the key."""
+    from hermes.core.warm_models import BlockPoolPrefixCache, LRUPrefixCache
+    from hermes.gateway.app import make_engine_adapter
+
+    env = {"HERMES_ENGINES": '[{"name": "s", "kv_cache_gb": 8, "cpu_cache_gb": 4}]'}
+    (e,) = load_config(None, environ=env).engines
+    eng = make_engine_adapter(e, 1.0)
+    assert isinstance(eng.prefix_cache, BlockPoolPrefixCache)
+    assert eng.core.kv_capacity == 16384 and eng.prefix_cache.cpu_capacity == 8192
+    (d,) = load_config(None, environ={}).engines
+    assert isinstance(make_engine_adapter(d, 1.0).prefix_cache, LRUPrefixCache)
+    with pytest.raises(ConfigError, match="kv_cache_gb"):
+        load_config(None, environ={"HERMES_ENGINES": '[{"kv_cache_gb": -1}]'})
