@@ -12,8 +12,8 @@
   a vLLM-compatible server, keeping at most ``max_loras`` adapters it loaded (LRU unload,
   never of an adapter in use: see :mod:`hermeslet.lora_lookahead`).
 - :class:`KVPrefixPrewarmer`: a prefill-only request (``max_tokens: 1``) carrying the next
-  unit's shared prompt prefix (its system message), so that the engine's prefix cache holds
-  it.
+  unit's shared prompt prefix (its system message), sent through the engine's adapter (HTTP
+  engines and the built-in one alike), so that the engine's prefix cache holds it.
 - :class:`DnnHook`: load/unload callables of a DNN tool model, with the measured load time.
 
 :class:`NodePrewarmer` routes the protocol's ``prewarm`` messages (``backend``, ``action``,
@@ -25,6 +25,7 @@ reported in the ack (``detail``), so the scheduler's planner learns ``t_p``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections import OrderedDict
@@ -32,6 +33,7 @@ from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hermeslet.engines.base import EngineAdapter, EngineError
 from hermeslet.tools import (
     DEFAULT_MAX_OUTPUT,
     BlockingDockerSandbox,
@@ -367,31 +369,43 @@ class LoraPrewarmer:
 
 
 class KVPrefixPrewarmer:
-    """Warms an engine's prefix cache with a prefill-only completion (``max_tokens: 1``)."""
+    """Warms an engine's prefix cache with a prefill-only request (``max_tokens: 1``) carrying
+    the prefix as its system message, as the unit's own requests carry it, sent through the
+    node's adapter of that engine: vLLM or any OpenAI-compatible server (``--enable-prefix-
+    caching``), or the built-in engine, whose prefix cache (the KV block pool with
+    ``--kv-cache-gb``) it fills the same way. ``engine`` may also be a server URL (an adapter
+    is made for each warm-up)."""
 
-    def __init__(self, base_url: str, model: str, *, timeout_s: float = 30.0) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.model = model
+    def __init__(self, engine: EngineAdapter | str, model: str | None = None, *,
+                 timeout_s: float = 30.0) -> None:
+        self.engine = engine
+        self.model = model or (engine if isinstance(engine, str) else engine.model)
         self.timeout_s = timeout_s
         self.counters = PrewarmCounters()
+        self._ids = itertools.count(1)
 
     async def warm(self, prefix: str, model: str | None = None) -> float:
         """Prefill ``prefix`` on the engine; returns the measured seconds."""
-        import httpx
+        eng, owned = self.engine, False
+        if isinstance(eng, str):
+            from hermeslet.engines.openai_http import OpenAIHTTPEngine
 
+            eng, owned = OpenAIHTTPEngine(eng, name="kv-prewarm", model=self.model), True
+        body = {"model": model or self.model, "max_tokens": 1, "temperature": 0.0,
+                "messages": [{"role": "system", "content": prefix},
+                             {"role": "user", "content": "."}]}
+        rid = f"prewarm-kv-{id(self):x}-{next(self._ids)}"
         t0 = time.monotonic()
-        async with httpx.AsyncClient(timeout=self.timeout_s) as http:
-            # the prefix as the system message, as the unit's own requests carry it: the
-            # engine caches its KV blocks (vLLM: --enable-prefix-caching)
-            r = await http.post(
-                f"{self.base_url}/v1/chat/completions",
-                json={"model": model or self.model, "max_tokens": 1, "temperature": 0.0,
-                      "messages": [{"role": "system", "content": prefix},
-                                   {"role": "user", "content": "."}]},
-            )
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async for _ in eng.generate("chat", body, False, request_id=rid):
+                    pass
+        except EngineError as e:
+            raise RuntimeError(f"prefix prewarm: {e}") from e
+        finally:
+            if owned:
+                await eng.close()
         dt = time.monotonic() - t0
-        if r.status_code >= 400:
-            raise RuntimeError(f"prefix prewarm: HTTP {r.status_code}: {r.text[:200]}")
         self.counters.started += 1
         self.counters.warmup_s_last = dt
         return dt
@@ -522,10 +536,10 @@ def build_node_prewarmer(
     node = NodePrewarmer(containers=pool)
     for e in engines:
         url, model = getattr(e, "url", None), getattr(e, "model", None)
-        if not url or not model:
-            continue  # the in-process sim engine: its prefix cache warms from use
-        node.prefixes[model] = KVPrefixPrewarmer(url, model)
-        if lora:
+        if not model:
+            continue  # a server whose model is learned at start: nothing to key it by yet
+        node.prefixes[model] = KVPrefixPrewarmer(e)  # through its adapter (built-in too)
+        if lora and url:
             node.loras[model] = LoraPrewarmer(url, max_loras=max_loras, paths=lora_paths)
     if lora and lookahead:
         from hermeslet.lora_lookahead import LoraLookahead

@@ -102,10 +102,14 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
         agent = None
         if config.scheduler.embedded_node:
             from hermeslet.agent import HermesLet
+            from hermeslet.prewarmers import build_node_prewarmer
 
             engines = [make_engine_adapter(e, config.scheduler.time_scale) for e in config.engines]
+            # KV prefix prewarms reach the embedded engines (built-in or HTTP) through their
+            # adapters; no container pool or runtime LoRA loading here (a HermesLet's flags)
+            _, prewarmer = build_node_prewarmer(engines)
             agent = HermesLet("embedded", sched.inproc_address, engines, ctx=ctx,
-                              link=sched.inproc_link("embedded"))
+                              link=sched.inproc_link("embedded"), prewarmer=prewarmer)
             from hermeslet.metrics import NodeCollector
 
             app.state.metrics.add_collector(NodeCollector(agent))

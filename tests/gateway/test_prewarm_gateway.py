@@ -123,7 +123,7 @@ def test_per_request_k_above_the_branch_probability_sends_nothing(make_gateway) 
         while sched.prewarm.stats()["prewarm_sent_start"] == 0:
             assert time.monotonic() < deadline, sched.prewarm.stats()
             time.sleep(0.02)
-        # the embedded node has no prewarmer: it says so, and the planner counts it
+        # the embedded node has no DNN hook: it says so, and the planner counts it
         while sched.prewarm.stats()["prewarm_acks_failed"] == 0:
             assert time.monotonic() < deadline
             time.sleep(0.02)
@@ -133,3 +133,58 @@ def test_per_request_k_above_the_branch_probability_sends_nothing(make_gateway) 
         assert st["prewarm_cancelled"] == 1 and st["prewarm_wasted"] == 1
         assert st["prewarm_sent_release"] == 1
         http.post(f"/v1/runs/{run_id}/finish")
+
+
+def test_gateway_prewarms_the_next_units_prefix_on_the_embedded_engine(tmp_path) -> None:  # noqa: ANN001
+    """KV end to end on the embedded built-in engine with a KV block pool: a first run's
+    request teaches the gateway the answer unit's system prompt; in a second run, when gen
+    starts, the planner prewarms that prefix, the embedded node prefills it through the
+    engine's adapter and acks with the warm-up time, and the answer request finds it cached."""
+    from hermes.gateway.config import load_config
+    from hermes.gateway.server import start_background
+
+    engines = json.dumps([{"name": "sim0", "model": MODEL, "kv_cache_gb": 2}])
+    srv = start_background(load_config(
+        None, environ={"HERMES_ENGINES": engines}, port=0, bind="", kb=str(tmp_path / "kb"),
+        state_dir=str(tmp_path / "state"), time_scale=50.0, log_level="warning"))
+    state = gateway_state(srv)
+    sched, node = state.scheduler, state.node
+    engine = node.slots["sim0"].engine
+    system = "You answer from the retrieved passages only. " * 40
+    res = f"kv:{MODEL}/pwapp/answer"
+
+    def ask(http: httpx.Client, run: str) -> None:
+        r = http.post("/v1/chat/completions", headers={"X-Hermes-Run": run,
+                                                       "X-Hermes-Unit": "answer"},
+                      json={"model": MODEL, "max_tokens": 2, "messages": [
+                          {"role": "system", "content": system},
+                          {"role": "user", "content": "what is the answer?"}]})
+        assert r.status_code == 200, r.text
+
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as http:
+            r = http.put("/v1/apps/pwapp", content=json.dumps(_graph(0.0)))
+            assert r.status_code in (200, 201), r.text
+            run1 = http.post("/v1/runs", json={"app": "pwapp"}).json()["run_id"]
+            ask(http, run1)  # teaches the prefix of (pwapp, answer)
+            run2 = http.post("/v1/runs", json={"app": "pwapp"}).json()["run_id"]
+            ev = f"/v1/runs/{run2}/events"
+            assert http.post(ev, json={"unit": "gen", "event": "start",
+                                       "backend": f"llm:{MODEL}"}).status_code == 200
+            deadline = time.monotonic() + 10
+            while sched.prewarm.strategy.learner.observations == 0:  # the ack taught t_p
+                assert time.monotonic() < deadline, sched.prewarm.stats()
+                time.sleep(0.02)
+            assert node.prewarmer.prefixes[MODEL].counters.started == 1
+            assert sched.prewarm.strategy.learner.estimate(res) > 0
+            hits = engine.stats().extra["prefix_cache_hits"]
+            http.post(ev, json={"unit": "gen", "event": "finish"})
+            ask(http, run2)
+            assert engine.stats().extra["prefix_cache_hits"] - hits >= 400
+            http.post(f"/v1/runs/{run1}/finish")
+            http.post(f"/v1/runs/{run2}/finish")
+        st = sched.prewarm.stats()
+        assert st["prewarm_sent_start"] == 1 and st["prewarm_acks_failed"] == 0
+        assert st["prewarm_used"] == 1
+    finally:
+        srv.stop()

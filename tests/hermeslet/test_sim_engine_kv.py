@@ -110,3 +110,26 @@ def test_sim_engine_server_flags(capsys):
         with pytest.raises(SystemExit):
             main(["sim-engine", "--port", "1", *bad])
         assert bad[0] in capsys.readouterr().err
+
+
+async def test_kv_prefix_prewarm_on_the_built_in_engine():
+    """A node's KV prefix prewarm reaches the built-in engine through its adapter: the
+    prefill-only request fills the block pool, and the unit's request then hits the whole
+    prefix; an unknown model is refused, and nothing else was computed."""
+    from hermeslet.prewarmers import build_node_prewarmer
+
+    eng = SimEngine(time_scale=1000, kv_cache_gb=1.0)
+    _, node = build_node_prewarmer([eng])
+    assert set(node.prefixes) == {eng.model} and not node.loras
+    try:
+        ok, detail = await node.handle(f"kv:{eng.model}/app/verify", "start",
+                                       {"prefix": system(7)})
+        assert ok and float(detail.split("=")[1]) > 0, detail
+        assert eng.stats().extra["prefix_cache_hits"] == 0  # the prewarm computed it
+        await ask(eng, 7, "unit")
+        assert eng.stats().extra["prefix_cache_hits"] == 404
+        ok, detail = await node.handle("kv:other/app/verify", "start", {"prefix": system(8)})
+        assert not ok and "no prewarmer" in detail
+        assert node.prefixes[eng.model].counters.started == 1
+    finally:
+        await eng.close()
