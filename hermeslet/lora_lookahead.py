@@ -67,7 +67,7 @@ class LoraLookahead:
         run = {m for m in running if m and m != base}
         want = head_adapters(lambda n: (m if m != base else None for m in head(n)), run,
                              pw.max_loras, scan=self.scan)
-        self.node.set_in_use(engine, base, run | set(want))
+        self.node.set_in_use(engine, base, run, set(want))
         started: list[str] = []
         now = time.monotonic()
         for a in want:

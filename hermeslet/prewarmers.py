@@ -25,6 +25,7 @@ reported in the ack (``detail``), so the scheduler's planner learns ``t_p``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
@@ -246,6 +247,10 @@ class LookaheadCounters:
         return asdict(self)
 
 
+class _AllInFlight(RuntimeError):
+    """Every loaded adapter serves an in-flight request: a request's load must wait."""
+
+
 class LoraPrewarmer:
     """Runtime LoRA loading on a vLLM-compatible server (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``).
 
@@ -270,9 +275,13 @@ class LoraPrewarmer:
         self.loaded: OrderedDict[str, float] = OrderedDict()  # name -> load seconds
         self.counters = PrewarmCounters()
         self.lookahead = LookaheadCounters()
+        #: adapters that must stay loaded: of in-flight requests and of the queue's head
         self.in_use: set[str] = set()
+        #: of them, the in-flight requests' only (a request's own load may unload a head one)
+        self.inflight: set[str] = set()
         self._prewarmed: dict[str, float] = {}  # loaded by a prewarm, not used yet -> when
         self._lock: asyncio.Lock | None = None  # created in the running loop
+        self._freed: asyncio.Event | None = None  # set when in-flight adapters change
 
     def loadable(self, name: str) -> bool:
         """Whether this prewarmer can serve ``name``: loaded now, or its path is known."""
@@ -280,13 +289,34 @@ class LoraPrewarmer:
 
     async def ensure(self, name: str) -> float:
         """A request with adapter ``name`` is about to be sent: load it if it is not loaded
-        (waiting for a load of it already under way); returns the seconds the request waited
-        (0.0: it was loaded)."""
+        (waiting for a load of it already under way, and, while every loaded adapter serves
+        an in-flight request, for one of those to finish, up to ``timeout_s``); returns the
+        seconds the request waited (0.0: it was loaded)."""
         if name in self.loaded:
             self.loaded.move_to_end(name)
             self._hit(name)
             return 0.0
-        return await self.load(name, on_demand=True)
+        t0 = time.monotonic()
+        while True:
+            try:
+                await self.load(name, on_demand=True)
+                return time.monotonic() - t0
+            except _AllInFlight:
+                left = self.timeout_s - (time.monotonic() - t0)
+                if left <= 0:
+                    raise
+                if self._freed is None:
+                    self._freed = asyncio.Event()
+                self._freed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._freed.wait(), left)
+
+    def set_in_use(self, inflight: set[str], head: set[str]) -> None:
+        """The adapters of in-flight requests and of the queue's head (the agent's view)."""
+        if not inflight >= self.inflight and self._freed is not None:
+            self._freed.set()  # an in-flight adapter was released: a waiting load may go
+        self.inflight = inflight
+        self.in_use = inflight | head
 
     def _hit(self, name: str) -> None:
         self.counters.warm_hits += 1
@@ -316,7 +346,7 @@ class LoraPrewarmer:
                 raise ValueError(f"no path known for LoRA adapter {name!r}")
             async with httpx.AsyncClient(timeout=self.timeout_s) as http:
                 while len(self.loaded) >= self.max_loras:
-                    old = self._victim(name, keep)
+                    old = self._victim(name, keep, on_demand=on_demand)
                     self.loaded.pop(old)
                     self._unloaded(old)
                     await http.post(f"{self.base_url}/v1/unload_lora_adapter",
@@ -346,11 +376,19 @@ class LoraPrewarmer:
             self.counters.wasted += 1
             self.counters.wasted_backend_s += time.monotonic() - since
 
-    def _victim(self, name: str, keep: Collection[str]) -> str:
-        """The least recently used loaded adapter that nothing needs now."""
+    def _victim(self, name: str, keep: Collection[str], *, on_demand: bool = False) -> str:
+        """The least recently used loaded adapter that nothing needs now. A request's own
+        load (``on_demand``) may take one that only the queue's head needs: that request is
+        already released, the head is not, and the window it waits for may be full of
+        requests waiting for loads."""
+        spare = self.inflight if on_demand else self.in_use
         for old in self.loaded:
-            if old not in keep and old not in self.in_use:
+            if old not in keep and old not in spare:
                 return old
+        if on_demand:
+            raise _AllInFlight(f"cannot load LoRA adapter {name!r}: all {len(self.loaded)} "
+                               f"loaded adapters (max {self.max_loras}) serve in-flight "
+                               "requests")
         raise RuntimeError(f"cannot load LoRA adapter {name!r}: all {len(self.loaded)} loaded "
                            f"adapters (max {self.max_loras}) are in use")
 
@@ -446,18 +484,22 @@ class NodePrewarmer:
     dnn: dict[str, DnnHook] = field(default_factory=dict)  # model -> hook
     #: the LoRA queue lookahead (a :class:`hermeslet.lora_lookahead.LoraLookahead`), if on
     lora_lookahead: Any = None
-    #: engine name -> (base model, adapters its requests need now): in-flight requests', and
-    #: the queue head's when the lookahead is on
-    _use: dict[str, tuple[str, set[str]]] = field(default_factory=dict)
+    #: engine name -> (base model, adapters of its in-flight requests, of its queue's head
+    #: when the lookahead is on)
+    _use: dict[str, tuple[str, set[str], set[str]]] = field(default_factory=dict)
 
-    def set_in_use(self, engine: str, base: str, adapters: set[str]) -> None:
-        """The adapters that ``engine`` (serving ``base``) needs loaded now; the base model's
-        LoRA prewarmer unloads none of them (the union over the engines of that model)."""
+    def set_in_use(self, engine: str, base: str, inflight: Collection[str],
+                   head: Collection[str] = ()) -> None:
+        """The adapters that ``engine`` (serving ``base``) needs loaded now: its in-flight
+        requests' and its queue head's. The base model's LoRA prewarmer unloads none of them
+        for a prewarm or lookahead load (the union over the engines of that model); a
+        request's own load spares only the in-flight ones."""
         pw = self.loras.get(base)
         if pw is None:
             return
-        self._use[engine] = (base, adapters)
-        pw.in_use = set().union(*(u for b, u in self._use.values() if b == base))
+        self._use[engine] = (base, set(inflight), set(head))
+        mine = [(f, h) for b, f, h in self._use.values() if b == base]
+        pw.set_in_use(set().union(*(f for f, _ in mine)), set().union(*(h for _, h in mine)))
 
     def loadable(self, base: str) -> list[str]:
         """Adapters of ``base`` that this node can serve without their being loaded now

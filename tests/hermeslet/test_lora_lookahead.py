@@ -50,12 +50,12 @@ def node(url: str, *, slots: int, paths: dict[str, str], lookahead: bool = True)
 
 
 @contextlib.asynccontextmanager
-async def agent_on(url: str, prewarmer: NodePrewarmer, on_release=None):
-    """A HermesLet with one HTTP engine (window 1) in front of ``url``; ``on_release(rid)``
-    runs when the agent releases a request to the engine."""
+async def agent_on(url: str, prewarmer: NodePrewarmer, on_release=None, window: int = 1):
+    """A HermesLet with one HTTP engine (in-flight window ``window``) in front of ``url``;
+    ``on_release(rid)`` runs when the agent releases a request to the engine."""
     ctx = zmq.asyncio.Context()
     sched = FakeScheduler(ctx)
-    engine = OpenAIHTTPEngine(url, name="http", max_inflight=1)
+    engine = OpenAIHTTPEngine(url, name="http", max_inflight=window)
     agent = HermesLet("node-l", sched.address, [engine], ctx=ctx, heartbeat_s=0.5,
                       prewarmer=prewarmer,
                       release_log=lambda _eng, rid: on_release and on_release(rid))

@@ -169,3 +169,40 @@ async def test_rekey_and_cancel_move_the_lookahead(url):
         res = await results(sched, 4)
     assert res["rc"].type == "failed" and res["rc"].error == "cancelled"
     assert all(res[r].type == "done" for r in ("r0", "ra", "rb"))
+
+
+async def test_request_waits_for_an_inflight_adapter_to_finish(url):
+    """One adapter slot, two requests of different adapters in flight at once: the second
+    one's load waits until the first request finishes (its adapter may then go), instead of
+    reaching the engine without its adapter (404)."""
+    pn = NodePrewarmer(loras={"sim-7b": LoraPrewarmer(
+        url, max_loras=1, paths={n: f"/adapters/{n}" for n in "ab"})})
+    async with agent_on(url, pn, window=2) as (sched, agent):
+        await sched.send(lora_submit("ra", 0, "a", max_tokens=60))
+        await sched.send(lora_submit("rb", 1, "b"))
+        await asyncio.sleep(0.2)
+        assert set(agent.slots["http"].inflight) == {"ra", "rb"} and adapters(url) == {"a"}
+        res = await results(sched, 2)
+    assert res["ra"].type == "done" and res["rb"].type == "done", res
+    pw = pn.loras["sim-7b"]
+    assert adapters(url) == {"b"} and pw.counters.cold_starts == 2
+
+
+async def test_a_requests_load_may_unload_a_head_adapter_but_a_prewarm_may_not(url):
+    """Two slots holding the queue head's adapters x and y: a prewarm (or lookahead) load of
+    w is refused, but a released request's own load of z unloads the least recently used head
+    adapter (the head waits for the window that request holds)."""
+    pn = NodePrewarmer(loras={"sim-7b": LoraPrewarmer(
+        url, max_loras=2, paths={n: f"/adapters/{n}" for n in "xyzw"})})
+    pw = pn.loras["sim-7b"]
+    await pw.load("x")
+    await pw.load("y")
+    pn.set_in_use("http", "sim-7b", {"z"}, {"x", "y"})
+    with pytest.raises(RuntimeError, match="in use"):
+        await pw.load("w")
+    assert await pw.ensure("z") > 0.0
+    assert adapters(url) == {"y", "z"} and pw.counters.cold_starts == 1
+    pn.set_in_use("http", "sim-7b", {"y", "z"})  # both in flight now: a third request waits
+    pw.timeout_s = 0.3
+    with pytest.raises(RuntimeError, match="serve in-flight requests"):
+        await pw.ensure("x")
