@@ -9,7 +9,7 @@
   :class:`PooledDockerSandbox` is the tool runner's Docker sandbox backed by the pool: a call
   that finds a warm container skips the create+start (``cold=False``).
 - :class:`LoraPrewarmer`: runtime ``POST /v1/load_lora_adapter`` / ``unload_lora_adapter`` on
-  a vLLM-compatible server, keeping at most ``max_loras`` adapters it loaded (LRU unload,
+  a vLLM-compatible server, through the engine's adapter, keeping at most ``max_loras`` adapters it loaded (LRU unload,
   never of an adapter in use: see :mod:`hermeslet.lora_lookahead`).
 - :class:`KVPrefixPrewarmer`: a prefill-only request (``max_tokens: 1``) carrying the next
   unit's shared prompt prefix (its system message), sent through the engine's adapter (HTTP
@@ -30,11 +30,14 @@ import itertools
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hermeslet.engines.base import EngineAdapter, EngineError
+
+if TYPE_CHECKING:
+    from hermeslet.engines.openai_http import OpenAIHTTPEngine
 from hermeslet.tools import (
     DEFAULT_MAX_OUTPUT,
     BlockingDockerSandbox,
@@ -266,9 +269,11 @@ class LoraPrewarmer:
     ``used`` when a request first finds it, and ``wasted`` (with the seconds it sat loaded) when
     it is unloaded before that."""
 
-    def __init__(self, base_url: str, *, max_loras: int = 8, timeout_s: float = 30.0,
-                 paths: dict[str, str] | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
+    def __init__(self, engine: OpenAIHTTPEngine | str, *, max_loras: int = 8,
+                 timeout_s: float = 30.0, paths: dict[str, str] | None = None) -> None:
+        #: the engine's adapter (its ``load_lora``/``unload_lora`` keep ``engine.loras``
+        #: current), or a server URL (an adapter is made for each load or unload)
+        self.engine = engine.rstrip("/") if isinstance(engine, str) else engine
         self.max_loras = max_loras
         self.timeout_s = timeout_s
         self.paths = dict(paths or {})  # adapter name -> path on the engine's host
@@ -329,8 +334,6 @@ class LoraPrewarmer:
         or :attr:`in_use`); returns seconds (0.0: already loaded). ``lookahead``: count it as
         a queue-lookahead load, ``on_demand``: as a request's own (cold) load, else as a
         prewarm."""
-        import httpx
-
         if path:
             self.paths.setdefault(name, path)
         if self._lock is None:
@@ -344,20 +347,20 @@ class LoraPrewarmer:
             path = path or self.paths.get(name)
             if not path:
                 raise ValueError(f"no path known for LoRA adapter {name!r}")
-            async with httpx.AsyncClient(timeout=self.timeout_s) as http:
+            async with self._adapter() as eng:
                 while len(self.loaded) >= self.max_loras:
                     old = self._victim(name, keep, on_demand=on_demand)
                     self.loaded.pop(old)
                     self._unloaded(old)
-                    await http.post(f"{self.base_url}/v1/unload_lora_adapter",
-                                    json={"lora_name": old})
+                    with contextlib.suppress(EngineError):  # gone already: the slot is free
+                        await asyncio.wait_for(eng.unload_lora(old), self.timeout_s)
                 t0 = time.monotonic()
-                r = await http.post(f"{self.base_url}/v1/load_lora_adapter",
-                                    json={"lora_name": name, "lora_path": path})
+                try:
+                    await asyncio.wait_for(eng.load_lora(name, path), self.timeout_s)
+                except EngineError as e:
+                    if "already" not in str(e):
+                        raise RuntimeError(f"loading LoRA adapter {name!r}: {e}") from e
                 dt = time.monotonic() - t0
-            if r.status_code >= 400 and "already" not in r.text:
-                raise RuntimeError(
-                    f"load_lora_adapter {name!r}: HTTP {r.status_code}: {r.text[:200]}")
             self.loaded[name] = dt
             if lookahead:
                 self.lookahead.loads += 1
@@ -395,15 +398,30 @@ class LoraPrewarmer:
     async def unload(self, name: str) -> bool:
         """Unload ``name`` if we loaded it and nothing needs it now (:attr:`in_use`: an
         in-flight or next queued request runs with it)."""
-        import httpx
-
         if name not in self.loaded or name in self.in_use:
             return False
-        async with httpx.AsyncClient(timeout=self.timeout_s) as http:
-            r = await http.post(f"{self.base_url}/v1/unload_lora_adapter", json={"lora_name": name})
         self.loaded.pop(name, None)
         self._unloaded(name)
-        return r.status_code < 400
+        async with self._adapter() as eng:
+            try:
+                await asyncio.wait_for(eng.unload_lora(name), self.timeout_s)
+            except EngineError:
+                return False
+        return True
+
+    @contextlib.asynccontextmanager
+    async def _adapter(self) -> AsyncIterator[OpenAIHTTPEngine]:
+        """The engine adapter to call (one made for the call when only a URL is known)."""
+        if not isinstance(self.engine, str):
+            yield self.engine
+            return
+        from hermeslet.engines.openai_http import OpenAIHTTPEngine
+
+        eng = OpenAIHTTPEngine(self.engine, name="lora-prewarm", model=None)
+        try:
+            yield eng
+        finally:
+            await eng.close()
 
 
 class KVPrefixPrewarmer:
@@ -581,8 +599,8 @@ def build_node_prewarmer(
         if not model:
             continue  # a server whose model is learned at start: nothing to key it by yet
         node.prefixes[model] = KVPrefixPrewarmer(e)  # through its adapter (built-in too)
-        if lora and url:
-            node.loras[model] = LoraPrewarmer(url, max_loras=max_loras, paths=lora_paths)
+        if lora and url:  # an HTTP engine (vLLM's runtime LoRA API), through its adapter
+            node.loras[model] = LoraPrewarmer(e, max_loras=max_loras, paths=lora_paths)
     if lora and lookahead:
         from hermeslet.lora_lookahead import LoraLookahead
 

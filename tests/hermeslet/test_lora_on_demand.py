@@ -206,3 +206,25 @@ async def test_a_requests_load_may_unload_a_head_adapter_but_a_prewarm_may_not(u
     pw.timeout_s = 0.3
     with pytest.raises(RuntimeError, match="serve in-flight requests"):
         await pw.ensure("x")
+
+
+async def test_node_lora_prewarmer_keeps_the_engine_adapters_list(url):
+    """Built by ``build_node_prewarmer``, the LoRA prewarmer loads through the engine's
+    adapter: the adapter's ``loras`` (what the engine serves, listed in ``hello``) follows the
+    runtime loads and unloads, as the server's ``/v1/models`` does."""
+    from hermeslet.prewarmers import build_node_prewarmer
+
+    eng = OpenAIHTTPEngine(url, name="http")
+    await eng.start()
+    try:
+        _, pn = build_node_prewarmer([eng], lora=True, max_loras=1,
+                                     lora_paths={"a": "/adapters/a", "b": "/adapters/b"})
+        pw = pn.loras["sim-7b"]
+        assert pw.engine is eng
+        await pw.load("a")
+        assert eng.loras == ["a"] and eng.serves("a") and adapters(url) == {"a"}
+        await pw.load("b")  # one slot: a is unloaded first
+        assert eng.loras == ["b"] and not eng.serves("a") and adapters(url) == {"b"}
+        assert await pw.unload("b") and eng.loras == [] and adapters(url) == set()
+    finally:
+        await eng.close()
