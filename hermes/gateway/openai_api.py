@@ -8,7 +8,11 @@ requests to a Hermes run so that the scheduler can rank them by the whole applic
 - ``X-Hermes-App: APP`` without a run: a run of ``APP`` is created and its id returned in the
   ``X-Hermes-Run`` response header (finish it with ``POST /v1/runs/{id}/finish``, or it is
   finished after ``run_idle_timeout_s`` without requests);
-- no header: the request is a one-unit run of app ``default``.
+- no header: the request is a one-unit run of app ``default``;
+- for a run created by the request (``X-Hermes-App``, or none): ``X-Hermes-K: 0.3`` its
+  prewarming knob K (0..1; the run's own, ahead of the tenant's, app's and default K) and
+  ``X-Hermes-Deadline-S: 30`` its deadline in seconds from now (as ``k`` and ``deadline_s``
+  of ``POST /v1/runs``); a bad value is a 400 that names the header.
 
 Both endpoints stream with ``stream: true`` (server-sent events in OpenAI's chunk format,
 ``stream_options.include_usage`` honoured). Errors use OpenAI's JSON shape
@@ -43,6 +47,8 @@ router = APIRouter()
 RUN_HEADER = "X-Hermes-Run"
 UNIT_HEADER = "X-Hermes-Unit"
 APP_HEADER = "X-Hermes-App"
+K_HEADER = "X-Hermes-K"
+DEADLINE_HEADER = "X-Hermes-Deadline-S"
 DEFAULT_APP = "default"
 DEFAULT_UNIT = "default"
 MAX_TOKENS = 131_072  # upper bound of max_tokens (longer is a client error, not a long job)
@@ -115,10 +121,31 @@ async def _bind_run(sched: LiveScheduler, request: Request) -> tuple[LiveRun, st
     if run_id:
         return sched.active_run(run_id), unit
     app = h.get(APP_HEADER)
+    k = _number_header(h, K_HEADER, lo=0.0, hi=1.0)
+    deadline_s = _number_header(h, DEADLINE_HEADER, lo=0.0, lo_open=True)
+    tenant = tenant_for(request, h.get("X-Hermes-Tenant"))
     if app:
-        return sched.create_run(app, tenant=tenant_for(request, h.get("X-Hermes-Tenant"))), unit
-    return sched.create_run(DEFAULT_APP, tenant=tenant_for(request, h.get("X-Hermes-Tenant")),
+        return sched.create_run(app, tenant=tenant, k=k, deadline_s=deadline_s), unit
+    return sched.create_run(DEFAULT_APP, tenant=tenant, k=k, deadline_s=deadline_s,
                             auto_finish=True), unit
+
+
+def _number_header(h: Any, name: str, *, lo: float, hi: float = float("inf"),
+                   lo_open: bool = False) -> float | None:
+    """A numeric header of a run the request creates (``None`` when absent)."""
+    raw = h.get(name)
+    if raw is None:
+        return None
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    ok = (v > lo if lo_open else v >= lo) and v <= hi and v != float("inf")
+    if not ok:
+        bound = (f"in [{lo:g}, {hi:g}]" if hi != float("inf")
+                 else f"{'>' if lo_open else '>='} {lo:g}")
+        raise SchedulerError(f"header {name} must be a number {bound}, got {raw!r}")
+    return v
 
 
 async def _parse(request: Request, cls: type[_Body]) -> _Body | JSONResponse:

@@ -240,6 +240,7 @@ class LiveRun:
             "submitted": s.submitted,
             "finished": s.finished,
             "deadline": s.deadline,
+            "k": s.k,  # the run's own prewarming knob (None: the tenant's, app's or default)
             "act_s": self.act_s(now),
             "rank": _finite(s.rank),
             "attained_s": s.attained_s,

@@ -122,3 +122,29 @@ def test_no_header_is_a_one_unit_default_run_and_app_header_creates_a_run(gatewa
         model=MODEL, prompt="a", max_tokens=2, extra_headers={"X-Hermes-App": "agentx"})
     run = httpx.get(f"{gateway.url}/v1/runs/{raw.headers['x-hermes-run']}").json()
     assert run["app"] == "agentx" and run["state"] == "running"  # the client finishes it
+
+
+def test_k_and_deadline_headers_of_a_run_the_request_creates(gateway, client) -> None:  # noqa: ANN001
+    """``X-Hermes-K`` and ``X-Hermes-Deadline-S`` set the run's own prewarming knob and
+    deadline, as ``k``/``deadline_s`` of ``POST /v1/runs`` do; the planner reads that K; bad
+    values are 400s naming the header, and create no run."""
+    sched = gateway.server.config.app.state.scheduler
+    raw = client.completions.with_raw_response.create(
+        model=MODEL, prompt="a", max_tokens=2,
+        extra_headers={"X-Hermes-App": "agentk", "X-Hermes-K": "0.3",
+                       "X-Hermes-Deadline-S": "40"})
+    run_id = raw.headers["x-hermes-run"]
+    run = httpx.get(f"{gateway.url}/v1/runs/{run_id}").json()
+    assert run["k"] == 0.3 and run["deadline"] == pytest.approx(run["submitted"] + 40)
+    assert sched.prewarm.strategy.k_for(sched.runs[run_id].state) == 0.3
+    plain = client.completions.with_raw_response.create(model=MODEL, prompt="a", max_tokens=2)
+    run = httpx.get(f"{gateway.url}/v1/runs/{plain.headers['x-hermes-run']}").json()
+    assert run["k"] is None and run["deadline"] is None
+    before = len(sched.runs)
+    for name, bad in (("X-Hermes-K", "1.5"), ("X-Hermes-K", "high"),
+                      ("X-Hermes-Deadline-S", "0"), ("X-Hermes-Deadline-S", "inf")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model=MODEL, prompt="a", max_tokens=2,
+                                      extra_headers={"X-Hermes-App": "agentk", name: bad})
+        assert e.value.status_code == 400 and name in e.value.message
+    assert len(sched.runs) == before
