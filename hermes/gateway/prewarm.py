@@ -8,6 +8,9 @@ node, LoRA adapters and KV prefixes to the node with an engine of the model. The
 wake-ups are timers on the event loop; its warm-up estimates learn from the ``warmup_s=`` the
 nodes report in their acks. A KV-prefix prewarm carries the unit's shared prompt prefix (the
 system message its requests were last seen with), so it is only sent once the unit has run.
+Prefixes are per tenant (tenants deploying one app each have their own prompts): the
+resource of a unit's prefix is ``kv:MODEL/TENANT/APP/UNIT``, and only the prompt that
+tenant's requests of that unit carried is prewarmed for its runs.
 
 The scheduler calls :meth:`on_unit_start`, :meth:`on_run_finish`, :meth:`note_request` and
 :meth:`on_ack`; :meth:`stats` is a flat dict for metrics (started / used / wasted prewarms,
@@ -45,7 +48,9 @@ class GatewayPrewarmer:
         self.strategy = strategy
         strategy.resources = self.resources
         self.warm: set[str] = set()  # resources we asked a node to warm and not released
-        self.prefixes: dict[tuple[str, str], str] = {}  # (app, unit) -> system prompt
+        #: (tenant, app, unit) -> the system prompt its requests last carried
+        self.prefixes: dict[tuple[str, str, str], str] = {}
+        self._kv: dict[str, tuple[str, str, str]] = {}  # kv resource -> (tenant, app, unit)
         self.sent = {"start": 0, "release": 0}
         self.acks_failed = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -71,23 +76,33 @@ class GatewayPrewarmer:
 
     # ------------------------------------------------------------------ naming
     def resources(self, run: RunState | None, app: str, unit: str, backend: str) -> list[str]:
-        """:func:`~hermes.core.prewarm.default_resources`, with a unit's KV prefix only once
-        its shared prompt is known (seen in a request: :meth:`note_request`)."""
-        return [
-            r for r in default_resources(run, app, unit, backend)
-            if resource_kind(r) != "kv" or (app, unit) in self.prefixes
-        ]
+        """:func:`~hermes.core.prewarm.default_resources`, with a unit's KV prefix named per
+        tenant (``kv:MODEL/TENANT/APP/UNIT``) and only once that tenant's shared prompt of the
+        unit is known (seen in a request: :meth:`note_request`)."""
+        tenant = run.tenant if run is not None else "default"
+        out = []
+        for r in default_resources(run, app, unit, backend):
+            if resource_kind(r) == "kv":
+                key = (tenant, app, unit)
+                if key not in self.prefixes:
+                    continue
+                r = f"kv:{r[3:].partition('/')[0]}/{tenant}/{app}/{unit}"
+                self._kv[r] = key
+            out.append(r)
+        return out
 
     def is_warm(self, resource: str, now: float) -> bool:
         return resource in self.warm
 
     # ------------------------------------------------------------------ scheduler hooks
-    def note_request(self, app: str, unit: str, body: dict[str, Any]) -> None:
-        """Remember a unit's shared prefix: the system message of its chat requests."""
+    def note_request(self, app: str, unit: str, body: dict[str, Any],
+                     tenant: str = "default") -> None:
+        """Remember a unit's shared prefix for ``tenant``: the system message of its chat
+        requests."""
         msgs = body.get("messages")
         if isinstance(msgs, list) and len(msgs) > 1 and isinstance(msgs[0], dict):
             if msgs[0].get("role") == "system" and isinstance(msgs[0].get("content"), str):
-                self.prefixes[(app, unit)] = msgs[0]["content"]
+                self.prefixes[(tenant, app, unit)] = msgs[0]["content"]
 
     def on_unit_start(self, run: RunState, unit: str, backend: str, now: float) -> None:
         self._apply(self.strategy.on_unit_start(run, unit, backend, now, self), now)
@@ -154,8 +169,8 @@ class GatewayPrewarmer:
                 model = name.partition("@")[0] if kind == "lora" else name.partition("/")[0]
                 node, _ = self.sched._pick_engine(model)
                 if kind == "kv":
-                    _, app, unit = name.split("/", 2)
-                    prefix = self.prefixes.get((app, unit))
+                    key = self._kv.get(a.resource)
+                    prefix = self.prefixes.get(key) if key is not None else None
                     if prefix is None:
                         return
                     params["prefix"] = prefix

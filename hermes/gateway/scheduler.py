@@ -741,7 +741,7 @@ class LiveScheduler:
         if not self.nodes:
             await self.wait_for_nodes()
         now = self.now()
-        self.prewarm.note_request(run.app, inv.unit, body)
+        self.prewarm.note_request(run.app, inv.unit, body, run.state.tenant)
         rid = f"req-{uuid.uuid4().hex[:16]}"
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         view = self._view(run, inv, rid, _estimate_tokens(endpoint, body), max_tokens, now)

@@ -151,7 +151,7 @@ def test_gateway_prewarms_the_next_units_prefix_on_the_embedded_engine(tmp_path)
     sched, node = state.scheduler, state.node
     engine = node.slots["sim0"].engine
     system = "You answer from the retrieved passages only. " * 40
-    res = f"kv:{MODEL}/pwapp/answer"
+    res = f"kv:{MODEL}/default/pwapp/answer"  # per tenant
 
     def ask(http: httpx.Client, run: str) -> None:
         r = http.post("/v1/chat/completions", headers={"X-Hermes-Run": run,
@@ -186,5 +186,58 @@ def test_gateway_prewarms_the_next_units_prefix_on_the_embedded_engine(tmp_path)
         st = sched.prewarm.stats()
         assert st["prewarm_sent_start"] == 1 and st["prewarm_acks_failed"] == 0
         assert st["prewarm_used"] == 1
+    finally:
+        srv.stop()
+
+
+def test_kv_prewarm_carries_the_runs_own_tenants_prompt(tmp_path) -> None:  # noqa: ANN001
+    """Two tenants deploy the same app with their own system prompts: a run of tenant A gets
+    A's prompt prewarmed, even though B's request came last (the gateway keys prefixes by
+    tenant, and names the resource per tenant)."""
+    from hermes.gateway.config import load_config
+    from hermes.gateway.server import start_background
+
+    srv = start_background(load_config(
+        None, environ={}, port=0, bind="", kb=str(tmp_path / "kb"),
+        state_dir=str(tmp_path / "state"), time_scale=50.0, log_level="warning"))
+    state = gateway_state(srv)
+    sched, node = state.scheduler, state.node
+    model = state.config.engines[0].model
+    kvp = node.prewarmer.prefixes[model]
+    warmed: list[str] = []
+    real_warm = kvp.warm
+
+    async def recording_warm(prefix: str, model: str | None = None) -> float:
+        warmed.append(prefix)
+        return await real_warm(prefix, model)
+
+    kvp.warm = recording_warm  # the real prewarm, recorded
+    prompts = {"A": "Tenant A's answerer. " * 30, "B": "Tenant B's answerer. " * 30}
+    graph = _graph(0.0)
+    for u in graph["units"].values():
+        u["backend"] = u["backend"].replace(MODEL, model)
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as http:
+            assert http.put("/v1/apps/pwapp", content=json.dumps(graph)).status_code in (200, 201)
+            runs = {}
+            for t in ("A", "B"):  # B's request comes last
+                runs[t] = http.post("/v1/runs", json={"app": "pwapp", "tenant": t}).json()["run_id"]
+                r = http.post("/v1/chat/completions", headers={
+                    "X-Hermes-Run": runs[t], "X-Hermes-Unit": "answer"}, json={
+                    "model": model, "max_tokens": 1, "messages": [
+                        {"role": "system", "content": prompts[t]},
+                        {"role": "user", "content": "q"}]})
+                assert r.status_code == 200, r.text
+            run = http.post("/v1/runs", json={"app": "pwapp", "tenant": "A"}).json()["run_id"]
+            http.post(f"/v1/runs/{run}/events", json={"unit": "gen", "event": "start",
+                                                      "backend": f"llm:{model}"})
+            deadline = time.monotonic() + 10
+            while not warmed:
+                assert time.monotonic() < deadline, sched.prewarm.stats()
+                time.sleep(0.02)
+            assert warmed == [prompts["A"]]
+            assert f"kv:{model}/A/pwapp/answer" in sched.prewarm.warm
+            for rid in (*runs.values(), run):
+                http.post(f"/v1/runs/{rid}/finish")
     finally:
         srv.stop()
