@@ -550,7 +550,7 @@ class NodePrewarmer:
                     prefix = params.get("prefix")
                     if not prefix:
                         return False, "kv prewarm needs params.prefix (the shared prompt prefix)"
-                    dt = await pw.warm(prefix)
+                    dt = await pw.warm(prefix, params.get("model"))  # the unit's adapter
                     return True, f"warmup_s={dt:.4f}"
                 if pw is not None:
                     return True, "released (the engine's cache evicts it)"

@@ -10,7 +10,10 @@ nodes report in their acks. A KV-prefix prewarm carries the unit's shared prompt
 system message its requests were last seen with), so it is only sent once the unit has run.
 Prefixes are per tenant (tenants deploying one app each have their own prompts): the
 resource of a unit's prefix is ``kv:MODEL/TENANT/APP/UNIT``, and only the prompt that
-tenant's requests of that unit carried is prewarmed for its runs.
+tenant's requests of that unit carried is prewarmed for its runs. A unit whose requests name
+a LoRA adapter that an engine serves (``model: ADAPTER`` through the OpenAI API) needs that
+adapter (``lora:BASE@ADAPTER``) and its prefix prefilled with it (the prewarm request names
+the adapter: an adapter's KV blocks are its own).
 
 The scheduler calls :meth:`on_unit_start`, :meth:`on_run_finish`, :meth:`note_request` and
 :meth:`on_ack`; :meth:`stats` is a flat dict for metrics (started / used / wasted prewarms,
@@ -23,6 +26,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from hermes.core.backend import BackendSpec
 from hermes.core.prewarm import (
     DEFAULT_TIMING,
     PrewarmAction,
@@ -50,7 +54,9 @@ class GatewayPrewarmer:
         self.warm: set[str] = set()  # resources we asked a node to warm and not released
         #: (tenant, app, unit) -> the system prompt its requests last carried
         self.prefixes: dict[tuple[str, str, str], str] = {}
-        self._kv: dict[str, tuple[str, str, str]] = {}  # kv resource -> (tenant, app, unit)
+        #: kv resource -> (tenant, app, unit, LoRA adapter its requests use or None): the
+        #: prewarm request runs with that adapter, whose KV blocks are its own in vLLM
+        self._kv: dict[str, tuple[str, str, str, str | None]] = {}
         self.sent = {"start": 0, "release": 0}
         self.acks_failed = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -80,6 +86,12 @@ class GatewayPrewarmer:
         tenant (``kv:MODEL/TENANT/APP/UNIT``) and only once that tenant's shared prompt of the
         unit is known (seen in a request: :meth:`note_request`)."""
         tenant = run.tenant if run is not None else "default"
+        spec = BackendSpec.parse(backend)
+        adapter = spec.lora
+        if spec.kind == "llm" and not spec.lora:
+            base = self.sched.base_model(spec.name)
+            if base is not None:  # the unit's requests name an adapter (the OpenAI API way)
+                backend, adapter = f"llm:{base}@{spec.name}", spec.name
         out = []
         for r in default_resources(run, app, unit, backend):
             if resource_kind(r) == "kv":
@@ -87,7 +99,7 @@ class GatewayPrewarmer:
                 if key not in self.prefixes:
                     continue
                 r = f"kv:{r[3:].partition('/')[0]}/{tenant}/{app}/{unit}"
-                self._kv[r] = key
+                self._kv[r] = (*key, adapter)
             out.append(r)
         return out
 
@@ -170,10 +182,12 @@ class GatewayPrewarmer:
                 node, _ = self.sched._pick_engine(model)
                 if kind == "kv":
                     key = self._kv.get(a.resource)
-                    prefix = self.prefixes.get(key) if key is not None else None
+                    prefix = self.prefixes.get(key[:3]) if key is not None else None
                     if prefix is None:
                         return
                     params["prefix"] = prefix
+                    if key[3]:
+                        params["model"] = key[3]  # prefill with the unit's adapter
             self.sched._send(node, Prewarm(backend=a.resource, action=a.action, params=params))
         except Exception as exc:  # no node for it: the unit will warm it reactively
             log.debug("prewarm %s %s not sent: %s", a.action, a.resource, exc)

@@ -668,6 +668,15 @@ class LiveScheduler:
                     seen[lora] = None
         return list(seen)
 
+    def base_model(self, model: str) -> str | None:
+        """The base model of an engine that serves ``model`` as a LoRA adapter (``None``: no
+        connected engine does, or ``model`` is a base model)."""
+        for node in self.nodes.values():
+            for e in node.engines.values():
+                if model != e.model and model in e.loras:
+                    return e.model
+        return None
+
     def resolve_model(self, model: str | None, *, strict: bool) -> str:
         """The model a request goes to: itself if served, else the default (unless strict)."""
         served = self.served_models()

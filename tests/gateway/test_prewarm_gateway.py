@@ -241,3 +241,54 @@ def test_kv_prewarm_carries_the_runs_own_tenants_prompt(tmp_path) -> None:  # no
                 http.post(f"/v1/runs/{rid}/finish")
     finally:
         srv.stop()
+
+
+def test_unit_of_a_lora_adapter_gets_the_adapter_and_its_prefix_prewarmed(tmp_path) -> None:  # noqa: ANN001
+    """A unit whose requests name a LoRA adapter (``model: ad1``, served on the embedded
+    engine's base model): the planner plans the adapter (``lora:BASE@ad1``) and the prefix,
+    and the prefix's prewarm request runs with the adapter (its KV blocks are the adapter's)."""
+    from hermes.gateway.config import load_config
+    from hermes.gateway.server import start_background
+
+    engines = json.dumps([{"name": "sim0", "model": MODEL, "loras": ["ad1"]}])
+    srv = start_background(load_config(
+        None, environ={"HERMES_ENGINES": engines}, port=0, bind="", kb=str(tmp_path / "kb"),
+        state_dir=str(tmp_path / "state"), time_scale=50.0, log_level="warning"))
+    state = gateway_state(srv)
+    sched, node = state.scheduler, state.node
+    kvp = node.prewarmer.prefixes[MODEL]
+    warmed: list[tuple[str, str | None]] = []
+    real_warm = kvp.warm
+
+    async def recording_warm(prefix: str, model: str | None = None) -> float:
+        warmed.append((prefix, model))
+        return await real_warm(prefix, model)
+
+    kvp.warm = recording_warm  # the real prewarm, recorded
+    graph = _graph(0.0)
+    graph["units"]["answer"]["backend"] = "llm:ad1"
+    system = "You are the ad1-tuned answerer. " * 30
+    assert sched.base_model("ad1") == MODEL and sched.base_model(MODEL) is None
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as http:
+            assert http.put("/v1/apps/pwapp", content=json.dumps(graph)).status_code in (200, 201)
+            run1 = http.post("/v1/runs", json={"app": "pwapp"}).json()["run_id"]
+            r = http.post("/v1/chat/completions", headers={
+                "X-Hermes-Run": run1, "X-Hermes-Unit": "answer"}, json={
+                "model": "ad1", "max_tokens": 1, "messages": [
+                    {"role": "system", "content": system}, {"role": "user", "content": "q"}]})
+            assert r.status_code == 200, r.text
+            run2 = http.post("/v1/runs", json={"app": "pwapp"}).json()["run_id"]
+            http.post(f"/v1/runs/{run2}/events", json={"unit": "gen", "event": "start",
+                                                       "backend": f"llm:{MODEL}"})
+            deadline = time.monotonic() + 10
+            while not warmed:
+                assert time.monotonic() < deadline, sched.prewarm.stats()
+                time.sleep(0.02)
+            assert warmed == [(system, "ad1")]
+            by_type = sched.prewarm.strategy.stats_by_type()
+            assert by_type["lora"]["planned"] == 1 and by_type["kv"]["planned"] == 1
+            for rid in (run1, run2):
+                http.post(f"/v1/runs/{rid}/finish")
+    finally:
+        srv.stop()
