@@ -136,7 +136,8 @@ class HermesLet:
         requests here."""
         out = list(slot.engine.loras)
         if self.prewarmer is not None:
-            out += [a for a in self.prewarmer.loadable(slot.engine.model) if a not in out]
+            out += [a for a in self.prewarmer.loadable_adapters(slot.engine.model)
+                    if a not in out]
         return out
 
     def heartbeat(self) -> P.Heartbeat:
@@ -333,7 +334,7 @@ class HermesLet:
                 if rid in self.tool_queue:
                     self.tool_queue.rekey(rid, k)
         for name in moved:  # the release order changed: so may the adapters to have loaded
-            self._lora_lookahead(self.slots[name])
+            self._adapters_changed(self.slots[name])
 
     async def _on_cancel(self, msg: P.Cancel) -> None:
         for rid in msg.request_ids:
@@ -341,7 +342,7 @@ class HermesLet:
             for s in self.slots.values():
                 if s.queue.remove(rid) is not None:
                     dropped = True
-                    self._lora_lookahead(s)
+                    self._adapters_changed(s)
                 task = s.inflight.get(rid)
                 if task is not None:  # in flight: the task reports `failed`, refills window
                     task.cancel()
@@ -367,23 +368,24 @@ class HermesLet:
             slot.inflight[sub.request_id] = asyncio.create_task(
                 self._serve(slot, item, key), name=f"req-{sub.request_id}"
             )
-        self._lora_lookahead(slot)
+        self._adapters_changed(slot)
 
-    def _lora_lookahead(self, slot: _EngineSlot) -> None:
-        """Issue 5: tell the LoRA prewarmer which adapters the in-flight requests use (none of
-        them is unloaded), and with the lookahead on, start loading those of the slot's next
-        queued requests (:mod:`hermeslet.lora_lookahead`)."""
+    def _adapters_changed(self, slot: _EngineSlot) -> None:
+        """Issue 5: after the slot's in-flight requests or queue order changed, tell the LoRA
+        prewarmer which adapters the in-flight requests use (none of them is unloaded), and
+        with the lookahead on, start loading those of the slot's next queued requests
+        (:mod:`hermeslet.lora_lookahead`)."""
         pw = self.prewarmer
-        if pw is None or slot.engine.model not in pw.loras:
+        base = slot.engine.model
+        if pw is None or base not in pw.loras:
             return
+        inflight = {m for m in slot.models.values() if m and m != base}
         if pw.lora_lookahead is not None:
-            pw.lora_lookahead.update(slot.engine.name, slot.engine.model,
+            pw.lora_lookahead.update(slot.engine.name, base,
                                      lambda n: [q.msg.model for q in slot.queue.head(n)],
-                                     slot.models.values())
+                                     inflight)
         else:
-            base = slot.engine.model
-            pw.set_in_use(slot.engine.name, base,
-                          {m for m in slot.models.values() if m and m != base})
+            pw.set_in_use(slot.engine.name, base, inflight)
 
     async def _ensure_adapter(self, slot: _EngineSlot, model: str) -> str | None:
         """Before a request with a LoRA adapter goes to the engine: load the adapter if the

@@ -3,8 +3,8 @@ requests loaded, in the order the agent will release them (issue 5).
 
 The rule is the simulator's (:mod:`hermes.sim.warm`), from :mod:`hermes.core.prewarm`: after
 a request is queued and after each release, the agent calls :meth:`LoraLookahead.update` with
-the engine's queue head (``LOOKAHEAD_SCAN`` requests per free adapter slot) and the models of
-its in-flight requests; :func:`~hermes.core.prewarm.head_adapters` picks the adapters to have
+the engine's queue head (``LOOKAHEAD_SCAN`` requests per free adapter slot) and the adapters
+of its in-flight requests; :func:`~hermes.core.prewarm.head_adapters` picks the adapters to have
 loaded (the first ``slots - running`` distinct ones, in release order), and each one that is
 not loaded, not being loaded and whose path is known (``--lora-path``) is loaded in the
 background by the engine's :class:`~hermeslet.prewarmers.LoraPrewarmer`. The adapters of
@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from hermes.core.prewarm import LOOKAHEAD_SCAN, head_adapters
 from hermeslet.prewarmers import LoraPrewarmer, NodePrewarmer
@@ -50,24 +50,24 @@ class LoraLookahead:
         self._backoff: dict[tuple[str, str], tuple[float, float]] = {}
 
     def update(self, engine: str, base: str | None, head: HeadFn,
-               running: Iterable[str]) -> list[str]:
-        """Recompute the head of ``engine`` (serving ``base``) and start the loads it needs;
-        returns the adapters whose load was started now. Call it from the event loop."""
+               inflight: Collection[str]) -> list[str]:
+        """Recompute the head of ``engine`` (serving ``base``; ``inflight``: the adapters of
+        its in-flight requests) and start the loads it needs; returns the adapters whose load
+        was started now. Call it from the event loop."""
         pw = self.node.loras.get(base or "")
         if pw is None:
             return []
         try:
-            return self._update(pw, engine, base or "", head, running)
+            return self._update(pw, engine, base or "", head, inflight)
         except Exception:  # a bug here must not take the agent's loop down
             log.exception("LoRA lookahead for engine %s failed", engine)
             return []
 
     def _update(self, pw: LoraPrewarmer, engine: str, base: str, head: HeadFn,
-                running: Iterable[str]) -> list[str]:
-        run = {m for m in running if m and m != base}
-        want = head_adapters(lambda n: (m if m != base else None for m in head(n)), run,
+                inflight: Collection[str]) -> list[str]:
+        want = head_adapters(lambda n: (m if m != base else None for m in head(n)), inflight,
                              pw.max_loras, scan=self.scan)
-        self.node.set_in_use(engine, base, run, set(want))
+        self.node.set_in_use(engine, base, inflight, want)
         started: list[str] = []
         now = time.monotonic()
         for a in want:

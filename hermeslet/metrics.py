@@ -43,6 +43,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
+from hermes.metrics import PREWARM_TYPES  # backend types exported from the start, as there
+
 #: where engine adapters put vLLM's counters (the built-in engine's names first)
 PREFIX_QUERIES = ("prefix_cache_queries", "vllm:prefix_cache_queries_total",
                   "vllm:gpu_prefix_cache_queries_total", "vllm:prefix_cache_queries")
@@ -126,8 +128,6 @@ class NodeCollector:
         yield from prewarm_metrics(node, getattr(a, "prewarmer", None))
 
 
-#: backend types whose prewarm counters every node exports (as the gateway's PREWARM_TYPES)
-PREWARM_TYPES: tuple[str, ...] = ("docker", "lora", "kv")
 #: PrewarmCounters field -> metric family (name, help) of the node's prewarm counters
 _PREWARM_COUNTERS: dict[str, tuple[str, str]] = {
     "started": ("hermeslet_prewarm_started", "Backend prewarms started on the node."),

@@ -9,8 +9,9 @@
   :class:`PooledDockerSandbox` is the tool runner's Docker sandbox backed by the pool: a call
   that finds a warm container skips the create+start (``cold=False``).
 - :class:`LoraPrewarmer`: runtime ``POST /v1/load_lora_adapter`` / ``unload_lora_adapter`` on
-  a vLLM-compatible server, through the engine's adapter, keeping at most ``max_loras`` adapters it loaded (LRU unload,
-  never of an adapter in use: see :mod:`hermeslet.lora_lookahead`).
+  a vLLM-compatible server, through the engine's adapter, keeping at most ``max_loras``
+  adapters it loaded (LRU unload, never of an adapter in use: see
+  :mod:`hermeslet.lora_lookahead`).
 - :class:`KVPrefixPrewarmer`: a prefill-only request (``max_tokens: 1``) carrying the next
   unit's shared prompt prefix (its system message), sent through the engine's adapter (HTTP
   engines and the built-in one alike), so that the engine's prefix cache holds it.
@@ -35,9 +36,6 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hermeslet.engines.base import EngineAdapter, EngineError
-
-if TYPE_CHECKING:
-    from hermeslet.engines.openai_http import OpenAIHTTPEngine
 from hermeslet.tools import (
     DEFAULT_MAX_OUTPUT,
     BlockingDockerSandbox,
@@ -47,6 +45,9 @@ from hermeslet.tools import (
     docker_client,
     sandbox_container_options,
 )
+
+if TYPE_CHECKING:
+    from hermeslet.engines.openai_http import OpenAIHTTPEngine
 
 IDLE_CMD = ["sleep", "86400"]
 
@@ -237,6 +238,24 @@ class PooledDockerSandbox(BlockingDockerSandbox):
         return self.pool.run_blocking(argv, image, timeout_s)
 
 
+@contextlib.asynccontextmanager
+async def engine_adapter(engine: EngineAdapter | str, *, name: str,
+                         model: str | None = None) -> AsyncIterator[EngineAdapter]:
+    """The engine adapter a prewarmer calls: ``engine`` itself, or, given only a server URL,
+    an :class:`~hermeslet.engines.openai_http.OpenAIHTTPEngine` made for the call and closed
+    after it."""
+    if not isinstance(engine, str):
+        yield engine
+        return
+    from hermeslet.engines.openai_http import OpenAIHTTPEngine
+
+    eng = OpenAIHTTPEngine(engine, name=name, model=model)
+    try:
+        yield eng
+    finally:
+        await eng.close()
+
+
 @dataclass(slots=True)
 class LookaheadCounters:
     """What the LoRA queue lookahead (:mod:`hermeslet.lora_lookahead`) did, apart from the
@@ -347,7 +366,7 @@ class LoraPrewarmer:
             path = path or self.paths.get(name)
             if not path:
                 raise ValueError(f"no path known for LoRA adapter {name!r}")
-            async with self._adapter() as eng:
+            async with engine_adapter(self.engine, name="lora-prewarm") as eng:
                 while len(self.loaded) >= self.max_loras:
                     old = self._victim(name, keep, on_demand=on_demand)
                     self.loaded.pop(old)
@@ -402,26 +421,12 @@ class LoraPrewarmer:
             return False
         self.loaded.pop(name, None)
         self._unloaded(name)
-        async with self._adapter() as eng:
+        async with engine_adapter(self.engine, name="lora-prewarm") as eng:
             try:
                 await asyncio.wait_for(eng.unload_lora(name), self.timeout_s)
             except EngineError:
                 return False
         return True
-
-    @contextlib.asynccontextmanager
-    async def _adapter(self) -> AsyncIterator[OpenAIHTTPEngine]:
-        """The engine adapter to call (one made for the call when only a URL is known)."""
-        if not isinstance(self.engine, str):
-            yield self.engine
-            return
-        from hermeslet.engines.openai_http import OpenAIHTTPEngine
-
-        eng = OpenAIHTTPEngine(self.engine, name="lora-prewarm", model=None)
-        try:
-            yield eng
-        finally:
-            await eng.close()
 
 
 class KVPrefixPrewarmer:
@@ -442,25 +447,18 @@ class KVPrefixPrewarmer:
 
     async def warm(self, prefix: str, model: str | None = None) -> float:
         """Prefill ``prefix`` on the engine; returns the measured seconds."""
-        eng, owned = self.engine, False
-        if isinstance(eng, str):
-            from hermeslet.engines.openai_http import OpenAIHTTPEngine
-
-            eng, owned = OpenAIHTTPEngine(eng, name="kv-prewarm", model=self.model), True
         body = {"model": model or self.model, "max_tokens": 1, "temperature": 0.0,
                 "messages": [{"role": "system", "content": prefix},
                              {"role": "user", "content": "."}]}
         rid = f"prewarm-kv-{id(self):x}-{next(self._ids)}"
         t0 = time.monotonic()
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with (engine_adapter(self.engine, name="kv-prewarm", model=self.model) as eng,
+                        asyncio.timeout(self.timeout_s)):
                 async for _ in eng.generate("chat", body, False, request_id=rid):
                     pass
         except EngineError as e:
             raise RuntimeError(f"prefix prewarm: {e}") from e
-        finally:
-            if owned:
-                await eng.close()
         dt = time.monotonic() - t0
         self.counters.started += 1
         self.counters.warmup_s_last = dt
@@ -519,7 +517,7 @@ class NodePrewarmer:
         mine = [(f, h) for b, f, h in self._use.values() if b == base]
         pw.set_in_use(set().union(*(f for f, _ in mine)), set().union(*(h for _, h in mine)))
 
-    def loadable(self, base: str) -> list[str]:
+    def loadable_adapters(self, base: str) -> list[str]:
         """Adapters of ``base`` that this node can serve without their being loaded now
         (their path is known), for the node's ``hello``."""
         pw = self.loras.get(base)

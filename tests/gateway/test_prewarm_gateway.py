@@ -36,6 +36,32 @@ def _graph(p_classify: float) -> dict:
     }
 
 
+def _embedded_gateway(tmp_path, *engines: dict):  # noqa: ANN001, ANN202
+    """A gateway with its embedded HermesLet serving ``engines`` (``[[engines]]`` tables),
+    on its own thread; the caller stops it."""
+    from hermes.gateway.config import load_config
+    from hermes.gateway.server import start_background
+
+    return start_background(load_config(
+        None, environ={"HERMES_ENGINES": json.dumps(list(engines))}, port=0, bind="",
+        kb=str(tmp_path / "kb"), state_dir=str(tmp_path / "state"), time_scale=50.0,
+        log_level="warning"))
+
+
+def _record_warms(kvp) -> list[tuple[str, str | None]]:  # noqa: ANN001
+    """The (prefix, model) of every warm-up of the KV prefix prewarmer ``kvp`` from now on,
+    which still carries each one out."""
+    warmed: list[tuple[str, str | None]] = []
+    real_warm = kvp.warm
+
+    async def recording_warm(prefix: str, model: str | None = None) -> float:
+        warmed.append((prefix, model))
+        return await real_warm(prefix, model)
+
+    kvp.warm = recording_warm
+    return warmed
+
+
 class _Node:
     """A HermesLet with a DNN prewarmer, on its own event loop in a thread."""
 
@@ -140,13 +166,7 @@ def test_gateway_prewarms_the_next_units_prefix_on_the_embedded_engine(tmp_path)
     request teaches the gateway the answer unit's system prompt; in a second run, when gen
     starts, the planner prewarms that prefix, the embedded node prefills it through the
     engine's adapter and acks with the warm-up time, and the answer request finds it cached."""
-    from hermes.gateway.config import load_config
-    from hermes.gateway.server import start_background
-
-    engines = json.dumps([{"name": "sim0", "model": MODEL, "kv_cache_gb": 2}])
-    srv = start_background(load_config(
-        None, environ={"HERMES_ENGINES": engines}, port=0, bind="", kb=str(tmp_path / "kb"),
-        state_dir=str(tmp_path / "state"), time_scale=50.0, log_level="warning"))
+    srv = _embedded_gateway(tmp_path, {"name": "sim0", "model": MODEL, "kv_cache_gb": 2})
     state = gateway_state(srv)
     sched, node = state.scheduler, state.node
     engine = node.slots["sim0"].engine
@@ -194,28 +214,12 @@ def test_kv_prewarm_carries_the_runs_own_tenants_prompt(tmp_path) -> None:  # no
     """Two tenants deploy the same app with their own system prompts: a run of tenant A gets
     A's prompt prewarmed, even though B's request came last (the gateway keys prefixes by
     tenant, and names the resource per tenant)."""
-    from hermes.gateway.config import load_config
-    from hermes.gateway.server import start_background
-
-    srv = start_background(load_config(
-        None, environ={}, port=0, bind="", kb=str(tmp_path / "kb"),
-        state_dir=str(tmp_path / "state"), time_scale=50.0, log_level="warning"))
+    srv = _embedded_gateway(tmp_path, {"name": "sim0", "model": MODEL})
     state = gateway_state(srv)
-    sched, node = state.scheduler, state.node
-    model = state.config.engines[0].model
-    kvp = node.prewarmer.prefixes[model]
-    warmed: list[str] = []
-    real_warm = kvp.warm
-
-    async def recording_warm(prefix: str, model: str | None = None) -> float:
-        warmed.append(prefix)
-        return await real_warm(prefix, model)
-
-    kvp.warm = recording_warm  # the real prewarm, recorded
+    sched, model = state.scheduler, MODEL
+    warmed = _record_warms(state.node.prewarmer.prefixes[model])  # the real prewarms
     prompts = {"A": "Tenant A's answerer. " * 30, "B": "Tenant B's answerer. " * 30}
     graph = _graph(0.0)
-    for u in graph["units"].values():
-        u["backend"] = u["backend"].replace(MODEL, model)
     try:
         with httpx.Client(base_url=srv.url, timeout=30) as http:
             assert http.put("/v1/apps/pwapp", content=json.dumps(graph)).status_code in (200, 201)
@@ -235,7 +239,7 @@ def test_kv_prewarm_carries_the_runs_own_tenants_prompt(tmp_path) -> None:  # no
             while not warmed:
                 assert time.monotonic() < deadline, sched.prewarm.stats()
                 time.sleep(0.02)
-            assert warmed == [prompts["A"]]
+            assert [p for p, _ in warmed] == [prompts["A"]]
             assert f"kv:{model}/A/pwapp/answer" in sched.prewarm.warm
             for rid in (*runs.values(), run):
                 http.post(f"/v1/runs/{rid}/finish")
@@ -247,24 +251,10 @@ def test_unit_of_a_lora_adapter_gets_the_adapter_and_its_prefix_prewarmed(tmp_pa
     """A unit whose requests name a LoRA adapter (``model: ad1``, served on the embedded
     engine's base model): the planner plans the adapter (``lora:BASE@ad1``) and the prefix,
     and the prefix's prewarm request runs with the adapter (its KV blocks are the adapter's)."""
-    from hermes.gateway.config import load_config
-    from hermes.gateway.server import start_background
-
-    engines = json.dumps([{"name": "sim0", "model": MODEL, "loras": ["ad1"]}])
-    srv = start_background(load_config(
-        None, environ={"HERMES_ENGINES": engines}, port=0, bind="", kb=str(tmp_path / "kb"),
-        state_dir=str(tmp_path / "state"), time_scale=50.0, log_level="warning"))
+    srv = _embedded_gateway(tmp_path, {"name": "sim0", "model": MODEL, "loras": ["ad1"]})
     state = gateway_state(srv)
-    sched, node = state.scheduler, state.node
-    kvp = node.prewarmer.prefixes[MODEL]
-    warmed: list[tuple[str, str | None]] = []
-    real_warm = kvp.warm
-
-    async def recording_warm(prefix: str, model: str | None = None) -> float:
-        warmed.append((prefix, model))
-        return await real_warm(prefix, model)
-
-    kvp.warm = recording_warm  # the real prewarm, recorded
+    sched = state.scheduler
+    warmed = _record_warms(state.node.prewarmer.prefixes[MODEL])  # the real prewarms
     graph = _graph(0.0)
     graph["units"]["answer"]["backend"] = "llm:ad1"
     system = "You are the ad1-tuned answerer. " * 30

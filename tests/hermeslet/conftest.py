@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -33,6 +34,24 @@ def _start_sim(*extra: str) -> tuple[subprocess.Popen, str]:
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGKILL)
     raise RuntimeError("sim-engine did not become healthy")
+
+
+@contextlib.contextmanager
+def running_sim(*extra: str) -> Iterator[str]:
+    """A sim-engine process (``hermeslet sim-engine`` flags ``extra``) for the block: its URL."""
+    proc, url = _start_sim(*extra)
+    try:
+        yield url
+    finally:
+        stop_group(proc, grace_s=5)
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    """A fresh sim-engine for one test (no LoRA adapters loaded), base model ``sim-7b``, at
+    the modelled A100's speed (a module may override it with its own ``url``)."""
+    with running_sim("--time-scale", "1", "--model", "sim-7b") as u:
+        yield u
 
 
 @pytest.fixture(scope="session")

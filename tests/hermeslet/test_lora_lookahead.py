@@ -15,25 +15,15 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from hermes.procs import stop_group
 from hermeslet.agent import HermesLet
 from hermeslet.engines.openai_http import OpenAIHTTPEngine
 from hermeslet.lora_lookahead import LoraLookahead
 from hermeslet.prewarmers import LoraPrewarmer, NodePrewarmer
-from tests.hermeslet.conftest import _start_sim
 from tests.hermeslet.test_agent import FakeScheduler, submit
 
 pytestmark = pytest.mark.timeout(30)
 
 BASE = "sim-7b"
-
-
-@pytest.fixture
-def url():
-    """A fresh sim-engine (no adapters loaded), at the modelled A100's speed."""
-    proc, u = _start_sim("--time-scale", "1", "--model", BASE)
-    yield u
-    stop_group(proc, grace_s=5)
 
 
 def adapters(url: str) -> set[str]:

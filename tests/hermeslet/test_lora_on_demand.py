@@ -14,12 +14,11 @@ import pytest
 
 from hermes.gateway.config import load_config
 from hermes.gateway.scheduler import LiveScheduler, ModelNotFound
-from hermes.procs import stop_group
 from hermeslet.agent import HermesLet
 from hermeslet.engines.openai_http import OpenAIHTTPEngine
 from hermeslet.lora_lookahead import LoraLookahead
 from hermeslet.prewarmers import LoraPrewarmer, NodePrewarmer
-from tests.hermeslet.conftest import _start_sim
+from tests.hermeslet.conftest import running_sim
 from tests.hermeslet.test_lora_lookahead import adapters, agent_on, lora_submit, results
 
 pytestmark = pytest.mark.timeout(40)
@@ -28,10 +27,9 @@ pytestmark = pytest.mark.timeout(40)
 @pytest.fixture
 def two_bases():
     """Two sim-engine servers with different base models (no adapters loaded)."""
-    procs = [_start_sim("--time-scale", "50", "--model", m) for m in ("base-a", "base-b")]
-    yield [u for _, u in procs]
-    for p, _ in procs:
-        stop_group(p, grace_s=5)
+    with running_sim("--time-scale", "50", "--model", "base-a") as a, \
+            running_sim("--time-scale", "50", "--model", "base-b") as b:
+        yield [a, b]
 
 
 def loaded(url: str, base: str) -> set[str]:
@@ -80,13 +78,6 @@ async def test_loadable_adapter_is_announced_routed_and_loaded_on_demand(two_bas
     pw = pn.loras["base-b"]
     assert pw.counters.cold_starts == 1 and pw.counters.warm_hits == 1
     assert pw.counters.started == 0  # no scheduler prewarm
-
-
-@pytest.fixture
-def url():
-    proc, u = _start_sim("--time-scale", "1", "--model", "sim-7b")
-    yield u
-    stop_group(proc, grace_s=5)
 
 
 async def test_prewarmed_adapter_is_used_or_wasted(url):

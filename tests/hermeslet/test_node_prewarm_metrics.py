@@ -20,12 +20,11 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hermes.procs import stop_group
 from hermeslet.agent import HermesLet
 from hermeslet.engines.openai_http import OpenAIHTTPEngine
 from hermeslet.metrics import MetricsServer, node_registry
 from hermeslet.prewarmers import DnnHook, KVPrefixPrewarmer, LoraPrewarmer, NodePrewarmer
-from tests.hermeslet.conftest import _start_sim
+from tests.hermeslet.conftest import running_sim
 from tests.hermeslet.test_lora_lookahead import agent_on, lora_submit, node, results
 from tests.ops.test_prometheus_dashboards import (  # noqa: F401 (the prometheus fixture)
     SCRAPE_S,
@@ -45,9 +44,8 @@ NODE = "node_p"
 @pytest.fixture
 def url():
     """A fresh sim-engine serving ``BASE`` (no adapters loaded)."""
-    proc, u = _start_sim("--time-scale", "50", "--model", BASE)
-    yield u
-    stop_group(proc, grace_s=5)
+    with running_sim("--time-scale", "50", "--model", BASE) as u:
+        yield u
 
 
 Samples = dict[tuple[str, frozenset], float]

@@ -87,12 +87,10 @@ def test_sim_engine_server_flags(capsys):
     bad sizes are refused by flag name."""
     import httpx
 
-    from hermes.procs import stop_group
     from hermeslet.cli import main
-    from tests.hermeslet.conftest import _start_sim
+    from tests.hermeslet.conftest import running_sim
 
-    proc, url = _start_sim("--time-scale", "1000", "--kv-cache-gb", "1", "--cpu-cache-gb", "1")
-    try:
+    with running_sim("--time-scale", "1000", "--kv-cache-gb", "1", "--cpu-cache-gb", "1") as url:
         hits = []
         for i in [0, 0, 1, 2, 3, 4, 5, 0]:
             r = httpx.post(url + "/v1/chat/completions", timeout=10, json={
@@ -104,8 +102,6 @@ def test_sim_engine_server_flags(capsys):
             hits.append(float(next(ln.split()[-1] for ln in text.splitlines()
                                    if ln.startswith("vllm:prefix_cache_hits_total"))))
         assert hits[1] - hits[0] == 404 and hits[7] - hits[6] == 404
-    finally:
-        stop_group(proc, grace_s=5)
     for bad in (["--kv-cache-gb", "0"], ["--cpu-cache-gb", "-1"]):
         with pytest.raises(SystemExit):
             main(["sim-engine", "--port", "1", *bad])
