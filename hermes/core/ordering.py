@@ -145,10 +145,21 @@ class KeyedQueue(Generic[T]):
     def head(self, n: int) -> list[T]:
         """The ``n`` lowest-key items in queue order (lowest first; FIFO on equal keys),
         without removing them: the requests a driver will release next."""
-        if n <= 0:
-            return []
-        return [e.item for e in heapq.nsmallest(n, self._entries.values(),
-                                                 key=lambda e: (e.key, e.tie))]
+        out: list[T] = []
+        heap = self._heap
+        if n <= 0 or not heap:
+            return out
+        # best-first walk down the heap from its root: O(n log n) nodes visited (plus the
+        # stale ones among them), not the whole queue; drivers ask after every release
+        frontier = [(heap[0], 0)]
+        while frontier and len(out) < n:
+            top, i = heapq.heappop(frontier)
+            if self._valid(top):
+                out.append(self._entries[top[3]].item)
+            for c in (2 * i + 1, 2 * i + 2):
+                if c < len(heap):
+                    heapq.heappush(frontier, (heap[c], c))
+        return out
 
     def key_of(self, item_id: Hashable) -> Key | None:
         e = self._entries.get(item_id)

@@ -77,3 +77,37 @@ def test_head_lists_the_next_items_in_release_order_without_removing_them():
     assert q.head(3) == ["r4", "r1", "r3"]  # equal keys stay FIFO
     assert q.head(0) == [] and q.head(10) == ["r4", "r1", "r3", "r0"]
     assert len(q) == 4 and [q.pop() for _ in range(4)] == ["r4", "r1", "r3", "r0"]
+
+
+def test_head_matches_the_release_order_after_pushes_rekeys_removes_and_pops():
+    """head(n) is the first n of what pops would give, after random mixes of every operation
+    (stale heap entries from rekeys and removes included): against a sort of the live items."""
+    for seed in range(20):
+        rng = random.Random(seed)
+        q: KeyedQueue[int] = KeyedQueue()
+        live: dict[int, tuple] = {}  # item -> (key, push order) as the queue should hold it
+        order = 0
+        for step in range(300):
+            op = rng.random()
+            if op < 0.5 or not live:
+                i = step
+                key = (float(rng.randint(0, 20)),)
+                q.push(i, i, key)
+                live[i] = (key, order)
+                order += 1
+            elif op < 0.75:
+                i = rng.choice(list(live))
+                key = (float(rng.randint(0, 20)),)
+                q.rekey(i, key)
+                live[i] = (key, live[i][1])  # a rekey keeps the FIFO place among equals
+            elif op < 0.9:
+                i = rng.choice(list(live))
+                assert q.remove(i) == i
+                del live[i]
+            else:
+                got = q.pop()
+                want = min(live, key=lambda x: live[x])
+                assert got == want
+                del live[got]
+            n = rng.randint(0, 12)
+            assert q.head(n) == sorted(live, key=lambda x: live[x])[:n], (seed, step)
