@@ -137,7 +137,7 @@ class SimEngine(EngineAdapter):
             raise ValueError("time_scale must be > 0")
         self.time_scale = time_scale
         self.cost = cost or get_cost_model(setup)
-        self.prefix_cache: LRUPrefixCache | _TokenCountingPool
+        self.prefix_cache: LRUPrefixCache | _EngineKVPool
         if kv_cache_gb is None:
             self.prefix_cache = LRUPrefixCache()
             self.core = EngineModel(self.cost, name=name, prefix_cache=self.prefix_cache)
@@ -145,7 +145,7 @@ class SimEngine(EngineAdapter):
             if kv_cache_gb <= 0 or cpu_cache_gb < 0 or swap_gb_per_s <= 0:
                 raise ValueError("kv_cache_gb and swap_gb_per_s must be > 0, cpu_cache_gb >= 0")
             per_token = self.cost.kv_bytes_per_token
-            pool = _TokenCountingPool(
+            pool = _EngineKVPool(
                 gb_to_tokens(kv_cache_gb, per_token),
                 cpu_capacity_tokens=gb_to_tokens(cpu_cache_gb, per_token),
                 kv_bytes_per_token=per_token, swap_bytes_per_s=swap_gb_per_s * 1e9,
@@ -323,7 +323,7 @@ class SimEngine(EngineAdapter):
         return self.last_metrics
 
 
-class _TokenCountingPool(BlockPoolPrefixCache):
+class _EngineKVPool(BlockPoolPrefixCache):
     """The KV block pool of a built-in engine with ``kv_cache_gb``: counts prompt-prefix
     tokens looked up and found (``queries``/``hits``, as vLLM's ``prefix_cache_*`` counters)
     and is the engine model's admission hook, so that a host-memory swap-in stalls the
