@@ -203,6 +203,13 @@ class GatewayMetrics:
             met = state == "finished" and st.finished is not None and st.finished <= st.deadline
             self._child(self.deadline, app, tenant, "met" if met else "missed").inc()
 
+    def on_node_joined(self, node: str, engines: Iterable[str]) -> None:
+        """Create a joining node's per-engine request series at zero, so that the first
+        requests it serves show up in ``rate()`` (as :meth:`_init_series` does for runs)."""
+        for engine in engines:
+            self._child(self.queue, node, engine)
+            self._child(self.service, node, engine)
+
     def on_request_done(self, node: str | None, engine: str, queue_s: float,
                         service_s: float) -> None:
         n = node or ""

@@ -1149,6 +1149,8 @@ class LiveScheduler:
             node.outstanding = old.outstanding
             node.tools_outstanding = old.tools_outstanding
         self.nodes[msg.node] = node
+        if self.metrics is not None:
+            self.metrics.on_node_joined(msg.node, node.engines)
         self._node_ready.set()
         log.info("node %s connected: engines %s, tools %s", msg.node,
                  [f"{e.name}({e.model})" for e in msg.engines], msg.tools)

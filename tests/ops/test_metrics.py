@@ -151,3 +151,15 @@ def test_the_real_prewarm_planner_is_exported_per_backend_type(make_ops_gateway)
     assert m[("hermes_prewarm_wasted_backend_seconds_total", (("backend_type", "docker"),))] == 1.5
     assert m[("hermes_prewarm_started_total", (("backend_type", "kv"),))] == 1
     assert m[("hermes_prewarm_started_total", (("backend_type", "lora"),))] == 0
+
+
+def test_a_joining_nodes_engine_series_exist_at_zero_before_any_request(make_ops_gateway) -> None:  # noqa: ANN001
+    """rate() needs a sample before the first increment: a series born at its first request
+    loses that request (CI saw the per-engine panels empty after a short load)."""
+    srv = make_ops_gateway()
+    m = scrape(srv.url)
+    for name in ("hermes_request_queue_seconds_count", "hermes_request_service_seconds_count"):
+        labels = {dict(lv).get("engine") for (n, lv), _ in m.items()
+                  if n == name and dict(lv).get("node") == "embedded"}
+        assert labels == {"sim0"}, (name, labels)
+        assert total(m, name, node="embedded", engine="sim0") == 0
