@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.background import BackgroundTask
 
 from hermes.gateway.auth import tenant_for
+from hermes.gateway.run_params import parse_deadline_s, parse_knob
 from hermes.gateway.scheduler import (
     LiveRun,
     LiveScheduler,
@@ -121,8 +122,8 @@ async def _bind_run(sched: LiveScheduler, request: Request) -> tuple[LiveRun, st
     if run_id:
         return sched.active_run(run_id), unit
     app = h.get(APP_HEADER)
-    k = _number_header(h, K_HEADER, lo=0.0, hi=1.0)
-    deadline_s = _number_header(h, DEADLINE_HEADER, lo=0.0, lo_open=True)
+    k = _run_header(h, K_HEADER, parse_knob)
+    deadline_s = _run_header(h, DEADLINE_HEADER, parse_deadline_s)
     tenant = tenant_for(request, h.get("X-Hermes-Tenant"))
     if app:
         return sched.create_run(app, tenant=tenant, k=k, deadline_s=deadline_s), unit
@@ -130,22 +131,16 @@ async def _bind_run(sched: LiveScheduler, request: Request) -> tuple[LiveRun, st
                             auto_finish=True), unit
 
 
-def _number_header(h: Any, name: str, *, lo: float, hi: float = float("inf"),
-                   lo_open: bool = False) -> float | None:
-    """A numeric header of a run the request creates (``None`` when absent)."""
+def _run_header(h: Any, name: str, parse: Callable[[str], float]) -> float | None:
+    """A header setting a parameter of the run the request creates (``None`` when absent),
+    validated as the same field of ``POST /v1/runs`` is (:mod:`hermes.gateway.run_params`)."""
     raw = h.get(name)
     if raw is None:
         return None
     try:
-        v = float(raw)
-    except ValueError:
-        v = float("nan")
-    ok = (v > lo if lo_open else v >= lo) and v <= hi and v != float("inf")
-    if not ok:
-        bound = (f"in [{lo:g}, {hi:g}]" if hi != float("inf")
-                 else f"{'>' if lo_open else '>='} {lo:g}")
-        raise SchedulerError(f"header {name} must be a number {bound}, got {raw!r}")
-    return v
+        return parse(raw)
+    except ValueError as e:
+        raise SchedulerError(f"header {name}: {e}, got {raw!r}") from None
 
 
 async def _parse(request: Request, cls: type[_Body]) -> _Body | JSONResponse:

@@ -30,6 +30,7 @@ from hermes.core.backend import BackendSpec
 from hermes.gateway import hosted
 from hermes.gateway.auth import check_run_quota, tenant_for, visible
 from hermes.gateway.openai_api import error_response, scheduler_error
+from hermes.gateway.run_params import DeadlineS, Knob
 from hermes.gateway.scheduler import ACTIVE, LiveRun, LiveScheduler, SchedulerError
 from hermes.protocol import ToolDone
 
@@ -40,9 +41,9 @@ class CreateRun(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     app: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
-    deadline_s: float | None = Field(default=None, gt=0)
+    deadline_s: DeadlineS | None = None
     tenant: str | None = Field(default=None, min_length=1)
-    k: float | None = Field(default=None, ge=0, le=1)
+    k: Knob | None = None
     input: Any = None
 
 

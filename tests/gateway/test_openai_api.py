@@ -148,3 +148,32 @@ def test_k_and_deadline_headers_of_a_run_the_request_creates(gateway, client) ->
                                       extra_headers={"X-Hermes-App": "agentk", name: bad})
         assert e.value.status_code == 400 and name in e.value.message
     assert len(sched.runs) == before
+
+
+@pytest.mark.parametrize(("field", "header", "values"), [
+    ("k", "X-Hermes-K", ["0", "1", "0.25", "1.5", "-0.1", "1e999", "-1e999"]),
+    ("deadline_s", "X-Hermes-Deadline-S", ["40", "0.5", "0", "-3", "1e999"]),
+])
+def test_run_parameters_are_valid_alike_in_the_runs_body_and_the_openai_headers(
+        gateway, field: str, header: str, values: list[str]) -> None:  # noqa: ANN001
+    """A K or deadline that ``POST /v1/runs`` accepts in its JSON body the OpenAI API accepts
+    as a header, and the reverse (an infinite deadline was accepted by one and refused by the
+    other); a refusal names the field or header."""
+    for raw in values:
+        body = httpx.post(f"{gateway.url}/v1/runs", headers={"content-type": "application/json"},
+                          content=f'{{"app": "agentk", "{field}": {raw}}}')
+        head = httpx.post(f"{gateway.url}/v1/completions",
+                          headers={"X-Hermes-App": "agentk", header: raw},
+                          json={"model": MODEL, "prompt": "a", "max_tokens": 1})
+        assert body.status_code in (201, 422) and head.status_code in (200, 400), (raw, body.text,
+                                                                               head.text)
+        assert (body.status_code == 201) == (head.status_code == 200), (raw, body.text, head.text)
+        if body.status_code == 422:
+            assert body.json()["error"]["param"] == field
+            assert header in head.json()["error"]["message"]
+        else:
+            run = httpx.get(f"{gateway.url}/v1/runs/{body.json()['run_id']}").json()
+            hrun = httpx.get(f"{gateway.url}/v1/runs/{head.headers['x-hermes-run']}").json()
+            key = "k" if field == "k" else "deadline"
+            got = [r[key] - (r["submitted"] if key == "deadline" else 0) for r in (run, hrun)]
+            assert got == pytest.approx([float(raw)] * 2, abs=1e-6), (raw, got)
