@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hermes.gateway.openai_api import error_response, scheduler_error, validation_error
+from hermes.gateway.run_params import Knob
 from hermes.gateway.runs_api import install_graph
 from hermes.gateway.scheduler import ACTIVE, LiveRun, LiveScheduler, SchedulerError
 
@@ -257,7 +258,7 @@ class KnobBody(BaseModel):
 
     scope: Literal["default", "app", "tenant"]
     name: str = ""
-    k: float | None = Field(default=None, ge=0.0, le=1.0)
+    k: Knob | None = None
 
     @model_validator(mode="after")
     def _check(self) -> KnobBody:

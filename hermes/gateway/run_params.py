@@ -1,8 +1,9 @@
 """The per-run parameters a client may set, defined once for every way they come in.
 
 ``POST /v1/runs`` takes them as ``k`` and ``deadline_s`` in its JSON body, the OpenAI API as
-the ``X-Hermes-K`` and ``X-Hermes-Deadline-S`` headers of a request that creates its run; both
-validate with these types, so that a value one accepts the other accepts too.
+the ``X-Hermes-K`` and ``X-Hermes-Deadline-S`` headers of a request that creates its run, and
+``PUT /admin/knobs`` sets a default, app or tenant K; all validate with these types, so that a
+value one accepts the others accept too.
 """
 
 from __future__ import annotations
