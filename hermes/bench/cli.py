@@ -11,6 +11,7 @@ import sys
 import time
 
 from hermes.bench import sched as B
+from hermes.bench.prewarm import DEFAULT_CPU_CACHE_GB
 
 
 def _floats(text: str) -> list[float]:
@@ -145,8 +146,10 @@ def _prewarm_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--walks", type=int, default=200, help="Monte Carlo walks per prewarm plan")
     p.add_argument("--pdgraphs", default=None, help="PDGraph directory (default: pdgraphs/)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: cores)")
-    p.add_argument("--cpu-cache-gb", dest="cpu_cache_gb", type=float, default=4.0,
-                   help="host-memory KV tier per engine, GB (vLLM's default swap space: 4)")
+    p.add_argument("--cpu-cache-gb", dest="cpu_cache_gb", type=float,
+                   default=DEFAULT_CPU_CACHE_GB,
+                   help="host-memory KV tier per engine, GB (default: vLLM's default swap "
+                        "space, %(default)g)")
     p.add_argument("--json", default=None, help="write the rows as a JSON list to FILE")
     p.add_argument("--no-progress", action="store_true")
 

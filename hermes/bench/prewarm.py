@@ -37,6 +37,8 @@ from hermes.core.prewarm import DEFAULT_TIMING
 from hermes.sim.simulator import Arrival, Simulator, setup_engines
 
 STRATEGIES = ("hermes", "epwq", "lru")
+#: the host-memory KV tier per engine, GB: vLLM's default swap space (``--swap-space 4``)
+DEFAULT_CPU_CACHE_GB = 4.0
 #: the host tier of the ``bound`` row (:func:`bench_prewarm_kv`): more than any workload needs
 UNLIMITED_GB = 1e6
 
@@ -130,7 +132,7 @@ def bench_prewarm_kv(
     strategies: Sequence[str] = STRATEGIES,
     *,
     tenants: int = 1,
-    cpu_cache_gb: float = 64.0,
+    cpu_cache_gb: float = DEFAULT_CPU_CACHE_GB,
     k: float = 0.5,
     seed: int = 0,
     trace: str = "conversation",
@@ -260,7 +262,7 @@ def bench_knob(
     window_min: float = 10.0,
     *,
     cache_gb: float | None = 8.0,
-    cpu_cache_gb: float = 64.0,
+    cpu_cache_gb: float = DEFAULT_CPU_CACHE_GB,
     seed: int = 0,
     trace: str = "conversation",
     setup: str = "llama2-7b-a100",
