@@ -9,6 +9,12 @@ queue and a concurrency limit. The agent never computes keys.
 Messages are those of :mod:`hermes.protocol`. On start the agent sends ``hello``, then a
 ``heartbeat`` every ``heartbeat_s``; it answers ``resync`` with a new ``hello``.
 
+KV-prefix prewarms that carry a queue key (``params.key``: the key the scheduler would give the
+unit's own request) wait in the engine's queue like that request and are released through the
+same window, so that a prewarm does not jump a busy engine's queue (the simulator queues them
+the same way); a ``release`` of one still queued removes it, so a wrong branch costs the
+engine nothing. Their outcome goes to the prewarm ack, not to the scheduler's request table.
+
 Cancellation: queued requests are dropped, in-flight ones aborted (their task is cancelled,
 which closes the HTTP stream or removes the request from the simulated engine); each
 cancelled id is answered with ``failed {error: "cancelled", retryable: false}`` so that the
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import sys
 import time
@@ -47,6 +54,9 @@ log = logging.getLogger("hermeslet.agent")
 class _Queued:
     msg: P.Submit | P.Tool
     arrival: float  # monotonic
+    #: a node-internal request (a queued KV prewarm): its engine seconds, or its failure,
+    #: go here instead of to the scheduler
+    outcome: asyncio.Future[float] | None = None
 
 
 @dataclass(slots=True)
@@ -107,6 +117,10 @@ class HermesLet:
         self.sock: zmq.asyncio.Socket | None = None
         self._stop = asyncio.Event()
         self._started = asyncio.Event()
+        #: queued KV prewarms: (backend, prewarm id) -> (engine slot, request id)
+        self._kv_queued: dict[tuple[str, object], tuple[_EngineSlot, str]] = {}
+        self._kv_ids = itertools.count(1)
+        self._prewarm_tasks: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -160,7 +174,8 @@ class HermesLet:
         held: dict[str, str] = {}
         for s in self.slots.values():
             for q in s.queue.items():
-                held[q.msg.request_id] = "queued"
+                if q.outcome is None:  # not a node-internal prewarm
+                    held[q.msg.request_id] = "queued"
             for rid in s.inflight:
                 held[rid] = "inflight"
         for q in self.tool_queue.items():
@@ -220,7 +235,7 @@ class HermesLet:
         for t in tasks:
             t.cancel()
         work = [t for s in self.slots.values() for t in s.inflight.values()]
-        work += list(self.tool_tasks.values())
+        work += list(self.tool_tasks.values()) + list(self._prewarm_tasks)
         for t in work:
             t.cancel()
         for t in tasks + work:
@@ -279,7 +294,8 @@ class HermesLet:
                                      tuple(msg.key), msg.run_id)
                 self._pump_tools()
             case P.Prewarm() if self.prewarmer is not None:
-                asyncio.get_running_loop().create_task(self._on_prewarm(msg))
+                if not self._queue_kv_prewarm(msg):
+                    self._spawn(self._on_prewarm(msg))
             case P.Prewarm():
                 await self._send(P.PrewarmAck(backend=msg.backend, action=msg.action, ok=False,
                                               detail="prewarming not implemented on this node"))
@@ -294,6 +310,72 @@ class HermesLet:
         assert self.prewarmer is not None
         ok, detail = await self.prewarmer.handle(msg.backend, msg.action, msg.params)
         await self._send(P.PrewarmAck(backend=msg.backend, action=msg.action, ok=ok, detail=detail))
+
+    def _spawn(self, coro) -> None:  # noqa: ANN001
+        task = asyncio.get_running_loop().create_task(coro)
+        self._prewarm_tasks.add(task)
+        task.add_done_callback(self._prewarm_tasks.discard)
+
+    def _queue_kv_prewarm(self, msg: P.Prewarm) -> bool:
+        """A KV prewarm with a queue key goes into its engine's queue (module docstring); its
+        release takes it out if it is still there. ``False``: not such a signal (the
+        prewarmer handles it at once: no key, no prefix prewarmer, or already served)."""
+        assert self.prewarmer is not None
+        kind, _, name = msg.backend.partition(":")
+        if kind != "kv":
+            return False
+        tag = (msg.backend, msg.params.get("pid"))
+        if msg.action == "release":
+            queued = self._kv_queued.pop(tag, None)
+            if queued is None:
+                return False
+            slot, rid = queued
+            item = slot.queue.remove(rid)
+            if item is None or item.outcome is None:
+                return False  # released to the engine meanwhile
+            item.outcome.cancel()
+            self._adapters_changed(slot)
+            self._spawn(self._send(P.PrewarmAck(
+                backend=msg.backend, action="release", ok=True,
+                detail="removed from the queue before it reached the engine")))
+            return True
+        model = name.partition("/")[0]
+        pw = self.prewarmer.prefixes.get(model)
+        key, prefix = msg.params.get("key"), msg.params.get("prefix")
+        slot = next((s for s in self.slots.values() if s.engine.model == model), None)
+        if pw is None or slot is None or not key or not prefix or msg.action != "start":
+            return False
+        sub = P.Submit(request_id=f"prewarm-kv-{self.node}-{next(self._kv_ids)}",
+                       run_id=str(msg.params.get("run_id") or ""),
+                       unit=str(msg.params.get("unit") or ""),
+                       model=msg.params.get("model") or model, endpoint="chat",
+                       body=pw.request_body(prefix, msg.params.get("model")),
+                       key=[float(k) for k in key])
+        outcome: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        slot.queue.push(sub.request_id, _Queued(sub, time.monotonic(), outcome),
+                        tuple(sub.key), sub.run_id)
+        self._kv_queued[tag] = (slot, sub.request_id)
+        self._spawn(self._ack_queued_prewarm(msg, tag, sub.request_id, outcome))
+        self._pump(slot)
+        return True
+
+    async def _ack_queued_prewarm(self, msg: P.Prewarm, tag: tuple[str, object], rid: str,
+                                  outcome: asyncio.Future[float]) -> None:
+        """Ack a queued KV prewarm once the engine served it (``warmup_s=`` its engine time,
+        release to done, as the simulator learns it: the queue wait is the unit's too)."""
+        await asyncio.wait([outcome])
+        if self._kv_queued.get(tag, (None, None))[1] == rid:
+            del self._kv_queued[tag]
+        if outcome.cancelled():
+            ok, detail = True, "cancelled: released before it reached the engine"
+        elif (exc := outcome.exception()) is not None:
+            ok, detail = False, f"{type(exc).__name__}: {exc}"
+        else:
+            model = msg.backend.partition(":")[2].partition("/")[0]
+            assert self.prewarmer is not None
+            self.prewarmer.prefixes[model].record(outcome.result())
+            ok, detail = True, f"warmup_s={outcome.result():.4f}"
+        await self._send(P.PrewarmAck(backend=msg.backend, action="start", ok=ok, detail=detail))
 
     def _pick(self, msg: P.Submit) -> _EngineSlot | None:
         if msg.engine is not None:
@@ -365,8 +447,9 @@ class HermesLet:
             if self.release_log is not None:
                 self.release_log(slot.engine.name, sub.request_id)
             slot.models[sub.request_id] = sub.model
+            serve = self._serve if item.outcome is None else self._serve_prewarm
             slot.inflight[sub.request_id] = asyncio.create_task(
-                self._serve(slot, item, key), name=f"req-{sub.request_id}"
+                serve(slot, item, key), name=f"req-{sub.request_id}"
             )
         self._adapters_changed(slot)
 
@@ -446,6 +529,33 @@ class HermesLet:
         except Exception as e:  # never let one request kill the agent
             await self._send(P.Failed(request_id=sub.request_id,
                                       error=f"{type(e).__name__}: {e}", retryable=True))
+        finally:
+            slot.inflight.pop(sub.request_id, None)
+            slot.models.pop(sub.request_id, None)
+            if not self._stop.is_set():
+                self._pump(slot)
+
+    async def _serve_prewarm(self, slot: _EngineSlot, item: _Queued,
+                             key: tuple[float, ...]) -> None:
+        """A queued KV prewarm released to the engine: its outcome goes to its future."""
+        sub, outcome = item.msg, item.outcome
+        assert isinstance(sub, P.Submit) and outcome is not None
+        released = time.monotonic()
+        try:
+            await self._ensure_adapter(slot, sub.model)
+            async for _ in slot.engine.generate(
+                    sub.endpoint, {**sub.body, "model": sub.model}, False,
+                    request_id=sub.request_id,
+                    priority=P.key_to_priority(key, self.priority_scale)):
+                pass
+            if not outcome.done():
+                outcome.set_result(time.monotonic() - released)
+        except asyncio.CancelledError:
+            outcome.cancel()
+            raise
+        except Exception as e:
+            if not outcome.done():
+                outcome.set_exception(e)
         finally:
             slot.inflight.pop(sub.request_id, None)
             slot.models.pop(sub.request_id, None)

@@ -445,11 +445,20 @@ class KVPrefixPrewarmer:
         self.counters = PrewarmCounters()
         self._ids = itertools.count(1)
 
-    async def warm(self, prefix: str, model: str | None = None) -> float:
-        """Prefill ``prefix`` on the engine; returns the measured seconds."""
-        body = {"model": model or self.model, "max_tokens": 1, "temperature": 0.0,
+    def request_body(self, prefix: str, model: str | None = None) -> dict[str, Any]:
+        """The prefill-only chat request that warms ``prefix`` (with ``model``: an adapter)."""
+        return {"model": model or self.model, "max_tokens": 1, "temperature": 0.0,
                 "messages": [{"role": "system", "content": prefix},
                              {"role": "user", "content": "."}]}
+
+    def record(self, warmup_s: float) -> None:
+        """Count one warm-up the engine served (here or from the node's queue)."""
+        self.counters.started += 1
+        self.counters.warmup_s_last = warmup_s
+
+    async def warm(self, prefix: str, model: str | None = None) -> float:
+        """Prefill ``prefix`` on the engine now; returns the measured seconds."""
+        body = self.request_body(prefix, model)
         rid = f"prewarm-kv-{id(self):x}-{next(self._ids)}"
         t0 = time.monotonic()
         try:
@@ -460,8 +469,7 @@ class KVPrefixPrewarmer:
         except EngineError as e:
             raise RuntimeError(f"prefix prewarm: {e}") from e
         dt = time.monotonic() - t0
-        self.counters.started += 1
-        self.counters.warmup_s_last = dt
+        self.record(dt)
         return dt
 
 

@@ -10,7 +10,8 @@ ends), so keys must be updatable in place; ``rekey`` and ``rekey_run`` do that i
 The queue stores keys that the caller computes; :meth:`KeyedQueue.push` and ``rekey`` take the
 key explicitly, so the queue itself never calls a policy, never reads the clock and can be used
 by the simulator (virtual time) and the live runtime (wall-clock time) alike.
-:func:`policy_key` is the helper both drivers use to compute a key.
+:func:`policy_key` is the helper both drivers use to compute a key (:func:`prewarm_key` that of
+a prewarm request).
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ Key = tuple[float, ...]
 def policy_key(policy: object, run: RunState, req: RequestView, now: float) -> Key:
     """The sort key of ``req`` (of ``run``) under ``policy``: ``policy.request_key(...)``."""
     return tuple(policy.request_key(run, req, now))  # type: ignore[attr-defined]
+
+
+def prewarm_key(policy: object, run: RunState, unit: str, now: float, seq: int = 0) -> Key:
+    """The queue key of a KV-prefix prewarm request for ``unit`` of ``run``: the key the policy
+    gives the run's own request for that unit arriving ``now``. Both drivers queue a prewarm
+    with it (the simulated engine's waiting queue, the HermesLet's window), so that it runs
+    right before the unit's request instead of jumping a busy engine's queue."""
+    view = RequestView(request_id=f"{run.run_id}/prewarm", run_id=run.run_id, unit=unit,
+                       arrival=now, seq=seq)
+    return policy_key(policy, run, view, now)
 
 
 @dataclass(slots=True)

@@ -188,6 +188,9 @@ class GatewayPrewarmer:
                     params["prefix"] = prefix
                     if key[3]:
                         params["model"] = key[3]  # prefill with the unit's adapter
+                    qkey = self.sched.prewarm_key(a.run_id, a.unit) if a.run_id else None
+                    if qkey is not None:  # the node queues it as the unit's request
+                        params["key"] = list(qkey)
             self.sched._send(node, Prewarm(backend=a.resource, action=a.action, params=params))
         except Exception as exc:  # no node for it: the unit will warm it reactively
             log.debug("prewarm %s %s not sent: %s", a.action, a.resource, exc)

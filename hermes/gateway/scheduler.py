@@ -43,7 +43,7 @@ import zmq
 import zmq.asyncio
 
 from hermes.core.costmodel import CostModel, get_cost_model
-from hermes.core.ordering import policy_key
+from hermes.core.ordering import Key, policy_key, prewarm_key
 from hermes.core.policies.base import SchedulingPolicy, make_policy, policy_class
 from hermes.core.records import RequestRecord, RunRecord, UnitRecord
 from hermes.core.state import RequestView, RunState, UnitObservation
@@ -733,6 +733,15 @@ class LiveScheduler:
             max_output_tokens=max_tokens,
             seq=next(self._req_seq),
         )
+
+    def prewarm_key(self, run_id: str, unit: str) -> Key | None:
+        """The queue key of a KV prewarm for ``unit`` of an active run, as the policy would key
+        the run's own request for that unit now (:func:`hermes.core.ordering.prewarm_key`);
+        ``None`` when the run is not active."""
+        run = self.runs.get(run_id)
+        if run is None or run.status not in ACTIVE:
+            return None
+        return prewarm_key(self.policy, run.state, unit, self.now(), next(self._req_seq))
 
     async def submit_llm(
         self,

@@ -52,7 +52,7 @@ from hermes.core.engine_model import (
     StepResult,
     pick_engine,
 )
-from hermes.core.ordering import policy_key
+from hermes.core.ordering import policy_key, prewarm_key
 from hermes.core.records import RequestRecord, RunRecord, UnitRecord
 from hermes.core.state import RequestView, RunState, UnitObservation
 from hermes.core.tools_model import ToolCall, ToolPool, ToolStart
@@ -299,9 +299,7 @@ class Simulator:
         run = self._runs.get(run_id)
         if run is None:
             return (float("-inf"),)
-        view = RequestView(request_id=f"{run_id}/prewarm", run_id=run_id, unit=unit,
-                           arrival=now, seq=next(self._req_seq))
-        return policy_key(self.policy, run.state, view, now)
+        return prewarm_key(self.policy, run.state, unit, now, next(self._req_seq))
 
     def prewarm_request_added(self, ei: int, now: float) -> None:
         """Prewarm hook: a prefill-only request was queued on engine ``ei``."""

@@ -49,16 +49,16 @@ def _embedded_gateway(tmp_path, *engines: dict):  # noqa: ANN001, ANN202
 
 
 def _record_warms(kvp) -> list[tuple[str, str | None]]:  # noqa: ANN001
-    """The (prefix, model) of every warm-up of the KV prefix prewarmer ``kvp`` from now on,
-    which still carries each one out."""
+    """The (prefix, model) of every warm-up request the KV prefix prewarmer ``kvp`` makes from
+    now on (queued at the node or sent at once), which still go to the engine."""
     warmed: list[tuple[str, str | None]] = []
-    real_warm = kvp.warm
+    real_body = kvp.request_body
 
-    async def recording_warm(prefix: str, model: str | None = None) -> float:
+    def recording_body(prefix: str, model: str | None = None) -> dict:
         warmed.append((prefix, model))
-        return await real_warm(prefix, model)
+        return real_body(prefix, model)
 
-    kvp.warm = recording_warm
+    kvp.request_body = recording_body
     return warmed
 
 
@@ -170,6 +170,8 @@ def test_gateway_prewarms_the_next_units_prefix_on_the_embedded_engine(tmp_path)
     state = gateway_state(srv)
     sched, node = state.scheduler, state.node
     engine = node.slots["sim0"].engine
+    released: list[str] = []
+    node.release_log = lambda _engine, rid: released.append(rid)
     system = "You answer from the retrieved passages only. " * 40
     res = f"kv:{MODEL}/default/pwapp/answer"  # per tenant
 
@@ -196,6 +198,9 @@ def test_gateway_prewarms_the_next_units_prefix_on_the_embedded_engine(tmp_path)
                 assert time.monotonic() < deadline, sched.prewarm.stats()
                 time.sleep(0.02)
             assert node.prewarmer.prefixes[MODEL].counters.started == 1
+            # it carried the run's queue key and went through the node's window, as the
+            # unit's request will
+            assert [r for r in released if r.startswith("prewarm-kv-")] != []
             assert sched.prewarm.strategy.learner.estimate(res) > 0
             hits = engine.stats().extra["prefix_cache_hits"]
             http.post(ev, json={"unit": "gen", "event": "finish"})
