@@ -120,6 +120,7 @@ class SimWarmState:
         # kv: prefill-only request id -> prewarm id (its hold starts when it is admitted), and
         # the prewarms whose prefix is pinned
         self._kv_requests: dict[str, int] = {}
+        self._kv_waiting: dict[int, tuple[int, str]] = {}  # pid -> (engine, request) queued
         self._kv_pinned: set[int] = set()
         self.prewarm_prefill_tokens = 0
         # holds of used prewarms, until the unit's request is admitted: (run, kind, name) ->
@@ -236,6 +237,7 @@ class SimWarmState:
             # engine work a prewarm adds: the prompt tokens its request computes
             self.prewarm_prefill_tokens += req.input_tokens - req.computed
             pid = self._kv_requests.pop(req.request_id, None)
+            self._kv_waiting.pop(pid, None)  # type: ignore[arg-type]
             if pid is not None and pid in self._held and cache is not None and req.prefix:
                 cache.pin(req.prefix.removeprefix(UNCOUNTED))  # found cached, or computed now
                 self._kv_pinned.add(pid)
@@ -349,6 +351,7 @@ class SimWarmState:
             engines[ei].add(req, now)
             self._held[pid] = ei
             self._kv_requests[req.request_id] = pid
+            self._kv_waiting[pid] = (ei, req.request_id)
             self.strategy.observe_warmup(resource, self.cost.iteration_s(tokens, 0, 0))
             self.sim.prewarm_request_added(ei, now)
 
@@ -364,6 +367,16 @@ class SimWarmState:
                 self.tools.server(resource).release(now)
             return
         if kind == "kv":  # the handover names the prewarm: its hold may not have started
+            waiting = self._kv_waiting.pop(pid, None)
+            if waiting is not None and not used:  # a wrong branch: the HermesLet's way,
+                ei, rid = waiting  # take its prefill request out of the queue (live: agent.py)
+                eng = self._engines()[ei]
+                if rid in eng.waiting and eng.abort(rid) is not None:
+                    self._kv_requests.pop(rid, None)
+                    self._held.pop(pid, None)
+                    assert self.sim is not None
+                    self.sim.prewarm_request_added(ei, now)
+                    return
             if pid not in self._held:
                 return
             if used and run_id:

@@ -161,3 +161,54 @@ def test_kv_bound_row_hits_more_and_runs_faster_than_lru():
     assert bound["mean_act_s"] < 0.95 * lru["mean_act_s"]
     assert bound["prewarm_started"] == 0  # no prewarm: only the cache differs
     assert bound["kv_cpu_hits"] > 0  # evicted prefixes came back from the host tier
+
+
+def test_a_wrong_branch_prewarm_still_queued_is_taken_out_before_it_is_computed():
+    """As the HermesLet does live: when the planner releases a KV prewarm unused (the branch
+    was not taken) while its prefill request still waits at the engine, the request is
+    removed, so the wrong branch costs the engine no prefill."""
+    from hermes.bench.prewarm import with_tenants
+    from hermes.bench.sched import build_arrivals, load_graphs, make_sim_policy
+    from hermes.core.estimator import EstimatorPool
+    from hermes.core.prewarm import make_prewarm
+    from hermes.sim.simulator import Simulator, setup_engines
+    from hermes.sim.warm import PREWARM_RUN, SimWarmState
+
+    arrivals, _ = build_arrivals(120, 2.0, seed=1)
+    arrivals = with_tenants(arrivals, 4, 1)
+    cost, n = setup_engines("llama2-7b-a100")
+    graphs = load_graphs()
+    strategy = make_prewarm("hermes", k=0.5, graphs=graphs.get,
+                            estimators=EstimatorPool(graphs, cost, n_walks=50).get, n_walks=50)
+    warm = SimWarmState(strategy, cost, n_engines=n, cache_gb=8.0, cpu_cache_gb=4.0)
+    sim = Simulator(make_sim_policy("vllm", "llama2-7b-a100"), cost=cost, n_engines=n,
+                    record=False, warm=warm)
+    eng = sim.engines[0]
+    added: list[str] = []
+    aborted: list[str] = []
+    add, abort, on_admit = eng.add, eng.abort, warm.on_admit
+    admitted: list[str] = []
+
+    def rec_add(req, now):  # noqa: ANN001, ANN202
+        if req.run_id == PREWARM_RUN:
+            added.append(req.request_id)
+        add(req, now)
+
+    def rec_abort(rid):  # noqa: ANN001, ANN202
+        assert rid in eng.waiting  # never one being prefilled
+        aborted.append(rid)
+        return abort(rid)
+
+    def rec_admit(req, now):  # noqa: ANN001, ANN202
+        if req.run_id == PREWARM_RUN:
+            admitted.append(req.request_id)
+        return on_admit(req, now)
+
+    eng.add, eng.abort, warm.on_admit = rec_add, rec_abort, rec_admit
+    res = sim.run(list(arrivals))
+    assert len(res.runs) == len(arrivals)
+    assert aborted and not set(aborted) & set(admitted)
+    # each one either ran (admitted, maybe again after a preemption) or was removed
+    assert set(aborted) | set(admitted) == set(added) and len(set(aborted)) == len(aborted)
+    assert res.warm["prewarm_wasted"] >= len(aborted)
+    assert not warm._held and not warm._kv_requests and eng.kv_used == 0
