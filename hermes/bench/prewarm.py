@@ -179,7 +179,8 @@ def bench_prewarm_kv(
                 "p95_act_s": float(np.percentile(acts, 95)),
                 **_row_stats(st, ("kv_cpu_hits", "kv_warming_hits", "prewarm_started",
                                   "prewarm_used", "prewarm_wasted", "prewarm_wasted_backend_s",
-                                  "kv_prewarm_prefill_tokens", "kv_holds_dropped",
+                                  "kv_prewarm_prefill_tokens", "kv_prewarm_dequeued",
+                                  "kv_holds_dropped",
                                   "kv_pins_refused")),
                 "runs": int(acts.size),
             })

@@ -123,6 +123,7 @@ class SimWarmState:
         self._kv_waiting: dict[int, tuple[int, str]] = {}  # pid -> (engine, request) queued
         self._kv_pinned: set[int] = set()
         self.prewarm_prefill_tokens = 0
+        self.prewarm_dequeued = 0  # KV prewarm requests taken out of the queue unused
         # holds of used prewarms, until the unit's request is admitted: (run, kind, name) ->
         # engine indices
         self._handover: dict[tuple[str, str, str], list[int]] = {}
@@ -372,6 +373,7 @@ class SimWarmState:
                 ei, rid = waiting  # take its prefill request out of the queue (live: agent.py)
                 eng = self._engines()[ei]
                 if rid in eng.waiting and eng.abort(rid) is not None:
+                    self.prewarm_dequeued += 1
                     self._kv_requests.pop(rid, None)
                     self._held.pop(pid, None)
                     assert self.sim is not None
@@ -430,6 +432,7 @@ class SimWarmState:
             out["kv_holds_dropped"] = sum(c.holds_dropped for c in caches)
             out["kv_pins_refused"] = sum(c.pins_refused for c in caches)
             out["kv_prewarm_prefill_tokens"] = self.prewarm_prefill_tokens
+            out["kv_prewarm_dequeued"] = self.prewarm_dequeued
         if self.tools is not None:
             calls = sum(s.calls for s in self.tools.servers.values() if not s.backend.startswith("api:"))
             hits = sum(s.warm_hits for s in self.tools.servers.values() if not s.backend.startswith("api:"))
