@@ -208,7 +208,14 @@ class Tool(_Msg):
 
 
 class Prewarm(_Msg):
-    """Prewarm hook (later issue). Extra fields are kept in ``params``."""
+    """Warm (``start``) or give up (``release``) a backend ahead of a run's next unit.
+
+    ``backend`` is the resource: ``docker:IMAGE``, ``lora:BASE@ADAPTER``,
+    ``kv:MODEL/TENANT/APP/UNIT`` or ``dnn:NAME``. ``params`` (all optional): ``run_id``,
+    ``unit`` (the next unit) and ``pid`` (the planner's prewarm id, which a ``release`` repeats);
+    for ``kv``, ``prefix`` (the shared prompt to prefill), ``model`` (an adapter to prefill it
+    with) and ``key`` (the queue key the unit's own request would get: the node queues the
+    prewarm with it); for ``lora``, ``path``. The node answers each with ``prewarm_ack``."""
 
     type: Literal["prewarm"] = "prewarm"
     backend: str
