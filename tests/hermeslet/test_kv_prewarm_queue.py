@@ -28,6 +28,14 @@ def node_with_prefixes(engine) -> NodePrewarmer:  # noqa: ANN001
     return NodePrewarmer(prefixes={"m7b": KVPrefixPrewarmer(engine)})
 
 
+async def until(pred, timeout: float = 10.0) -> None:  # noqa: ANN001
+    """Wait until ``pred()`` holds (the agent handles messages on its own schedule)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not pred():
+        assert asyncio.get_running_loop().time() < deadline, "condition never held"
+        await asyncio.sleep(0.01)
+
+
 async def test_a_keyed_prewarm_is_released_in_key_order_and_acked_not_answered():
     engine = sim(max_inflight=1, time_scale=1.0)
     pw = node_with_prefixes(engine)
@@ -40,7 +48,7 @@ async def test_a_keyed_prewarm_is_released_in_key_order_and_acked_not_answered()
         await sched.send(submit("a", [1.0], max_tokens=2))
         await sched.send(unit_request)
         await sched.send(prewarm("start", 1, key=[2.0]))
-        await asyncio.sleep(0.05)
+        await until(lambda: agent.heartbeat().engines["sim"].queued == 3)
         assert agent.holding() == {"busy": "inflight", "a": "queued", "b": "queued"}
         msgs = await sched.collect({"done", "failed", "prewarm_ack"}, 4)
         acks = [m for m in msgs if m.type == "prewarm_ack"]
@@ -58,17 +66,18 @@ async def test_a_release_takes_a_queued_prewarm_out_before_the_engine_sees_it():
     engine = sim(max_inflight=1, time_scale=1.0)
     pw = node_with_prefixes(engine)
     async with running([engine], prewarmer=pw) as (sched, agent, _, released):
-        await sched.send(submit("busy", [0.0], max_tokens=60))
+        await sched.send(submit("busy", [0.0], max_tokens=2000))  # ~25 s: stays in the slot
         await sched.send(prewarm("start", 7, key=[1.0]))
-        await asyncio.sleep(0.05)
-        assert agent.heartbeat().engines["sim"].queued == 1
+        await until(lambda: agent.heartbeat().engines["sim"].queued == 1)
         await sched.send(prewarm("release", 7))
         acks = await sched.collect({"prewarm_ack"}, 2)
         by_action = {a.action: a for a in acks}
         assert by_action["release"].ok and "removed from the queue" in by_action["release"].detail
         assert by_action["start"].ok and by_action["start"].detail.startswith("cancelled")
         assert agent.heartbeat().engines["sim"].queued == 0
-        await sched.collect({"done"}, 1)
+        await sched.send(P.Cancel(request_ids=["busy"]))
+        await sched.collect({"failed"}, 1)
+        await asyncio.sleep(0.05)  # the freed window would have released it now
         assert released == ["busy"]
         assert pw.prefixes["m7b"].counters.started == 0
 
@@ -79,8 +88,8 @@ async def test_a_prewarm_without_a_key_goes_to_the_engine_at_once():
     engine = sim(max_inflight=1, time_scale=1.0)
     pw = node_with_prefixes(engine)
     async with running([engine], prewarmer=pw) as (sched, _, _, released):
-        await sched.send(submit("busy", [0.0], max_tokens=200))  # ~2 s in the only slot
+        await sched.send(submit("busy", [0.0], max_tokens=2000))  # ~25 s in the only slot
         await sched.send(prewarm("start", 1))
-        ack = await sched.recv("prewarm_ack", timeout=1.5)  # before "busy" is done
+        ack = await sched.recv("prewarm_ack", timeout=10)  # long before "busy" is done
         assert ack.ok and ack.detail.startswith("warmup_s=")
         assert released == ["busy"]
