@@ -248,7 +248,16 @@ class HermesLet:
     async def _recv_link(self, link: InprocLink) -> None:
         while True:
             for msg in await link.recv():
-                await self.handle(msg)
+                await self._handle_one(msg)
+
+    async def _handle_one(self, msg) -> None:  # noqa: ANN001
+        """:meth:`handle`, logging instead of raising: one message the node cannot apply must
+        not stop it from serving the others."""
+        try:
+            await self.handle(msg)
+        except Exception:
+            log.exception("hermeslet %s: could not apply a %r message", self.node,
+                          getattr(msg, "type", type(msg).__name__))
 
     async def _send(self, msg) -> None:  # noqa: ANN001
         if self.link is not None:
@@ -277,7 +286,7 @@ class HermesLet:
                 except P.ProtocolError as e:
                     print(f"hermeslet {self.node}: dropped bad message: {e}", file=sys.stderr)
                     continue
-                await self.handle(msg)
+                await self._handle_one(msg)
 
     # ------------------------------------------------------------------ message handling
     async def handle(self, msg) -> None:  # noqa: ANN001
@@ -345,12 +354,16 @@ class HermesLet:
         slot = next((s for s in self.slots.values() if s.engine.model == model), None)
         if pw is None or slot is None or not key or not prefix or msg.action != "start":
             return False
+        try:
+            qkey = [float(k) for k in key]
+        except (TypeError, ValueError):
+            log.warning("kv prewarm %s: bad queue key %r, sent at once", msg.backend, key)
+            return False
         sub = P.Submit(request_id=f"prewarm-kv-{self.node}-{next(self._kv_ids)}",
                        run_id=str(msg.params.get("run_id") or ""),
                        unit=str(msg.params.get("unit") or ""),
                        model=msg.params.get("model") or model, endpoint="chat",
-                       body=pw.request_body(prefix, msg.params.get("model")),
-                       key=[float(k) for k in key])
+                       body=pw.request_body(prefix, msg.params.get("model")), key=qkey)
         outcome: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         slot.queue.push(sub.request_id, _Queued(sub, time.monotonic(), outcome),
                         tuple(sub.key), sub.run_id)

@@ -82,14 +82,19 @@ async def test_a_release_takes_a_queued_prewarm_out_before_the_engine_sees_it():
         assert pw.prefixes["m7b"].counters.started == 0
 
 
-async def test_a_prewarm_without_a_key_goes_to_the_engine_at_once():
-    """An older scheduler sends no key: the prewarm is sent straight to the engine, as
-    before, even while the window is full."""
+@pytest.mark.parametrize("key", [None, ["soon"]])
+async def test_a_prewarm_without_a_usable_key_goes_to_the_engine_at_once(key) -> None:  # noqa: ANN001
+    """An older scheduler sends no key (and a malformed one must not take the node down):
+    the prewarm is sent straight to the engine, as before, even while the window is full."""
     engine = sim(max_inflight=1, time_scale=1.0)
     pw = node_with_prefixes(engine)
     async with running([engine], prewarmer=pw) as (sched, _, _, released):
         await sched.send(submit("busy", [0.0], max_tokens=2000))  # ~25 s in the only slot
-        await sched.send(prewarm("start", 1))
+        await sched.send(prewarm("start", 1, key=key))
         ack = await sched.recv("prewarm_ack", timeout=10)  # long before "busy" is done
         assert ack.ok and ack.detail.startswith("warmup_s=")
         assert released == ["busy"]
+        await sched.send(submit("next", [1.0], max_tokens=1))  # the node still serves
+        await sched.send(P.Cancel(request_ids=["busy"]))
+        done = await sched.collect({"done"}, 1)
+        assert done[0].request_id == "next"
