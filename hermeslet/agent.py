@@ -343,6 +343,7 @@ class HermesLet:
             if item is None or item.outcome is None:
                 return False  # released to the engine meanwhile
             item.outcome.cancel()
+            self.prewarmer.prefixes[name.partition("/")[0]].counters.wasted += 1  # no cost
             self._adapters_changed(slot)
             self._spawn(self._send(P.PrewarmAck(
                 backend=msg.backend, action="release", ok=True,
@@ -368,6 +369,7 @@ class HermesLet:
         slot.queue.push(sub.request_id, _Queued(sub, time.monotonic(), outcome),
                         tuple(sub.key), sub.run_id)
         self._kv_queued[tag] = (slot, sub.request_id)
+        pw.counters.started += 1  # taken on: served later, or taken out unused (wasted)
         self._spawn(self._ack_queued_prewarm(msg, tag, sub.request_id, outcome))
         self._pump(slot)
         return True
@@ -386,7 +388,7 @@ class HermesLet:
         else:
             model = msg.backend.partition(":")[2].partition("/")[0]
             assert self.prewarmer is not None
-            self.prewarmer.prefixes[model].record(outcome.result())
+            self.prewarmer.prefixes[model].record(outcome.result(), count=False)
             ok, detail = True, f"warmup_s={outcome.result():.4f}"
         await self._send(P.PrewarmAck(backend=msg.backend, action="start", ok=ok, detail=detail))
 

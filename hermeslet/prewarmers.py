@@ -451,9 +451,11 @@ class KVPrefixPrewarmer:
                 "messages": [{"role": "system", "content": prefix},
                              {"role": "user", "content": "."}]}
 
-    def record(self, warmup_s: float) -> None:
-        """Count one warm-up the engine served (here or from the node's queue)."""
-        self.counters.started += 1
+    def record(self, warmup_s: float, *, count: bool = True) -> None:
+        """A warm-up the engine served: count it started (``count``: not already counted when
+        the node queued it) and keep its measured seconds."""
+        if count:
+            self.counters.started += 1
         self.counters.warmup_s_last = warmup_s
 
     async def warm(self, prefix: str, model: str | None = None) -> float:
