@@ -38,6 +38,7 @@ import zmq.asyncio
 
 from hermes import protocol as P
 from hermes.core.ordering import KeyedQueue
+from hermes.core.prewarm import resource_kind, resource_model
 from hermeslet.engines.base import EngineAdapter, EngineError, GenChunk, GenResult
 from hermeslet.tools import ToolRunner
 
@@ -303,7 +304,9 @@ class HermesLet:
                                      tuple(msg.key), msg.run_id)
                 self._pump_tools()
             case P.Prewarm() if self.prewarmer is not None:
-                if not self._queue_kv_prewarm(msg):
+                taken = (self._queue_kv_prewarm(msg) if msg.action == "start"
+                         else self._dequeue_kv_prewarm(msg))
+                if not taken:
                     self._spawn(self._on_prewarm(msg))
             case P.Prewarm():
                 await self._send(P.PrewarmAck(backend=msg.backend, action=msg.action, ok=False,
@@ -326,52 +329,57 @@ class HermesLet:
         task.add_done_callback(self._prewarm_tasks.discard)
 
     def _queue_kv_prewarm(self, msg: P.Prewarm) -> bool:
-        """A KV prewarm with a queue key goes into its engine's queue (module docstring); its
-        release takes it out if it is still there. ``False``: not such a signal (the
-        prewarmer handles it at once: no key, no prefix prewarmer, or already served)."""
+        """A KV prewarm ``start`` with a queue key goes into its engine's queue (module
+        docstring). ``False``: not such a signal (no key or a malformed one, no prefix
+        prewarmer for the model): the prewarmer sends it at once."""
         assert self.prewarmer is not None
-        kind, _, name = msg.backend.partition(":")
-        if kind != "kv":
+        if resource_kind(msg.backend) != "kv":
             return False
-        tag = (msg.backend, msg.params.get("pid"))
-        if msg.action == "release":
-            queued = self._kv_queued.pop(tag, None)
-            if queued is None:
-                return False
-            slot, rid = queued
-            item = slot.queue.remove(rid)
-            if item is None or item.outcome is None:
-                return False  # released to the engine meanwhile
-            item.outcome.cancel()
-            self.prewarmer.prefixes[name.partition("/")[0]].counters.wasted += 1  # no cost
-            self._adapters_changed(slot)
-            self._spawn(self._send(P.PrewarmAck(
-                backend=msg.backend, action="release", ok=True,
-                detail="removed from the queue before it reached the engine")))
-            return True
-        model = name.partition("/")[0]
+        model = resource_model(msg.backend)
         pw = self.prewarmer.prefixes.get(model)
         key, prefix = msg.params.get("key"), msg.params.get("prefix")
         slot = next((s for s in self.slots.values() if s.engine.model == model), None)
-        if pw is None or slot is None or not key or not prefix or msg.action != "start":
+        if pw is None or slot is None or not key or not prefix:
             return False
         try:
             qkey = [float(k) for k in key]
         except (TypeError, ValueError):
             log.warning("kv prewarm %s: bad queue key %r, sent at once", msg.backend, key)
             return False
+        adapter = msg.params.get("model")  # the unit's LoRA adapter, if any
         sub = P.Submit(request_id=f"prewarm-kv-{self.node}-{next(self._kv_ids)}",
                        run_id=str(msg.params.get("run_id") or ""),
                        unit=str(msg.params.get("unit") or ""),
-                       model=msg.params.get("model") or model, endpoint="chat",
-                       body=pw.request_body(prefix, msg.params.get("model")), key=qkey)
+                       model=adapter or model, endpoint="chat",
+                       body=pw.request_body(prefix, adapter), key=qkey)
         outcome: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         slot.queue.push(sub.request_id, _Queued(sub, time.monotonic(), outcome),
                         tuple(sub.key), sub.run_id)
+        tag = (msg.backend, msg.params.get("pid"))
         self._kv_queued[tag] = (slot, sub.request_id)
-        pw.counters.started += 1  # taken on: served later, or taken out unused (wasted)
+        pw.queued()
         self._spawn(self._ack_queued_prewarm(msg, tag, sub.request_id, outcome))
         self._pump(slot)
+        return True
+
+    def _dequeue_kv_prewarm(self, msg: P.Prewarm) -> bool:
+        """A KV prewarm ``release`` takes its request out of the engine's queue if it is still
+        there (a wrong branch: the engine never computes it). ``False``: it was not queued
+        here or already went to the engine (the prewarmer answers the release)."""
+        assert self.prewarmer is not None
+        queued = self._kv_queued.pop((msg.backend, msg.params.get("pid")), None)
+        if queued is None:
+            return False
+        slot, rid = queued
+        item = slot.queue.remove(rid)
+        if item is None or item.outcome is None:
+            return False  # released to the engine meanwhile
+        item.outcome.cancel()
+        self.prewarmer.prefixes[resource_model(msg.backend)].dequeued()
+        self._adapters_changed(slot)
+        self._spawn(self._send(P.PrewarmAck(
+            backend=msg.backend, action="release", ok=True,
+            detail="removed from the queue before it reached the engine")))
         return True
 
     async def _ack_queued_prewarm(self, msg: P.Prewarm, tag: tuple[str, object], rid: str,
@@ -386,9 +394,8 @@ class HermesLet:
         elif (exc := outcome.exception()) is not None:
             ok, detail = False, f"{type(exc).__name__}: {exc}"
         else:
-            model = msg.backend.partition(":")[2].partition("/")[0]
             assert self.prewarmer is not None
-            self.prewarmer.prefixes[model].record(outcome.result(), count=False)
+            self.prewarmer.prefixes[resource_model(msg.backend)].served(outcome.result())
             ok, detail = True, f"warmup_s={outcome.result():.4f}"
         await self._send(P.PrewarmAck(backend=msg.backend, action="start", ok=ok, detail=detail))
 
@@ -545,10 +552,15 @@ class HermesLet:
             await self._send(P.Failed(request_id=sub.request_id,
                                       error=f"{type(e).__name__}: {e}", retryable=True))
         finally:
-            slot.inflight.pop(sub.request_id, None)
-            slot.models.pop(sub.request_id, None)
-            if not self._stop.is_set():
-                self._pump(slot)
+            self._left_engine(slot, sub.request_id)
+
+    def _left_engine(self, slot: _EngineSlot, request_id: str) -> None:
+        """A released request (the scheduler's or a queued prewarm) is done at the engine:
+        free its place in the window and release the next."""
+        slot.inflight.pop(request_id, None)
+        slot.models.pop(request_id, None)
+        if not self._stop.is_set():
+            self._pump(slot)
 
     async def _serve_prewarm(self, slot: _EngineSlot, item: _Queued,
                              key: tuple[float, ...]) -> None:
@@ -572,10 +584,7 @@ class HermesLet:
             if not outcome.done():
                 outcome.set_exception(e)
         finally:
-            slot.inflight.pop(sub.request_id, None)
-            slot.models.pop(sub.request_id, None)
-            if not self._stop.is_set():
-                self._pump(slot)
+            self._left_engine(slot, sub.request_id)
 
     # ------------------------------------------------------------------ tools
     def _pump_tools(self) -> None:

@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from hermes.core.prewarm import resource_model
 from hermeslet.engines.base import EngineAdapter, EngineError
 from hermeslet.tools import (
     DEFAULT_MAX_OUTPUT,
@@ -451,12 +452,17 @@ class KVPrefixPrewarmer:
                 "messages": [{"role": "system", "content": prefix},
                              {"role": "user", "content": "."}]}
 
-    def record(self, warmup_s: float, *, count: bool = True) -> None:
-        """A warm-up the engine served: count it started (``count``: not already counted when
-        the node queued it) and keep its measured seconds."""
-        if count:
-            self.counters.started += 1
+    def queued(self) -> None:
+        """The node took a warm-up on (queued it for the engine, or sent it at once)."""
+        self.counters.started += 1
+
+    def served(self, warmup_s: float) -> None:
+        """The engine served a warm-up in ``warmup_s`` seconds."""
         self.counters.warmup_s_last = warmup_s
+
+    def dequeued(self) -> None:
+        """A queued warm-up was taken out unused (a wrong branch): wasted, at no engine cost."""
+        self.counters.wasted += 1
 
     async def warm(self, prefix: str, model: str | None = None) -> float:
         """Prefill ``prefix`` on the engine now; returns the measured seconds."""
@@ -471,7 +477,8 @@ class KVPrefixPrewarmer:
         except EngineError as e:
             raise RuntimeError(f"prefix prewarm: {e}") from e
         dt = time.monotonic() - t0
-        self.record(dt)
+        self.queued()
+        self.served(dt)
         return dt
 
 
@@ -552,8 +559,7 @@ class NodePrewarmer:
                         return True, f"warmup_s={dt:.4f}"
                     return await pw.unload(adapter), "unloaded"
             if kind == "kv":
-                model = name.partition("/")[0]
-                pw = self.prefixes.get(model)
+                pw = self.prefixes.get(resource_model(backend))
                 if pw is not None and action == "start":
                     prefix = params.get("prefix")
                     if not prefix:

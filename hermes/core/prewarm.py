@@ -82,6 +82,13 @@ def resource_kind(resource: str) -> str:
     return resource.partition(":")[0]
 
 
+def resource_model(resource: str) -> str:
+    """The engine model a ``kv:MODEL/...`` or ``lora:MODEL@ADAPTER`` resource belongs to (the
+    node routes its prewarm to an engine of that model)."""
+    name = resource.partition(":")[2]
+    return name.partition("@")[0] if resource_kind(resource) == "lora" else name.partition("/")[0]
+
+
 def default_resources(run: RunState | None, app: str, unit: str, backend: str) -> list[str]:
     """The resources a unit needs warm: a container, a DNN model, a LoRA adapter, the KV of its
     prompt prefix (API tools have nothing to warm)."""

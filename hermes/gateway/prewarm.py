@@ -34,6 +34,7 @@ from hermes.core.prewarm import (
     default_resources,
     make_prewarm,
     resource_kind,
+    resource_model,
 )
 from hermes.core.state import RunState
 from hermes.protocol import Prewarm, PrewarmAck
@@ -98,7 +99,7 @@ class GatewayPrewarmer:
                 key = (tenant, app, unit)
                 if key not in self.prefixes:
                     continue
-                r = f"kv:{r[3:].partition('/')[0]}/{tenant}/{app}/{unit}"
+                r = f"kv:{resource_model(r)}/{tenant}/{app}/{unit}"
                 self._kv[r] = (*key, adapter)
             out.append(r)
         return out
@@ -178,8 +179,7 @@ class GatewayPrewarmer:
             if kind in ("docker", "dnn"):
                 node = self.sched._pick_tool_node(a.resource)
             else:
-                model = name.partition("@")[0] if kind == "lora" else name.partition("/")[0]
-                node, _ = self.sched._pick_engine(model)
+                node, _ = self.sched._pick_engine(resource_model(a.resource))
                 if kind == "kv":
                     key = self._kv.get(a.resource)
                     prefix = self.prefixes.get(key[:3]) if key is not None else None

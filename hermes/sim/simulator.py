@@ -301,8 +301,9 @@ class Simulator:
             return (float("-inf"),)
         return prewarm_key(self.policy, run.state, unit, now, next(self._req_seq))
 
-    def prewarm_request_added(self, ei: int, now: float) -> None:
-        """Prewarm hook: a prefill-only request was queued on engine ``ei``."""
+    def prewarm_queue_changed(self, ei: int, now: float) -> None:
+        """Prewarm hook: a prefill-only request was queued on engine ``ei``, or taken out of
+        its queue (the engine steps again from ``now``)."""
         self._engine_changed(ei, now)
 
     # ------------------------------------------------------------------ runs and units

@@ -238,7 +238,8 @@ class SimWarmState:
             # engine work a prewarm adds: the prompt tokens its request computes
             self.prewarm_prefill_tokens += req.input_tokens - req.computed
             pid = self._kv_requests.pop(req.request_id, None)
-            self._kv_waiting.pop(pid, None)  # type: ignore[arg-type]
+            if pid is not None:
+                self._kv_waiting.pop(pid, None)
             if pid is not None and pid in self._held and cache is not None and req.prefix:
                 cache.pin(req.prefix.removeprefix(UNCOUNTED))  # found cached, or computed now
                 self._kv_pinned.add(pid)
@@ -354,7 +355,7 @@ class SimWarmState:
             self._kv_requests[req.request_id] = pid
             self._kv_waiting[pid] = (ei, req.request_id)
             self.strategy.observe_warmup(resource, self.cost.iteration_s(tokens, 0, 0))
-            self.sim.prewarm_request_added(ei, now)
+            self.sim.prewarm_queue_changed(ei, now)
 
     def _release(
         self, resource: str, now: float, *, used: bool = False, pid: int = 0, run_id: str = ""
@@ -377,7 +378,7 @@ class SimWarmState:
                     self._kv_requests.pop(rid, None)
                     self._held.pop(pid, None)
                     assert self.sim is not None
-                    self.sim.prewarm_request_added(ei, now)
+                    self.sim.prewarm_queue_changed(ei, now)
                     return
             if pid not in self._held:
                 return

@@ -319,3 +319,14 @@ def test_a_deferred_prewarm_is_not_started_and_costs_nothing():
     st = p.stats()
     assert (st["started"], st["deferred"], st["used"], st["wasted"]) == (0, 1, 0, 0)
     assert st["wasted_backend_s"] == 0.0
+
+
+def test_resource_model_names_the_engine_model_of_kv_and_lora_resources() -> None:
+    from hermes.core.prewarm import default_resources, resource_model
+
+    assert resource_model("kv:llama-2-7b/acme/rag/answer") == "llama-2-7b"
+    assert resource_model("lora:llama-2-7b@sql-lora") == "llama-2-7b"
+    # the resources the planner names for an adapter unit map back to its base model
+    res = default_resources(None, "rag", "answer", "llm:llama-2-7b@sql-lora")
+    assert [resource_model(r) for r in res] == ["llama-2-7b", "llama-2-7b"]
+    assert resource_model("kv:m/a@b/u") == "m"  # an '@' after the model is not a LoRA split

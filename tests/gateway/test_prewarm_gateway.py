@@ -62,6 +62,23 @@ def _record_warms(kvp) -> list[tuple[str, str | None]]:  # noqa: ANN001
     return warmed
 
 
+def _wait(pred, why, timeout: float = 10.0) -> None:  # noqa: ANN001
+    """Poll until ``pred()`` holds; on timeout fail with ``why()`` (what the state was)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, why()
+        time.sleep(0.02)
+
+
+def _ask(http: httpx.Client, run: str, model: str, system: str, *, max_tokens: int = 1,
+         user: str = "q") -> None:
+    """A chat request of unit ``answer`` of ``run`` carrying ``system`` as its prefix."""
+    r = http.post("/v1/chat/completions", headers={"X-Hermes-Run": run, "X-Hermes-Unit": "answer"},
+                  json={"model": model, "max_tokens": max_tokens, "messages": [
+                      {"role": "system", "content": system}, {"role": "user", "content": user}]})
+    assert r.status_code == 200, r.text
+
+
 class _Node:
     """A HermesLet with a DNN prewarmer, on its own event loop in a thread."""
 
@@ -97,10 +114,7 @@ def test_gateway_prewarms_the_next_units_dnn_model_on_the_node(make_gateway) -> 
     sched = gateway_state(srv).scheduler
     node = _Node(address)
     try:
-        deadline = time.monotonic() + 20
-        while not sched.nodes:
-            assert time.monotonic() < deadline, "the HermesLet did not connect"
-            time.sleep(0.05)
+        _wait(lambda: bool(sched.nodes), lambda: "the HermesLet did not connect", timeout=20)
         with httpx.Client(base_url=srv.url, timeout=30) as http:
             r = http.put("/v1/apps/pwapp", content=json.dumps(_graph(1.0)))
             assert r.status_code in (200, 201), r.text
@@ -110,14 +124,10 @@ def test_gateway_prewarms_the_next_units_dnn_model_on_the_node(make_gateway) -> 
                                        "backend": f"llm:{MODEL}"}).status_code == 200
             # gen takes ~4-6 model s (= ~0.1 s wall at time scale 50): the planner starts
             # the DNN load before it ends and the node loads the model
-            deadline = time.monotonic() + 10
-            while node.hook.loads == 0:
-                assert time.monotonic() < deadline, sched.prewarm.stats()
-                time.sleep(0.02)
-            deadline = time.monotonic() + 5
-            while sched.prewarm.strategy.learner.observations == 0:  # the ack taught t_p
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
+            _wait(lambda: node.hook.loads > 0, sched.prewarm.stats)
+            # the ack taught t_p
+            _wait(lambda: sched.prewarm.strategy.learner.observations > 0, sched.prewarm.stats,
+                  timeout=5)
             assert sched.prewarm.strategy.learner.estimate("dnn:resnet50") >= 0.05
             http.post(ev, json={"unit": "gen", "event": "finish"})
             http.post(ev, json={"unit": "classify", "event": "start", "backend": "dnn:resnet50"})
@@ -145,14 +155,11 @@ def test_per_request_k_above_the_branch_probability_sends_nothing(make_gateway) 
         run2 = http.post("/v1/runs", json={"app": "pwapp", "k": 0.5}).json()["run_id"]
         http.post(f"/v1/runs/{run2}/events", json={"unit": "gen", "event": "start",
                                                    "backend": f"llm:{MODEL}"})
-        deadline = time.monotonic() + 5
-        while sched.prewarm.stats()["prewarm_sent_start"] == 0:
-            assert time.monotonic() < deadline, sched.prewarm.stats()
-            time.sleep(0.02)
+        _wait(lambda: sched.prewarm.stats()["prewarm_sent_start"] > 0, sched.prewarm.stats,
+              timeout=5)
         # the embedded node has no DNN hook: it says so, and the planner counts it
-        while sched.prewarm.stats()["prewarm_acks_failed"] == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        _wait(lambda: sched.prewarm.stats()["prewarm_acks_failed"] > 0, sched.prewarm.stats,
+              timeout=5)
         # the run ends before classify: the started prewarm is released and counted as waste
         http.post(f"/v1/runs/{run2}/finish")
         st = sched.prewarm.stats()
@@ -176,12 +183,7 @@ def test_gateway_prewarms_the_next_units_prefix_on_the_embedded_engine(tmp_path)
     res = f"kv:{MODEL}/default/pwapp/answer"  # per tenant
 
     def ask(http: httpx.Client, run: str) -> None:
-        r = http.post("/v1/chat/completions", headers={"X-Hermes-Run": run,
-                                                       "X-Hermes-Unit": "answer"},
-                      json={"model": MODEL, "max_tokens": 2, "messages": [
-                          {"role": "system", "content": system},
-                          {"role": "user", "content": "what is the answer?"}]})
-        assert r.status_code == 200, r.text
+        _ask(http, run, MODEL, system, max_tokens=2, user="what is the answer?")
 
     try:
         with httpx.Client(base_url=srv.url, timeout=30) as http:
@@ -193,10 +195,8 @@ def test_gateway_prewarms_the_next_units_prefix_on_the_embedded_engine(tmp_path)
             ev = f"/v1/runs/{run2}/events"
             assert http.post(ev, json={"unit": "gen", "event": "start",
                                        "backend": f"llm:{MODEL}"}).status_code == 200
-            deadline = time.monotonic() + 10
-            while sched.prewarm.strategy.learner.observations == 0:  # the ack taught t_p
-                assert time.monotonic() < deadline, sched.prewarm.stats()
-                time.sleep(0.02)
+            # the ack taught t_p
+            _wait(lambda: sched.prewarm.strategy.learner.observations > 0, sched.prewarm.stats)
             assert node.prewarmer.prefixes[MODEL].counters.started == 1
             # it carried the run's queue key and went through the node's window, as the
             # unit's request will
@@ -231,19 +231,11 @@ def test_kv_prewarm_carries_the_runs_own_tenants_prompt(tmp_path) -> None:  # no
             runs = {}
             for t in ("A", "B"):  # B's request comes last
                 runs[t] = http.post("/v1/runs", json={"app": "pwapp", "tenant": t}).json()["run_id"]
-                r = http.post("/v1/chat/completions", headers={
-                    "X-Hermes-Run": runs[t], "X-Hermes-Unit": "answer"}, json={
-                    "model": model, "max_tokens": 1, "messages": [
-                        {"role": "system", "content": prompts[t]},
-                        {"role": "user", "content": "q"}]})
-                assert r.status_code == 200, r.text
+                _ask(http, runs[t], model, prompts[t])
             run = http.post("/v1/runs", json={"app": "pwapp", "tenant": "A"}).json()["run_id"]
             http.post(f"/v1/runs/{run}/events", json={"unit": "gen", "event": "start",
                                                       "backend": f"llm:{model}"})
-            deadline = time.monotonic() + 10
-            while not warmed:
-                assert time.monotonic() < deadline, sched.prewarm.stats()
-                time.sleep(0.02)
+            _wait(lambda: bool(warmed), sched.prewarm.stats)
             assert [p for p, _ in warmed] == [prompts["A"]]
             assert f"kv:{model}/A/pwapp/answer" in sched.prewarm.warm
             for rid in (*runs.values(), run):
@@ -268,18 +260,11 @@ def test_unit_of_a_lora_adapter_gets_the_adapter_and_its_prefix_prewarmed(tmp_pa
         with httpx.Client(base_url=srv.url, timeout=30) as http:
             assert http.put("/v1/apps/pwapp", content=json.dumps(graph)).status_code in (200, 201)
             run1 = http.post("/v1/runs", json={"app": "pwapp"}).json()["run_id"]
-            r = http.post("/v1/chat/completions", headers={
-                "X-Hermes-Run": run1, "X-Hermes-Unit": "answer"}, json={
-                "model": "ad1", "max_tokens": 1, "messages": [
-                    {"role": "system", "content": system}, {"role": "user", "content": "q"}]})
-            assert r.status_code == 200, r.text
+            _ask(http, run1, "ad1", system)
             run2 = http.post("/v1/runs", json={"app": "pwapp"}).json()["run_id"]
             http.post(f"/v1/runs/{run2}/events", json={"unit": "gen", "event": "start",
                                                        "backend": f"llm:{MODEL}"})
-            deadline = time.monotonic() + 10
-            while not warmed:
-                assert time.monotonic() < deadline, sched.prewarm.stats()
-                time.sleep(0.02)
+            _wait(lambda: bool(warmed), sched.prewarm.stats)
             assert warmed == [(system, "ad1")]
             by_type = sched.prewarm.strategy.stats_by_type()
             assert by_type["lora"]["planned"] == 1 and by_type["kv"]["planned"] == 1
