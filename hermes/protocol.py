@@ -84,12 +84,18 @@ class Heartbeat(_Msg):
 
 
 class Token(_Msg):
-    """A streamed chunk of a request's output (only when ``submit.stream``)."""
+    """A streamed chunk of a request's output (only when ``submit.stream``).
+
+    ``chunk`` (additive) is the engine's chunk object as the client should see it (every
+    field of every choice: tool-call deltas, logprobs, ...); the gateway rewrites only its id,
+    model and usage. ``None``: an engine that produced text alone (the gateway builds the
+    chunk from ``text``). ``text`` is the first choice's text in it."""
 
     type: Literal["token"] = "token"
     request_id: str
     text: str
     n_tokens: int = Field(ge=0)
+    chunk: dict[str, Any] | None = None
 
 
 class Done(_Msg):
@@ -166,7 +172,7 @@ class Submit(_Msg):
     unit: str
     engine: str | None = None
     model: str
-    endpoint: Literal["chat", "completions"]
+    endpoint: Literal["chat", "completions", "embeddings"]  # (additive) embeddings
     body: dict[str, Any] = Field(default_factory=dict)
     stream: bool = False
     key: Key

@@ -527,7 +527,7 @@ class HermesLet:
                     if ttft is None:
                         ttft = time.monotonic() - released
                     await self._send(P.Token(request_id=sub.request_id, text=out.text,
-                                             n_tokens=out.n_tokens))
+                                             n_tokens=out.n_tokens, chunk=out.chunk))
                 else:
                     result = out
             if result is None:

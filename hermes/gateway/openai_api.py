@@ -88,7 +88,7 @@ class _Body(BaseModel):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
-    n: Literal[1] = 1
+    n: int | None = Field(default=None, ge=1, le=128)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
 
@@ -258,7 +258,14 @@ def _completion(endpoint: str, rid: str, model: str, done: Done) -> dict[str, An
 
 async def _sse(sched: LiveScheduler, run: LiveRun, req: PendingRequest, endpoint: str,
                model: str, include_usage: bool) -> AsyncIterator[bytes]:
-    """Server-sent events in OpenAI's chunk format, ending with ``data: [DONE]``."""
+    """Server-sent events in OpenAI's chunk format, ending with ``data: [DONE]``.
+
+    An engine's own chunks (:attr:`Token.chunk`) are forwarded as they are, every field of
+    every choice (tool-call deltas, logprobs, refusals, reasoning, extensions), with only what
+    the gateway owns rewritten: ``id`` (the gateway's request id), ``model`` (the name the
+    client asked for) and ``usage`` (``null`` on each chunk and one usage chunk at the end,
+    with ``stream_options.include_usage``, as OpenAI; absent otherwise). An engine that
+    streams text alone gets its chunks built from that text."""
     created = int(time.time())
     chat = endpoint == "chat"
     cid = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id}"
@@ -281,15 +288,42 @@ async def _sse(sched: LiveScheduler, run: LiveRun, req: PendingRequest, endpoint
             data["usage"] = usage
         return f"data: {json.dumps(data)}\n\n".encode()
 
+    def forward(raw: dict[str, Any]) -> bytes | None:
+        """The engine's chunk with the gateway's id, model and usage; ``None`` for the
+        engine's own usage-only chunk (the gateway sends its own at the end)."""
+        choices = raw.get("choices")
+        if not choices and raw.get("usage"):
+            return None
+        data = {**raw, "id": cid, "model": model}
+        if include_usage:
+            data["usage"] = None
+        else:
+            data.pop("usage", None)
+        return f"data: {json.dumps(data)}\n\n".encode()
+
     completed = False
     try:
-        if chat:
-            yield chunk(None, None, first=True)
-        async for text, _n in sched.stream(req):
-            yield chunk(text, None)
+        raw_finished = False  # the engine's own chunks carried a finish_reason
+        first = True
+        async for tok in sched.stream(req):
+            if tok.chunk is not None:
+                out = forward(tok.chunk)
+                if out is not None:
+                    raw_finished = raw_finished or any(
+                        c.get("finish_reason") for c in tok.chunk.get("choices") or ())
+                    first = False
+                    yield out
+                continue
+            if first and chat:
+                yield chunk(None, None, first=True)
+            first = False
+            yield chunk(tok.text, None)
         done = req.result
         assert isinstance(done, Done)
-        yield chunk(None, done.finish_reason or "stop")
+        if not raw_finished:
+            if first and chat:
+                yield chunk(None, None, first=True)
+            yield chunk(None, done.finish_reason or "stop")
         if include_usage:
             yield chunk(None, None, usage=_usage(done), empty=True)
         yield b"data: [DONE]\n\n"

@@ -749,7 +749,7 @@ class LiveScheduler:
         inv: UnitInvocation,
         *,
         model: str,
-        endpoint: Literal["chat", "completions"],
+        endpoint: Literal["chat", "completions", "embeddings"],
         body: dict[str, Any],
         stream: bool = False,
     ) -> PendingRequest:
@@ -865,8 +865,9 @@ class LiveScheduler:
             self._cancel_request(req, RequestFailed(f"request {req.request_id} timed out after {t} s"))
             raise RequestFailed(f"request {req.request_id} timed out after {t} s") from None
 
-    async def stream(self, req: PendingRequest) -> AsyncIterator[tuple[str, int]]:
-        """Streamed chunks ``(text, n_tokens)`` of a request submitted with ``stream=True``."""
+    async def stream(self, req: PendingRequest) -> AsyncIterator[Token]:
+        """The streamed chunks (the node's :class:`~hermes.protocol.Token` messages, the
+        engine's chunk object in each) of a request submitted with ``stream=True``."""
         assert req.tokens is not None
         while True:
             item = await req.tokens.get()
@@ -937,7 +938,7 @@ class LiveScheduler:
         if req is None:
             return
         if req.tokens is not None:
-            req.tokens.put_nowait((msg.text, msg.n_tokens))
+            req.tokens.put_nowait(msg)
         if msg.n_tokens:
             # decode service of these tokens alone (the rest is credited when the request is done)
             s = msg.n_tokens * (self.cost.base_s + self.cost.decode_s_per_seq)

@@ -1,8 +1,16 @@
 """The engine adapter interface: what a HermesLet needs from an LLM engine.
 
 An adapter turns one OpenAI-style request into an async stream: zero or more
-:class:`GenChunk` (text as it is produced) and exactly one final :class:`GenResult` (token
-counts from the engine's own usage report). Aborting is cancelling the consumer's task; an
+:class:`GenChunk` (output as it is produced) and exactly one final :class:`GenResult` (token
+counts from the engine's own usage report, and for a request that was not streamed the
+engine's whole JSON answer).
+
+What the client sees is the engine's own output, not a text rebuilt from it: a streamed
+:class:`GenChunk` carries the engine's chunk object (``chunk``: one server-sent event's JSON,
+with every field of every choice: ``tool_calls`` deltas with their indexes, ``logprobs``,
+``refusal``, ``reasoning_content``, provider extensions), and :class:`GenResult.response` the
+whole non-streamed body. ``text`` is the first choice's text, kept for Hermes' own use
+(learning prefixes, logs); the gateway only rewrites what it owns (ids, model, usage). Aborting is cancelling the consumer's task; an
 adapter that holds engine-side state also implements :meth:`EngineAdapter.abort`.
 """
 
@@ -13,15 +21,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "embeddings"]
 
 
 @dataclass(slots=True)
 class GenChunk:
-    """Streamed output: ``text`` holding ``n_tokens`` tokens."""
+    """Streamed output: ``n_tokens`` generated tokens, ``text`` the first choice's part of
+    them, ``chunk`` the engine's chunk object as it would go to a client (``None`` only for an
+    adapter that produces text alone: the gateway then builds the chunk from ``text``)."""
 
     text: str
     n_tokens: int
+    chunk: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -32,7 +43,7 @@ class GenResult:
     output_tokens: int
     text: str
     finish_reason: str | None
-    response: dict[str, Any] | None = None  # full JSON body (non-streamed HTTP engines)
+    response: dict[str, Any] | None = None  # the engine's whole JSON answer (non-streamed)
 
 
 @dataclass(slots=True)

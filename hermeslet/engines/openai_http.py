@@ -38,6 +38,17 @@ def _choice_text(choice: dict[str, Any], chat: bool) -> str:
     return choice.get("text") or ""
 
 
+def _delta_tokens(choice: dict[str, Any], chat: bool) -> int:
+    """Generated tokens in one streamed choice: 1 when it carries output (text, a tool-call
+    delta, a refusal or reasoning), else 0 (the role chunk, the finish chunk). Servers such as
+    vLLM send one token a chunk; the exact count comes from the final usage."""
+    if not chat:
+        return 1 if choice.get("text") else 0
+    d = choice.get("delta") or {}
+    return 1 if (d.get("content") or d.get("tool_calls") or d.get("refusal")
+                 or d.get("reasoning_content") or d.get("reasoning")) else 0
+
+
 def parse_prometheus_load(text: str) -> EngineMetrics:
     """Engine load from a vLLM-style ``/metrics`` page (summed over label sets)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -172,6 +183,14 @@ class OpenAIHTTPEngine(EngineAdapter):
         return out
 
     @staticmethod
+    def _stream_error(err: Any) -> EngineError:
+        """An error event inside a stream (vLLM sends ``data: {"error": {...}}``)."""
+        msg = err.get("message") if isinstance(err, dict) else str(err)
+        code = err.get("code") if isinstance(err, dict) else None
+        status = code if isinstance(code, int) and 400 <= code < 600 else 500
+        return EngineError(f"engine error mid-stream: {msg}", retryable=False, status=status)
+
+    @staticmethod
     def _error(status: int, text: str) -> EngineError:
         try:
             j = json.loads(text)
@@ -234,18 +253,27 @@ class OpenAIHTTPEngine(EngineAdapter):
                     if data == "[DONE]":
                         break
                     j = json.loads(data)
+                    if not isinstance(j, dict):
+                        raise ValueError(f"a stream chunk is not a JSON object: {data[:200]}")
+                    if j.get("error") and not j.get("choices"):
+                        raise self._stream_error(j["error"])
                     if j.get("usage"):
                         usage = j["usage"]
-                    for c in j.get("choices") or []:
-                        if c.get("index", 0) != 0:
-                            continue
-                        text = _choice_text(c, chat)
-                        if c.get("finish_reason"):
-                            finish = c["finish_reason"]
-                        if text:
-                            parts.append(text)
-                            n_chunks += 1
-                            yield GenChunk(text=text, n_tokens=1)
+                    choices = j.get("choices") or []
+                    if not choices:  # the usage-only chunk: counted, not forwarded
+                        continue
+                    text = ""
+                    produced = 0
+                    for c in choices:
+                        if c.get("index", 0) == 0:
+                            text = _choice_text(c, chat)
+                            if c.get("finish_reason"):
+                                finish = c["finish_reason"]
+                        produced = max(produced, _delta_tokens(c, chat))
+                    if text:
+                        parts.append(text)
+                    n_chunks += produced
+                    yield GenChunk(text=text, n_tokens=produced, chunk=j)
                 yield GenResult(
                     input_tokens=int(usage.get("prompt_tokens", 0)),
                     output_tokens=int(usage.get("completion_tokens", n_chunks)),
