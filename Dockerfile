@@ -5,7 +5,8 @@
 #   docker run --rm --entrypoint hermeslet hermes:latest run --help   # node agent
 #
 # Two stages: `build` installs the package into a virtual environment; `runtime` copies only
-# that environment, the shipped PDGraphs and the example config, and runs as a non-root user.
+# that environment (with the shipped PDGraphs as package data) and the example config, and runs
+# as a non-root user.
 # PYTHON_IMAGE lets an air-gapped build start from a locally imported base image.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -17,10 +18,9 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY hermes ./hermes
 COPY hermeslet ./hermeslet
-COPY workloads ./workloads
 RUN python -m venv /opt/hermes \
     && /opt/hermes/bin/pip install --no-cache-dir . \
     && find /opt/hermes -name '__pycache__' -type d -prune -exec rm -rf {} +
@@ -29,19 +29,27 @@ FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="hermes" \
       org.opencontainers.image.description="Hermes gateway and HermesLet node agent" \
       org.opencontainers.image.licenses="Apache-2.0"
+# bubblewrap: the sandbox of tool calls on the embedded node (hermeslet/tools.py); without it
+# (or a HermesLet with --docker) tool calls are refused, never run unsandboxed. It needs user
+# namespaces, which Docker's default seccomp profile forbids: in a container, send tool calls
+# to a HermesLet with --docker, or run with a profile that allows unshare(CLONE_NEWUSER).
+# Pinned (Debian bookworm); BUBBLEWRAP_VERSION overrides it when the mirror moves on.
+ARG BUBBLEWRAP_VERSION=0.8.0-2+deb12u1
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends "bubblewrap=${BUBBLEWRAP_VERSION}" \
+    && rm -rf /var/lib/apt/lists/*
 RUN groupadd --system --gid 10001 hermes \
     && useradd --system --uid 10001 --gid hermes --home-dir /var/lib/hermes --create-home \
        --shell /usr/sbin/nologin hermes
 COPY --from=build /opt/hermes /opt/hermes
-COPY pdgraphs /opt/hermes/share/pdgraphs
-COPY deploy/hermes.example.toml /etc/hermes/hermes.toml
+COPY hermes/data/hermes.example.toml /etc/hermes/hermes.toml
 # Container defaults (docs/configuration.md): listen on all interfaces inside the container,
-# accept HermesLets on 5557, shipped PDGraphs read-only, learned state in /var/lib/hermes.
+# accept HermesLets on 5557, the shipped PDGraphs (package data, read-only: the default
+# knowledge base), learned state in /var/lib/hermes.
 ENV PATH=/opt/hermes/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HERMES_HOST=0.0.0.0 \
     HERMES_BIND=tcp://0.0.0.0:5557 \
-    HERMES_KB=/opt/hermes/share/pdgraphs \
     HERMES_STATE_DIR=/var/lib/hermes
 WORKDIR /var/lib/hermes
 USER 10001:10001

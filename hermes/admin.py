@@ -104,9 +104,16 @@ def cmd_apps_show(args: argparse.Namespace) -> int:
 def cmd_apps_import(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    files = list(args.files)
+    if args.shipped:
+        from hermes.kb import shipped_pdgraphs_dir
+
+        files += sorted(shipped_pdgraphs_dir().glob("*.json"))
+    if not files:
+        raise AdminError("give PDGraph JSON files, or --shipped")
     c = _client(args)
     done = []
-    for path in tqdm(args.files, desc="importing", unit="app", file=sys.stderr, disable=None,
+    for path in tqdm(files, desc="importing", unit="app", file=sys.stderr, disable=None,
                      leave=False):
         text = Path(path).read_text()
         try:
@@ -329,7 +336,9 @@ def add_admin_parsers(sub: Any) -> None:
     s.add_argument("name")
     s.set_defaults(func=_run(cmd_apps_show))
     s = asub.add_parser("import", parents=[common], help="upload PDGraph JSON files")
-    s.add_argument("files", nargs="+")
+    s.add_argument("files", nargs="*")
+    s.add_argument("--shipped", action="store_true",
+                   help="also every PDGraph shipped with Hermes (e.g. to seed a Redis knowledge base)")
     s.add_argument("--name", help="app name (default: the file's 'app' field)")
     s.set_defaults(func=_run(cmd_apps_import))
     s = asub.add_parser("export", parents=[common], help="download PDGraph JSON")

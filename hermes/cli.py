@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hermes import __version__
+from hermes.extras import MissingExtraError
 
 
 def _progress(total: int, desc: str):
@@ -47,7 +48,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.app:
         if not args.records and not args.out:
             raise SystemExit("hermes profile --app: give --records OUT.jsonl and/or --out PDGRAPH.json")
-        from workloads.isolated import profile_app
+        from hermes.workloads.isolated import profile_app
 
         cost = get_cost_model(args.setup)
         with _progress(args.runs, f"profiling {args.app}") as bar:
@@ -96,7 +97,7 @@ def cmd_bench_estimator(args: argparse.Namespace) -> int:
     from hermes.bench.estimator import REFINE_APPS, refinement_accuracy, walks_per_second
     from hermes.core.costmodel import get_cost_model
     from hermes.kb import open_store
-    from workloads.isolated import profile_app
+    from hermes.workloads.isolated import profile_app
 
     cost = get_cost_model(args.setup)
     store = open_store(args.pdgraphs)
@@ -107,7 +108,7 @@ def cmd_bench_estimator(args: argparse.Namespace) -> int:
     for app in args.refine_apps.split(","):
         graph = store.get(app)
         if graph is None:
-            raise SystemExit(f"no PDGraph for {app!r} in {args.pdgraphs or 'pdgraphs/'}")
+            raise SystemExit(f"no PDGraph for {app!r} in {store.describe()}")
         with _progress(args.runs, f"fresh runs of {app}") as bar:
             recs = profile_app(app, args.runs, args.seed, cost)
             rows.append(refinement_accuracy(graph, recs, cost, n_walks=args.walks, progress=bar.update))
@@ -120,25 +121,42 @@ def cmd_bench_estimator(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- serve
 def cmd_serve(args: argparse.Namespace) -> int:
     from hermes.gateway.config import load_config
-    from hermes.gateway.server import serve
+    from hermes.gateway.server import GatewayStartupError, serve
 
-    serve(
-        load_config(
-            args.config,
-            host=args.host,
-            port=args.port,
-            policy=args.policy,
-            time_scale=args.time_scale,
-            apps=args.apps or None,
-            kb=args.kb,
-            state_dir=args.state_dir,
-            bind=args.bind,
-            auth_file=args.auth_file,
-            state_redis=args.redis,
-            curve_dir=args.curve_dir,
-        )
+    config = load_config(
+        args.config,
+        host=args.host,
+        port=args.port,
+        policy=args.policy,
+        time_scale=args.time_scale,
+        apps=args.apps or None,
+        kb=args.kb,
+        state_dir=args.state_dir,
+        bind=args.bind,
+        auth_file=args.auth_file,
+        state_redis=args.redis,
+        curve_dir=args.curve_dir,
+        unsafe_unsandboxed=True if args.unsafe_unsandboxed_tools else None,
     )
+    try:
+        serve(config)
+    except GatewayStartupError as exc:  # one line, not uvicorn's traceback
+        print(f"hermes: error: {exc}", file=sys.stderr)
+        return 1
     return 0
+
+
+def cmd_example_config(args: argparse.Namespace) -> int:
+    from importlib import resources
+
+    sys.stdout.write((resources.files("hermes") / "data" / "hermes.example.toml").read_text())
+    return 0
+
+
+def _policy_names() -> str:
+    from hermes.core.policies import policy_names
+
+    return ", ".join(policy_names())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,22 +164,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"hermes {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("serve", help="run the gateway and scheduler (embedded defaults: no arguments needed)")
-    s.add_argument("--config", help="hermes.toml (see deploy/hermes.example.toml)")
-    s.add_argument("--host")
-    s.add_argument("--port", type=int)
-    s.add_argument("--policy")
-    s.add_argument("--time-scale", dest="time_scale", type=float, help="built-in engine runs X times faster")
+    s = sub.add_parser("serve", help="run the gateway and scheduler (embedded defaults: no arguments needed)",
+                       description="Run the gateway. Flags override the config file and HERMES_* "
+                       "environment variables (docs/configuration.md).")
+    s.add_argument("--config", metavar="FILE",
+                   help="hermes.toml (`hermes example-config` prints the commented example)")
+    s.add_argument("--host", help="HTTP listen address (default 127.0.0.1; another needs --auth-file)")
+    s.add_argument("--port", type=int, help="HTTP port (default 8000; 0: any free port)")
+    s.add_argument("--policy", help=f"scheduling policy (default hermes): {_policy_names()}")
+    s.add_argument("--time-scale", dest="time_scale", type=float, metavar="X",
+                   help="the built-in engine and the scheduler clock run X times faster (default 1)")
     s.add_argument("--state-dir", dest="state_dir", help="durable state: runs, records, learned PDGraphs (default: the user data dir, ~/.local/share/hermes)")
-    s.add_argument("--apps", action="append", help="Python module registering hosted apps (repeatable)")
-    s.add_argument("--kb", help="knowledge base: a directory (default pdgraphs/) or redis://HOST:PORT/DB")
-    s.add_argument("--bind", help="ZeroMQ address HermesLets connect to, e.g. tcp://127.0.0.1:5557")
+    s.add_argument("--apps", action="append", metavar="MODULE",
+                   help="Python module registering hosted apps (repeatable)")
+    s.add_argument("--kb", help="PDGraph knowledge base: 'shipped' (default: the PDGraphs shipped "
+                   "with Hermes), a directory, or redis://HOST:PORT/DB (env HERMES_KB)")
+    s.add_argument("--bind", help="ZeroMQ address remote HermesLets connect to, e.g. "
+                   "tcp://127.0.0.1:5557 (default: none with the embedded node, that address "
+                   "without it)")
     s.add_argument("--auth-file", dest="auth_file",
                    help="API keys (hermes keys create): turns authentication on")
     s.add_argument("--redis", help="durable run state in Redis (default: SQLite in --state-dir)")
     s.add_argument("--curve-dir", dest="curve_dir",
                    help="CURVE certificates (hermes keys curve): HermesLets must authenticate")
+    s.add_argument("--unsafe-unsandboxed-tools", dest="unsafe_unsandboxed_tools",
+                   action="store_true",
+                   help="UNSAFE, local development only: without bubblewrap, run tool calls as "
+                   "plain subprocesses of the gateway (refused with a --host off loopback)")
     s.set_defaults(func=cmd_serve)
+
+    s = sub.add_parser("example-config", help="print the commented example hermes.toml "
+                       "(every key and its default): hermes example-config > hermes.toml")
+    s.set_defaults(func=cmd_example_config)
 
     s = sub.add_parser("profile", help="run a benchmark app in simulation and/or learn a PDGraph from run records")
     s.add_argument("--app", help="benchmark app to run in simulation (then --records is an output)")
@@ -185,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmarks (simulator and live)")
     bsub = b.add_subparsers(dest="bench", required=True)
     s = bsub.add_parser("estimator", help="walks per second and the refinement accuracy table")
-    s.add_argument("--pdgraphs", help="knowledge base (default: pdgraphs/)")
+    s.add_argument("--pdgraphs", help="knowledge base (default: $HERMES_KB, else the shipped PDGraphs)")
     s.add_argument("--apps", help="apps for the speed table (default: all)")
     s.add_argument("--refine-apps", dest="refine_apps", default="got_docmerge,factool_kbqa,langchain_mapreduce")
     s.add_argument("--runs", type=int, default=1000)
@@ -225,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, MissingExtraError) as exc:
         print(f"hermes: error: {exc}", file=sys.stderr)
         return 2
 

@@ -83,11 +83,12 @@ class LoadDriver:
         self.tools = tools
         self.model = model
         self.timeout = request_timeout_s
+        from hermes.extras import require
+
+        openai = require("load")  # the `load` extra: the clients are OpenAI-SDK agents
         limits = httpx.Limits(max_connections=2000, max_keepalive_connections=500)
         self.http = httpx.AsyncClient(base_url=self.url, timeout=request_timeout_s, limits=limits)
-        from openai import AsyncOpenAI
-
-        self.openai = AsyncOpenAI(
+        self.openai = openai.AsyncOpenAI(
             base_url=self.url + "/v1", api_key="hermes-load", max_retries=0,
             timeout=request_timeout_s,
             http_client=httpx.AsyncClient(timeout=request_timeout_s, limits=limits),
@@ -124,16 +125,16 @@ class LoadDriver:
         headers = {"X-Hermes-Run": run_id, "X-Hermes-Unit": unit}
         if endpoint == "chat":
             return await self.openai.chat.completions.create(
-                model=self.model, messages=body["messages"], max_tokens=body["max_tokens"],
+                model=self.model, messages=body["messages"], max_tokens=body["max_tokens"], extra_body={"ignore_eos": True},
                 extra_headers=headers)
         return await self.openai.completions.create(
-            model=self.model, prompt=body["prompt"], max_tokens=body["max_tokens"],
+            model=self.model, prompt=body["prompt"], max_tokens=body["max_tokens"], extra_body={"ignore_eos": True},
             extra_headers=headers)
 
     async def run_one(self, app_name: str, seed: int, arrival_s: float, start_wall: float) -> RunOutcome:
         """One run of ``app_name`` arriving ``arrival_s`` model seconds after ``start_wall``."""
         from hermes.gateway.hosted import step_request
-        from workloads.registry import get_app
+        from hermes.workloads.registry import get_app
 
         out = RunOutcome(app=app_name, arrival_s=arrival_s)
         delay = start_wall + self.wall(arrival_s) - time.monotonic()

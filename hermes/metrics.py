@@ -12,6 +12,18 @@ metrics:
   active runs, engine windows as the gateway sees them, the current policy, the K knobs,
   prewarming counters), so they cost nothing per request.
 
+Label values that come from clients are bounded (issue 15: every new ``X-Hermes-App`` or
+tenant used to add series, 2,000 requests grew ``/metrics`` from 24 KB to 29 MB): an ``app``
+label is the app's name only for apps the gateway knows, at most :data:`MAX_APPS` of them:
+the knowledge base's apps when the gateway started, PDGraphs uploaded or imported since
+(:meth:`GatewayMetrics.note_app`), hosted apps and ``default`` (OpenAI requests that name no
+app). Every other app is ``other``, also once the gateway has learned a PDGraph from its
+runs (a client could otherwise make any name known by running it). At most
+:data:`MAX_TENANTS` tenants (:data:`MAX_TENANTS_NO_AUTH` when tenants are only what clients
+claim, authentication off) get their own ``tenant`` value and :data:`MAX_PAIRS` (app, tenant)
+pairs their own series; the rest are ``other``. A run keeps the labels it was counted under
+when it started.
+
 Names follow Prometheus conventions (``hermes_..._seconds``, ``_total`` counters). Times are in
 *model seconds* of the scheduler clock for run-level metrics (ACT, estimator error: equal to
 wall seconds when ``time_scale`` is 1) and in wall seconds for request and tool latencies.
@@ -61,6 +73,18 @@ PREWARM_TYPES: tuple[str, ...] = ("docker", "lora", "kv")
 _WASTED_KEYS = ("wasted_s", "wasted_seconds", "wasted_backend_s", "wasted_backend_seconds")
 #: how long (wall s) an app's prior demand estimate is reused for the estimator-error metric
 PRIOR_TTL_S = 10.0
+#: the label value standing for apps and tenants beyond the bounds below
+OTHER = "other"
+#: apps (known to the gateway) with their own ``app`` label value
+MAX_APPS = 200
+#: tenants with their own ``tenant`` label value (API keys' tenants)
+MAX_TENANTS = 1000
+#: the same with authentication off, where a tenant is whatever a client's header says
+MAX_TENANTS_NO_AUTH = 100
+#: (app, tenant) pairs with their own run series (~3 KB of exposition each)
+MAX_PAIRS = 1000
+#: the app of OpenAI requests that name none (``hermes.gateway.openai_api.DEFAULT_APP``)
+DEFAULT_APP = "default"
 
 
 def backend_type(backend: str) -> str:
@@ -138,6 +162,13 @@ class GatewayMetrics:
                 self.tool.labels(btype, start)
         self.switch_count = 0
         self.scheduler: Any = None
+        #: the hosted-app registry (``names()``), set by the app: hosted apps are known apps
+        self.hosted: Any = None
+        self.max_apps, self.max_tenants, self.max_pairs = MAX_APPS, MAX_TENANTS, MAX_PAIRS
+        self._app_labels: set[str] = set()
+        self._tenant_labels: set[str] = set()
+        #: apps with a PDGraph when the gateway started, or uploaded since
+        self._known: set[str] = set()
         self._prior_pending: set[str] = set()
         self._seen: set[tuple[str, str]] = set()  # (app, tenant) with series created
         #: labelled children by (metric, label values): ``labels()`` validates and locks on
@@ -150,6 +181,10 @@ class GatewayMetrics:
     def attach(self, scheduler: Any) -> None:
         """Read state from ``scheduler`` at scrape time and receive its hooks."""
         self.scheduler = scheduler
+        try:
+            self._known.update(scheduler.app_names())  # the knowledge base, as it starts
+        except Exception:  # a store that cannot list now: apps count as they are uploaded
+            pass
         scheduler.metrics = self
 
     def add_collector(self, collector: Any) -> None:
@@ -165,13 +200,53 @@ class GatewayMetrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
+    # ------------------------------------------------------------------ bounded labels
+    def note_app(self, app: str) -> None:
+        """A PDGraph of ``app`` was uploaded or imported: the app is known (its own label)."""
+        self._known.add(app)
+
+    def app_label(self, app: str, hosted: bool = False) -> str:
+        """``app`` if the gateway knows it (and the bound is not reached), else ``other``."""
+        if app in self._app_labels:
+            return app
+        known = (hosted or app == DEFAULT_APP or app in self._known
+                 or (self.hosted is not None and self.hosted.get(app) is not None))
+        if len(self._app_labels) >= self.max_apps or not known:
+            return OTHER
+        self._app_labels.add(app)
+        return app
+
+    def tenant_label(self, tenant: str) -> str:
+        """``tenant`` for the first :attr:`max_tenants` tenants seen, else ``other``."""
+        if tenant in self._tenant_labels:
+            return tenant
+        if len(self._tenant_labels) >= self.max_tenants:
+            return OTHER
+        self._tenant_labels.add(tenant)
+        return tenant
+
+    def run_labels(self, run: Any) -> tuple[str, str]:
+        """A run's (app, tenant) label values: chosen once, when it is first counted."""
+        labels = getattr(run, "metric_labels", None)
+        if labels is None:
+            st = run.state
+            labels = (self.app_label(st.app, bool(getattr(run, "hosted", False))),
+                      self.tenant_label(st.tenant or "default"))
+            if labels not in self._seen and len(self._seen) >= self.max_pairs:
+                labels = (OTHER, OTHER)
+            try:
+                run.metric_labels = labels
+            except AttributeError:  # slotted test doubles: recomputed (same answer)
+                pass
+        return labels
+
     def on_run_created(self, run: Any) -> None:
-        st = run.state
-        key = (st.app, st.tenant)
+        key = self.run_labels(run)
         if key not in self._seen:
             self._init_series(*key)
-        self._child(self.runs_started, st.app, st.tenant).inc()
-        self._prior_mean(st.app)  # refresh the app's prediction in the background if stale
+        self._child(self.runs_started, *key).inc()
+        if key[0] != OTHER:
+            self._prior_mean(run.state.app)  # refresh the prediction in the background if stale
 
     def _init_series(self, app: str, tenant: str) -> None:
         """Create an (app, tenant)'s run series at zero when its first run arrives, so that
@@ -190,11 +265,13 @@ class GatewayMetrics:
     def on_run_end(self, run: Any) -> None:
         """The run is finished, failed or cancelled (called once, from ``_retire``)."""
         st = run.state
-        app, tenant, state = st.app, st.tenant, run.status
+        (app, tenant), state = self.run_labels(run), run.status
+        if (app, tenant) not in self._seen:  # restored after a restart: not counted started
+            self._init_series(app, tenant)
         self._child(self.runs_ended, app, tenant, state).inc()
         if state == "finished" and st.finished is not None:
             self._child(self.act, app, tenant).observe(st.finished - st.submitted)
-            pred = self._prior_mean(app)
+            pred = self._prior_mean(st.app) if app != OTHER else None
             if pred is not None:
                 self._child(self.est_pred, app).inc(pred)
                 self._child(self.est_actual, app).inc(st.attained_s)
@@ -295,7 +372,7 @@ class _SchedulerCollector:
                 by_state[run.status] += 1
                 r = run.state.rank
                 if math.isfinite(r):
-                    ranks.setdefault(run.app, []).append(r)
+                    ranks.setdefault(self.m.run_labels(run)[0], []).append(r)
         g = GaugeMetricFamily("hermes_runs", "Active runs by state.", labels=["state"])
         for k, v in by_state.items():
             g.add_metric([k], v)

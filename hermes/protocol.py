@@ -51,6 +51,8 @@ class EngineInfo(_Msg):
     kind: EngineKind
     loras: list[str] = Field(default_factory=list)
     max_inflight: int = Field(ge=1)
+    #: (additive) ``generate`` (chat/completions) or ``embed`` (embeddings)
+    task: Literal["generate", "embed"] = "generate"
 
 
 class Hello(_Msg):

@@ -137,7 +137,8 @@ class HermesLet:
             node=self.node,
             engines=[
                 P.EngineInfo(name=s.engine.name, model=s.engine.model, kind=s.engine.kind,
-                             loras=self._served_loras(s), max_inflight=s.engine.max_inflight)
+                             loras=self._served_loras(s), max_inflight=s.engine.max_inflight,
+                             task=s.engine.task)
                 for s in self.slots.values()
             ],
             tools=self.tools.kinds,

@@ -4,7 +4,10 @@
   [--model M] [--max-inflight N] [--time-scale X] [--metrics-port P]`` connects to a scheduler
   and serves (Prometheus metrics on ``--metrics-port``).
 - ``hermeslet sim-engine --port P [--host 127.0.0.1] [--setup llama2-7b-a100]
-  [--time-scale X] [--model NAME]`` serves the simulated engine with vLLM's HTTP surface.
+  [--time-scale X] [--model NAME] [--task generate|embed] [--tool-call-p P]
+  [--max-tool-rounds N] [--max-parallel-tools N] [--mean-answer-tokens N]`` serves the
+  simulated engine with vLLM's HTTP surface (the agent-model knobs: see
+  :mod:`hermeslet.engines.sim_engine`).
 """
 
 from __future__ import annotations
@@ -79,6 +82,19 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-num-seqs", type=int, default=None,
                    help="override the setup's running-batch limit (e.g. 1 to saturate)")
     _kv_flags(s, "")
+    s.add_argument("--task", choices=("generate", "embed"), default="generate",
+                   help="chat/completions (generate, default) or /v1/embeddings (embed)")
+    s.add_argument("--tool-call-p", dest="tool_call_p", type=float, default=0.5,
+                   help="after tool results, probability of calling tools again "
+                   "(tool_choice auto; default %(default)s)")
+    s.add_argument("--max-tool-rounds", dest="max_tool_rounds", type=int, default=4,
+                   help="tool-call rounds after a user message before answering in text "
+                   "(default %(default)s)")
+    s.add_argument("--max-parallel-tools", dest="max_parallel", type=int, default=2,
+                   help="distinct tools one turn may call with parallel_tool_calls "
+                   "(default %(default)s)")
+    s.add_argument("--mean-answer-tokens", dest="mean_answer_tokens", type=int, default=24,
+                   help="mean natural length of a text answer (default %(default)s)")
     s.add_argument("--log-level", default="warning")
     return p
 
@@ -160,6 +176,10 @@ def build_agent(args: argparse.Namespace):  # noqa: ANN201
         engines.append(make_engine(spec, name=name, model=args.model,
                                    max_inflight=args.max_inflight,
                                    time_scale=args.time_scale, **kw))
+    if args.docker is not None:
+        from hermes.extras import require
+
+        require("docker")  # the `docker` extra: one clear error when it is missing
     docker = DockerSandbox(base_url=args.docker or None) if args.docker is not None else None
     prewarmer = None
     if getattr(args, "prewarm", False) or lookahead:
@@ -213,12 +233,20 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     if args.cmd == "sim-engine":
+        from hermeslet.engines.sim_output import AgentBehaviour
         from hermeslet.sim_server import serve
 
+        try:
+            behaviour = AgentBehaviour(
+                tool_call_p=args.tool_call_p, max_tool_rounds=args.max_tool_rounds,
+                max_parallel=args.max_parallel, mean_answer_tokens=args.mean_answer_tokens)
+        except ValueError as e:
+            print(f"hermeslet sim-engine: {e}", file=sys.stderr)
+            return 2
         serve(host=args.host, port=args.port, setup=args.setup, time_scale=args.time_scale,
               model=args.model, seed=args.seed, max_num_seqs=args.max_num_seqs,
               kv_cache_gb=args.kv_cache_gb, cpu_cache_gb=args.cpu_cache_gb,
-              log_level=args.log_level)
+              log_level=args.log_level, task=args.task, behaviour=behaviour)
         return 0
     return 2
 

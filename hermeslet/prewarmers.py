@@ -101,6 +101,9 @@ class ContainerPool:
 
     def _docker(self) -> Any:
         if self._client is None:
+            from hermes.extras import require
+
+            require("docker")  # the `docker` extra
             self._client = docker_client(self._base_url)
         return self._client
 

@@ -2,14 +2,19 @@
 
 ``hermeslet sim-engine --port P`` runs this app on uvicorn (127.0.0.1 by default). Endpoints:
 ``POST /v1/completions`` and ``/v1/chat/completions`` (``stream: true`` as server-sent events
-in OpenAI's chunk format, ``stream_options.include_usage`` honoured), ``GET /v1/models`` (the
+in OpenAI's chunk format, ``stream_options.include_usage`` honoured), ``POST /v1/embeddings``
+(an engine started with ``--task embed``), ``GET /v1/models`` (the
 base model and loaded LoRA adapters, with ``parent``), the ``priority`` field (vLLM's
 ``--scheduling-policy priority``), ``POST /v1/load_lora_adapter`` / ``unload_lora_adapter``,
 ``GET /metrics`` (vLLM metric names) and ``GET /health``. Errors use OpenAI's error JSON.
 A client that disconnects aborts its request in the engine, as in vLLM.
 
-What the engine generates (lengths, text, token counting) is documented in
-:mod:`hermeslet.engines.sim_engine`.
+The bodies are the engine's own objects (:attr:`GenChunk.chunk` for each server-sent event,
+:attr:`GenResult.response` for a whole answer: tool calls, logprobs, ``n`` choices), with this
+server's request id and the model name the client asked for; with
+``stream_options.include_usage`` each chunk has ``usage: null`` and a last chunk carries the
+usage. What the engine generates (lengths, text, tool calls, structured outputs, token
+counting) is documented in :mod:`hermeslet.engines.sim_engine`.
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -29,10 +33,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from hermeslet.engines.base import EngineError, GenChunk, GenResult
+from hermeslet.engines.base import EngineError, GenChunk, GenResult, Task
 from hermeslet.engines.sim_engine import SimEngine
-
-_TOKEN = re.compile(r" ?\S+")
+from hermeslet.engines.sim_output import AgentBehaviour
 
 
 def error_response(status: int, message: str, type_: str | None = None) -> JSONResponse:
@@ -77,22 +80,6 @@ class _EngineCollector:
         yield counter("vllm:prompt_tokens", "Prompt tokens.", x["prompt_tokens"])
         yield counter("vllm:generation_tokens", "Generated tokens.", x["generation_tokens"])
         yield counter("vllm:request_success", "Finished requests.", x["request_success"])
-
-
-def _completion_obj(endpoint: str, rid: str, model: str, created: int, res: GenResult
-                    ) -> dict[str, Any]:
-    usage = {"prompt_tokens": res.input_tokens, "completion_tokens": res.output_tokens,
-             "total_tokens": res.input_tokens + res.output_tokens}
-    if endpoint == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": res.text},
-                  "logprobs": None, "finish_reason": res.finish_reason}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": res.text, "logprobs": None,
-                  "finish_reason": res.finish_reason}
-        obj = "text_completion"
-    return {"id": rid, "object": obj, "created": created, "model": model,
-            "choices": [choice], "usage": usage}
 
 
 def create_app(engine: SimEngine) -> FastAPI:
@@ -163,6 +150,10 @@ def create_app(engine: SimEngine) -> FastAPI:
     async def chat(request: Request) -> Response:
         return await _serve(request, "chat")
 
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await _serve(request, "embeddings")
+
     async def _json(request: Request) -> dict[str, Any] | Response:
         try:
             body = await request.json()
@@ -182,19 +173,18 @@ def create_app(engine: SimEngine) -> FastAPI:
         prio = body.get("priority")
         if prio is not None and not isinstance(prio, int):
             return error_response(400, "'priority' must be an integer")
-        prefix = "chatcmpl-" if endpoint == "chat" else "cmpl-"
+        prefix = {"chat": "chatcmpl-", "completions": "cmpl-"}.get(endpoint, "embd-")
         rid = prefix + (request.headers.get("x-request-id") or uuid.uuid4().hex)
-        created = int(time.time())
-        gen = engine.generate(endpoint, body, bool(body.get("stream")), request_id=rid,
-                              priority=prio)
-        if body.get("stream"):
+        stream = bool(body.get("stream")) and endpoint != "embeddings"
+        gen = engine.generate(endpoint, body, stream, request_id=rid, priority=prio)
+        if stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             try:  # surface validation errors as HTTP errors, not mid-stream
                 first = await anext(gen)
             except EngineError as e:
                 return error_response(e.status or 500, str(e))
             return StreamingResponse(
-                _sse(endpoint, rid, model, created, first, gen, include_usage),
+                _sse(endpoint, rid, model, first, gen, include_usage),
                 media_type="text/event-stream",
             )
         task = asyncio.ensure_future(_collect(gen))
@@ -211,7 +201,7 @@ def create_app(engine: SimEngine) -> FastAPI:
             res = task.result()
         except EngineError as e:
             return error_response(e.status or 500, str(e))
-        return JSONResponse(_completion_obj(endpoint, rid, model, created, res))
+        return JSONResponse(_answer(endpoint, rid, model, res))
 
     return app
 
@@ -225,48 +215,47 @@ async def _collect(gen: AsyncIterator[GenChunk | GenResult]) -> GenResult:
     return res
 
 
-async def _sse(endpoint: str, rid: str, model: str, created: int, first: GenChunk | GenResult,
+def _answer(endpoint: str, rid: str, model: str, res: GenResult) -> dict[str, Any]:
+    """The engine's whole answer with this server's id and the model asked for."""
+    out = dict(res.response or {})
+    out["model"] = model
+    if endpoint != "embeddings":
+        out["id"] = rid
+    return out
+
+
+async def _sse(endpoint: str, rid: str, model: str, first: GenChunk | GenResult,
                gen: AsyncIterator[GenChunk | GenResult], include_usage: bool
                ) -> AsyncIterator[bytes]:
-    chat = endpoint == "chat"
-    obj = "chat.completion.chunk" if chat else "text_completion"
-
-    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
-        d: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model,
-                             "choices": choices}
-        if include_usage:
-            d["usage"] = usage
+    """The engine's chunks as server-sent events, then the usage chunk (when asked) and
+    ``[DONE]``; an engine error mid-stream is an error event."""
+    def event(d: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps(d).encode() + b"\n\n"
 
-    def choice(text: str | None, finish: str | None, first_chunk: bool = False
-               ) -> dict[str, Any]:
-        if chat:
-            delta: dict[str, Any] = {"content": text} if text is not None else {}
-            if first_chunk:
-                delta = {"role": "assistant", "content": text or ""}
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-
+    obj = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
     try:
-        if chat:
-            yield chunk([choice("", None, first_chunk=True)])
         item: GenChunk | GenResult | None = first
         while item is not None:
             if isinstance(item, GenChunk):
-                for tok in _TOKEN.findall(item.text):  # one SSE chunk per token, as vLLM
-                    yield chunk([choice(tok, None)])
+                if item.chunk is not None:
+                    d = {**item.chunk, "id": rid, "model": model}
+                    if include_usage:
+                        d["usage"] = None
+                    yield event(d)
                 item = await anext(gen, None)
                 continue
-            yield chunk([choice("" if not chat else None, item.finish_reason)])
             if include_usage:
-                yield chunk([], {"prompt_tokens": item.input_tokens,
+                created = int((item.response or {}).get("created") or time.time())
+                yield event({"id": rid, "object": obj, "created": created, "model": model,
+                             "choices": [], "usage": {
+                                 "prompt_tokens": item.input_tokens,
                                  "completion_tokens": item.output_tokens,
-                                 "total_tokens": item.input_tokens + item.output_tokens})
+                                 "total_tokens": item.input_tokens + item.output_tokens}})
             break
         yield b"data: [DONE]\n\n"
     except EngineError as e:
         err = {"error": {"message": str(e), "type": "InternalServerError", "code": 500}}
-        yield b"data: " + json.dumps(err).encode() + b"\n\n"
+        yield event(err)
     finally:
         await gen.aclose()  # client gone: aborts the request in the engine
 
@@ -274,7 +263,8 @@ async def _sse(endpoint: str, rid: str, model: str, created: int, first: GenChun
 def serve(*, host: str = "127.0.0.1", port: int = 8000, setup: str = "llama2-7b-a100",
           time_scale: float = 1.0, model: str = "sim-llama2-7b", seed: int = 0,
           max_num_seqs: int | None = None, kv_cache_gb: float | None = None,
-          cpu_cache_gb: float = 0.0, log_level: str = "warning") -> None:
+          cpu_cache_gb: float = 0.0, log_level: str = "warning", task: Task = "generate",
+          behaviour: AgentBehaviour | None = None) -> None:
     """Run the standalone server (blocking): ``hermeslet sim-engine``."""
     import uvicorn
 
@@ -284,7 +274,8 @@ def serve(*, host: str = "127.0.0.1", port: int = 8000, setup: str = "llama2-7b-
     if max_num_seqs is not None:
         cost = cost.with_overrides(max_num_seqs=max_num_seqs)
     engine = SimEngine(name="sim", model=model, cost=cost, time_scale=time_scale, seed=seed,
-                       kv_cache_gb=kv_cache_gb, cpu_cache_gb=cpu_cache_gb)
+                       kv_cache_gb=kv_cache_gb, cpu_cache_gb=cpu_cache_gb, task=task,
+                       behaviour=behaviour)
     from hermes import evloop
 
     # uvloop + httptools where installed (uvicorn[standard]): the engine server's own per-request

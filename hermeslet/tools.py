@@ -2,11 +2,20 @@
 
 Two sandboxes, one result type (:class:`ToolResult`):
 
-- :class:`SubprocessSandbox` (embedded default): ``bwrap --unshare-all --die-with-parent
-  --ro-bind / / --tmpfs /tmp`` when bubblewrap is on ``PATH`` (no network, read-only root, user
-  nobody in its own user namespace, no capabilities, a new session), else
-  a plain subprocess. In both cases the child gets resource limits (CPU seconds, address space,
-  no core files) and its own process group, which is killed when the timeout expires.
+- :class:`SubprocessSandbox` (embedded default): ``bwrap --unshare-all --die-with-parent``
+  when bubblewrap is on ``PATH`` and usable (no network, user nobody in its own user namespace,
+  no capabilities, a new session, a private ``/tmp``). It sees only the host's system
+  directories, read-only (:data:`SANDBOX_RO_PATHS`): never the gateway's state directory, auth
+  file, certificates or home directory. Its user maps to the gateway's own, so binding ``/``
+  would let tool code read every file the gateway can, ``0600`` ones included. The child gets
+  resource limits (CPU seconds, address space, no core files) and its own process group,
+  which is killed when the timeout expires.
+
+  Without a usable bubblewrap there is **no silent fallback**: tool calls are refused
+  (:class:`SandboxUnavailable`, and the node does not announce the ``subprocess`` runner)
+  unless the operator opted in to running tool code as a plain subprocess,
+  ``unsafe_unsandboxed=True`` (``hermes serve --unsafe-unsandboxed-tools``, loopback only) or
+  ``use_bwrap=False`` (an explicit choice in code, e.g. tests).
 - :class:`DockerSandbox` (when configured): a fresh container per call through the Docker SDK
   with ``network_mode="none"``, memory (no extra swap)/CPU/pids limits, a read-only root, user
   ``nobody`` (65534), all capabilities dropped, no-new-privileges; killed on timeout. The SDK is blocking, so it runs in a worker thread.
@@ -18,9 +27,11 @@ A tool call is either ``code`` (Python source, run with the sandbox's ``python3`
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -28,6 +39,31 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
+
+log = logging.getLogger("hermeslet.tools")
+
+#: what the bubblewrap sandbox sees of the host, read-only: programs, libraries and the few
+#: files of /etc they read. Symbolic links (merged /usr: /bin -> usr/bin) are recreated as
+#: links; paths the host lacks are skipped.
+SANDBOX_RO_PATHS: tuple[str, ...] = (
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+    "/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
+    "/etc/localtime", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/ssl/certs",
+    "/etc/ca-certificates",
+)
+#: PATH inside the bubblewrap sandbox (the host's may name directories it cannot see)
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: what an operator can do about a node without a sandbox (error messages and the log)
+NO_SANDBOX_HELP = (
+    "install bubblewrap (apt-get install bubblewrap; it needs user namespaces, which a "
+    "container's default seccomp profile forbids) or give a HermesLet a Docker sandbox "
+    "(hermeslet run --docker); for local development only, `hermes serve "
+    "--unsafe-unsandboxed-tools` (tools.unsafe_unsandboxed, loopback only) runs tool code "
+    "unsandboxed as the gateway's user")
+
+
+class SandboxUnavailable(RuntimeError):
+    """A tool call with no sandbox to run it in (and no opt-in to run it without one)."""
 
 
 @dataclass(slots=True)
@@ -96,15 +132,66 @@ class SubprocessSandbox(Sandbox):
         use_bwrap: bool | None = None,
         max_output_chars: int = DEFAULT_MAX_OUTPUT,
         python: str | None = None,
+        unsafe_unsandboxed: bool = False,
     ) -> None:
+        """``use_bwrap``: None (default) uses bubblewrap when it is on ``PATH`` and works,
+        True requires it, False runs a plain subprocess (an explicit choice). Without
+        bubblewrap, tool calls are refused unless ``unsafe_unsandboxed`` (or ``use_bwrap``
+        is False)."""
         self.limits = limits or ToolLimits()
         bwrap = shutil.which("bwrap")
         self.bwrap = bwrap if (use_bwrap is None or use_bwrap) and bwrap else None
         if use_bwrap and not self.bwrap:
             raise RuntimeError("bwrap requested but not on PATH")
+        #: plain subprocesses allowed: the operator's (or the caller's) explicit choice
+        self.unsafe = bool(unsafe_unsandboxed) or use_bwrap is False
         self.max_output_chars = max_output_chars
-        self.python = python or ("python3" if self.bwrap else sys.executable)
-        self._bwrap_ok: bool | None = None
+        self._python = python
+        self._bwrap_ok: bool | None = None if self.bwrap else False
+        self.why_not = ("" if self.bwrap else "bubblewrap (bwrap) is not on PATH"
+                        if use_bwrap is None else "a plain subprocess was asked for")
+
+    @property
+    def python(self) -> str:
+        return self._python or ("python3" if self.bwrap else sys.executable)
+
+    def probe(self) -> bool:
+        """Whether bubblewrap works here (once; some hosts forbid user namespaces): if it
+        does not, the sandbox is unavailable (or, opted in, a plain subprocess)."""
+        if self._bwrap_ok is None and self.bwrap:
+            try:
+                r = subprocess.run(self._wrap(["true"]), stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   timeout=30, check=False)
+                ok, err = r.returncode == 0, r.stderr.decode(errors="replace").strip()
+            except (OSError, subprocess.SubprocessError) as e:
+                ok, err = False, str(e)
+            self._bwrap_ok = ok
+            if not ok:
+                self.bwrap = None
+                self.why_not = f"bubblewrap is unusable here ({err or 'exit status != 0'})"
+        return self.bwrap is not None
+
+    @property
+    def sandboxed(self) -> bool:
+        """Tool code runs inside bubblewrap."""
+        return self.probe()
+
+    @property
+    def available(self) -> bool:
+        """Tool calls run: in bubblewrap, or unsandboxed by explicit choice."""
+        return self.sandboxed or self.unsafe
+
+    def describe(self) -> str:
+        """One line for the log: how tool code runs here, or why it is refused."""
+        if self.sandboxed:
+            return ("tool sandbox: bubblewrap (no network, user nobody, no capabilities, "
+                    "read-only system directories only)")
+        if self.unsafe:
+            return (f"tool calls run UNSANDBOXED ({self.why_not}; opted in): tool code runs "
+                    "as this process's user with its files and network; local development "
+                    "only")
+        return f"tool calls refused: no sandbox on this node ({self.why_not}); {NO_SANDBOX_HELP}"
 
     def _preexec(self) -> None:
         import resource
@@ -125,31 +212,17 @@ class SubprocessSandbox(Sandbox):
             "--cap-drop", "ALL",
             "--new-session",  # no TIOCSTI into the agent's terminal
             "--die-with-parent",
-            "--ro-bind", "/", "/",
+            *_ro_binds(),  # system directories only: no state, keys, certificates, homes
             "--dev", "/dev",
             "--proc", "/proc",
             "--tmpfs", "/tmp",
+            "--remount-ro", "/",  # the sandbox's own root: nothing new beside /tmp
             "--chdir", "/tmp",
+            "--setenv", "PATH", SANDBOX_PATH,
+            "--setenv", "HOME", "/tmp",
             "--",
             *argv,
         ]  # fmt: skip
-
-    async def _probe_bwrap(self) -> None:
-        """Some hosts forbid user namespaces: fall back to a plain subprocess once, loudly."""
-        if self._bwrap_ok is not None or not self.bwrap:
-            return
-        proc = await asyncio.create_subprocess_exec(
-            *self._wrap(["true"]),
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        _, err = await proc.communicate()
-        self._bwrap_ok = proc.returncode == 0
-        if not self._bwrap_ok:
-            print(f"hermeslet: bwrap unusable ({err.decode().strip()}); plain subprocess",
-                  file=sys.stderr)
-            self.bwrap = None
-            self.python = sys.executable
 
     async def run(
         self,
@@ -159,7 +232,9 @@ class SubprocessSandbox(Sandbox):
         timeout_s: float = 30.0,
         image: str | None = None,
     ) -> ToolResult:
-        await self._probe_bwrap()
+        if not self.available:
+            raise SandboxUnavailable(f"tool call refused: no sandbox on this node "
+                                     f"({self.why_not}); {NO_SANDBOX_HELP}")
         argv = self._wrap(_argv(code, command, self.python))
         t0 = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
@@ -192,6 +267,17 @@ class SubprocessSandbox(Sandbox):
             cold=False,
             timed_out=timed_out,
         )
+
+
+def _ro_binds() -> list[str]:
+    """bwrap arguments that show :data:`SANDBOX_RO_PATHS` read-only (links as links)."""
+    out: list[str] = []
+    for p in SANDBOX_RO_PATHS:
+        if os.path.islink(p):
+            out += ["--symlink", os.readlink(p), p]
+        elif os.path.exists(p):
+            out += ["--ro-bind", p, p]
+    return out
 
 
 def _killpg(pid: int) -> None:
@@ -318,17 +404,39 @@ class ToolRunner:
 
     ``docker:IMAGE`` runs in Docker when a :class:`DockerSandbox` is configured, else in the
     subprocess sandbox (the host's Python stands in for the image). Every other backend kind
-    (``api:``, ``dnn:``, ``subprocess``) runs in the subprocess sandbox.
+    (``api:``, ``dnn:``, ``subprocess``) runs in the subprocess sandbox, or in Docker's default
+    image where the subprocess sandbox is unavailable. With neither, tool calls are refused
+    (:class:`SandboxUnavailable`) and :attr:`kinds` is empty, so the scheduler sends the node
+    none. How tool code runs here is logged once, when :attr:`kinds` is first read (the node's
+    hello, at startup).
     """
 
     def __init__(self, subprocess: SubprocessSandbox | None = None,
-                 docker: DockerSandbox | None = None) -> None:
-        self.subprocess = subprocess or SubprocessSandbox()
+                 docker: DockerSandbox | None = None, *,
+                 unsafe_unsandboxed: bool = False) -> None:
+        self.subprocess = subprocess or SubprocessSandbox(unsafe_unsandboxed=unsafe_unsandboxed)
         self.docker = docker
+        self._logged = False
 
     @property
     def kinds(self) -> list[str]:
-        return ["subprocess", "docker"] if self.docker else ["subprocess"]
+        if not self._logged:
+            self._logged = True
+            self.log_status()
+        out = ["subprocess"] if self.subprocess.available else []
+        return [*out, "docker"] if self.docker else out
+
+    def log_status(self) -> None:
+        """Say (once, at startup) how tool code runs on this node, or that it is refused."""
+        sub = self.subprocess
+        if self.docker is not None and not sub.sandboxed:
+            line = "tool sandbox: Docker containers (no network, read-only root, user nobody)"
+            line += f"; other backends: {sub.describe()}" if sub.unsafe else " for every backend"
+            level = logging.WARNING if sub.unsafe else logging.INFO
+        else:
+            line = sub.describe()
+            level = logging.INFO if sub.sandboxed else logging.WARNING
+        log.log(level, "%s", line)
 
     async def run(
         self,
@@ -343,4 +451,6 @@ class ToolRunner:
             return await self.docker.run(
                 code=code, command=command, timeout_s=timeout_s, image=rest or None
             )
+        if self.docker is not None and not self.subprocess.available:
+            return await self.docker.run(code=code, command=command, timeout_s=timeout_s)
         return await self.subprocess.run(code=code, command=command, timeout_s=timeout_s)

@@ -35,7 +35,7 @@ def _common(p: argparse.ArgumentParser, *, window: bool) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", default="conversation", help="conversation | synthetic | PATH")
     p.add_argument("--setup", default="llama2-7b-a100", help="llama2-7b-a100 | llama3-70b-h800x8")
-    p.add_argument("--pdgraphs", default=None, help="PDGraph directory (default: pdgraphs/)")
+    p.add_argument("--pdgraphs", default=None, help="knowledge base: a PDGraph directory or redis:// URL (default: $HERMES_KB, else the shipped PDGraphs)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: cores)")
     p.add_argument("--json", default=None, help="write the rows as a JSON list to FILE")
     p.add_argument("--no-progress", action="store_true")
@@ -144,7 +144,7 @@ def _prewarm_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--setup", default="llama2-7b-a100", help="llama2-7b-a100 | llama3-70b-h800x8")
     p.add_argument("--policy", default="vllm", help="scheduling policy (same for all strategies)")
     p.add_argument("--walks", type=int, default=200, help="Monte Carlo walks per prewarm plan")
-    p.add_argument("--pdgraphs", default=None, help="PDGraph directory (default: pdgraphs/)")
+    p.add_argument("--pdgraphs", default=None, help="knowledge base: a PDGraph directory or redis:// URL (default: $HERMES_KB, else the shipped PDGraphs)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: cores)")
     p.add_argument("--cpu-cache-gb", dest="cpu_cache_gb", type=float,
                    default=DEFAULT_CPU_CACHE_GB,

@@ -281,7 +281,7 @@ def bench_knob(
     :func:`hermes.core.prewarm.start_offset`). ``seeds``: arrival seeds; the figures of a row
     add up over them (every seed's runs against its own ``lru`` run), so that the differences
     between K are not within one seed's noise."""
-    from workloads.registry import APPS
+    from hermes.workloads.registry import APPS
 
     by_short = {cls.short: name for name, cls in APPS.items()}
     names = [by_short.get(a, a) for a in app_names]
@@ -338,8 +338,9 @@ def _arrivals_of(names: Sequence[str], n: int, window_min: float, seed: int,
 
 def plot_knob(rows: Sequence[dict], path: str) -> None:
     """Latency reduction vs wasted backend-seconds, one point per K."""
-    import matplotlib
+    from hermes.extras import require
 
+    matplotlib = require("plot")  # the `plot` extra
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

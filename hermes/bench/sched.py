@@ -4,14 +4,14 @@ Each benchmark returns a flat list of row dicts (what ``--json`` writes); :func:
 prints them, :func:`plot_act_cdf` draws the ACT CDF per policy.
 
 Workload (as the Hermes paper's evaluation): ``apps`` application runs, app names drawn from
-the paper's mix (``workloads.registry.sample_mix``), arrival times resampled from a Mooncake
+the paper's mix (``hermes.workloads.registry.sample_mix``), arrival times resampled from a Mooncake
 trace into the submission window (:mod:`hermes.sim.arrivals`), one seed per run; the same
 arrivals for every policy. VTC's tenants are the apps (fair share among applications).
 Simulations of different (window, policy) pairs run in parallel worker processes.
 
 - ``sched``: rows ``{window_min, policy, mean_act_s, p50_act_s, p95_act_s, p99_act_s, runs}``,
   plus a pseudo-policy ``isolated``: each run alone on the engine, the bound no policy beats.
-- ``ddl``: deadline = submit + isolated run time (``workloads.isolated.run_isolated`` on the
+- ``ddl``: deadline = submit + isolated run time (``hermes.workloads.isolated.run_isolated`` on the
   setup's cost model) x a factor drawn from 1.2 / 1.5 / 2.0 (tight / modest / loose); rows
   ``{policy, dsr, dsr_tight, dsr_modest, dsr_loose}``.
 - ``ablation``: rows ``{policy, mean_act_s, normalized}`` for hermes, hermes-no-refine, srpt,
@@ -47,10 +47,6 @@ ABLATION_POLICIES = ("hermes", "hermes-no-refine", "srpt", "oracle")
 DEADLINE_FACTORS = {"tight": 1.2, "modest": 1.5, "loose": 2.0}
 
 
-def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
-
-
 # ---------------------------------------------------------------------------- workload
 def build_arrivals(
     n_apps: int,
@@ -62,7 +58,7 @@ def build_arrivals(
     setup: str = "llama2-7b-a100",
 ) -> tuple[list[Arrival], list[str | None]]:
     """The arrivals of one experiment and, with ``deadlines``, each run's tightness class."""
-    from workloads.registry import get_app, sample_mix
+    from hermes.workloads.registry import get_app, sample_mix
 
     times = resample_arrivals(n_apps, window_min * 60.0, trace=trace, seed=seed)
     rng = np.random.default_rng([seed, 1])
@@ -74,7 +70,7 @@ def build_arrivals(
     for i, (t, app, s) in enumerate(zip(times, names, seeds, strict=False)):
         deadline = None
         if deadlines:
-            from workloads.isolated import run_isolated
+            from hermes.workloads.isolated import run_isolated
 
             rec = run_isolated(get_app(app), np.random.default_rng(int(s)), cost, run_id=f"i{i}")
             cls = str(rng.choice(list(DEADLINE_FACTORS)))
@@ -87,17 +83,25 @@ def build_arrivals(
 _GRAPHS: dict[str, dict] = {}
 
 
-def load_graphs(pdgraph_dir: str | Path | None = None) -> dict:
-    """The shipped PDGraphs (``pdgraphs/NAME.json``), by app name; cached per process."""
-    from hermes.core.pdgraph import PDGraph
+def kb_spec(pdgraph_dir: str | Path | None = None) -> str:
+    """The knowledge base a benchmark reads: ``--pdgraphs``, else ``$HERMES_KB``, else the
+    PDGraphs shipped with Hermes (:func:`hermes.kb.default_kb`)."""
+    from hermes.kb import default_kb
 
-    d = Path(pdgraph_dir) if pdgraph_dir else repo_root() / "pdgraphs"
-    key = str(d)
+    return str(pdgraph_dir) if pdgraph_dir else default_kb()
+
+
+def load_graphs(pdgraph_dir: str | Path | None = None) -> dict:
+    """Every PDGraph of the knowledge base (:func:`kb_spec`), by app name; cached per process."""
+    from hermes.kb import open_store
+
+    key = kb_spec(pdgraph_dir)
     if key not in _GRAPHS:
-        graphs = {}
-        for p in sorted(d.glob("*.json")):
-            g = PDGraph.load(p)
-            graphs[g.app] = g
+        store = open_store(key)
+        try:
+            graphs = {a: g for a in store.list_apps() if (g := store.get(a)) is not None}
+        finally:
+            store.close()
         _GRAPHS[key] = graphs
     return _GRAPHS[key]
 
@@ -113,8 +117,7 @@ def make_sim_policy(name: str, setup: str, *, seed: int = 0, pdgraph_dir: str | 
         graphs = load_graphs(pdgraph_dir)
         if not graphs:
             raise FileNotFoundError(
-                f"policy {name!r} needs PDGraphs but none were found in "
-                f"{pdgraph_dir or repo_root() / 'pdgraphs'}"
+                f"policy {name!r} needs PDGraphs but none were found in {kb_spec(pdgraph_dir)}"
             )
         cost, _ = setup_engines(setup)
         pool = EstimatorPool(graphs, cost, refine=getattr(cls, "refine", True), seed=seed)
@@ -235,10 +238,10 @@ ISOLATED = "isolated"
 
 
 def isolated_acts(arrivals: Sequence[Arrival], setup: str) -> np.ndarray:
-    """ACT of each arrival's run alone on an idle engine (``workloads.isolated``): no
+    """ACT of each arrival's run alone on an idle engine (``hermes.workloads.isolated``): no
     scheduler can beat it on average, so ``isolated / policy`` is the best ratio reachable."""
-    from workloads.isolated import run_isolated
-    from workloads.registry import get_app
+    from hermes.workloads.isolated import run_isolated
+    from hermes.workloads.registry import get_app
 
     cost, _ = setup_engines(setup)
     return np.array(
@@ -312,8 +315,8 @@ def _active_runs(n: int, setup: str, seed: int) -> list:
     """``n`` runs of mixed apps, each stopped at a random point of its app (unit boundary or
     inside a unit), as the scheduler would see them."""
     from hermes.core.state import RunProgress, RunState, UnitObservation
-    from workloads.isolated import step_service_s
-    from workloads.registry import get_app, sample_mix
+    from hermes.workloads.isolated import step_service_s
+    from hermes.workloads.registry import get_app, sample_mix
 
     cost, _ = setup_engines(setup)
     rng = np.random.default_rng(seed)
@@ -479,8 +482,9 @@ def write_json(path: str | Path, rows: Iterable[dict]) -> None:
 
 def plot_act_cdf(acts: dict, path: str | Path, title: str = "ACT CDF") -> None:
     """One panel per window: the empirical ACT CDF of every policy."""
-    import matplotlib
+    from hermes.extras import require
 
+    matplotlib = require("plot")  # the `plot` extra
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

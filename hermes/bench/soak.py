@@ -99,7 +99,7 @@ async def run_soak(url: str, pid: int | None, minutes: float, rate: float, *, ap
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     outstanding: set[asyncio.Task] = set()
     t0 = time.monotonic()
-    body = {"model": model, "prompt": "soak " * 16, "max_tokens": max_tokens}
+    body = {"model": model, "prompt": "soak " * 16, "max_tokens": max_tokens, "ignore_eos": True}
 
     async with httpx.AsyncClient(base_url=url, timeout=120.0, limits=limits) as http:
         async def one(i: int) -> None:
@@ -214,8 +214,9 @@ def sample_rows(res: SoakResult) -> list[dict[str, Any]]:
 
 
 def plot(res: SoakResult, path: str) -> None:
-    import matplotlib
+    from hermes.extras import require
 
+    matplotlib = require("plot")  # the `plot` extra
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -22,13 +22,17 @@ M_I^Ĩ, M_I^Õ, M_O^Õ, M_O^P̃, M_P^P̃ are ``I<-I``, ``I<-O``, ``O<-O``, ``O<-
 pairs are computed, because real apps have others (KBQAV: queries per claim, ``P<-O``).
 
 Files are validated on load; a bad file is rejected with a :class:`PDGraphError` that names
-the file, the unit and the field.
+the file, the unit and the field. A document a client uploads is held to more
+(:meth:`PDGraph.from_upload`): strict JSON (UTF-8, finite numbers, valid Unicode, bounded
+nesting: :mod:`hermes.core.strict_json`), unit names from :data:`UNIT_NAME_RE`, and a JSON
+round trip, all before anything is stored.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -52,6 +56,9 @@ NF = len(FEATURES)
 PAPER_MASKS: tuple[str, ...] = ("I<-I", "I<-O", "O<-O", "O<-P", "P<-P")
 END = ""  # next-unit key meaning "the app ends"
 PROB_TOL = 1e-6
+#: unit names an uploaded PDGraph may use (fullmatch): no spaces, no ``<-`` (edge names)
+UNIT_NAME_RE = re.compile(r"[A-Za-z0-9_.:@/+-]{1,128}")
+UNIT_NAME_RULE = "1-128 characters from [A-Za-z0-9_.:@/+-]"
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
@@ -255,6 +262,27 @@ class PDGraph(BaseModel):
             raise PDGraphError(_describe(exc, source)) from None
         except _RefError as exc:  # raised from the model validator, outside pydantic's wrapping
             raise PDGraphError(exc.describe(source)) from None
+
+    @classmethod
+    def from_upload(cls, raw: str | bytes, source: str = "<upload>") -> PDGraph:
+        """Parse and validate a PDGraph a client sent (see the module docstring): every
+        problem is a :class:`PDGraphError` naming ``source`` and the field, raised before
+        anything is stored; the message quotes no text that could not be encoded."""
+        from hermes.core.strict_json import StrictJSONError, loads
+
+        try:
+            data = loads(raw)
+        except StrictJSONError as exc:
+            raise PDGraphError(f"{source}: field {exc}" if exc.path else f"{source}: {exc}") from None
+        units = data.get("units") if isinstance(data, dict) else None
+        if isinstance(units, dict):
+            for name in units:
+                if not UNIT_NAME_RE.fullmatch(name):
+                    raise PDGraphError(f"{source}: field units: bad unit name {name!a}: "
+                                       f"expected {UNIT_NAME_RULE}")
+        graph = cls.from_dict(data, source)
+        cls.from_json(graph.to_json(), source)  # what would be stored loads back
+        return graph
 
     @classmethod
     def load(cls, path: str | Path) -> PDGraph:

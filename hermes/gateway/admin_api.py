@@ -5,7 +5,10 @@ Access: with ``HERMES_ADMIN_TOKEN`` set (in the gateway's environment when the a
 created, or ``app.state.admin_token``), every ``/admin`` call needs ``Authorization: Bearer
 TOKEN`` (401 without, 403 with a wrong one). Without a token the admin API answers loopback
 clients only (403 otherwise), so a laptop gateway needs no setup and an exposed one is closed
-until a token is configured. ``/metrics`` is open (Prometheus scrapes it).
+until a token is configured. ``/metrics`` is open (Prometheus scrapes it) unless
+``security.metrics_token`` is set (``HERMES_METRICS_TOKEN``): then it needs ``Authorization:
+Bearer TOKEN`` (401 without, 403 with a wrong one; Prometheus: ``authorization:
+credentials_file``). Its label values are bounded (:class:`hermes.metrics.GatewayMetrics`).
 
 - ``GET /admin/apps``; ``GET /admin/apps/{name}`` (summary); ``GET /admin/apps/{name}/pdgraph``
   (the full PDGraph JSON: export); ``PUT /admin/apps/{name}`` (import a PDGraph JSON).
@@ -14,7 +17,7 @@ until a token is configured. ``/metrics`` is open (Prometheus scrapes it).
 - ``GET /admin/policy``; ``PUT /admin/policy {"policy"}``: live switch, every active run is
   ranked afresh and queued requests re-keyed.
 - ``GET /admin/knobs``; ``PUT /admin/knobs {"scope": "default"|"app"|"tenant", "name", "k"}``
-  (``k: null`` removes an app or tenant override).
+  (``k: null`` removes an app or tenant override; ``name`` must be an app or tenant name).
 - ``GET /admin/engines``; ``GET /admin/top?limit=`` (runs by rank, engines, totals: one frame
   of ``hermes top``).
 """
@@ -33,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hermes.gateway.openai_api import error_response, scheduler_error, validation_error
 from hermes.gateway.run_params import Knob
-from hermes.gateway.runs_api import install_graph
+from hermes.gateway.runs_api import PDGRAPH_BODY, install_graph
 from hermes.gateway.scheduler import ACTIVE, LiveRun, LiveScheduler, SchedulerError
 
 TOKEN_ENV = "HERMES_ADMIN_TOKEN"
@@ -84,6 +87,14 @@ def install(app: Any) -> None:
     """Add the admin and metrics routes and the admin error handler to ``app``."""
     app.include_router(router)
     app.include_router(metrics_router)
+    metrics = getattr(app.state, "metrics", None)
+    if metrics is not None:  # hosted apps are known apps: their own ``app`` label value
+        from hermes.metrics import MAX_TENANTS_NO_AUTH
+
+        metrics.hosted = getattr(app.state, "hosted", None)
+        security = getattr(app.state, "security", None)
+        if security is None or not security.auth_on:  # tenants are what clients claim
+            metrics.max_tenants = min(metrics.max_tenants, MAX_TENANTS_NO_AUTH)
 
     @app.exception_handler(AdminDenied)
     async def _denied(request: Request, exc: AdminDenied) -> JSONResponse:
@@ -93,9 +104,20 @@ def install(app: Any) -> None:
 
 @metrics_router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
-    """Prometheus exposition of the gateway (and its embedded HermesLet)."""
+    """Prometheus exposition of the gateway (and its embedded HermesLet); with
+    ``security.metrics_token`` set, for its bearer only."""
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+    config = getattr(request.app.state, "config", None)
+    token = config.security.metrics_token if config is not None else ""
+    if token:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            return error_response(401, "/metrics: missing 'Authorization: Bearer <token>' "
+                                  "header (security.metrics_token is set)",
+                                  code="metrics_denied", headers={"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(given.strip().encode(), token.encode()):
+            return error_response(403, "/metrics: invalid token", code="metrics_denied")
     return Response(generate_latest(request.app.state.metrics.registry),
                     media_type=CONTENT_TYPE_LATEST)
 
@@ -172,8 +194,9 @@ async def apps_export(name: str, request: Request) -> Response:
     return Response(graph.to_json(), media_type="application/json")
 
 
-@router.put("/apps/{name}")
+@router.put("/apps/{name}", openapi_extra=PDGRAPH_BODY)
 async def apps_import(name: str, request: Request) -> Response:
+    """Import an app's PDGraph (the admin owns shared apps); validated as an upload is."""
     got = install_graph(_sched(request), name, await request.body(), what="import")
     if isinstance(got, Response):
         return got
@@ -240,7 +263,8 @@ async def policy_show(request: Request) -> dict[str, Any]:
             "switches": request.app.state.metrics.switch_count}
 
 
-@router.put("/policy")
+@router.put("/policy", openapi_extra={"requestBody": {"required": True, "content": {
+    "application/json": {"schema": PolicyBody.model_json_schema()}}}})
 async def policy_set(request: Request) -> Response:
     body = await _json_body(request, PolicyBody)
     if isinstance(body, Response):
@@ -271,17 +295,40 @@ class KnobBody(BaseModel):
         return self
 
 
+def _bad_knob_name(scope: str, name: str) -> str | None:
+    """Why ``name`` cannot name an app (``scope="app"``) or a tenant, or None."""
+    import re
+
+    from hermes.gateway.runs_api import TENANT_PATTERN
+    from hermes.kb.base import validate_app_name
+
+    if scope == "app":
+        try:
+            validate_app_name(name)
+        except ValueError as e:
+            return str(e)
+    elif scope == "tenant" and (not re.fullmatch(TENANT_PATTERN.strip("^$"), name)
+                                or name.startswith(".")):
+        return (f"bad tenant name {name!r}: expected 1-128 characters from [A-Za-z0-9_.-], "
+                "not starting with '.'")
+    return None
+
+
 @router.get("/knobs")
 async def knobs_show(request: Request) -> dict[str, Any]:
     s = _sched(request)
     return {"k": s.config.scheduler.k, "knobs": s.knobs}
 
 
-@router.put("/knobs")
+@router.put("/knobs", openapi_extra={"requestBody": {"required": True, "content": {
+    "application/json": {"schema": KnobBody.model_json_schema()}}}})
 async def knobs_set(request: Request) -> Response:
     body = await _json_body(request, KnobBody)
     if isinstance(body, Response):
         return body
+    bad = _bad_knob_name(body.scope, body.name)
+    if bad:
+        return error_response(422, f"name: {bad}", param="name", code="invalid_value")
     s = _sched(request)
     table = s.knobs.setdefault(body.scope, {})
     if body.k is None:
@@ -320,12 +367,12 @@ async def top(request: Request, limit: int = 20) -> dict[str, Any]:
 
 
 async def _json_body(request: Request, model: type[BaseModel]) -> Any:
-    import json
+    from hermes.core import strict_json
 
     try:
-        data = json.loads(await request.body() or b"null")
-    except ValueError as e:
-        return error_response(400, f"body is not JSON: {e}", code="invalid_json")
+        data = strict_json.loads(await request.body() or b"null")
+    except strict_json.StrictJSONError as e:
+        return error_response(400, f"body is not strict JSON: {e}", code="invalid_json")
     try:
         return model.model_validate(data)
     except ValidationError as e:

@@ -22,6 +22,7 @@ import zmq.asyncio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hermes.gateway import admin_api, openai_api, runs_api
 from hermes.gateway.config import EngineConfig, GatewayConfig
@@ -39,14 +40,15 @@ def make_engine_adapter(e: EngineConfig, time_scale: float) -> Any:
     if e.kind == "sim":
         kv = ({"kv_cache_gb": e.kv_cache_gb, "cpu_cache_gb": e.cpu_cache_gb}
               if e.kv_cache_gb > 0 else {})
+        task = {"task": e.task} if e.task != "generate" else {}
         eng = make_engine("sim", name=e.name, model=e.model, max_inflight=e.max_inflight,
-                          time_scale=time_scale, setup=e.cost_model, **kv)
+                          time_scale=time_scale, setup=e.cost_model, **kv, **task)
     elif e.kind == "openai":
         eng = make_engine(f"openai:{e.url}", name=e.name, model=e.model or None,
-                          max_inflight=e.max_inflight)
+                          max_inflight=e.max_inflight, task=e.task)
     else:
         eng = make_engine(f"vllm:{e.url}" if e.url else "vllm", name=e.name,
-                          model=e.model or None, max_inflight=e.max_inflight)
+                          model=e.model or None, max_inflight=e.max_inflight, task=e.task)
     for lora in e.loras:
         if lora not in eng.loras:
             eng.loras.append(lora)
@@ -87,6 +89,11 @@ def _telemetry_option() -> dict[str, Any]:
     return {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
 
 
+#: OpenAI error ``code`` of the HTTP errors the gateway answers itself
+_HTTP_CODES = {403: "permission_denied", 404: "not_found", 405: "method_not_allowed",
+               413: "body_too_large", 415: "unsupported_media_type"}
+
+
 def create_app(config: GatewayConfig | None = None) -> FastAPI:
     """The gateway as an ASGI app; the scheduler starts and stops with it."""
     config = config or GatewayConfig()
@@ -108,8 +115,13 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
             # KV prefix prewarms reach the embedded engines (built-in or HTTP) through their
             # adapters; no container pool or runtime LoRA loading here (a HermesLet's flags)
             _, prewarmer = build_node_prewarmer(engines)
+            from hermeslet.tools import ToolRunner
+
+            # tool code runs in bubblewrap, or is refused (issue 15): never a silent fallback
+            tools = ToolRunner(unsafe_unsandboxed=config.tools.unsafe_unsandboxed)
             agent = HermesLet("embedded", sched.inproc_address, engines, ctx=ctx,
-                              link=sched.inproc_link("embedded"), prewarmer=prewarmer)
+                              link=sched.inproc_link("embedded"), prewarmer=prewarmer,
+                              tools=tools)
             from hermeslet.metrics import NodeCollector
 
             app.state.metrics.add_collector(NodeCollector(agent))
@@ -145,8 +157,30 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     install_security(app, config)  # body limits, API keys, tenant admission (issue 7)
     app.include_router(runs_api.router)
     app.include_router(openai_api.router)
+    from hermes.gateway import responses_api  # POST /v1/responses, translated to chat
+    app.include_router(responses_api.router)  # (its store: app.state.responses, lazily)
     app.state.metrics = GatewayMetrics()  # its own registry: several apps per process
     admin_api.install(app)  # /admin/... (HERMES_ADMIN_TOKEN) and GET /metrics
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Every error the gateway answers itself (unknown route 404, 405, 403, 413, ...) in
+        OpenAI's error shape, so that SDKs report what happened, not a parse failure."""
+        code = _HTTP_CODES.get(exc.status_code, "invalid_request")
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"unknown route: {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        return openai_api.error_response(exc.status_code, message, code=code,
+                                         headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _server_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return openai_api.error_response(
+            500, f"internal error ({type(exc).__name__}); the gateway logged it",
+            code="internal_error")
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

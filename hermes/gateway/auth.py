@@ -17,12 +17,19 @@ Keys
 Middleware (:class:`SecurityMiddleware`, pure ASGI so streamed responses pass through)
     1. request bodies larger than ``security.max_body_bytes`` get 413 (by ``Content-Length``,
        or while reading a chunked body);
-    2. with authentication on, every path but ``/healthz``, ``/metrics``, the OpenAPI docs and
-       ``/admin`` (its own token) needs ``Authorization: Bearer KEY`` (or ``X-API-Key``):
-       401 otherwise; the tenant of the key is put in the request's state and in
-       :data:`current_tenant`, which the scheduler uses to hide other tenants' runs (404);
+    2. with authentication on, every path but ``/healthz``, ``/metrics`` (its own token), the
+       OpenAPI docs and ``/admin`` (its own token) needs ``Authorization: Bearer KEY`` (or
+       ``X-API-Key``): 401 otherwise; the tenant of the key is put in the request's state and
+       in :data:`current_tenant`, which the scheduler uses to hide other tenants' runs (404).
+       A key's scrypt check runs in a worker thread (at most :attr:`Authenticator.
+       verify_concurrency` at once), never on the event loop; a verified key is remembered
+       for :attr:`Authenticator.cache_ttl_s` (60 s; keyed by a hash of the whole key, and
+       only while the stored entry is unchanged: a revoked key fails at once). Failed checks
+       are throttled per key id and per client address (:class:`AuthThrottle`): past the
+       budget, 429 with ``Retry-After`` without running scrypt;
     3. per-tenant admission (:class:`hermes.core.limits.Admission`): rate limit (token bucket)
-       and requests in flight; 429 with ``Retry-After`` when over.
+       and requests in flight; 429 with ``Retry-After`` when over. Limits changed in the auth
+       file or in Redis apply within a second, to the buckets already in use too.
 
 Admin: the ``/admin`` routes check ``HERMES_ADMIN_TOKEN`` themselves
 (:func:`hermes.gateway.admin_api.require_admin`).
@@ -30,6 +37,7 @@ Admin: the ``/admin`` routes check ``HERMES_ADMIN_TOKEN`` themselves
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextvars
 import hashlib
@@ -49,7 +57,7 @@ from typing import Any
 
 from fastapi import HTTPException, Request
 
-from hermes.core.limits import Admission, TenantLimits
+from hermes.core.limits import Admission, TenantLimits, TokenBucket
 
 #: the tenant of the request being handled (None: authentication is off)
 current_tenant: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -289,16 +297,75 @@ def open_key_store(auth_file: str = "", redis_url: str = "") -> KeyStore | None:
     return None
 
 
+class AuthThrottle:
+    """Failed key checks per key id and per client address: token buckets of ``per_key``
+    (``per_address``) failures, refilled at that many per ``window_s``. While a bucket is
+    empty, requests with that key id (from that address) are answered 429 without a check.
+    Memory is bounded: the least recently failed entries are forgotten past ``max_entries``."""
+
+    def __init__(self, per_key: int = 5, per_address: int = 20, window_s: float = 60.0,
+                 max_entries: int = 100_000) -> None:
+        self.per_key, self.per_address, self.window_s = per_key, per_address, window_s
+        self.max_entries = max_entries
+        self._buckets: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
+
+    def _tokens(self, kind: str, name: str, burst: int, now: float) -> float:
+        b = self._buckets.get((kind, name))
+        if b is None:
+            return float(burst)
+        return min(float(burst), b[0] + (now - b[1]) * burst / self.window_s)
+
+    def wait(self, key_id: str | None, address: str | None, now: float) -> float:
+        """Seconds until a check for ``key_id`` from ``address`` may run (0: now)."""
+        wait = 0.0
+        for kind, name, burst in (("key", key_id, self.per_key),
+                                  ("addr", address, self.per_address)):
+            if name is None:
+                continue
+            tokens = self._tokens(kind, name, burst, now)
+            if tokens < 1.0:
+                wait = max(wait, (1.0 - tokens) * self.window_s / burst)
+        return wait
+
+    def failed(self, key_id: str | None, address: str | None, now: float) -> None:
+        for kind, name, burst in (("key", key_id, self.per_key),
+                                  ("addr", address, self.per_address)):
+            if name is None:
+                continue
+            tokens = self._tokens(kind, name, burst, now)
+            self._buckets[(kind, name)] = [max(0.0, tokens - 1.0), now]
+            self._buckets.move_to_end((kind, name))
+        while len(self._buckets) > self.max_entries:
+            self._buckets.popitem(last=False)
+
+
 class Authenticator:
-    """Key -> tenant, with a small cache of verified keys (scrypt is deliberately slow)."""
+    """Key -> tenant, with a short-lived cache of verified keys (scrypt is deliberately slow).
 
-    def __init__(self, store: KeyStore, cache_size: int = 4096) -> None:
+    :meth:`authenticate` (the middleware's) runs scrypt in worker threads, at most
+    :attr:`verify_concurrency` at once and :attr:`max_pending` waiting, and throttles failures
+    (:class:`AuthThrottle`); :meth:`tenant_of` is the same check, blocking (CLI, tests)."""
+
+    #: how long a verified key is accepted without running scrypt again (s)
+    cache_ttl_s: float = 60.0
+    #: scrypt checks running at once (each ~20 ms of CPU and 16 MiB)
+    verify_concurrency: int = 2
+    #: checks waiting for a slot before further ones get 429
+    max_pending: int = 64
+
+    def __init__(self, store: KeyStore, cache_size: int = 4096,
+                 throttle: AuthThrottle | None = None) -> None:
         self.store = store
-        self._cache: OrderedDict[str, tuple[str, str]] = OrderedDict()  # sha256(key) -> (id, tenant)
+        #: sha256(key) -> (id, tenant, stored hash, when it was verified: monotonic clock)
+        self._cache: OrderedDict[str, tuple[str, str, str, float]] = OrderedDict()
         self.cache_size = cache_size
+        self.throttle = throttle or AuthThrottle()
+        self._sem: asyncio.Semaphore | None = None
+        self._pending = 0
+        self.stats = {"verified": 0, "failed": 0, "throttled": 0, "cache_hits": 0}
 
-    def tenant_of(self, key: str | None) -> str | None:
-        """The key's tenant, or None if the key is missing, malformed, unknown or revoked."""
+    def _lookup(self, key: str | None) -> tuple[str, str, KeyEntry | None, str] | None:
+        """``(id, secret, stored entry or None, fingerprint)`` of a well-formed key."""
         if not key:
             return None
         parts = split_key(key)
@@ -306,19 +373,77 @@ class Authenticator:
             return None
         key_id, secret = parts
         entry = self.store.get(key_id)  # revocation takes effect at once
-        if entry is None:
-            return None
-        fp = hashlib.sha256(key.encode()).hexdigest()
+        return key_id, secret, entry, hashlib.sha256(key.encode()).hexdigest()
+
+    def _cached(self, fp: str, entry: KeyEntry, now: float) -> bool:
         hit = self._cache.get(fp)
-        if hit is not None and hit[0] == key_id and hit[1] == entry.tenant:
-            self._cache.move_to_end(fp)
+        if hit is None:
+            return False
+        if hit[:3] != (entry.id, entry.tenant, entry.hash) or now - hit[3] >= self.cache_ttl_s:
+            del self._cache[fp]  # expired, or the stored entry changed
+            return False
+        self._cache.move_to_end(fp)
+        self.stats["cache_hits"] += 1
+        return True
+
+    def _remember(self, fp: str, entry: KeyEntry, now: float) -> None:
+        self._cache[fp] = (entry.id, entry.tenant, entry.hash, now)
+        self._cache.move_to_end(fp)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    def tenant_of(self, key: str | None) -> str | None:
+        """The key's tenant, or None if the key is missing, malformed, unknown or revoked
+        (blocking; no throttling)."""
+        got = self._lookup(key)
+        if got is None or got[2] is None:
+            return None
+        _, secret, entry, fp = got
+        now = time.monotonic()
+        if self._cached(fp, entry, now):
             return entry.tenant
         if not verify_secret(secret, entry.hash):
             return None
-        self._cache[fp] = (key_id, entry.tenant)
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+        self._remember(fp, entry, now)
         return entry.tenant
+
+    async def authenticate(self, key: str | None, address: str | None) -> tuple[str | None, float]:
+        """``(tenant, 0)`` for a good key, ``(None, 0)`` for a missing, malformed, unknown,
+        revoked or wrong one (401), ``(None, seconds)`` when throttled (429 + Retry-After)."""
+        got = self._lookup(key)
+        if got is None:
+            return None, 0.0
+        key_id, secret, entry, fp = got
+        now = time.monotonic()
+        if entry is not None and self._cached(fp, entry, now):
+            return entry.tenant, 0.0
+        wait = self.throttle.wait(key_id if entry is not None else None, address, now)
+        if wait > 0:
+            self.stats["throttled"] += 1
+            return None, wait
+        if entry is None:  # unknown id: no scrypt, but a guess from this address
+            self.throttle.failed(None, address, now)
+            self.stats["failed"] += 1
+            return None, 0.0
+        if self._pending >= self.max_pending:
+            self.stats["throttled"] += 1
+            return None, 1.0
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.verify_concurrency)
+        self._pending += 1
+        try:
+            async with self._sem:
+                ok = await asyncio.to_thread(verify_secret, secret, entry.hash)
+        finally:
+            self._pending -= 1
+        now = time.monotonic()
+        if not ok:
+            self.throttle.failed(key_id, address, now)
+            self.stats["failed"] += 1
+            return None, 0.0
+        self.stats["verified"] += 1
+        self._remember(fp, entry, now)
+        return entry.tenant, 0.0
 
 
 # ---------------------------------------------------------------------------------- admin
@@ -352,14 +477,43 @@ class Security:
         return self.authenticator is not None
 
     def refresh_limits(self) -> None:
-        if self.store is not None:
-            self.admission.per_tenant = self.store.tenant_limits()
+        """Re-read per-tenant limits from the store and apply them live: a tenant whose
+        limits changed gets its rate bucket re-made with the new rate and burst (a lower
+        burst caps the tokens it had, a higher one adds the difference at once), or dropped
+        when it has no rate limit any more."""
+        if self.store is None:
+            return
+        new = self.store.tenant_limits()
+        adm = self.admission
+        old = adm.per_tenant
+        if new == old:
+            return
+        adm.per_tenant = new
+        for tenant in list(adm.buckets):
+            if old.get(tenant, adm.default) == new.get(tenant, adm.default):
+                continue
+            lim = adm.limits(tenant)
+            bucket = adm.buckets.pop(tenant)
+            if lim.rate is None:
+                continue
+            burst = lim.burst if lim.burst is not None else max(1.0, lim.rate)
+            fresh = TokenBucket(lim.rate, burst)
+            bucket._refill(time.monotonic())
+            fresh.tokens = min(burst, bucket.tokens + max(0.0, burst - bucket.burst))
+            fresh.stamp = bucket.stamp
+            adm.buckets[tenant] = fresh
 
 
 def check_exposure(config: Any) -> None:
-    """Refuse (:class:`AuthError`) to serve off loopback without authentication; called
-    before the listening socket is bound."""
+    """Refuse (:class:`AuthError`) to serve off loopback without authentication, or with
+    unsandboxed tool calls at all; called before the listening socket is bound."""
     sec = config.security
+    if config.tools.unsafe_unsandboxed and not is_loopback(config.server.host):
+        raise AuthError(
+            f"refusing to serve on {config.server.host} with unsafe unsandboxed tool calls "
+            "(--unsafe-unsandboxed-tools / tools.unsafe_unsandboxed): any client could run "
+            "code as the gateway's user. It is for local development on loopback only; "
+            "install bubblewrap or connect a HermesLet with --docker instead")
     if not (sec.auth_file or sec.auth_redis) and not is_loopback(config.server.host):
         raise AuthError(
             f"refusing to serve on {config.server.host} without authentication: give "
@@ -438,7 +592,15 @@ class SecurityMiddleware:
         if sec.auth_on and not public:
             key = _bearer(headers.get("authorization")) or headers.get("x-api-key")
             assert sec.authenticator is not None
-            tenant = sec.authenticator.tenant_of(key)
+            client = scope.get("client")
+            tenant, wait = await sec.authenticator.authenticate(key, client[0] if client else None)
+            if wait > 0:
+                retry = str(max(1, math.ceil(wait)))
+                await self._reply(send, 429, "too many failed API-key checks from this "
+                                  "client or for this key id (or too many checks in "
+                                  "progress); retry later", "auth_throttled",
+                                  [(b"retry-after", retry.encode())])
+                return
             if tenant is None:
                 await self._reply(send, 401, "missing or invalid API key (Authorization: "
                                   "Bearer hk-...)", "invalid_api_key",

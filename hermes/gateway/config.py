@@ -2,7 +2,7 @@
 
 Precedence (last wins): the defaults below, the TOML file, environment variables, keyword
 overrides from the CLI. Every key and its default is documented in
-``deploy/hermes.example.toml``.
+``hermes/data/hermes.example.toml`` (``hermes example-config`` prints it).
 
 Environment variables: ``HERMES_<SECTION>__<KEY>`` (e.g. ``HERMES_SCHEDULER__POLICY=vllm``)
 or, for keys whose name is unique across sections, ``HERMES_<KEY>`` (e.g. ``HERMES_PORT=9000``,
@@ -19,7 +19,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hermes.protocol import DEFAULT_SCHEDULER_ADDRESS
+
+#: the node socket of a gateway without an embedded node (``scheduler.bind`` left empty)
+DEFAULT_NODE_BIND = DEFAULT_SCHEDULER_ADDRESS
 
 
 class _Section(BaseModel):
@@ -32,6 +37,9 @@ class ServerConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     log_level: str = "info"
+    #: a connection whose request line and headers are not complete this many seconds after
+    #: it opened (or after its previous request) is closed (slow-header clients)
+    header_timeout_s: float = Field(default=10.0, gt=0.0)
 
 
 class SchedulerConfig(_Section):
@@ -46,8 +54,9 @@ class SchedulerConfig(_Section):
     #: specified)
     prewarm_timing: Literal["ready", "late"] = "late"
     seed: int = 0
-    #: ZeroMQ ROUTER address that external HermesLets connect to; "" binds none
-    bind: str = "tcp://127.0.0.1:5557"
+    #: ZeroMQ ROUTER address that external HermesLets connect to (``--bind``); "" (default):
+    #: none while the embedded node serves, ``tcp://127.0.0.1:5557`` without it
+    bind: str = ""
     #: run one HermesLet inside the gateway process (linked directly: hermes.inproc)
     embedded_node: bool = True
     #: cost model used to turn tokens into service seconds (estimator, attained service)
@@ -73,12 +82,20 @@ class SchedulerConfig(_Section):
     #: how long a request may wait for an engine before it fails (wall s)
     request_timeout_s: float = Field(default=600.0, gt=0.0)
 
+    @model_validator(mode="after")
+    def _node_socket(self) -> SchedulerConfig:
+        """Remote nodes only (no embedded node) need the TCP node socket: bind the default."""
+        if not self.embedded_node and not self.bind:
+            self.bind = DEFAULT_NODE_BIND
+        return self
+
 
 class StoresConfig(_Section):
     """Knowledge base and local state."""
 
-    #: PDGraph knowledge base: a directory of PDGraph JSON files or redis://HOST:PORT/DB
-    kb: str = "pdgraphs/"
+    #: PDGraph knowledge base: "shipped" (the PDGraphs shipped with Hermes), a directory of
+    #: PDGraph JSON files, or redis://HOST:PORT/DB
+    kb: str = "shipped"
     #: where run records (records.jsonl) are appended
     #: "" (default): the user data directory (platformdirs: ~/.local/share/hermes on Linux)
     state_dir: str = ""
@@ -106,6 +123,9 @@ class EngineConfig(_Section):
     url: str = ""
     max_inflight: int = Field(default=32, ge=1)
     loras: list[str] = Field(default_factory=list)
+    #: ``generate`` (chat and text completions) or ``embed`` (``/v1/embeddings``; a ``sim``
+    #: engine then serves the built-in deterministic embedding model)
+    task: Literal["generate", "embed"] = "generate"
 
 
 class AppsConfig(_Section):
@@ -127,6 +147,10 @@ class ToolsConfig(_Section):
     docker_steps: Literal["simulate", "runner"] = "simulate"
     #: default timeout of a tool call (s)
     timeout_s: float = Field(default=30.0, gt=0.0)
+    #: UNSAFE, local development only: without a sandbox (bubblewrap or Docker) the embedded
+    #: node runs tool code as a plain subprocess of the gateway (its user, files, network);
+    #: refused with a host other than loopback (``--unsafe-unsandboxed-tools``)
+    unsafe_unsandboxed: bool = False
 
 
 class SecurityConfig(_Section):
@@ -145,6 +169,8 @@ class SecurityConfig(_Section):
     tenant_max_active_runs: int = Field(default=0, ge=0)
     #: directory from ``hermes keys curve``: HermesLets must authenticate with CURVE
     curve_dir: str = ""
+    #: bearer token ``GET /metrics`` requires (``Authorization: Bearer TOKEN``); "" = open
+    metrics_token: str = ""
 
 
 class DurabilityConfig(_Section):
@@ -164,7 +190,10 @@ class GatewayConfig(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     stores: StoresConfig = Field(default_factory=StoresConfig)
-    engines: list[EngineConfig] = Field(default_factory=lambda: [EngineConfig()])
+    #: the embedded default: the built-in engine playing LLaMA-2-7B, and a built-in
+    #: embedding model beside it
+    engines: list[EngineConfig] = Field(default_factory=lambda: [
+        EngineConfig(), EngineConfig(name="embed0", model="sim-embed", task="embed")])
     apps: AppsConfig = Field(default_factory=AppsConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
@@ -279,7 +308,14 @@ def load_config(
         unknown = set(data) - set(_SECTIONS) - {"engines"}
         if unknown:
             raise ConfigError(f"{p}: unknown section(s) {sorted(unknown)}")
-    data = _deep_merge(data, _env_layer(os.environ if environ is None else environ))
+    from hermes.kb import check_kb_environment
+
+    env = os.environ if environ is None else environ
+    try:
+        check_kb_environment(env)  # HERMES_PDGRAPHS is now HERMES_KB
+    except ValueError as e:
+        raise ConfigError(f"environment: {e}") from None
+    data = _deep_merge(data, _env_layer(env))
     clean = {k: v for k, v in overrides.items() if v is not None}
     if clean:
         data = _deep_merge(data, _place(clean, "overrides"))

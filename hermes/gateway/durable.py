@@ -12,7 +12,11 @@ Redis with ``--redis URL``):
   since the last one, so that a run's n-th unit costs O(1), not O(n) (an agent loop of a
   thousand LLM calls would otherwise rewrite its whole history at every call);
 - a **call journal** per hosted run: for the n-th LLM/tool call of the app's code, the request
-  id it was sent as, the node, and once done its result.
+  id it was sent as, the node, and once done its result;
+- with the run document, the run's **idempotency key** (``Idempotency-Key`` of the
+  ``POST /v1/runs`` that created it, and a hash of that request's body): a retry with the
+  same key finds the run, also after a restart (:meth:`DurableState.idempotent_run`). Keys are
+  per tenant and live as long as their run is kept.
 
 Recovery (:meth:`DurableState.recover`, when the gateway starts):
 
@@ -309,7 +313,7 @@ def run_doc(run: LiveRun) -> dict[str, Any]:
             "deadline": s.deadline, "k": s.k, "finished": s.finished, "status": run.status,
             "hosted": run.hosted, "auto_finish": run.auto_finish, "input": run.input,
             "result": run.result, "error": run.error, "recovered": getattr(run, "recovered", 0),
-            "n_units": len(run.units)}
+            "n_units": len(run.units), "idempotency": getattr(run, "idempotency", None)}
 
 
 def _inv_version(inv: UnitInvocation) -> int:
@@ -377,6 +381,31 @@ class DurableState:
         self._ended = 0
         #: per active run: what of its invocations is stored (see :meth:`_put`)
         self._stored: dict[str, _StoredUnits] = {}
+        #: (tenant, Idempotency-Key) -> run id (rebuilt from the run documents on restart)
+        self._idempotency: dict[tuple[str, str], str] = {}
+
+    # ------------------------------------------------------------------ idempotency keys
+    def remember_idempotency(self, run: LiveRun) -> None:
+        """Index a run created with an ``Idempotency-Key`` (its ``idempotency`` attribute)."""
+        idem = getattr(run, "idempotency", None)
+        if not isinstance(idem, dict) or "key" not in idem:
+            return
+        self._idempotency[(run.state.tenant, str(idem["key"]))] = run.run_id
+        if len(self._idempotency) > 2 * self.sched.config.scheduler.keep_finished_runs + 1024:
+            runs = self.sched.runs  # keys live as long as their runs are kept
+            self._idempotency = {k: r for k, r in self._idempotency.items() if r in runs}
+
+    def idempotent_run(self, tenant: str, key: str) -> tuple[LiveRun, str] | None:
+        """The run ``tenant`` created with ``key`` and the hash of that request's body, or
+        None when the key is new (or its run is no longer kept)."""
+        rid = self._idempotency.get((tenant, key))
+        if rid is None:
+            return None
+        run = self.sched.runs.get(rid)
+        if run is None:
+            del self._idempotency[(tenant, key)]
+            return None
+        return run, str(run.idempotency["body"])  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ writes
     def _put(self, run: LiveRun, *, batched: bool = False) -> None:
@@ -560,6 +589,9 @@ class DurableState:
         run = LiveRun(state=state, hosted=bool(d.get("hosted")),
                       auto_finish=bool(d.get("auto_finish")), input=d.get("input"))
         run.result, run.error = d.get("result"), d.get("error")
+        if d.get("idempotency"):
+            run.idempotency = d["idempotency"]  # type: ignore[attr-defined]
+            self.remember_idempotency(run)
         sched.runs[run.run_id] = run
         terminal = d["status"] in TERMINAL
         if not terminal:

@@ -19,7 +19,7 @@ Registration: ``--apps MODULE`` (``[apps] modules``) imports the module and regi
 module-level :class:`HostedApp` (``@hosted_app`` makes one) or the apps listed in a
 ``HERMES_APPS`` attribute; the entry-point group ``hermes.apps`` names an app object, an app
 class or an ``async def (ctx, input)`` (the entry point's name is the app's name). The ten
-benchmark apps are hosted apps with input ``{"seed": int}``: each :class:`~workloads.base.Step`
+benchmark apps are hosted apps with input ``{"seed": int}``: each :class:`~hermes.workloads.base.Step`
 becomes LLM requests whose prompts have the step's input token counts and whose
 ``max_tokens`` are its output tokens, or a tool call (simulated by sleeping its duration, in
 model time, unless docker steps are routed to a tool runner).
@@ -253,6 +253,11 @@ class HostedContext:
                     command: list[str] | None, timeout_s: float | None) -> ToolResult:
         seq, got = await self._journaled(inv)
         if got is None:
+            from hermes.gateway.runs_api import NO_SANDBOX, no_tool_sandbox
+            from hermes.gateway.scheduler import NoCapacity
+
+            if no_tool_sandbox(self.scheduler):  # refused, never run unsandboxed (issue 15)
+                raise NoCapacity(NO_SANDBOX)
             req = await self.scheduler.submit_tool(
                 self.run, inv, backend=backend, code=code, command=command,
                 timeout_s=timeout_s or self.config.tools.timeout_s,
@@ -284,16 +289,16 @@ def step_request(app: str, unit: str, input_tokens: int, output_tokens: int,
         user = _text(4 * (input_tokens - prefix_tokens - 4), "tok ")
         return "chat", {
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-            "max_tokens": out,
+            "max_tokens": out, "ignore_eos": True,
         }
-    return "completions", {"prompt": _text(4 * max(1, int(input_tokens)), "tok "), "max_tokens": out}
+    return "completions", {"prompt": _text(4 * max(1, int(input_tokens)), "tok "), "max_tokens": out, "ignore_eos": True}
 
 
 class BenchmarkApp(HostedApp):
     """One of the ten benchmark app models, run live (input: ``{"seed": int}``)."""
 
     def __init__(self, name: str) -> None:
-        from workloads.registry import get_app
+        from hermes.workloads.registry import get_app
 
         self.model = get_app(name)
         self.name = name
@@ -387,7 +392,7 @@ class HostedRegistry:
     def from_config(cls, config: GatewayConfig) -> HostedRegistry:
         reg = cls()
         if config.apps.benchmark:
-            from workloads.registry import APPS
+            from hermes.workloads.registry import APPS
 
             for name in APPS:
                 reg.add(BenchmarkApp(name))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
@@ -54,7 +55,9 @@ DEFAULT_APP = "default"
 DEFAULT_UNIT = "default"
 MAX_TOKENS = 131_072  # upper bound of max_tokens (longer is a client error, not a long job)
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
+                413: "invalid_request_error", 415: "invalid_request_error",
                 409: "conflict_error", 422: "invalid_request_error", 429: "rate_limit_error",
                 499: "cancelled", 502: "api_error", 503: "service_unavailable", 504: "timeout"}
 
@@ -69,7 +72,7 @@ def error_response(status: int, message: str, *, param: str | None = None,
 
 
 def scheduler_error(e: SchedulerError) -> JSONResponse:
-    return error_response(e.status, str(e), code=e.code)
+    return error_response(e.status, str(e), code=e.code, param=e.param)
 
 
 def validation_error(e: ValidationError, status: int = 400) -> JSONResponse:
@@ -107,6 +110,18 @@ class ChatBody(_Body):
 
 class CompletionBody(_Body):
     prompt: str | list[str] | list[int] = Field(min_length=1)
+
+
+class EmbeddingBody(BaseModel):
+    """``POST /v1/embeddings``: OpenAI's fields; anything else passes on to the engine."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    input: str | list[str] | list[int] | list[list[int]] = Field(min_length=1)
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = Field(default=None, ge=1, le=65_536)
+    user: str | None = None
 
 
 # ---------------------------------------------------------------------------------- routing
@@ -149,13 +164,96 @@ async def _parse(request: Request, cls: type[_Body]) -> _Body | JSONResponse:
     try:
         return cls.model_validate_json(await request.body())
     except ValidationError as e:
-        kind = e.errors()[0]
-        if kind["type"] == "json_invalid":
-            return error_response(400, "the request body is not valid JSON", code="invalid_json")
-        if kind["type"] == "model_type" and not kind["loc"]:
-            return error_response(400, "the request body must be a JSON object",
-                                  code="invalid_json")
-        return validation_error(e, 400)
+        return _body_error(e)
+
+
+def _body_error(e: ValidationError) -> JSONResponse:
+    """The 400 for a body that failed validation: not JSON, not an object, or a field."""
+    kind = e.errors()[0]
+    if kind["type"] == "json_invalid":
+        return error_response(400, "the request body is not valid JSON", code="invalid_json")
+    if kind["type"] == "model_type" and not kind["loc"]:
+        return error_response(400, "the request body must be a JSON object",
+                              code="invalid_json")
+    return validation_error(e, 400)
+
+
+class _BadField(ValueError):
+    """A request field the gateway refuses before anything is queued: ``param`` names it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _check_schema(param: str, schema: Any) -> None:
+    """A tool's ``parameters`` (or a ``json_schema``'s ``schema``): a JSON Schema object whose
+    top level describes an object, as OpenAI requires; ``properties`` maps names to schemas."""
+    if not isinstance(schema, dict):
+        raise _BadField(param, "must be a JSON Schema object")
+    if schema.get("type", "object") != "object":
+        raise _BadField(f"{param}.type", f"must be 'object', got {schema.get('type')!r}")
+    props = schema.get("properties", {})
+    if not isinstance(props, dict) or not all(isinstance(v, dict | bool) for v in props.values()):
+        raise _BadField(f"{param}.properties", "must map property names to schemas")
+    req = schema.get("required", [])
+    if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
+        raise _BadField(f"{param}.required", "must be a list of property names")
+
+
+def check_agent_fields(data: dict[str, Any]) -> None:
+    """``tools``, ``tool_choice`` and ``response_format`` of a chat body, checked at the edge
+    so that every engine behind the gateway gets only well-formed ones and a client learns
+    which field is wrong (:class:`_BadField`). The values themselves go on unchanged."""
+    tools = data.get("tools")
+    names: set[str] = set()
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise _BadField("tools", "must be a list of tools")
+        for i, t in enumerate(tools):
+            where = f"tools[{i}]"
+            if not isinstance(t, dict) or t.get("type") != "function":
+                raise _BadField(f"{where}.type", "only 'function' tools are supported")
+            fn = t.get("function")
+            if not isinstance(fn, dict):
+                raise _BadField(f"{where}.function", "must be an object with a name")
+            name = fn.get("name")
+            if not isinstance(name, str) or not _TOOL_NAME.match(name):
+                raise _BadField(f"{where}.function.name",
+                                "must be 1-64 letters, digits, '_' or '-'")
+            if "parameters" in fn:
+                _check_schema(f"{where}.function.parameters", fn["parameters"])
+            names.add(name)
+    choice = data.get("tool_choice")
+    if choice is not None:
+        if isinstance(choice, str):
+            if choice not in ("none", "auto", "required"):
+                raise _BadField("tool_choice", "must be 'none', 'auto', 'required' or a "
+                                "named function")
+            if choice == "required" and not names:
+                raise _BadField("tool_choice", "'required' needs tools")
+        elif isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+            if choice["function"].get("name") not in names:
+                raise _BadField("tool_choice.function.name", "names no tool of the request")
+        else:
+            raise _BadField("tool_choice", "must be a string or {'type': 'function', "
+                            "'function': {'name': ...}}")
+    fmt = data.get("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind not in ("text", "json_object", "json_schema"):
+            raise _BadField("response_format.type",
+                            "must be 'text', 'json_object' or 'json_schema'")
+        if kind == "json_schema":
+            js = fmt.get("json_schema")
+            if not isinstance(js, dict) or not isinstance(js.get("name"), str):
+                raise _BadField("response_format.json_schema",
+                                "must be an object with a 'name' and a 'schema'")
+            if "schema" in js:
+                _check_schema("response_format.json_schema.schema", js["schema"])
 
 
 def _engine_body(body: _Body) -> dict[str, Any]:
@@ -178,6 +276,12 @@ async def handle_completion(request: Request,
     if isinstance(parsed, JSONResponse):
         return parsed
     body = parsed
+    extra = body.model_extra
+    if extra and ("tools" in extra or "tool_choice" in extra or "response_format" in extra):
+        try:
+            check_agent_fields(extra)
+        except _BadField as e:
+            return error_response(400, str(e), param=e.param, code="invalid_value")
     run: LiveRun | None = None
     try:
         model = await sched.serving_model(body.model, strict=True)
@@ -356,6 +460,59 @@ async def completions(request: Request) -> Response:
     return await handle_completion(request, "completions")
 
 
+@router.post("/v1/embeddings", tags=["openai"])
+async def embeddings(request: Request) -> Response:
+    """OpenAI embeddings, served by an engine whose model embeds (``task = "embed"``; the
+    embedded default has the built-in ``sim-embed``). A request is one LLM call of its run and
+    unit like any other (it is queued by the run's rank); a chat model is refused (400)."""
+    sched = _sched(request)
+    try:
+        body = EmbeddingBody.model_validate_json(await request.body())
+    except ValidationError as e:
+        return _body_error(e)
+    if isinstance(body.input, list) and not body.input:
+        return error_response(400, "input: must not be empty", param="input",
+                              code="invalid_value")
+    run: LiveRun | None = None
+    try:
+        model = await sched.serving_model(body.model, strict=True, task="embed")
+        run, unit = await _bind_run(sched, request)
+        inv = sched.unit_for_request(run, unit, f"llm:{model}")
+        req = await sched.submit_llm(run, inv, model=model, endpoint="embeddings",
+                                     body=body.model_dump(exclude_none=True, exclude={"model"}))
+        done = await sched.wait(req)
+    except SchedulerError as e:
+        if run is not None and run.auto_finish:
+            sched.fail_run(run.run_id, str(e))
+        return scheduler_error(e)
+    assert isinstance(done, Done)
+    out = dict(done.response or {})
+    out["model"] = body.model
+    out.setdefault("object", "list")
+    out.setdefault("usage", {"prompt_tokens": done.input_tokens,
+                             "total_tokens": done.input_tokens})
+    response = JSONResponse(out, headers={RUN_HEADER: run.run_id, UNIT_HEADER: unit})
+    if run.auto_finish:
+        response.background = BackgroundTask(_finish_after_response, sched, run)
+    return response
+
+
+def _model_obj(model: str, created: int) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": created, "owned_by": "hermes"}
+
+
+@router.get("/v1/models/{model:path}", tags=["openai"])
+async def get_model(request: Request, model: str) -> Response:
+    """One served model (404 in OpenAI's shape if no connected engine serves it)."""
+    sched = _sched(request)
+    if not sched.nodes:
+        await sched.wait_for_nodes(5.0)
+    if model not in sched.served_models():
+        return error_response(404, f"The model {model!r} does not exist", param="model",
+                              code="model_not_found")
+    return JSONResponse(_model_obj(model, int(time.time())))
+
+
 @router.get("/v1/models", tags=["openai"])
 async def models(request: Request) -> dict[str, Any]:
     """The models served by the connected engines (base models and loaded LoRA adapters)."""
@@ -363,6 +520,4 @@ async def models(request: Request) -> dict[str, Any]:
     if not sched.nodes:
         await sched.wait_for_nodes(5.0)
     created = int(time.time())
-    return {"object": "list",
-            "data": [{"id": m, "object": "model", "created": created, "owned_by": "hermes"}
-                     for m in sched.served_models()]}
+    return {"object": "list", "data": [_model_obj(m, created) for m in sched.served_models()]}

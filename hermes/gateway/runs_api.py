@@ -16,25 +16,57 @@
 - ``GET /healthz``.
 
 Errors use OpenAI's shape (:func:`hermes.gateway.openai_api.error_response`).
+
+Security (issue 15):
+
+- ``POST /v1/runs`` validates everything before it creates anything: its ``input`` must be
+  strict JSON (:mod:`hermes.core.strict_json`: finite numbers, valid Unicode, bounded
+  nesting), ``tenant`` a tenant name. ``Idempotency-Key: KEY`` (1-255 printable ASCII
+  characters) makes it safe to retry: the same key with the same body answers the run the
+  first request created (``Idempotent-Replayed: true``), with another body 422
+  ``idempotency_key_reused``. Keys are per tenant and stored with the run (durable state), so
+  they survive a restart; a key is forgotten with its run.
+- Apps: with authentication on, apps are shared and admin-owned (``PUT /admin/apps/NAME``),
+  except a tenant's own ``TENANT.NAME`` apps (the part before the last dot is the tenant):
+  a tenant key may upload only those (403 ``app_not_owned`` otherwise), and another
+  tenant's are hidden (404) and cannot be run (403).
+- ``/v1/runs/{id}/tools`` checks that the run is the caller's (404) before it reads the body,
+  and refuses (503 ``tool_sandbox_unavailable``) when no connected node has a tool sandbox.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hermes.core import strict_json
 from hermes.core.backend import BackendSpec
 from hermes.gateway import hosted
-from hermes.gateway.auth import check_run_quota, tenant_for, visible
-from hermes.gateway.openai_api import error_response, scheduler_error
+from hermes.gateway.auth import check_run_quota, current_tenant, tenant_for, visible
+from hermes.gateway.openai_api import error_response, scheduler_error, validation_error
 from hermes.gateway.run_params import DeadlineS, Knob
 from hermes.gateway.scheduler import ACTIVE, LiveRun, LiveScheduler, SchedulerError
 from hermes.protocol import ToolDone
 
 router = APIRouter()
+
+#: tenant names (as ``hermes keys create`` allows them, ASCII)
+TENANT_PATTERN = r"^[A-Za-z0-9_.-]{1,128}$"
+#: unit names of runs (the PDGraph's rule: :data:`hermes.core.pdgraph.UNIT_NAME_RE`)
+UNIT_PATTERN = r"^[A-Za-z0-9_.:@/+-]{1,128}$"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+
+
+def _strict(data: Any) -> Any:
+    """A ``mode="before"`` check: the whole body is strict JSON (no lone surrogates in any
+    string: they would reach stored documents and answers)."""
+    strict_json.check(data)
+    return data
 
 
 class CreateRun(BaseModel):
@@ -42,19 +74,28 @@ class CreateRun(BaseModel):
 
     app: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$")
     deadline_s: DeadlineS | None = None
-    tenant: str | None = Field(default=None, min_length=1)
+    tenant: str | None = Field(default=None, pattern=TENANT_PATTERN)
     k: Knob | None = None
     input: Any = None
+
+    @field_validator("input")
+    @classmethod
+    def _strict_input(cls, v: Any) -> Any:
+        """It is stored with the run and sent back: strict JSON only (not NaN, 1e400, ...)."""
+        strict_json.check(v)
+        return v
 
 
 class ToolCall(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    unit: str = Field(min_length=1)
-    backend: str = Field(min_length=1)
+    unit: str = Field(pattern=UNIT_PATTERN)
+    backend: str = Field(min_length=1, max_length=512)
     code: str | None = None
     command: list[str] | None = Field(default=None, min_length=1)
     timeout_s: float = Field(default=30.0, gt=0, le=3600)
+
+    _strict_body = model_validator(mode="before")(_strict)
 
     @model_validator(mode="after")
     def _one_of(self) -> ToolCall:
@@ -67,15 +108,39 @@ class ToolCall(BaseModel):
 class UnitEventBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    unit: str = Field(min_length=1)
+    unit: str = Field(pattern=UNIT_PATTERN)
     event: Literal["start", "finish"]
-    backend: str | None = None
+    backend: str | None = Field(default=None, max_length=512)
+
+    _strict_body = model_validator(mode="before")(_strict)
 
     @model_validator(mode="after")
     def _backend(self) -> UnitEventBody:
         if self.backend is not None:
             BackendSpec.parse(self.backend)
         return self
+
+
+def app_owner(name: str) -> str | None:
+    """The tenant a ``TENANT.NAME`` app belongs to (the part before the last dot), or None
+    for a shared app (no dot)."""
+    owner, dot, _ = name.rpartition(".")
+    return owner if dot and owner else None
+
+
+def _foreign_app(name: str) -> bool:
+    """Whether ``name`` is another tenant's own app (authentication on; the admin and
+    unauthenticated gateways see every app)."""
+    tenant = current_tenant.get()
+    owner = app_owner(name)
+    return tenant is not None and owner is not None and owner != tenant
+
+
+def _not_owned(name: str, tenant: str, doing: str) -> Response:
+    return error_response(
+        403, f"app {name!r} is not tenant {tenant!r}'s: {doing}. Shared apps belong to the "
+        f"admin (PUT /admin/apps/NAME, `hermes apps import`); a tenant's own apps are named "
+        f"'{tenant}.NAME'", param="name", code="app_not_owned")
 
 
 def _sched(request: Request) -> LiveScheduler:
@@ -88,7 +153,8 @@ def _registry(request: Request) -> hosted.HostedRegistry:
 
 @router.post("/v1/runs", status_code=201, tags=["runs"])
 async def create_run(body: CreateRun, request: Request) -> Response:
-    """Start a run. With ``input``, a hosted app runs it inside the gateway."""
+    """Start a run. With ``input``, a hosted app runs it inside the gateway. With an
+    ``Idempotency-Key`` header, a retry answers the run the first request created."""
     sched = _sched(request)
     app = None
     if "input" in body.model_fields_set:
@@ -98,11 +164,33 @@ async def create_run(body: CreateRun, request: Request) -> Response:
                                   f"{', '.join(_registry(request).names()) or 'none'}",
                                   param="app", code="app_not_hosted")
     tenant = tenant_for(request, body.tenant)
+    if _foreign_app(body.app):
+        return _not_owned(body.app, str(current_tenant.get()), "its runs are its owner's")
+    idem = None
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is not None:
+        if not (1 <= len(key) <= 255 and key.isascii() and key.isprintable()):
+            return error_response(422, f"{IDEMPOTENCY_HEADER}: 1-255 printable ASCII characters",
+                                  param=IDEMPOTENCY_HEADER, code="invalid_value")
+        canon = json.dumps({**body.model_dump(mode="json"), "tenant": tenant},
+                           sort_keys=True, separators=(",", ":"))
+        idem = {"key": key, "body": hashlib.sha256(canon.encode()).hexdigest()}
+        seen = sched.durable.idempotent_run(tenant or "default", key)
+        if seen is not None:
+            run, fingerprint = seen
+            if fingerprint != idem["body"]:
+                return error_response(
+                    422, f"{IDEMPOTENCY_HEADER} {key!r} was used for another request body (run "
+                    f"{run.run_id}); use a new key for a new request", param=IDEMPOTENCY_HEADER,
+                    code="idempotency_key_reused")
+            return JSONResponse(run.to_json(sched.now()), status_code=201,
+                                headers={"Location": f"/v1/runs/{run.run_id}",
+                                         "Idempotent-Replayed": "true"})
     refused = check_run_quota(request, tenant)
     if refused is not None:
         return refused
     run = sched.create_run(body.app, deadline_s=body.deadline_s, tenant=tenant, k=body.k,
-                           input=body.input, hosted=app is not None)
+                           input=body.input, hosted=app is not None, idempotency=idem)
     if app is not None:
         hosted.launch(sched, run, app, request.app.state.config)
     return JSONResponse(run.to_json(sched.now()), status_code=201,
@@ -161,10 +249,39 @@ async def cancel_run(run_id: str, request: Request) -> Response:
     return JSONResponse(run.to_json(sched.now()))
 
 
-@router.post("/v1/runs/{run_id}/tools", tags=["runs"])
-async def run_tool(run_id: str, body: ToolCall, request: Request) -> Response:
+#: what a client can do when no node can run tool code in a sandbox
+NO_SANDBOX = ("tool calls are refused: no connected node has a tool sandbox. Install bubblewrap "
+              "on the gateway's host (apt-get install bubblewrap; the Docker image has it, "
+              "but a container's default seccomp profile forbids the user namespaces it "
+              "needs) or connect a HermesLet with a Docker sandbox (hermeslet run --docker); "
+              "for local development only, `hermes serve --unsafe-unsandboxed-tools` "
+              "(loopback only) runs tool code unsandboxed")
+
+
+def no_tool_sandbox(sched: LiveScheduler) -> bool:
+    """Connected nodes, none of which runs tool calls (none has a sandbox)."""
+    return bool(sched.nodes) and not any(n.tools for n in sched.nodes.values())
+
+
+@router.post("/v1/runs/{run_id}/tools", tags=["runs"], openapi_extra={"requestBody": {
+    "required": True, "content": {"application/json": {"schema": ToolCall.model_json_schema()}}}})
+async def run_tool(run_id: str, request: Request) -> Response:
     """Run a tool call of the run on a node's tool runner; answers with its output."""
     sched = _sched(request)
+    try:
+        run = sched.active_run(run_id)  # the caller's run (404 otherwise) before its body
+    except SchedulerError as e:
+        return scheduler_error(e)
+    try:
+        body = ToolCall.model_validate(strict_json.loads(await request.body()))
+    except strict_json.StrictJSONError as e:
+        return error_response(400, f"body: {e}", code="invalid_json")
+    except ValidationError as e:
+        return validation_error(e, 422)
+    if not sched.nodes:
+        await sched.wait_for_nodes()
+    if no_tool_sandbox(sched):
+        return error_response(503, NO_SANDBOX, code="tool_sandbox_unavailable")
     try:
         run = sched.active_run(run_id)
         inv = sched.unit_for_request(run, body.unit, body.backend)
@@ -206,7 +323,7 @@ async def list_apps(request: Request) -> dict[str, Any]:
     sched = _sched(request)
     reg = _registry(request)
     graphs = set(sched.app_names())
-    names = sorted(graphs | set(reg.names()))
+    names = sorted(n for n in graphs | set(reg.names()) if not _foreign_app(n))
     return {"apps": [{"name": n, "hosted": reg.get(n) is not None, "pdgraph": n in graphs}
                      for n in names]}
 
@@ -230,6 +347,9 @@ async def get_app(name: str, request: Request) -> Response:
     bad = _bad_app_name(name)
     if bad is not None:
         return bad
+    if _foreign_app(name):  # another tenant's own app: as if it did not exist
+        return error_response(404, f"app {name!r} has no PDGraph and is not hosted",
+                              code="app_not_found")
     sched.refresh_graphs({name})  # what finished runs taught it, now
     graph = sched.app_graph(name)
     app = reg.get(name)
@@ -244,12 +364,26 @@ async def get_app(name: str, request: Request) -> Response:
     })
 
 
-@router.put("/v1/apps/{name}", tags=["apps"])
+#: the OpenAPI request body of a PDGraph upload (its reader validates the whole document)
+PDGRAPH_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "required": ["version", "app", "entry", "units"], "properties": {
+        "version": {"type": "integer"}, "app": {"type": "string"},
+        "entry": {"type": "object", "additionalProperties": {"type": "number"}},
+        "units": {"type": "object", "additionalProperties": {"type": "object"}},
+        "edges": {"type": "object"}}}}}}}
+
+
+@router.put("/v1/apps/{name}", tags=["apps"], openapi_extra=PDGRAPH_BODY)
 async def put_app(name: str, request: Request) -> Response:
-    """Upload an app's PDGraph (JSON); it replaces the stored one and the estimator's."""
+    """Upload an app's PDGraph (JSON); it replaces the stored one and the estimator's. With
+    authentication on, a tenant key may upload only the tenant's own ``TENANT.NAME`` apps."""
     bad = _bad_app_name(name)
     if bad is not None:
         return bad
+    tenant = current_tenant.get()
+    if tenant is not None and app_owner(name) != tenant:
+        return _not_owned(name, tenant, "tenant keys cannot write shared or other tenants' "
+                          "apps")
     got = install_graph(_sched(request), name, await request.body(), what="upload")
     if isinstance(got, Response):
         return got
@@ -259,11 +393,15 @@ async def put_app(name: str, request: Request) -> Response:
 def install_graph(sched: LiveScheduler, name: str, raw: bytes, *, what: str) -> Any:
     """Validate an uploaded PDGraph for app ``name`` and install it (knowledge base,
     estimator, online profiler); the graph, or a 400 response naming what was wrong (the
-    stored graph untouched). Shared by ``PUT /v1/apps/{name}`` and the admin import."""
+    stored graph untouched: everything is checked, down to a JSON round trip, before
+    anything is stored). Shared by ``PUT /v1/apps/{name}`` and the admin import."""
     from hermes.core.pdgraph import PDGraph, PDGraphError
 
+    bad = _bad_app_name(name)
+    if bad is not None:
+        return bad
     try:
-        graph = PDGraph.from_json(raw, source=f"{what} of {name!r}")
+        graph = PDGraph.from_upload(raw, source=f"{what} of {name!r}")
     except PDGraphError as e:
         return error_response(400, str(e), code="invalid_pdgraph")
     if graph.app != name:
@@ -273,6 +411,9 @@ def install_graph(sched: LiveScheduler, name: str, raw: bytes, *, what: str) -> 
         sched.put_graph(graph)
     except ValueError as e:
         return error_response(400, str(e), code="invalid_pdgraph")
+    note = getattr(getattr(sched, "metrics", None), "note_app", None)
+    if note is not None:
+        note(name)  # an uploaded app is a known app: its own metric label value
     return graph
 
 

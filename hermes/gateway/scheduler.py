@@ -81,10 +81,12 @@ NODE_TIMEOUT_S = 10.0  # wall seconds without a message before a node is conside
 
 # ---------------------------------------------------------------------------------- errors
 class SchedulerError(Exception):
-    """Base of the errors the HTTP layers turn into responses (``status``, ``code``)."""
+    """Base of the errors the HTTP layers turn into responses (``status``, ``code``, and
+    ``param``: the request field at fault, when one is)."""
 
     status = 400
     code = "invalid_request"
+    param: str | None = None
 
 
 class RunNotFound(SchedulerError):
@@ -100,6 +102,15 @@ class RunNotActive(SchedulerError):
 class ModelNotFound(SchedulerError):
     status = 404
     code = "model_not_found"
+    param = "model"
+
+
+class WrongTask(SchedulerError):
+    """A model asked for what it does not do (embeddings of a chat model, or the reverse)."""
+
+    status = 400
+    code = "model_not_supported"
+    param = "model"
 
 
 class NoCapacity(SchedulerError):
@@ -309,6 +320,7 @@ class LiveScheduler:
         self._profilers: dict[str, Any] = {}
         self._profiled_runs: dict[str, int] = {}
         self._kb_written: dict[str, int] = {}
+        self._no_graph_warned: set[str] = set()  # apps whose missing PDGraph was logged
         self._dirty: set[str] = set()
         self._latest_graphs: dict[str, Any] = {}  # app -> the last PDGraph refresh_graphs built
         self._kb_records: list[RunRecord] = []
@@ -442,7 +454,10 @@ class LiveScheduler:
         input: Any = None,
         hosted: bool = False,
         auto_finish: bool = False,
+        idempotency: dict[str, str] | None = None,
     ) -> LiveRun:
+        """``idempotency``: ``{"key", "body"}`` of an ``Idempotency-Key`` request, stored with
+        the run (:meth:`DurableState.idempotent_run` finds it again, also after a restart)."""
         now = self.now()
         rid = f"run-{uuid.uuid4().hex[:16]}"
         state = RunState(
@@ -455,6 +470,15 @@ class LiveScheduler:
         )
         run = LiveRun(state=state, hosted=hosted, auto_finish=auto_finish, input=input)
         self.runs[rid] = run
+        if idempotency is not None:
+            run.idempotency = idempotency  # type: ignore[attr-defined]
+            self.durable.remember_idempotency(run)
+        if (self.pool is not None and app not in self._no_graph_warned and app != "default"
+                and len(self._no_graph_warned) < 1024 and self.pool.get(app) is None):
+            # once per app ("default": plain OpenAI requests, no app to model)
+            self._no_graph_warned.add(app)
+            log.warning("no PDGraph for app %r in the knowledge base (stores.kb = %r): its runs "
+                        "get rank 0 until it learns from finished runs", app, self.config.stores.kb)
         self.policy.on_arrival(state, now)
         if self.metrics is not None:
             self.metrics.on_run_created(run)
@@ -659,10 +683,14 @@ class LiveScheduler:
         self._credit(run, seconds, 0, self.now())
 
     # ------------------------------------------------------------------ dispatch
-    def served_models(self) -> list[str]:
+    def served_models(self, task: str | None = None) -> list[str]:
+        """Models the connected engines serve (base models and LoRA adapters), those of
+        engines of ``task`` only (``generate`` or ``embed``) when given."""
         seen: dict[str, None] = {}
         for node in self.nodes.values():
             for e in node.engines.values():
+                if task is not None and e.task != task:
+                    continue
                 seen[e.model] = None
                 for lora in e.loras:
                     seen[lora] = None
@@ -677,25 +705,34 @@ class LiveScheduler:
                     return e.model
         return None
 
-    def resolve_model(self, model: str | None, *, strict: bool) -> str:
-        """The model a request goes to: itself if served, else the default (unless strict)."""
-        served = self.served_models()
+    def resolve_model(self, model: str | None, *, strict: bool,
+                      task: str = "generate") -> str:
+        """The model a request for ``task`` goes to: itself if served, else the default
+        (unless strict). A model served only for the other task is refused (:class:`WrongTask`)
+        rather than routed elsewhere."""
+        served = self.served_models(task)
         if model and model in served:
             return model
+        if model and strict and model in self.served_models():
+            what = "embedding" if task == "embed" else "chat/text generation"
+            raise WrongTask(f"the model {model!r} does not support {what}; models that do: "
+                            f"{', '.join(served) or 'none'}")
         if strict and model and not self.config.scheduler.route_unknown_models:
             raise ModelNotFound(f"the model {model!r} does not exist; served: {', '.join(served) or 'none'}")
-        default = self.config.scheduler.default_model or (served[0] if served else "")
+        default = (self.config.scheduler.default_model if task == "generate" else "") \
+            or (served[0] if served else "")
         if not default:
-            raise NoCapacity("no engine is connected")
+            raise NoCapacity(f"no connected engine serves {task} requests")
         return default
 
-    async def serving_model(self, model: str | None, *, strict: bool) -> str:
+    async def serving_model(self, model: str | None, *, strict: bool,
+                            task: str = "generate") -> str:
         """:meth:`resolve_model`, after waiting (up to 10 s) for a HermesLet when none is
         connected: a gateway that has just (re)started accepts runs before its nodes have said
         hello, and their calls should wait for an engine rather than fail at once."""
         if not self.nodes:
             await self.wait_for_nodes()
-        return self.resolve_model(model, strict=strict)
+        return self.resolve_model(model, strict=strict, task=task)
 
     def _pick_engine(self, model: str, exclude: set[str] = frozenset()) -> tuple[Node, EngineInfo]:
         best: tuple[float, int, Node, EngineInfo] | None = None

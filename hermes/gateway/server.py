@@ -1,18 +1,24 @@
 """``hermes serve``: the gateway on uvicorn, plus a background handle for tests and tools.
 
 ``serve(load_config(None))`` is a working gateway on a laptop: the scheduler, one in-process
-HermesLet and the built-in simulated engine, policy ``hermes``, knowledge base ``pdgraphs/``.
+HermesLet and the built-in simulated engine, policy ``hermes``, the shipped PDGraphs, no TCP
+socket but the HTTP one. A gateway that cannot start (HTTP port taken, node socket taken, an
+unknown policy, an unreachable store) raises :class:`GatewayStartupError` with one line.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
+from uvicorn.lifespan.on import LifespanOn
 
 from hermes import evloop
 from hermes.gateway.app import create_app
@@ -30,6 +36,47 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class GatewayStartupError(RuntimeError):
+    """The gateway could not start; the message says why, in one line."""
+
+
+class _DropStartupFailed(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "Application startup failed. Exiting."
+
+
+class _Lifespan(LifespanOn):
+    """uvicorn's lifespan, except that a failed startup is kept (``error``) instead of logged
+    as a traceback: :func:`serve` and :func:`start_background` report it in one line."""
+
+    error: BaseException | None = None
+    banner: str = ""  # printed once the gateway has started (serve)
+
+    async def startup(self) -> None:
+        drop = _DropStartupFailed()
+        self.logger.addFilter(drop)
+        try:
+            await super().startup()
+        finally:
+            self.logger.removeFilter(drop)
+        if self.banner and not self.should_exit:
+            print(self.banner, flush=True)
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "lifespan.startup.failed":
+            # sent by Starlette from the except block around the app's lifespan
+            lines = str(message.get("message", "")).strip().splitlines()
+            self.error = sys.exc_info()[1] or RuntimeError(lines[-1] if lines else "failed")
+            message = {"type": message["type"]}
+        await super().send(message)
+
+
+def _startup_error(server: uvicorn.Server) -> GatewayStartupError:
+    err = getattr(getattr(server, "lifespan", None), "error", None)
+    text = "unknown error" if err is None else str(err) or type(err).__name__
+    return GatewayStartupError(f"the gateway did not start: {text}")
+
+
 def _http_protocol() -> Any:
     """httptools with coalesced response writes (:mod:`hermes.gateway.httpproto`), or
     uvicorn's own choice where httptools is not installed."""
@@ -40,15 +87,70 @@ def _http_protocol() -> Any:
     return CoalescingHttpToolsProtocol
 
 
+class _HeaderTimeout:
+    """Mixin for uvicorn's httptools protocol: a connection whose request line and headers
+    are not complete ``header_timeout_s`` after it opened (or after the first byte of its
+    next request) is closed. uvicorn has no such timeout (0.54: ``timeout_keep_alive`` runs
+    only between requests), so a client that connects and sends nothing, or sends headers a
+    byte at a time, would hold its connection for ever (slowloris)."""
+
+    header_timeout_s: float = 10.0
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._arm_header_timer()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()  # type: ignore[misc]
+        if self._header_timer is None:
+            self._arm_header_timer()
+
+    def on_headers_complete(self) -> None:
+        self._cancel_header_timer()
+        super().on_headers_complete()  # type: ignore[misc]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def _arm_header_timer(self) -> None:
+        self._header_timer = self.loop.call_later(  # type: ignore[attr-defined]
+            self.header_timeout_s, self._header_timeout)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        transport = self.transport  # type: ignore[attr-defined]
+        if transport is not None and not transport.is_closing():
+            transport.close()
+
+
+def _with_header_timeout(protocol: Any, seconds: float) -> Any:
+    """``protocol`` (an httptools protocol class) with :class:`_HeaderTimeout`; uvicorn's
+    own choice (``"auto"``, where httptools is missing: h11) is left as it is."""
+    if isinstance(protocol, str):
+        return protocol
+    return type(f"HeaderTimeout{protocol.__name__}", (_HeaderTimeout, protocol),
+                {"header_timeout_s": seconds})
+
+
 def _uvicorn_config(config: GatewayConfig) -> uvicorn.Config:
-    return uvicorn.Config(
+    cfg = uvicorn.Config(
         create_app(config),
-        http=_http_protocol(),
+        http=_with_header_timeout(_http_protocol(), config.server.header_timeout_s),
         log_level=config.server.log_level,
         access_log=config.server.log_level == "debug",
         lifespan="on",
         timeout_keep_alive=30,
     )
+    cfg.load()
+    cfg.lifespan_class = _Lifespan  # a failed startup: one line, not a traceback
+    return cfg
 
 
 def serve(config: GatewayConfig) -> None:
@@ -58,10 +160,17 @@ def serve(config: GatewayConfig) -> None:
     check_exposure(config)  # before binding: never listen off loopback without auth
     sock = _bind(config.server.host, config.server.port)
     host, port = sock.getsockname()[:2]
-    print(f"hermes gateway on http://{host}:{port} (policy {config.scheduler.policy}, "
-          f"time scale {config.scheduler.time_scale:g}, {evloop.loop_name()})", flush=True)
-    server = uvicorn.Server(_uvicorn_config(config))
-    evloop.run(server.serve(sockets=[sock]))
+    cfg = _uvicorn_config(config)
+    banner = (f"hermes gateway on http://{host}:{port} (policy {config.scheduler.policy}, "
+              f"time scale {config.scheduler.time_scale:g}, {evloop.loop_name()})")
+    cfg.lifespan_class = type("_ServeLifespan", (_Lifespan,), {"banner": banner})
+    server = uvicorn.Server(cfg)
+    try:
+        evloop.run(server.serve(sockets=[sock]))
+    except SystemExit:  # uvicorn exits when the app's startup (lifespan) failed
+        if server.started:
+            raise
+        raise _startup_error(server) from None
 
 
 @dataclass
@@ -105,6 +214,6 @@ def start_background(config: GatewayConfig, timeout: float = 30.0) -> Background
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             server.should_exit = True
-            raise RuntimeError("the gateway did not start")
+            raise _startup_error(server)
         time.sleep(0.01)
     return BackgroundServer(server, thread, f"http://{host}:{port}")

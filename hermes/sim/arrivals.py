@@ -6,17 +6,21 @@ and 1x load). :func:`resample_arrivals` draws ``n`` request timestamps from the 
 (without replacement when the trace has enough, so bursts are kept), sorts them and maps the
 trace's span ``[first, last]`` linearly onto ``[0, window_s]``. Seeded.
 
-Trace files (JSONL, ``timestamp`` in ms) are found by name or path: an explicit path, then
-the directory in ``$HERMES_TRACES``, then ``<repo>/../shared/traces``. The names
-``conversation`` and ``synthetic`` map to ``mooncake_conversation_trace.jsonl`` and
-``mooncake_synthetic_trace.jsonl``.
+Trace files (JSONL, or JSONL.gz, ``timestamp`` in ms) are found by name or path: an explicit
+path, then the directory in ``$HERMES_TRACES``, then, for the names ``conversation`` and
+``synthetic``, the arrival times shipped with Hermes (package data ``hermes/data/traces``: the
+timestamps of the Mooncake traces, Apache-2.0, see the README there), so the benchmarks run
+from any directory. In ``$HERMES_TRACES`` the names map to the full traces' file names,
+``mooncake_conversation_trace.jsonl`` and ``mooncake_synthetic_trace.jsonl``.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +31,20 @@ TRACE_FILES = {
 }
 
 
+#: the shipped arrival times of the named traces (``hermes/data/traces``)
+SHIPPED_TRACES = {
+    "conversation": "mooncake_conversation_arrivals.jsonl.gz",
+    "synthetic": "mooncake_synthetic_arrivals.jsonl.gz",
+}
+
+
 class TraceNotFoundError(FileNotFoundError):
     """The arrival trace could not be found; the message lists where it was looked for."""
 
 
-def _repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
+def shipped_traces_dir() -> Path:
+    """The arrival traces shipped with Hermes (package data), wherever it is installed."""
+    return Path(str(resources.files("hermes") / "data" / "traces"))
 
 
 def trace_path(trace: str | os.PathLike[str]) -> Path:
@@ -48,21 +60,26 @@ def trace_path(trace: str | os.PathLike[str]) -> Path:
     env = os.environ.get("HERMES_TRACES")
     if env:
         tried.append(Path(env) / Path(fname).name)
-    tried.append(_repo_root().parent / "shared" / "traces" / Path(fname).name)
+    if text in SHIPPED_TRACES:
+        tried.append(shipped_traces_dir() / SHIPPED_TRACES[text])
     for p in tried:
         if p.is_file():
             return p
+    if text in SHIPPED_TRACES:  # the shipped copy is missing: a broken installation
+        hint = "reinstall hermes-gateway, or set HERMES_TRACES to a directory holding " + fname
+    else:
+        hint = ("pass the path of a JSONL trace (one {\"timestamp\": MS} a line), set "
+                "HERMES_TRACES to the directory that holds it, or use a shipped trace: "
+                + ", ".join(SHIPPED_TRACES))
     raise TraceNotFoundError(
-        f"arrival trace {text!r} not found; looked in: {', '.join(str(p) for p in tried)} "
-        f"(pass a path, set HERMES_TRACES to the traces directory, or use one of "
-        f"{', '.join(TRACE_FILES)})"
+        f"arrival trace {text!r} not found; looked in: {', '.join(str(p) for p in tried)} ({hint})"
     )
 
 
 @lru_cache(maxsize=8)
 def _load(path: str) -> np.ndarray:
     ts = []
-    with open(path) as fh:
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue

@@ -56,7 +56,7 @@ from hermes.core.ordering import policy_key, prewarm_key
 from hermes.core.records import RequestRecord, RunRecord, UnitRecord
 from hermes.core.state import RequestView, RunState, UnitObservation
 from hermes.core.tools_model import ToolCall, ToolPool, ToolStart
-from workloads.base import AppModel, Step
+from hermes.workloads.base import AppModel, Step
 
 #: cost setups: name -> (cost model of one engine, number of engines)
 SETUP_ENGINES: dict[str, tuple[str, int]] = {
@@ -224,7 +224,7 @@ class Simulator:
         app = self._app_cache.get(name)
         if app is None:
             if self._apps is None:
-                from workloads.registry import get_app
+                from hermes.workloads.registry import get_app
 
                 app = get_app(name)
             elif isinstance(self._apps, Mapping):

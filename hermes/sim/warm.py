@@ -54,7 +54,7 @@ from hermes.core.warm_models import (
     LoraSlots,
     gb_to_tokens,
 )
-from workloads.base import LLMCall, Step
+from hermes.workloads.base import LLMCall, Step
 
 if TYPE_CHECKING:
     from hermes.sim.simulator import Simulator

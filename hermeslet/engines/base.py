@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 Endpoint = Literal["chat", "completions", "embeddings"]
+#: what an engine's model does: ``generate`` (chat and text completions) or ``embed``
+#: (``/v1/embeddings``), as vLLM's ``--task``/``--runner``; a request for the other is refused
+Task = Literal["generate", "embed"]
 
 
 @dataclass(slots=True)
@@ -69,9 +72,12 @@ class EngineAdapter(ABC):
     kind: ClassVar[Literal["sim", "openai", "vllm"]]
 
     def __init__(self, *, name: str, model: str | None, max_inflight: int = 8,
-                 use_priority: bool = False) -> None:
+                 use_priority: bool = False, task: Task = "generate") -> None:
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
+        if task not in ("generate", "embed"):
+            raise ValueError(f"task must be 'generate' or 'embed', not {task!r}")
+        self.task: Task = task
         self.name = name
         self.model = model or ""
         self.max_inflight = max_inflight

@@ -22,13 +22,21 @@ from typing import Any
 
 import aiohttp
 
-from hermeslet.engines.base import EngineAdapter, EngineError, EngineMetrics, GenChunk, GenResult
+from hermeslet.engines.base import (
+    EngineAdapter,
+    EngineError,
+    EngineMetrics,
+    GenChunk,
+    GenResult,
+    Task,
+)
 
 #: what a failed exchange with the engine raises (connection refused/reset, timeouts)
 HTTP_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, asyncio.TimeoutError)
 _SHORT = aiohttp.ClientTimeout(total=2.0)
 
-_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
+          "embeddings": "/v1/embeddings"}
 
 
 def _choice_text(choice: dict[str, Any], chat: bool) -> str:
@@ -83,9 +91,10 @@ class OpenAIHTTPEngine(EngineAdapter):
         api_key: str | None = None,
         timeout_s: float = 600.0,
         session: aiohttp.ClientSession | None = None,
+        task: Task = "generate",
     ) -> None:
         super().__init__(name=name, model=model, max_inflight=max_inflight,
-                         use_priority=use_priority)
+                         use_priority=use_priority, task=task)
         self.url = url.rstrip("/")
         if self.url.endswith("/v1"):
             self.url = self.url[:-3]
@@ -171,6 +180,8 @@ class OpenAIHTTPEngine(EngineAdapter):
     def _body(self, body: dict[str, Any], stream: bool, priority: int | None) -> dict[str, Any]:
         out = dict(body)
         out.setdefault("model", self.model)
+        if "input" in out and "messages" not in out and "prompt" not in out:
+            return out  # embeddings: no stream, no priority field (vLLM's pooling API)
         out["stream"] = stream
         if stream:
             opts = dict(out.get("stream_options") or {})
@@ -230,6 +241,11 @@ class OpenAIHTTPEngine(EngineAdapter):
                         raise self._error(r.status, raw.decode(errors="replace"))
                     j = json.loads(raw)
                     usage = j.get("usage") or {}
+                    if endpoint == "embeddings":
+                        yield GenResult(input_tokens=int(usage.get("prompt_tokens", 0)),
+                                        output_tokens=0, text="", finish_reason=None,
+                                        response=j)
+                        return
                     choices = j.get("choices") or [{}]
                     yield GenResult(
                         input_tokens=int(usage.get("prompt_tokens", 0)),

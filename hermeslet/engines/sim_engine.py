@@ -5,17 +5,63 @@ clock: a driver task calls ``EngineModel.step`` and sleeps for the iteration's m
 latency divided by ``time_scale`` (a speed-up factor: ``time_scale=10`` runs ten times faster
 than the modelled GPU). Tokens are delivered when their iteration ends.
 
-What the simulated engine produces (documented contract, also for ``hermeslet sim-engine``):
+What the simulated engine produces (documented contract, also for ``hermeslet sim-engine``;
+the planning is :mod:`hermeslet.engines.sim_output`, pure and tested on its own): it plays an
+agent's model well enough for agent frameworks (OpenAI SDK, openai-agents, LangChain,
+pydantic-ai, LiteLLM) to run multi-step tool loops against it, and the engine model decodes
+exactly the tokens of the answer it planned, so timing stays the engine model's.
 
-- **Output length**: exactly ``max_tokens`` (``max_completion_tokens`` for chat; default
-  :data:`DEFAULT_MAX_TOKENS`) tokens, always, with ``finish_reason="length"``: the engine has
-  no EOS. ``min_tokens``/``ignore_eos``/``stop`` are accepted and ignored; ``n`` must be 1.
-- **Output text**: placeholder words from a small fixed vocabulary, one word (with its
-  leading space) per token, from a generator seeded by the request id and the engine seed, so
-  a request id always yields the same text.
+- **Output length**: a text answer has a natural length (log-normal around
+  ``mean_answer_tokens``, default 24) and ends with ``finish_reason="stop"``; it is cut at
+  ``max_tokens`` (``max_completion_tokens`` for chat; default :data:`DEFAULT_OUTPUT_CAP`,
+  at most what the KV capacity leaves after the prompt) with ``"length"``, tool calls and
+  JSON included. ``ignore_eos: true`` (vLLM's field) gives exactly ``max_tokens`` tokens of
+  text with ``"length"``: what load generators and benchmarks send when they need exact
+  lengths. ``min_tokens`` lengthens a natural answer; ``stop`` (a string or a list) ends the
+  text before its first occurrence, with ``"stop"``.
+- **Output text**: placeholder words from a small fixed vocabulary (:data:`VOCAB`), one word
+  (with its leading space) per token. ``response_format`` ``json_object`` gives a JSON object,
+  ``json_schema`` a valid instance of the schema (also vLLM's ``guided_json``), streamed in
+  pieces of about 4 characters, one token each.
+- **Tool calls** (chat with ``tools``, or the legacy ``functions``): ``tool_choice`` ``none``,
+  ``auto`` (default), ``required`` or a named function. With ``auto`` the model calls tools on
+  the turn after a user message, and after tool results calls again with probability
+  ``tool_call_p`` (default 0.5) while fewer than ``max_tool_rounds`` (default 4) tool-call
+  rounds happened since the last user message, else answers in text. ``parallel_tool_calls``
+  (default true) lets a turn call up to ``max_parallel`` (default 2) distinct tools. Arguments
+  are a JSON string valid against the tool's ``parameters`` schema (``$ref``/``$defs``,
+  ``anyOf``/``oneOf``/``allOf``, enums, formats, numeric and length bounds; ``pattern`` is
+  best effort); ids are ``call_`` + 24 alphanumerics; a call's name is one token and its
+  arguments one token per ~4 characters. The knobs are :class:`AgentBehaviour` (per engine:
+  ``SimEngine(behaviour=...)``, ``hermeslet sim-engine --tool-call-p ...``) and can be
+  overridden per request with ``"sim_agent": {"tool_call_p": ..., ...}`` in the body (a bad
+  value is an error 400 naming the field).
+- **Seed**: with ``seed``, the same seed and body give the same answer (the generator is
+  seeded by the seed and a hash of the body, stream fields left out); without it, by the
+  request id and the engine seed, so a request id always yields the same answer.
+- **Logprobs**: chat ``logprobs``/``top_logprobs`` (k <= 20) and completions ``logprobs: k``
+  give plausible negative values per content token, in the answer and in each stream chunk.
+- **n > 1**: ``n`` independent choices, run in the engine model as ``n`` sequences (choice
+  ``i > 0`` as request ``ID#i``, with the same prompt and prefix), decoded side by side as
+  vLLM runs parallel sampling: the request lasts as long as its longest choice, the batch and
+  the KV cache hold ``n`` sequences, and ``completion_tokens`` is the sum over the choices
+  (each sequence prefills the prompt; ``prompt_tokens`` is reported once).
+- **Streaming**: the adapter yields OpenAI chunk objects (:attr:`GenChunk.chunk`): for chat a
+  first chunk per choice with ``delta: {"role": "assistant", "content": ""}``, then one chunk
+  per choice and engine iteration with that iteration's tokens (content, ``tool_calls`` deltas
+  by call index, logprobs), then a chunk with the choice's ``finish_reason`` (the first and
+  last have ``n_tokens=0``). The final :class:`GenResult` always carries the whole answer
+  (``response``: ``chat.completion`` or ``text_completion`` with usage).
+- **Embeddings** (an engine with ``task="embed"``, ``hermeslet sim-engine --task embed``):
+  ``input`` a string, strings, token ids or lists of them; a deterministic hashing-trick bag
+  of words (texts sharing words get close vectors), L2-normalised, 256 dimensions or
+  ``dimensions``, ``encoding_format`` ``float`` or ``base64``. Priced in the engine model as
+  a prefill-only request (the inputs' tokens, no output token). An engine asked for the other
+  task's endpoint answers an error 400 naming the model and its task.
 - **Input length**: ``len(prompt_token_ids)`` when the prompt is a token-id list, else
   ``ceil(chars / 4)`` of the prompt text (at least 1); chat adds 4 tokens per message for
-  the template on top of ``ceil(chars / 4)`` of its text content.
+  the template on top of ``ceil(chars / 4)`` of its text content (with the tool calls of
+  assistant messages and the ``tools`` JSON).
 - **Priority**: the optional integer ``priority`` orders the waiting queue (lower first, FIFO
   on ties), as vLLM's ``--scheduling-policy priority``.
 - **Prefix cache**: for chat requests the first message (the system prompt: a unit's shared
@@ -34,9 +80,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
-import random
-import zlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -44,69 +88,48 @@ from typing import Any
 from hermes.core.costmodel import DEFAULT_SETUP, CostModel, get_cost_model
 from hermes.core.engine_model import EngineModel, EngineRequest
 from hermes.core.warm_models import BlockPoolPrefixCache, LRUPrefixCache, gb_to_tokens
-from hermeslet.engines.base import EngineAdapter, EngineError, EngineMetrics, GenChunk, GenResult
+from hermeslet.engines.base import (
+    EngineAdapter,
+    EngineError,
+    EngineMetrics,
+    GenChunk,
+    GenResult,
+    Task,
+)
+from hermeslet.engines.sim_output import (
+    DEFAULT_EMBED_DIMS,
+    DEFAULT_OUTPUT_CAP,
+    VOCAB,
+    AgentBehaviour,
+    Envelope,
+    OutputPlan,
+    embedding_response,
+    finish_chunk,
+    max_tokens,
+    plan_output,
+    prompt_tokens,
+    request_rng,
+    response,
+    role_chunk,
+    stream_chunk,
+    text_tokens,
+)
 
-DEFAULT_MAX_TOKENS = 16
+__all__ = ["DEFAULT_OUTPUT_CAP", "VOCAB", "AgentBehaviour", "SimEngine", "prompt_tokens",
+           "text_tokens"]
+
 _ABORTED = -1
-VOCAB = (
-    "the of and to in is that for it as with was on be by this are from at or an not have "
-    "which but all were can has one their more will would there been if they so about than "
-    "into time only some could new these two may first any like such then other its our "
-    "model token engine run unit graph queue rank state plan tool code data result"
-).split()
-
-
-def text_tokens(text: str) -> int:
-    """Token count heuristic for text: ``ceil(chars / 4)``, at least 1."""
-    return max(1, math.ceil(len(text) / 4))
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # OpenAI content parts
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
-
-
-def prompt_tokens(endpoint: str, body: dict[str, Any]) -> tuple[int, str | None, int]:
-    """(input tokens, cacheable prefix or None, prefix tokens) of a request body."""
-    if endpoint == "chat":
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise EngineError("'messages' must be a non-empty list", status=400)
-        texts = [_content_text(m.get("content")) if isinstance(m, dict) else "" for m in msgs]
-        n = text_tokens("".join(texts)) + 4 * len(msgs)
-        prefix = texts[0] if len(msgs) > 1 and texts[0] else None
-        return n, prefix, (text_tokens(prefix) + 4 if prefix else 0)
-    if "prompt_token_ids" in body and isinstance(body["prompt_token_ids"], list):
-        return max(1, len(body["prompt_token_ids"])), None, 0
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return text_tokens(prompt), None, 0
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return len(prompt), None, 0
-    raise EngineError("'prompt' must be a string, one string in a list, or token ids",
-                      status=400)
-
-
-def output_tokens(endpoint: str, body: dict[str, Any]) -> int:
-    key = "max_completion_tokens" if endpoint == "chat" and "max_completion_tokens" in body \
-        else "max_tokens"
-    v = body.get(key)
-    if v is None:
-        return DEFAULT_MAX_TOKENS
-    if not isinstance(v, int) or v < 1:
-        raise EngineError(f"'{key}' must be a positive integer", status=400)
-    return v
+#: child request ids of a request with ``n > 1`` (choice ``i`` > 0 runs as ``ID#i``)
+CHILD_SEP = "#"
 
 
 @dataclass(slots=True)
 class _Pending:
+    """A sequence in the engine model: its request's queue and its choice index. The driver
+    puts ``(index, tokens emitted)``, ``(index, None)`` when it finished, or ``_ABORTED``."""
+
     queue: asyncio.Queue
-    rng: random.Random
+    index: int = 0
 
 
 class SimEngine(EngineAdapter):
@@ -130,9 +153,12 @@ class SimEngine(EngineAdapter):
         kv_cache_gb: float | None = None,
         cpu_cache_gb: float = 0.0,
         swap_gb_per_s: float = 16.0,
+        behaviour: AgentBehaviour | None = None,
+        task: Task = "generate",
+        embed_dims: int = DEFAULT_EMBED_DIMS,
     ) -> None:
         super().__init__(name=name, model=model, max_inflight=max_inflight,
-                         use_priority=use_priority)
+                         use_priority=use_priority, task=task)
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0")
         self.time_scale = time_scale
@@ -155,9 +181,13 @@ class SimEngine(EngineAdapter):
             pool.engine_tokens = lambda: self.core.kv_used
             self.core.admission_hook = pool  # the swap-in stalls the admitting iteration
         self.seed = seed
+        #: how the model behaves as an agent's model (per request: the body's ``sim_agent``)
+        self.behaviour = behaviour or AgentBehaviour()
+        self.embed_dims = embed_dims
         self.step_wall_s = step_wall_s
         self.max_catchup_s = max(step_wall_s, max_catchup_s)
-        self._pending: dict[str, _Pending] = {}
+        self._pending: dict[str, _Pending] = {}  # engine-model id -> its sequence
+        self._children: dict[str, list[str]] = {}  # request id -> its engine-model ids
         self._wake: asyncio.Event | None = None
         self._driver: asyncio.Task | None = None
         self._t0 = 0.0
@@ -224,12 +254,13 @@ class SimEngine(EngineAdapter):
                 self.generation_tokens_total += k
                 p = self._pending.get(rid)
                 if p is not None:
-                    p.queue.put_nowait(k)
+                    p.queue.put_nowait((p.index, k))
             for rid in res.finished:
-                self.requests_finished += 1
                 p = self._pending.get(rid)
+                if p is None or p.index == 0:  # a request, not each of its n sequences
+                    self.requests_finished += 1
                 if p is not None:
-                    p.queue.put_nowait(None)
+                    p.queue.put_nowait((p.index, None))
 
     # ------------------------------------------------------------------ requests
     async def generate(
@@ -246,56 +277,145 @@ class SimEngine(EngineAdapter):
         model = body.get("model") or self.model
         if not self.serves(model):
             raise EngineError(f"The model `{model}` does not exist.", status=404)
-        if body.get("n", 1) != 1:
-            raise EngineError("the simulated engine supports n=1 only", status=400)
-        n_in, prefix, prefix_n = prompt_tokens(endpoint, body)
-        n_out = output_tokens(endpoint, body)
-        if request_id in self._pending:
+        self._check_task(endpoint, model)
+        if request_id in self._children:
             raise EngineError(f"duplicate request id {request_id!r}", status=400)
         prio = priority if (self.use_priority and priority is not None) else 0
-        req = EngineRequest(
-            request_id=request_id, run_id=request_id, input_tokens=n_in, output_tokens=n_out,
-            key=(float(prio),), prefix=prefix, prefix_tokens=min(prefix_n, n_in),
-        )
+        if endpoint == "embeddings":
+            answer, n_in = embedding_response(body, model, default_dims=self.embed_dims)
+            await self._run(request_id, [0], n_in, None, 0, prio)
+            yield GenResult(input_tokens=n_in, output_tokens=0, text="", finish_reason=None,
+                            response=answer)
+            return
+        n_in, prefix, prefix_n = prompt_tokens(endpoint, body)
+        asked = max_tokens(endpoint, body)
+        if asked is not None and n_in + asked > self.core.kv_capacity:
+            raise EngineError(  # vLLM refuses prompt + max_tokens beyond the context too
+                f"{self.name}: request {request_id!r} needs {n_in + asked} KV tokens, more "
+                f"than the engine's capacity ({self.core.kv_capacity})", status=400)
+        cap = max(1, min(DEFAULT_OUTPUT_CAP, self.core.kv_capacity - n_in))
+        plan = plan_output(endpoint, body, request_rng(body, request_id, self.seed),
+                           self.behaviour, default_cap=cap)
+        prefix_n = min(prefix_n, n_in)
+        env = Envelope(("chatcmpl-" if endpoint == "chat" else "cmpl-") + request_id, model,
+                       int(time.time()))
+        queue = await self._submit(request_id, [c.n_tokens for c in plan.choices], n_in,
+                                   prefix, prefix_n, prio)
+        pos = [0] * len(plan.choices)
         try:
-            self.core.add(req, self.now())
-        except ValueError as e:
-            raise EngineError(str(e), status=400) from None
+            remaining = len(plan.choices)
+            while remaining:
+                item = await queue.get()
+                if item == _ABORTED:
+                    raise EngineError(f"request {request_id!r} was aborted", status=499)
+                i, k = item
+                if k is None:
+                    remaining -= 1
+                    if stream:
+                        yield GenChunk(text="", n_tokens=0, chunk=finish_chunk(plan, i, env))
+                    continue
+                start, pos[i] = pos[i], min(pos[i] + k, plan.choices[i].n_tokens)
+                if stream and pos[i] > start:
+                    if start == 0 and (first := role_chunk(plan, i, env)) is not None:
+                        yield GenChunk(text="", n_tokens=0, chunk=first)
+                    yield self._chunk(plan, i, start, pos[i], env)
+            self._forget(request_id)
+            c0 = plan.choices[0]
+            yield GenResult(input_tokens=n_in, output_tokens=plan.output_tokens,
+                            text=c0.content, finish_reason=c0.finish_reason,
+                            response=response(plan, env, n_in))
+        finally:
+            self._release(request_id)
+
+    def _check_task(self, endpoint: str, model: str) -> None:
+        """An engine serves its task's endpoints only (vLLM's ``--task``)."""
+        if (endpoint == "embeddings") == (self.task == "embed"):
+            return
+        what = "embeddings" if endpoint == "embeddings" else f"{endpoint} completions" \
+            if endpoint == "chat" else "text completions"
+        other = "embed" if self.task == "generate" else "generate"
+        raise EngineError(
+            f"The model `{model}` does not support {what}: engine {self.name!r} runs task "
+            f"{self.task!r} (an engine with task {other!r} serves them)", status=400)
+
+    @staticmethod
+    def _chunk(plan: OutputPlan, i: int, start: int, end: int, env: Envelope) -> GenChunk:
+        ch = plan.choices[i]
+        text = "".join(t.text for t in ch.tokens[start:end] if t.kind == "text") \
+            if i == 0 else ""
+        return GenChunk(text=text, n_tokens=end - start,
+                        chunk=stream_chunk(plan, i, start, end, env))
+
+    async def _submit(self, request_id: str, outputs: list[int], n_in: int,
+                      prefix: str | None, prefix_n: int, prio: int) -> asyncio.Queue:
+        """Queue one engine-model sequence per entry of ``outputs`` (its output tokens):
+        ``request_id`` for the first, ``request_id#i`` for the others. Returns the queue the
+        driver reports their progress on."""
+        queue: asyncio.Queue = asyncio.Queue()
+        ids = [request_id] + [f"{request_id}{CHILD_SEP}{i}" for i in range(1, len(outputs))]
+        self._children[request_id] = []
+        now = self.now()
+        for i, (rid, n_out) in enumerate(zip(ids, outputs, strict=True)):
+            req = EngineRequest(
+                request_id=rid, run_id=request_id, input_tokens=n_in, output_tokens=n_out,
+                key=(float(prio),), prefix=prefix, prefix_tokens=prefix_n,
+            )
+            try:
+                self.core.add(req, now)
+            except ValueError as e:
+                self._release(request_id)
+                raise EngineError(str(e), status=400) from None
+            self._children[request_id].append(rid)
+            self._pending[rid] = _Pending(queue, i)
         self.prompt_tokens_total += n_in
-        rng = random.Random(zlib.crc32(request_id.encode()) ^ self.seed)
-        pending = _Pending(asyncio.Queue(), rng)
-        self._pending[request_id] = pending
         assert self._wake is not None
         self._wake.set()
-        parts: list[str] = []
-        produced = 0
-        finished = False
+        return queue
+
+    async def _run(self, request_id: str, outputs: list[int], n_in: int, prefix: str | None,
+                   prefix_n: int, prio: int) -> None:
+        """Submit and wait until every sequence finished (no streaming: embeddings)."""
+        queue = await self._submit(request_id, outputs, n_in, prefix, prefix_n, prio)
         try:
-            while True:
-                k = await pending.queue.get()
-                if k is None:
-                    finished = True
-                    break
-                if k == _ABORTED:
+            remaining = len(outputs)
+            while remaining:
+                item = await queue.get()
+                if item == _ABORTED:
                     raise EngineError(f"request {request_id!r} was aborted", status=499)
-                text = "".join(" " + rng.choice(VOCAB) for _ in range(k))
-                parts.append(text)
-                produced += k
-                if stream:
-                    yield GenChunk(text=text, n_tokens=k)
-            yield GenResult(input_tokens=n_in, output_tokens=produced, text="".join(parts),
-                            finish_reason="length")
+                if item[1] is None:
+                    remaining -= 1
+            self._forget(request_id)
         finally:
-            self._pending.pop(request_id, None)
-            if not finished and self.core.abort(request_id) is not None:
-                self.requests_aborted += 1
+            self._release(request_id)
+
+    def _forget(self, request_id: str) -> None:
+        """Every sequence of the request finished: nothing is left to abort."""
+        for rid in self._children.get(request_id, ()):
+            self._pending.pop(rid, None)
+        self._children[request_id] = []
+
+    def _release(self, request_id: str) -> None:
+        """The request left (finished, failed or its consumer went away): abort what is
+        still in the engine model and forget it."""
+        aborted = False
+        for rid in self._children.pop(request_id, ()):
+            self._pending.pop(rid, None)
+            aborted = self.core.abort(rid) is not None or aborted
+        if aborted:
+            self.requests_aborted += 1
 
     async def abort(self, request_id: str) -> None:
-        if self.core.abort(request_id) is not None:
+        ids = self._children.get(request_id) or [request_id]
+        queue = None
+        aborted = False
+        for rid in ids:
+            aborted = self.core.abort(rid) is not None or aborted
+            p = self._pending.get(rid)
+            queue = p.queue if p is not None else queue
+        if aborted:
             self.requests_aborted += 1
-        p = self._pending.get(request_id)
-        if p is not None:
-            p.queue.put_nowait(_ABORTED)
+        if queue is not None:
+            queue.put_nowait(_ABORTED)
 
     def stats(self) -> EngineMetrics:
         waiting = len(self.core.waiting)

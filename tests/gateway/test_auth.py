@@ -115,7 +115,7 @@ def test_rate_limit_and_quotas_answer_429_with_retry_after(make_gateway, tmp_pat
         async with httpx.AsyncClient(base_url=srv.url, timeout=60) as client:
             async def long() -> int:  # 4000 tokens at time scale 50: over a second in flight
                 r = await client.post("/v1/completions", headers=B, json={
-                    "model": "llama-2-7b", "prompt": "x" * 64, "max_tokens": 4000})
+                    "model": "llama-2-7b", "prompt": "x" * 64, "max_tokens": 4000, "ignore_eos": True})
                 return r.status_code
 
             first = asyncio.create_task(long())

@@ -50,7 +50,7 @@ def test_node_without_the_curve_key_is_refused(make_gateway, tmp_path: Path) -> 
         time.sleep(3.0)  # the others have had time to say hello (they retry) and heartbeat
         assert set(sched.nodes) == {"good"}
         r = httpx.post(srv.url + "/v1/completions", timeout=30,
-                       json={"model": MODEL, "prompt": "hello", "max_tokens": 3})
+                       json={"model": MODEL, "prompt": "hello", "max_tokens": 3, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
         assert all(p.poll() is None for p in procs.values())  # refused, not crashed
     finally:

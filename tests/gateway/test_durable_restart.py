@@ -19,7 +19,7 @@ from gw_procs import kill, start_gateway, start_node, wait_healthy
 
 from hermes.gateway.durable import SqliteRunStore
 from hermes.procs import free_port
-from workloads.registry import get_app
+from hermes.workloads.registry import get_app
 
 APP = "factool_kbqa"
 SCALE = "10"

@@ -57,7 +57,7 @@ def test_runs_and_knowledge_survive_a_restart(kind: str, make_gateway, tmp_path:
                                               request: pytest.FixtureRequest) -> None:
     opts = _restartable(kind, tmp_path, request, learn_interval_s=0.1)
     srv = make_gateway(**opts)
-    body = {"model": "llama-2-7b", "prompt": "x" * 40, "max_tokens": 3}
+    body = {"model": "llama-2-7b", "prompt": "x" * 40, "max_tokens": 3, "ignore_eos": True}
     with httpx.Client(base_url=srv.url, timeout=30) as http:
         done = http.post("/v1/runs", json={"app": "factool_math", "input": {"seed": 3}})
         done_id = done.json()["run_id"]
@@ -119,7 +119,7 @@ def test_a_long_run_stores_each_unit_once(kind: str, make_gateway, tmp_path: Pat
         for i in range(n):
             r = http.post("/v1/completions", headers={"X-Hermes-Run": rid,
                                                      "X-Hermes-Unit": f"step{i % 3}"},
-                          json={"model": "llama-2-7b", "prompt": "go", "max_tokens": 1 + i % 4})
+                          json={"model": "llama-2-7b", "prompt": "go", "max_tokens": 1 + i % 4, "ignore_eos": True})
             assert r.status_code == 200
     srv.stop()
     assert written[0] == 0 and sum(written) == n and max(written) == 1, written
@@ -151,7 +151,7 @@ def test_one_request_runs_end_after_their_answer_in_batched_writes(
         return put_runs(batch)
 
     store.put_runs = counting_put_runs
-    body = {"model": "llama-2-7b", "prompt": "x" * 40, "max_tokens": 2}
+    body = {"model": "llama-2-7b", "prompt": "x" * 40, "max_tokens": 2, "ignore_eos": True}
 
     def one(http: httpx.Client) -> str:
         r = http.post("/v1/completions", json=body)

@@ -52,7 +52,7 @@ def test_vtc_requeues_a_tenants_waiting_requests_when_its_counter_grows(make_gat
 
             async def blocker() -> None:  # tenant a's streamed request: tokens charge a's counter
                 async with http.stream("POST", "/v1/completions", headers=headers("a1"), json={
-                        "model": MODEL, "prompt": "p", "max_tokens": 300, "stream": True}) as r:
+                        "model": MODEL, "prompt": "p", "max_tokens": 300, "stream": True, "ignore_eos": True}) as r:
                     assert r.status_code == 200
                     async for _ in r.aiter_lines():
                         pass

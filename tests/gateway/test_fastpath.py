@@ -21,10 +21,10 @@ def test_fast_path_keeps_errors_security_and_schema(make_gateway, tmp_path) -> N
         r = http.post("/v1/completions", json=BODY, headers=A)
         assert r.status_code == 200 and r.json()["object"] == "text_completion"
         assert r.headers["X-Hermes-Run"].startswith("run-")
-        # an HTTPException from the handler goes to the app's handler (FastAPI's shape)
+        # an HTTPException from the handler goes to the app's handler (OpenAI's error shape)
         r = http.post("/v1/chat/completions", headers={**A, "X-Hermes-Tenant": "bob"},
                       json={"model": "llama-2-7b", "messages": [{"role": "user", "content": "x"}]})
-        assert r.status_code == 403 and "does not match" in r.json()["detail"]
+        assert r.status_code == 403 and "does not match" in r.json()["error"]["message"]
         # OpenAI-shaped validation errors come from the handler itself
         r = http.post("/v1/completions", content=b"{nope", headers=A)
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"

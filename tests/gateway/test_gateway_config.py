@@ -7,7 +7,7 @@ import pytest
 
 from hermes.gateway.config import ConfigError, GatewayConfig, load_config
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "hermes.example.toml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "hermes" / "data" / "hermes.example.toml"
 
 
 def test_example_documents_every_key_with_its_default() -> None:
@@ -109,7 +109,27 @@ def test_embedded_sim_engine_kv_pool_from_config() -> None:
     eng = make_engine_adapter(e, 1.0)
     assert isinstance(eng.prefix_cache, BlockPoolPrefixCache)
     assert eng.core.kv_capacity == 16384 and eng.prefix_cache.cpu_capacity == 8192
-    (d,) = load_config(None, environ={}).engines
+    d, embed = load_config(None, environ={}).engines  # the default: a chat and an embed model
     assert isinstance(make_engine_adapter(d, 1.0).prefix_cache, LRUPrefixCache)
+    assert (d.task, embed.task, embed.model) == ("generate", "embed", "sim-embed")
     with pytest.raises(ConfigError, match="kv_cache_gb"):
         load_config(None, environ={"HERMES_ENGINES": '[{"kv_cache_gb": -1}]'})
+
+
+def test_node_socket_is_bound_only_for_remote_nodes() -> None:
+    """Issue 15, item 12: the embedded default binds no TCP node socket (port 5557 may be
+    taken); a gateway without an embedded node gets the default address; --bind wins."""
+    assert load_config(None, environ={}).scheduler.bind == ""
+    remote = load_config(None, environ={"HERMES_EMBEDDED_NODE": "false"})
+    assert remote.scheduler.bind == "tcp://127.0.0.1:5557"
+    both = load_config(None, environ={}, bind="tcp://127.0.0.1:6001")
+    assert both.scheduler.bind == "tcp://127.0.0.1:6001" and both.scheduler.embedded_node
+
+
+def test_one_environment_variable_names_the_knowledge_base() -> None:
+    """Issue 15, item 10: the default knowledge base is the shipped PDGraphs, HERMES_KB names
+    another, and the former HERMES_PDGRAPHS is refused with an error naming HERMES_KB."""
+    assert load_config(None, environ={}).stores.kb == "shipped"
+    assert load_config(None, environ={"HERMES_KB": "/x"}).stores.kb == "/x"
+    with pytest.raises(ConfigError, match="HERMES_PDGRAPHS is no longer read: set HERMES_KB"):
+        load_config(None, environ={"HERMES_PDGRAPHS": "/x"})

@@ -12,7 +12,7 @@ import pytest
 
 from hermes.core.records import read_records
 from hermes.gateway.server import gateway_state
-from workloads.registry import get_app
+from hermes.workloads.registry import get_app
 
 
 def _wait(http: httpx.Client, run_id: str, timeout: float = 30.0) -> dict:
@@ -66,7 +66,7 @@ from hermes.gateway.hosted import hosted_app
 async def echo_agent(ctx, input):
     async with ctx.unit("draft") as u:
         a, b = await __import__("asyncio").gather(
-            u.complete("x" * 40, max_tokens=3), u.complete("y" * 80, max_tokens=4))
+            u.complete("x" * 40, max_tokens=3, ignore_eos=True), u.complete("y" * 80, max_tokens=4, ignore_eos=True))
     async with ctx.unit("check", "docker:python:3.10-slim") as u:
         out = await u.tool(code="print('ok')")
     return {"tokens": [a.output_tokens, b.output_tokens], "inputs": [a.input_tokens, b.input_tokens],

@@ -43,7 +43,7 @@ def test_improved_rank_overtakes_earlier_queued_requests(make_gateway, monkeypat
             async def call(run: str, tag: str, n: int) -> None:
                 r = await http.post("/v1/completions", headers={"X-Hermes-Run": ids[run],
                                                                 "X-Hermes-Unit": "work"},
-                                    json={"model": MODEL, "prompt": "p", "max_tokens": n})
+                                    json={"model": MODEL, "prompt": "p", "max_tokens": n, "ignore_eos": True})
                 assert r.status_code == 200, r.text
                 tags[r.json()["id"].removeprefix("cmpl-")] = tag
 

@@ -12,7 +12,7 @@ from hermes.bench.sched import build_arrivals
 from hermes.cli import main
 from hermes.gateway.server import gateway_state
 from hermes.loadgen import load
-from workloads.registry import get_app
+from hermes.workloads.registry import get_app
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -130,7 +130,7 @@ def test_client_disconnect_mid_stream_frees_the_engine_slot(make_gateway) -> Non
     slot = next(iter(node.slots.values()))
     with httpx.Client(base_url=srv.url, timeout=30) as http:
         with http.stream("POST", "/v1/completions", json={
-                "model": "llama-2-7b", "prompt": "tell me a long story", "max_tokens": 4000,
+                "model": "llama-2-7b", "prompt": "tell me a long story", "max_tokens": 4000, "ignore_eos": True,
                 "stream": True}) as r:
             assert r.status_code == 200
             lines = r.iter_lines()

@@ -17,13 +17,13 @@ def client(gateway) -> openai.OpenAI:  # noqa: ANN001
 
 def test_models_lists_the_served_model(client: openai.OpenAI) -> None:
     ids = [m.id for m in client.models.list()]
-    assert ids == [MODEL]
+    assert ids == [MODEL, "sim-embed"]  # the embedded default: a chat and an embedding model
 
 
 def test_chat_completion_counts_tokens_and_honours_max_tokens(client: openai.OpenAI) -> None:
     prompt = "x" * 400  # the simulated engine counts ceil(chars / 4) + 4 per chat message
     r = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=7)
+        model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=7, extra_body={"ignore_eos": True})
     assert r.object == "chat.completion"
     assert r.model == MODEL
     assert r.usage.prompt_tokens == 104
@@ -34,7 +34,7 @@ def test_chat_completion_counts_tokens_and_honours_max_tokens(client: openai.Ope
 
 
 def test_completion(client: openai.OpenAI) -> None:
-    r = client.completions.create(model=MODEL, prompt="y" * 40, max_tokens=3)
+    r = client.completions.create(model=MODEL, prompt="y" * 40, max_tokens=3, extra_body={"ignore_eos": True})
     assert r.object == "text_completion"
     assert r.usage.prompt_tokens == 10 and r.usage.completion_tokens == 3
     assert len(r.choices[0].text.split()) == 3
@@ -42,7 +42,7 @@ def test_completion(client: openai.OpenAI) -> None:
 
 def test_chat_streaming_chunks_add_up(client: openai.OpenAI) -> None:
     chunks = list(client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=12, stream=True,
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=12, stream=True, extra_body={"ignore_eos": True},
         stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -55,7 +55,7 @@ def test_chat_streaming_chunks_add_up(client: openai.OpenAI) -> None:
 
 
 def test_completion_streaming(client: openai.OpenAI) -> None:
-    chunks = list(client.completions.create(model=MODEL, prompt="abc", max_tokens=9, stream=True))
+    chunks = list(client.completions.create(model=MODEL, prompt="abc", max_tokens=9, stream=True, extra_body={"ignore_eos": True}))
     text = "".join(c.choices[0].text for c in chunks)
     assert len(text.split()) == 9
     assert chunks[-1].choices[0].finish_reason == "length"
@@ -104,7 +104,7 @@ def test_headers_tie_requests_to_a_run_and_unit(gateway, client: openai.OpenAI) 
     http = httpx.Client(base_url=gateway.url)
     run_id = http.post("/v1/runs", json={"app": "demo"}).json()["run_id"]
     raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": "plan"}], max_tokens=4,
+        model=MODEL, messages=[{"role": "user", "content": "plan"}], max_tokens=4, extra_body={"ignore_eos": True},
         extra_headers={"X-Hermes-Run": run_id, "X-Hermes-Unit": "planner"})
     assert raw.headers["x-hermes-run"] == run_id and raw.headers["x-hermes-unit"] == "planner"
     run = http.get(f"/v1/runs/{run_id}").json()

@@ -40,7 +40,7 @@ def test_two_remote_nodes_over_tcp_share_the_load(make_gateway) -> None:  # noqa
                     for unit, n in (("a", 2 + i % 3), ("b", 1 + i % 5)):
                         r = await http.post("/v1/completions", headers={
                             "X-Hermes-Run": run_id, "X-Hermes-Unit": unit},
-                            json={"model": MODEL, "prompt": "x" * 8, "max_tokens": n})
+                            json={"model": MODEL, "prompt": "x" * 8, "max_tokens": n, "ignore_eos": True})
                         assert r.status_code == 200, r.text
                     return (await http.post(f"/v1/runs/{run_id}/finish")).json()
 

@@ -19,7 +19,7 @@ MODEL = "llama-2-7b"  # the embedded simulated engine's model (config default)
 
 def _chat(client: openai.OpenAI, run_id: str, unit: str, max_tokens: int) -> None:
     client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "q" * 40}], max_tokens=max_tokens,
+        model=MODEL, messages=[{"role": "user", "content": "q" * 40}], max_tokens=max_tokens, extra_body={"ignore_eos": True},
         extra_headers={"X-Hermes-Run": run_id, "X-Hermes-Unit": unit})
 
 
@@ -102,7 +102,7 @@ def test_cancel_drops_queued_requests(make_gateway) -> None:  # noqa: ANN001
 
             async def chat(run_id: str, n: int) -> httpx.Response:
                 return await http.post("/v1/completions", json={
-                    "model": MODEL, "prompt": "p", "max_tokens": n}, headers={"X-Hermes-Run": run_id})
+                    "model": MODEL, "prompt": "p", "max_tokens": n, "ignore_eos": True}, headers={"X-Hermes-Run": run_id})
 
             async def pending_b() -> bool:
                 return (await http.get(f"/v1/runs/{b}")).json()["pending_requests"] >= 3
@@ -198,7 +198,7 @@ def test_apps_get_put_list(gateway) -> None:  # noqa: ANN001
 def test_healthz(gateway) -> None:  # noqa: ANN001
     h = httpx.get(gateway.url + "/healthz").json()
     assert h["status"] == "ok"
-    assert h["nodes"]["embedded"]["engines"] == {"sim0": MODEL}
+    assert h["nodes"]["embedded"]["engines"] == {"sim0": MODEL, "embed0": "sim-embed"}
 
 
 def test_run_listings_are_newest_first_filtered_and_limited(gateway) -> None:  # noqa: ANN001

@@ -79,8 +79,8 @@ async def running(engines, **kw):
 
 def submit(rid: str, key: list[float], *, prompt: str = "x" * 40, max_tokens: int = 5,
            stream: bool = False, model: str = "m7b", endpoint: str = "completions") -> P.Submit:
-    body = ({"prompt": prompt, "max_tokens": max_tokens} if endpoint == "completions"
-            else {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens})
+    body = ({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True} if endpoint == "completions"
+            else {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "ignore_eos": True})
     return P.Submit(request_id=rid, run_id="run-" + rid, unit="u", model=model,
                     endpoint=endpoint, body=body, stream=stream, key=key)
 

@@ -15,7 +15,10 @@ from hermeslet.tools import SubprocessSandbox
 def bwrap_box() -> SubprocessSandbox:
     if not shutil.which("bwrap"):
         pytest.skip("bwrap not installed (apt-get install bubblewrap)")
-    return SubprocessSandbox(use_bwrap=True)
+    box = SubprocessSandbox(use_bwrap=True)
+    if not box.sandboxed:
+        pytest.skip(f"bwrap unusable on this host: {box.why_not}")
+    return box
 
 
 async def test_bwrap_no_network_nobody_no_capabilities(bwrap_box: SubprocessSandbox) -> None:
@@ -35,8 +38,6 @@ async def test_bwrap_no_network_nobody_no_capabilities(bwrap_box: SubprocessSand
             "try:\n    open('/etc/hermes-escape', 'w')\nexcept OSError as e:\n    print('ro', e.errno)\n"
         )
         r = await bwrap_box.run(code=code, timeout_s=20)
-        if bwrap_box.bwrap is None:
-            pytest.skip("bwrap unusable on this host (fell back to a plain subprocess)")
         lines = r.stdout.splitlines()
         assert r.exit_code == 0, r.stderr
         assert lines[0] == "65534 65534"

@@ -116,7 +116,7 @@ async def test_live_scheduler_serves_a_linked_node_and_refuses_a_second_link(tmp
             run = sched.create_run("default")
             inv = sched.unit_for_request(run, "llm", "llm:m7b")
             req = await sched.submit_llm(run, inv, model="m7b", endpoint="completions",
-                                         body={"prompt": "hi there", "max_tokens": 3})
+                                         body={"prompt": "hi there", "max_tokens": 3, "ignore_eos": True})
             done = await sched.wait(req, timeout=10)
             assert done.output_tokens == 3 and req.node == "emb"
     finally:

@@ -67,7 +67,7 @@ async def test_loadable_adapter_is_announced_routed_and_loaded_on_demand(two_bas
             run = sched.create_run("default")
             inv = sched.unit_for_request(run, "llm", "llm:base-b")
             req = await sched.submit_llm(run, inv, model="z", endpoint="completions",
-                                         body={"prompt": f"hi {i}", "max_tokens": 3})
+                                         body={"prompt": f"hi {i}", "max_tokens": 3, "ignore_eos": True})
             done = await sched.wait(req, timeout=15)
             assert done.output_tokens == 3 and done.engine == "eb"
     finally:

@@ -27,12 +27,12 @@ async def test_generate_plain_and_streamed(sim_url):
     await e.start()
     assert e.model == "sim-7b"  # learnt from /v1/models
     try:
-        [res] = await drain(e, "completions", {"prompt": "abcdefgh", "max_tokens": 6}, False)
+        [res] = await drain(e, "completions", {"prompt": "abcdefgh", "max_tokens": 6, "ignore_eos": True}, False)
         assert isinstance(res, GenResult)
         assert (res.input_tokens, res.output_tokens) == (2, 6)
         assert res.response["object"] == "text_completion"
         items = await drain(e, "chat", {"messages": [{"role": "user", "content": "hey"}],
-                                        "max_tokens": 25}, True, rid="s")
+                                        "max_tokens": 25, "ignore_eos": True}, True, rid="s")
         chunks, final = items[:-1], items[-1]
         assert all(isinstance(c, GenChunk) for c in chunks) and len(chunks) >= 2
         assert final.output_tokens == 25 and final.input_tokens == 1 + 4
@@ -54,7 +54,7 @@ async def test_priority_passed_through_orders_engine_queue(serial_sim_url):
     order: list[str] = []
 
     async def go(rid, prio, n):
-        await drain(e, "completions", {"prompt": "p", "max_tokens": n}, False, rid, prio)
+        await drain(e, "completions", {"prompt": "p", "max_tokens": n, "ignore_eos": True}, False, rid, prio)
         order.append(rid)
 
     try:

@@ -54,7 +54,7 @@ def test_round_trip(msg):
         (b'{"type": "tool", "request_id": "t", "run_id": "r", "unit": "u", "backend": "b",'
          b' "key": [1]}', "exactly one"),
         (b'{"type": "submit", "request_id": "r", "run_id": "x", "unit": "u", "model": "m",'
-         b' "endpoint": "embeddings", "key": [1]}', "endpoint"),
+         b' "endpoint": "images", "key": [1]}', "endpoint"),
     ],
 )
 def test_rejects_bad_frames(frame, fragment):

@@ -53,7 +53,7 @@ async def test_memory_limit_applies():
 @pytest.mark.skipif(not shutil.which("bwrap"), reason="bwrap not installed")
 async def test_bwrap_root_is_read_only_and_tmp_private(tmp_path):
     box = SubprocessSandbox(use_bwrap=True)
-    if box.bwrap is None:
+    if not box.sandboxed:
         pytest.skip("bwrap unusable here")
     target = tmp_path / "escape"
     r = await box.run(code=f"open({str(target)!r}, 'w').write('x')")

@@ -11,7 +11,7 @@ import pytest
 import hermes
 from hermes.core.pdgraph import PDGraph, PDGraphError
 from hermes.core.records import RecordError
-from hermes.kb import FileStore, RedisStore, default_pdgraphs_dir, open_store
+from hermes.kb import FileStore, RedisStore, default_kb, open_store, shipped_pdgraphs_dir
 
 
 def _files(root: Path) -> list[str]:
@@ -147,18 +147,27 @@ def test_corrupt_record_line_names_file_and_line(tmp_path, mkrecords):
 
 
 # ------------------------------------------------------------------------- open_store
-def test_open_store_default_dir_resolution(tmp_path, monkeypatch):
-    monkeypatch.setenv("HERMES_PDGRAPHS", str(tmp_path / "from_env"))
-    assert default_pdgraphs_dir() == tmp_path / "from_env"
+def test_open_store_default_resolution(tmp_path, monkeypatch):
+    """Issue 15, item 10: one variable (HERMES_KB) names the knowledge base; without it the
+    PDGraphs shipped in the package are found from any directory; HERMES_PDGRAPHS is refused."""
+    monkeypatch.delenv("HERMES_PDGRAPHS", raising=False)
+    monkeypatch.setenv("HERMES_KB", str(tmp_path / "from_env"))
+    assert default_kb() == str(tmp_path / "from_env")
     store = open_store(None)
     assert isinstance(store, FileStore) and store.root == tmp_path / "from_env"
 
-    monkeypatch.delenv("HERMES_PDGRAPHS")
+    monkeypatch.delenv("HERMES_KB")
     monkeypatch.chdir(tmp_path)
-    shipped = Path(hermes.__file__).resolve().parent.parent / "pdgraphs"
-    assert default_pdgraphs_dir() == shipped  # no ./pdgraphs here
-    (tmp_path / "pdgraphs").mkdir()
-    assert default_pdgraphs_dir().resolve() == (tmp_path / "pdgraphs").resolve()
+    (tmp_path / "pdgraphs").mkdir()  # a ./pdgraphs of the current directory is not looked at
+    shipped = shipped_pdgraphs_dir()
+    assert shipped == Path(hermes.__file__).resolve().parent / "data" / "pdgraphs"
+    for store in (open_store(None), open_store("shipped")):
+        assert isinstance(store, FileStore) and store.root == shipped
+        assert len(store.list_apps()) == 10
+
+    monkeypatch.setenv("HERMES_PDGRAPHS", str(tmp_path))
+    with pytest.raises(ValueError, match="HERMES_PDGRAPHS is no longer read: set HERMES_KB"):
+        open_store(None)
 
 
 def test_open_store_by_spec(tmp_path):

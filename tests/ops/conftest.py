@@ -16,9 +16,10 @@ import pytest
 
 from hermes.gateway.config import load_config
 from hermes.gateway.server import BackgroundServer, gateway_state, start_background
+from hermes.kb import shipped_pdgraphs_dir
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = REPO / "pdgraphs"
+SHIPPED = shipped_pdgraphs_dir()
 MODEL = "llama-2-7b"
 #: quick benchmark apps at time scale 100 (ACT well under two wall seconds)
 QUICK_APPS = ("factool_kbqa", "langchain_mapreduce")

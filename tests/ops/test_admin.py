@@ -176,6 +176,19 @@ def test_apps_export_import_round_trip(make_ops_gateway, capsys, tmp_path: Path)
     assert rc == 1 and "HTTP 404" in err
 
 
+def test_apps_import_shipped_seeds_an_empty_knowledge_base(make_ops_gateway, capsys,  # noqa: ANN001
+                                                            tmp_path: Path) -> None:
+    """The compose stack's kb-init (`hermes apps import --shipped`) needs no path into the
+    installation: the shipped PDGraphs are package data."""
+    dst = make_ops_gateway(kb=str(tmp_path / "empty-kb"))
+    res = cli_json(capsys, "apps", "import", "--shipped", "--url", dst.url)
+    assert len(res["imported"]) == 10
+    apps = cli_json(capsys, "apps", "list", "--url", dst.url)["apps"]
+    assert sum(a["pdgraph"] for a in apps) == 10
+    rc, _, err = cli(capsys, "apps", "import", "--url", dst.url)
+    assert rc == 1 and "--shipped" in err
+
+
 # ---------------------------------------------------------------------------------- runs, top
 def test_runs_list_show_cancel_and_top(make_ops_gateway, capsys) -> None:  # noqa: ANN001
     srv = make_ops_gateway(time_scale=10.0)
@@ -196,7 +209,7 @@ def test_runs_list_show_cancel_and_top(make_ops_gateway, capsys) -> None:  # noq
     lines = out.splitlines()
     assert rc == 0 and len(lines) == 2  # one JSON snapshot per refresh
     snap = json.loads(lines[-1])
-    assert snap["totals"]["active"] == 2 and {e["engine"] for e in snap["engines"]} == {"sim0"}
+    assert snap["totals"]["active"] == 2 and {e["engine"] for e in snap["engines"]} == {"sim0", "embed0"}
     ranks = [r["rank"] if r["rank"] is not None else math.inf for r in snap["runs"]]
     assert ranks == sorted(ranks)  # lowest rank (served first) on top
     rc, out, _ = cli(capsys, "top", "--once", "--url", srv.url)

@@ -93,10 +93,11 @@ def test_metrics_count_runs_requests_tools_and_engine_state(make_ops_gateway) ->
 
 def test_two_gateways_in_one_process_keep_separate_metrics(make_ops_gateway) -> None:  # noqa: ANN001
     a, b = make_ops_gateway(), make_ops_gateway()
-    r = httpx.post(a.url + "/v1/runs", json={"app": "solo"})
+    # a known app (shipped PDGraph): unknown ones are counted as app="other" (issue 15)
+    r = httpx.post(a.url + "/v1/runs", json={"app": "factool_kbqa"})
     assert r.status_code == 201
-    assert total(scrape(a.url), "hermes_runs_started_total", app="solo") == 1
-    assert total(scrape(b.url), "hermes_runs_started_total", app="solo") == 0
+    assert total(scrape(a.url), "hermes_runs_started_total", app="factool_kbqa") == 1
+    assert total(scrape(b.url), "hermes_runs_started_total", app="factool_kbqa") == 0
 
 
 def test_prewarm_stats_from_a_scheduler_component(make_ops_gateway) -> None:  # noqa: ANN001
@@ -161,5 +162,5 @@ def test_a_joining_nodes_engine_series_exist_at_zero_before_any_request(make_ops
     for name in ("hermes_request_queue_seconds_count", "hermes_request_service_seconds_count"):
         labels = {dict(lv).get("engine") for (n, lv), _ in m.items()
                   if n == name and dict(lv).get("node") == "embedded"}
-        assert labels == {"sim0"}, (name, labels)
+        assert labels == {"sim0", "embed0"}, (name, labels)
         assert total(m, name, node="embedded", engine="sim0") == 0

@@ -9,7 +9,7 @@ import numpy as np
 
 from hermes.core.policies.base import SchedulingPolicy
 from hermes.core.state import RequestView, RunState
-from workloads.base import AppModel, LLMCall, Step
+from hermes.workloads.base import AppModel, LLMCall, Step
 
 
 class ShortApp(AppModel):

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from hermes.sim.arrivals import (
+    TRACE_FILES,
     TraceNotFoundError,
     load_trace_timestamps,
     resample_arrivals,
+    shipped_traces_dir,
     trace_path,
 )
 
@@ -49,9 +53,32 @@ def test_named_traces_and_env(trace, monkeypatch):
         trace_path("nope.jsonl")
 
 
-def test_shipped_traces_resolve_when_present():
-    try:
-        p = trace_path("conversation")
-    except TraceNotFoundError:
-        pytest.skip("../shared/traces not present")
-    assert p.name == "mooncake_conversation_trace.jsonl"
+def test_shipped_traces_resolve_from_any_directory(tmp_path, monkeypatch):
+    """The named traces ship with the package (issue 15, item 11): no ../shared needed."""
+    monkeypatch.delenv("HERMES_TRACES", raising=False)
+    monkeypatch.chdir(tmp_path)
+    for name, n in (("conversation", 12031), ("synthetic", 3993)):
+        p = trace_path(name)
+        assert p.parent == shipped_traces_dir() and p.suffix == ".gz"
+        assert load_trace_timestamps(name).size == n
+    assert (shipped_traces_dir() / "README.md").read_text().count("Apache") >= 1
+
+
+def test_shipped_arrivals_are_the_full_traces_timestamps():
+    full = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+    if not full.is_dir():
+        pytest.skip("the full Mooncake traces (../shared/traces) are not here")
+    for name in ("conversation", "synthetic"):
+        shipped = load_trace_timestamps(name)
+        assert np.array_equal(shipped, load_trace_timestamps(full / TRACE_FILES[name]))
+
+
+def test_not_found_error_does_not_suggest_the_failing_trace(tmp_path, monkeypatch):
+    monkeypatch.delenv("HERMES_TRACES", raising=False)
+    with pytest.raises(TraceNotFoundError) as e:
+        trace_path(tmp_path / "conversaton.jsonl")
+    assert "conversation, synthetic" in str(e.value)
+    monkeypatch.setattr("hermes.sim.arrivals.shipped_traces_dir", lambda: tmp_path / "gone")
+    with pytest.raises(TraceNotFoundError) as e:
+        trace_path("conversation")
+    assert "use a shipped trace" not in str(e.value) and "reinstall" in str(e.value)

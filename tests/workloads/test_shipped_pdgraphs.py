@@ -3,18 +3,17 @@ the dependencies built into the app models."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from hermes.core.costmodel import get_cost_model
 from hermes.core.estimator import DemandEstimator
 from hermes.core.pdgraph import PDGraph
-from workloads.isolated import profile_app
-from workloads.registry import APPS
+from hermes.kb import shipped_pdgraphs_dir
+from hermes.workloads.isolated import profile_app
+from hermes.workloads.registry import APPS
 
-PDGRAPHS = Path(__file__).resolve().parents[2] / "pdgraphs"
+PDGRAPHS = shipped_pdgraphs_dir()
 COST = get_cost_model("llama2-7b-a100")
 
 

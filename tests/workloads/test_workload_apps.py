@@ -8,8 +8,8 @@ import pytest
 from hermes.core.backend import BackendSpec
 from hermes.core.costmodel import get_cost_model
 from hermes.core.records import RunRecord
-from workloads.isolated import profile_app
-from workloads.registry import APPS, get_app
+from hermes.workloads.isolated import profile_app
+from hermes.workloads.registry import APPS, get_app
 
 COST = get_cost_model("llama2-7b-a100")
 
@@ -122,7 +122,7 @@ def _units_of(units: list, name: str) -> list:
 
 
 def test_mapreduce_collapse_follows_the_summaries() -> None:
-    from workloads.apps.mapreduce import LangchainMapReduce
+    from hermes.workloads.apps.mapreduce import LangchainMapReduce
 
     token_max = LangchainMapReduce.TOKEN_MAX
     seen_direct = seen_collapse = 0

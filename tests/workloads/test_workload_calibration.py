@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from hermes.core.costmodel import get_cost_model
-from workloads.calibration import compare, load_reference
-from workloads.isolated import profile_app
-from workloads.registry import APPS, MIX, get_app, sample_mix
+from hermes.workloads.calibration import compare, load_reference
+from hermes.workloads.isolated import profile_app
+from hermes.workloads.registry import APPS, MIX, get_app, sample_mix
 
 COST = get_cost_model("llama2-7b-a100")
 REFERENCE = load_reference()

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from hermes.core.costmodel import get_cost_model
-from workloads.base import AppModel, LLMCall, Step
-from workloads.isolated import profile_app, run_isolated
-from workloads.registry import get_app
+from hermes.workloads.base import AppModel, LLMCall, Step
+from hermes.workloads.isolated import profile_app, run_isolated
+from hermes.workloads.registry import get_app
 
 COST = get_cost_model("llama2-7b-a100")
 

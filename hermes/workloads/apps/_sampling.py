@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from workloads.base import LLMCall
+from hermes.workloads.base import LLMCall
 
 LLAMA2_7B = "llm:llama-2-7b"
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from workloads.apps.codegen import CodeGeneration
-from workloads.apps.factool import FactoolCode, FactoolKBQA, FactoolMath
-from workloads.apps.got_docmerge import GotDocMerge
-from workloads.apps.mapreduce import LangchainMapReduce
-from workloads.apps.plan_execute import PlanExecute
-from workloads.apps.react import ReactAlfworld, ReactFever
-from workloads.apps.reasoning import LLMReasoning
-from workloads.base import AppModel
+from hermes.workloads.apps.codegen import CodeGeneration
+from hermes.workloads.apps.factool import FactoolCode, FactoolKBQA, FactoolMath
+from hermes.workloads.apps.got_docmerge import GotDocMerge
+from hermes.workloads.apps.mapreduce import LangchainMapReduce
+from hermes.workloads.apps.plan_execute import PlanExecute
+from hermes.workloads.apps.react import ReactAlfworld, ReactFever
+from hermes.workloads.apps.reasoning import LLMReasoning
+from hermes.workloads.base import AppModel
 
 APPS: dict[str, type[AppModel]] = {
     cls.name: cls

@@ -14,7 +14,7 @@ import numpy as np
 
 from hermes.core.costmodel import CostModel
 from hermes.core.records import RequestRecord, RunRecord, UnitRecord
-from workloads.base import AppModel, Step
+from hermes.workloads.base import AppModel, Step
 
 
 def step_service_s(step: Step, cost: CostModel) -> float:
@@ -74,7 +74,7 @@ def profile_app(
 
     ``progress(done, total)`` is called after each run when given.
     """
-    from workloads.registry import get_app
+    from hermes.workloads.registry import get_app
 
     app = get_app(name)
     records = []

@@ -3,7 +3,7 @@
 An app model is a stochastic model of a real LLM program. :meth:`AppModel.steps` yields one
 :class:`Step` per unit invocation, in order; the demand of each step (tokens, parallelism,
 tool durations) is drawn from the given ``numpy.random.Generator`` so that a seed fixes a run.
-Drivers execute the steps: ``workloads.isolated`` (alone, on the cost model: profiling and
+Drivers execute the steps: ``hermes.workloads.isolated`` (alone, on the cost model: profiling and
 isolated run time), the discrete-event simulator, hosted apps in the live gateway and the HTTP
 load driver. The truth (what the run will still do) stays inside the generator, hidden from
 the scheduler.

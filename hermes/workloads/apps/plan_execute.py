@@ -21,8 +21,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from workloads.apps._sampling import LLAMA2_7B, call, gap, lognormal, negbin_count, tokens
-from workloads.base import AppModel, SizeClass, Step
+from hermes.workloads.apps._sampling import LLAMA2_7B, call, gap, lognormal, negbin_count, tokens
+from hermes.workloads.base import AppModel, SizeClass, Step
 
 TOOLS: tuple[tuple[str, str, float], ...] = (
     # unit, backend, probability

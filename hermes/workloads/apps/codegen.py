@@ -18,8 +18,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from workloads.apps._sampling import LLAMA2_7B, call, gap, lognormal, tokens
-from workloads.base import AppModel, SizeClass, Step
+from hermes.workloads.apps._sampling import LLAMA2_7B, call, gap, lognormal, tokens
+from hermes.workloads.base import AppModel, SizeClass, Step
 
 DOCKER_PYTHON = "docker:python:3.10-slim"
 

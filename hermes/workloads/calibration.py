@@ -19,7 +19,7 @@ import numpy as np
 from hermes.core.records import RunRecord
 
 DEFAULT_REFERENCE = (
-    Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "app-profiles.json"
+    Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "app-profiles.json"
 )
 
 

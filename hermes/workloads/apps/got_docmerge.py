@@ -26,8 +26,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from workloads.apps._sampling import LLAMA2_7B, call, gap, lognormal_from, tokens
-from workloads.base import AppModel, LLMCall, SizeClass, Step
+from hermes.workloads.apps._sampling import LLAMA2_7B, call, gap, lognormal_from, tokens
+from hermes.workloads.base import AppModel, LLMCall, SizeClass, Step
 
 JUDGES = 20  # score parallelism 20 (constant)
 

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from workloads.apps._sampling import (
+from hermes.workloads.apps._sampling import (
     LLAMA2_7B,
     call,
     gap,
@@ -28,7 +28,7 @@ from workloads.apps._sampling import (
     negbin_count,
     tokens,
 )
-from workloads.base import AppModel, SizeClass, Step
+from hermes.workloads.base import AppModel, SizeClass, Step
 
 
 class FactoolCode(AppModel):

@@ -1,4 +1,4 @@
 """The benchmark app models, one module per family (FacTool, ReAct, GoT, LangChain, ...).
 
-Use :mod:`workloads.registry` to look an app up by name.
+Use :mod:`hermes.workloads.registry` to look an app up by name.
 """

@@ -1,0 +1,40 @@
+"""Optional dependencies, installed with an extra of ``hermes-gateway``.
+
+The core install serves (gateway, HermesLet, built-in engine, simulator, benchmarks' tables);
+what only an optional part uses comes with an extra, and :func:`require` turns its absence into
+one clear error naming the extra:
+
+- ``plot`` (matplotlib): the ``--plot`` figures of ``hermes bench sched|knob|soak``;
+- ``docker`` (the Docker SDK): ``hermeslet run --docker`` / ``--container-pool`` (the tool
+  runner's Docker sandbox and its pre-started containers);
+- ``load`` (the OpenAI SDK): ``hermes load``, whose clients are OpenAI-SDK agents.
+
+``pip install 'hermes-gateway[plot,docker,load]'`` (or ``[all]``) installs every one of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+#: extra -> (distribution it installs, import name, what needs it)
+EXTRAS: dict[str, tuple[str, str, str]] = {
+    "plot": ("matplotlib", "matplotlib", "plotting (--plot)"),
+    "docker": ("docker", "docker", "the Docker tool sandbox and container pool"),
+    "load": ("openai", "openai", "hermes load (OpenAI-SDK clients)"),
+}
+
+
+class MissingExtraError(ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+
+def require(extra: str) -> ModuleType:
+    """Import the module of ``extra``, or raise :class:`MissingExtraError` naming the extra."""
+    dist, module, what = EXTRAS[extra]
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"{what} needs {dist}, which is not installed: "
+            f"pip install 'hermes-gateway[{extra}]'") from exc

