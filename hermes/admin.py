@@ -20,6 +20,8 @@ from typing import Any
 
 import httpx
 
+from hermes.cliout import print_json, print_json_pretty, print_table
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
@@ -61,16 +63,11 @@ def _out(args: argparse.Namespace, data: Any, rows: list[dict] | None = None,
          title: str | None = None) -> None:
     """``--json``: ``data`` as JSON; else ``rows`` as a table (or ``data`` pretty-printed)."""
     if args.json:
-        print(json.dumps(data))
-        return
-    from hermes.cli import _print_table
-
-    if rows is not None:
-        _print_table(rows, title=title)
+        print_json(data)
+    elif rows is not None:
+        print_table(rows, title=title)
     else:
-        from rich.console import Console
-
-        Console(width=160).print_json(json.dumps(data))
+        print_json_pretty(data)
 
 
 def _fmt(x: Any, nd: int = 2) -> Any:
@@ -285,7 +282,7 @@ def cmd_top(args: argparse.Namespace) -> int:
         while True:
             s = snap()
             if args.json:
-                print(json.dumps(s), flush=True)
+                print_json(s, flush=True)
             else:
                 from rich.console import Console
 

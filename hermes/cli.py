@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from hermes import __version__
+from hermes.cliout import print_json, print_table, write_json
 from hermes.extras import MissingExtraError
 
 
@@ -16,27 +15,6 @@ def _progress(total: int, desc: str):
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="run", file=sys.stderr, leave=False, disable=None)
-
-
-def _print_table(rows: list[dict], title: str | None = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    if not rows:
-        print("(no rows)")
-        return
-    table = Table(title=title)
-    for key in rows[0]:
-        table.add_column(str(key), justify="right" if isinstance(rows[0][key], int | float) else "left")
-    for row in rows:
-        table.add_row(*(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()))
-    Console(width=200).print(table)
-
-
-def _write_json(path: str | None, rows: list[dict]) -> None:
-    if path:
-        Path(path).write_text(json.dumps(rows, indent=2) + "\n")
-        print(f"wrote {len(rows)} rows to {path}", file=sys.stderr)
 
 
 # ----------------------------------------------------------------------------- profile
@@ -70,7 +48,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         prof.graph.save(args.out)
         masks = {e: m for e, m in prof.graph.summary()["masks"].items() if m}
         print(f"learned {prof.graph.app} from {n} runs -> {args.out}", file=sys.stderr)
-        print(json.dumps({"app": prof.graph.app, "runs": n, "units": list(prof.graph.units), "masks": masks}))
+        print_json({"app": prof.graph.app, "runs": n, "units": list(prof.graph.units), "masks": masks})
     return 0
 
 
@@ -85,10 +63,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     summary = est.sample().summary()
     summary.pop("wall_s")
     if args.json:
-        print(json.dumps(summary))
+        print_json(summary)
     else:
         rows = [{"demand": k, **{q: round(v, 2) for q, v in s.items()}} for k, s in summary.items()]
-        _print_table(rows, title=f"{graph.app}: total demand before start ({args.walks} walks)")
+        print_table(rows, title=f"{graph.app}: total demand before start ({args.walks} walks)")
     return 0
 
 
@@ -103,7 +81,7 @@ def cmd_bench_estimator(args: argparse.Namespace) -> int:
     store = open_store(args.pdgraphs)
     apps = args.apps.split(",") if args.apps else store.list_apps()
     speed = [walks_per_second(store.get(a), cost, n_walks=args.walks) for a in apps if store.get(a)]
-    _print_table(speed, title="Monte Carlo walks from the start of each app")
+    print_table(speed, title="Monte Carlo walks from the start of each app")
     rows = []
     for app in args.refine_apps.split(","):
         graph = store.get(app)
@@ -112,8 +90,8 @@ def cmd_bench_estimator(args: argparse.Namespace) -> int:
         with _progress(args.runs, f"fresh runs of {app}") as bar:
             recs = profile_app(app, args.runs, args.seed, cost)
             rows.append(refinement_accuracy(graph, recs, cost, n_walks=args.walks, progress=bar.update))
-    _print_table(rows, title="Remaining-service MAE when the first unit finishes")
-    _write_json(args.json, [dict(r, table="walks") for r in speed] + [dict(r, table="refinement") for r in rows])
+    print_table(rows, title="Remaining-service MAE when the first unit finishes")
+    write_json(args.json, [dict(r, table="walks") for r in speed] + [dict(r, table="refinement") for r in rows])
     assert REFINE_APPS
     return 0
 
@@ -243,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_admin_parsers(sub)
-    from hermes.security.keys_cli import add_keys_parser
+    from hermes.keys_cli import add_keys_parser
 
     add_keys_parser(sub)
     try:

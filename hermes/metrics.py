@@ -83,7 +83,7 @@ MAX_TENANTS = 1000
 MAX_TENANTS_NO_AUTH = 100
 #: (app, tenant) pairs with their own run series (~3 KB of exposition each)
 MAX_PAIRS = 1000
-#: the app of OpenAI requests that name none (``hermes.gateway.openai_api.DEFAULT_APP``)
+#: the app of OpenAI requests that name none (``hermes.gateway.api.binding.DEFAULT_APP``)
 DEFAULT_APP = "default"
 
 
@@ -332,7 +332,7 @@ class GatewayMetrics:
                 fut.add_done_callback(partial(self._prior_done, app, id(est)))
         return hit[2] if hit is not None else None
 
-    def _prior_done(self, app: str, key: int, fut: asyncio.Future) -> None:
+    def _prior_done(self, app: str, key: int, fut: asyncio.Future[float]) -> None:
         self._prior_pending.discard(app)
         if not fut.cancelled() and fut.exception() is None:
             self._prior[app] = (key, time.monotonic() + PRIOR_TTL_S, fut.result())

@@ -18,10 +18,11 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port on ``host`` that nothing listens on now (the OS picks it)."""
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
-def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+def stop_group(proc: subprocess.Popen[Any], grace_s: float = 15.0) -> None:
     """Stop ``proc`` and its children (started with ``start_new_session=True``): SIGTERM to the
     process group, SIGKILL if it is still running after ``grace_s``."""
     if proc.poll() is None:
@@ -35,7 +36,7 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
         proc.wait()
 
 
-def wait_http(url: str, proc: subprocess.Popen | None = None, *, timeout: float = 60.0,
+def wait_http(url: str, proc: subprocess.Popen[Any] | None = None, *, timeout: float = 60.0,
               ready: Callable[[Any], bool] = lambda r: True) -> None:
     """Poll ``url`` until it answers 200 and ``ready(response)`` holds (e.g. a gateway's
     ``/healthz`` listing nodes). Raises ``OSError`` naming the URL after ``timeout`` seconds,
@@ -45,7 +46,9 @@ def wait_http(url: str, proc: subprocess.Popen | None = None, *, timeout: float 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise OSError(f"{proc.args[:4]} exited with {proc.returncode} before {url} answered")
+            args = proc.args  # the command's first words (a command given as one string: all)
+            shown = args[:4] if isinstance(args, list | tuple) else args
+            raise OSError(f"{shown!r} exited with {proc.returncode} before {url} answered")
         try:
             r = httpx.get(url, timeout=1.0)
             if r.status_code == 200 and ready(r):

@@ -241,7 +241,7 @@ NodeMessage = Hello | Heartbeat | Token | Done | Failed | ToolDone | UnitEvent |
 SchedulerMessage = Submit | Rekey | Cancel | Tool | Prewarm | Resync
 Message = Annotated[NodeMessage | SchedulerMessage, Field(discriminator="type")]
 
-_ADAPTER: TypeAdapter[Any] = TypeAdapter(Message)
+_ADAPTER: TypeAdapter[NodeMessage | SchedulerMessage] = TypeAdapter(Message)
 
 
 def encode(msg: BaseModel) -> bytes:

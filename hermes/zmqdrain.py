@@ -21,7 +21,7 @@ class QueuedMessages:
     """``after(first)``: ``first``, then whatever is already queued (at most ``limit``)."""
 
     def __init__(self, sock: zmq.asyncio.Socket, limit: int = 64) -> None:
-        self._sync = zmq.Socket.shadow(sock.underlying)
+        self._sync: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
         self.limit = limit
 
     def after(self, first: list[bytes]) -> Iterator[list[bytes]]:

@@ -7,10 +7,15 @@ server, the built-in simulated engine) and runs tool calls in a sandbox.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hermeslet.agent import HermesLet
+
 __all__ = ["HermesLet"]
 
 
-def __getattr__(name: str):  # lazy: importing the package must not import zmq/httpx
+def __getattr__(name: str) -> type[HermesLet]:  # lazy: importing the package must not import zmq/httpx
     if name == "HermesLet":
         from hermeslet.agent import HermesLet
 

@@ -29,9 +29,9 @@ import itertools
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
@@ -64,7 +64,7 @@ class _Queued:
 class _EngineSlot:
     engine: EngineAdapter
     queue: KeyedQueue[_Queued] = field(default_factory=KeyedQueue)
-    inflight: dict[str, asyncio.Task] = field(default_factory=dict)
+    inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     models: dict[str, str] = field(default_factory=dict)  # in flight: request id -> model
 
 
@@ -103,7 +103,7 @@ class HermesLet:
         self.tools = tools if tools is not None else ToolRunner()
         self.tool_concurrency = tool_concurrency
         self.tool_queue: KeyedQueue[_Queued] = KeyedQueue()
-        self.tool_tasks: dict[str, asyncio.Task] = {}
+        self.tool_tasks: dict[str, asyncio.Task[None]] = {}
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.asyncio.Context()
         self.heartbeat_s = heartbeat_s
@@ -121,7 +121,7 @@ class HermesLet:
         #: queued KV prewarms: (backend, prewarm id) -> (engine slot, request id)
         self._kv_queued: dict[tuple[str, object], tuple[_EngineSlot, str]] = {}
         self._kv_ids = itertools.count(1)
-        self._prewarm_tasks: set[asyncio.Task] = set()
+        self._prewarm_tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -194,9 +194,12 @@ class HermesLet:
         if self.link is None:
             self.sock = self._connect()
         recv = self._recv_loop() if self.link is None else self._recv_link(self.link)
-        tasks: list[asyncio.Task] = []
+        tasks: list[asyncio.Task[None]] = []
         try:
-            await self._send(self.hello())
+            # a DEALER's send waits while no connection is up (e.g. a scheduler that refuses
+            # this node's CURVE key): a stop must still end the node then
+            if not await self._until_stopped(self._send(self.hello())):
+                return
             self._started.set()
             tasks = [
                 asyncio.create_task(recv, name=f"hermeslet-{self.node}-recv"),
@@ -220,6 +223,20 @@ class HermesLet:
             if self._own_ctx:
                 self.ctx.term()
 
+    async def _until_stopped(self, work: Coroutine[Any, Any, None]) -> bool:
+        """Run ``work`` unless :meth:`stop` comes first (then cancel it): whether it ran."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait([task, stop], return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return False
+        task.result()
+        return True
+
     def _connect(self) -> zmq.asyncio.Socket:
         """The DEALER socket to the scheduler (identity = node name; CURVE when configured)."""
         sock = self.ctx.socket(zmq.DEALER)
@@ -232,7 +249,7 @@ class HermesLet:
         sock.connect(self.address)
         return sock
 
-    async def _shutdown(self, tasks: list[asyncio.Task]) -> None:
+    async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
         """Cancel the loops and all queued work, close the engines."""
         for t in tasks:
             t.cancel()
@@ -252,7 +269,7 @@ class HermesLet:
             for msg in await link.recv():
                 await self._handle_one(msg)
 
-    async def _handle_one(self, msg) -> None:  # noqa: ANN001
+    async def _handle_one(self, msg: P.SchedulerMessage | P.NodeMessage) -> None:
         """:meth:`handle`, logging instead of raising: one message the node cannot apply must
         not stop it from serving the others."""
         try:
@@ -261,7 +278,7 @@ class HermesLet:
             log.exception("hermeslet %s: could not apply a %r message", self.node,
                           getattr(msg, "type", type(msg).__name__))
 
-    async def _send(self, msg) -> None:  # noqa: ANN001
+    async def _send(self, msg: P.NodeMessage) -> None:
         if self.link is not None:
             self.link.send(msg)
         elif self.sock is not None:
@@ -291,8 +308,9 @@ class HermesLet:
                 await self._handle_one(msg)
 
     # ------------------------------------------------------------------ message handling
-    async def handle(self, msg) -> None:  # noqa: ANN001
-        """Apply one scheduler message (public for in-process drivers and tests)."""
+    async def handle(self, msg: P.SchedulerMessage | P.NodeMessage) -> None:
+        """Apply one scheduler message (public for in-process drivers and tests); a node-bound
+        one is ignored."""
         match msg:
             case P.Submit():
                 await self._on_submit(msg)
@@ -324,7 +342,7 @@ class HermesLet:
         ok, detail = await self.prewarmer.handle(msg.backend, msg.action, msg.params)
         await self._send(P.PrewarmAck(backend=msg.backend, action=msg.action, ok=ok, detail=detail))
 
-    def _spawn(self, coro) -> None:  # noqa: ANN001
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._prewarm_tasks.add(task)
         task.add_done_callback(self._prewarm_tasks.discard)
@@ -488,7 +506,9 @@ class HermesLet:
         inflight = {m for m in slot.models.values() if m and m != base}
         if pw.lora_lookahead is not None:
             pw.lora_lookahead.update(slot.engine.name, base,
-                                     lambda n: [q.msg.model for q in slot.queue.head(n)],
+                                     # (an engine's queue holds submits only)
+                                     lambda n: [q.msg.model for q in slot.queue.head(n)
+                                                if isinstance(q.msg, P.Submit)],
                                      inflight)
         else:
             pw.set_in_use(slot.engine.name, base, inflight)

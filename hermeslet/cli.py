@@ -18,8 +18,12 @@ import contextlib
 import signal
 import socket
 import sys
+from typing import TYPE_CHECKING, Any
 
 from hermes.protocol import DEFAULT_SCHEDULER_ADDRESS
+
+if TYPE_CHECKING:
+    from hermeslet.agent import HermesLet
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -145,17 +149,17 @@ def _positive_int(text: str) -> int:
     return v
 
 
-def build_agent(args: argparse.Namespace):  # noqa: ANN201
+def build_agent(args: argparse.Namespace) -> HermesLet:
     from hermeslet.agent import HermesLet
     from hermeslet.engines import make_engine
-    from hermeslet.tools import DockerSandbox, ToolRunner
+    from hermeslet.tools import BlockingDockerSandbox, DockerSandbox, ToolRunner
 
     lookahead = getattr(args, "lora_lookahead", False)
     max_cpu_loras = getattr(args, "max_cpu_loras", None)
     engines = []
     for i, spec in enumerate(args.engine or ["sim"]):
         kind = spec.partition(":")[0]
-        kw: dict = {}
+        kw: dict[str, Any] = {}
         if args.priority is not None:
             kw["use_priority"] = args.priority
         if kind == "sim":
@@ -180,7 +184,8 @@ def build_agent(args: argparse.Namespace):  # noqa: ANN201
         from hermes.extras import require
 
         require("docker")  # the `docker` extra: one clear error when it is missing
-    docker = DockerSandbox(base_url=args.docker or None) if args.docker is not None else None
+    docker: BlockingDockerSandbox | None = (DockerSandbox(base_url=args.docker or None)
+                                            if args.docker is not None else None)
     prewarmer = None
     if getattr(args, "prewarm", False) or lookahead:
         from hermeslet.prewarmers import build_node_prewarmer
@@ -188,7 +193,11 @@ def build_agent(args: argparse.Namespace):  # noqa: ANN201
         pooled, prewarmer = build_node_prewarmer(
             engines, docker_url=args.docker, lora=args.enable_lora or lookahead,
             max_loras=max_cpu_loras or args.max_loras,
-            lora_paths=dict(getattr(args, "lora_path", None) or []), lookahead=lookahead)
+            lora_paths=dict(getattr(args, "lora_path", None) or []))
+        if lookahead:  # (LoRA prewarming is on with it)
+            from hermeslet.lora_lookahead import LoraLookahead
+
+            prewarmer.lora_lookahead = LoraLookahead(prewarmer)
         docker = pooled or docker
     return HermesLet(args.node, args.scheduler, engines,
                      tools=ToolRunner(docker=docker), tool_concurrency=args.tool_concurrency,

@@ -44,7 +44,7 @@ class LoraLookahead:
         self.node = node
         self.scan = scan
         self._pending: set[tuple[str, str]] = set()  # (base model, adapter) being loaded
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._no_path: set[tuple[str, str]] = set()
         #: (base model, adapter) whose last load failed -> (not before, current backoff s)
         self._backoff: dict[tuple[str, str], tuple[float, float]] = {}

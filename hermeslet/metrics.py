@@ -229,7 +229,8 @@ class MetricsServer:
     @property
     def port(self) -> int:
         assert self._server is not None
-        return self._server.sockets[0].getsockname()[1]
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> MetricsServer:
         self._server = await asyncio.start_server(self._handle, host, port)

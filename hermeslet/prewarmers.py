@@ -33,7 +33,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from hermes.core.prewarm import resource_model
 from hermeslet.engines.base import EngineAdapter, EngineError
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
     from hermeslet.engines.openai_http import OpenAIHTTPEngine
 
 IDLE_CMD = ["sleep", "86400"]
+
+_E = TypeVar("_E", bound=EngineAdapter)
 
 
 @dataclass(slots=True)
@@ -243,8 +245,8 @@ class PooledDockerSandbox(BlockingDockerSandbox):
 
 
 @contextlib.asynccontextmanager
-async def engine_adapter(engine: EngineAdapter | str, *, name: str,
-                         model: str | None = None) -> AsyncIterator[EngineAdapter]:
+async def engine_adapter(engine: _E | str, *, name: str,
+                         model: str | None = None) -> AsyncIterator[_E | OpenAIHTTPEngine]:
     """The engine adapter a prewarmer calls: ``engine`` itself, or, given only a server URL,
     an :class:`~hermeslet.engines.openai_http.OpenAIHTTPEngine` made for the call and closed
     after it."""
@@ -543,7 +545,8 @@ class NodePrewarmer:
         pw = self.loras.get(base)
         return sorted(a for a in pw.paths if pw.paths[a]) if pw is not None else []
 
-    async def handle(self, backend: str, action: str, params: dict | None = None) -> tuple[bool, str]:
+    async def handle(self, backend: str, action: str,
+                     params: dict[str, Any] | None = None) -> tuple[bool, str]:
         """Carry out one signal; returns (ok, detail) for the ack (detail has ``warmup_s=``)."""
         params = params or {}
         kind, _, name = backend.partition(":")
@@ -562,14 +565,14 @@ class NodePrewarmer:
                         return True, f"warmup_s={dt:.4f}"
                     return await pw.unload(adapter), "unloaded"
             if kind == "kv":
-                pw = self.prefixes.get(resource_model(backend))
-                if pw is not None and action == "start":
+                kv = self.prefixes.get(resource_model(backend))
+                if kv is not None and action == "start":
                     prefix = params.get("prefix")
                     if not prefix:
                         return False, "kv prewarm needs params.prefix (the shared prompt prefix)"
-                    dt = await pw.warm(prefix, params.get("model"))  # the unit's adapter
+                    dt = await kv.warm(prefix, params.get("model"))  # the unit's adapter
                     return True, f"warmup_s={dt:.4f}"
-                if pw is not None:
+                if kv is not None:
                     return True, "released (the engine's cache evicts it)"
             if kind == "dnn" and name in self.dnn:
                 hook = self.dnn[name]
@@ -592,8 +595,8 @@ class NodePrewarmer:
             if self.lora_lookahead is not None:
                 out.update({f"lora_{model}_lookahead_{k}": v
                             for k, v in pw.lookahead.as_dict().items()})
-        for model, pw in self.prefixes.items():
-            out.update({f"kv_{model}_{k}": v for k, v in pw.counters.as_dict().items()})
+        for model, kv in self.prefixes.items():
+            out.update({f"kv_{model}_{k}": v for k, v in kv.counters.as_dict().items()})
         for model, hook in self.dnn.items():
             out[f"dnn_{model}_loads"] = hook.loads
             out[f"dnn_{model}_load_s"] = hook.load_s or 0.0
@@ -602,13 +605,15 @@ class NodePrewarmer:
 
 def build_node_prewarmer(
     engines: list[Any], *, docker_url: str | None = None, lora: bool = False, max_loras: int = 4,
-    lora_paths: dict[str, str] | None = None, lookahead: bool = False,
+    lora_paths: dict[str, str] | None = None,
 ) -> tuple[PooledDockerSandbox | None, NodePrewarmer]:
     """The prewarmers a node can run: a container pool when Docker is configured (``""``: the
     default daemon) and, per HTTP engine, KV prefixes and (``lora``) runtime LoRA loading of
     at most ``max_loras`` adapters (``lora_paths``: adapter name -> path on the engine's
-    host), with the queue lookahead when ``lookahead``.
-    Returns the pooled Docker sandbox for the tool runner (or ``None``) and the prewarmer."""
+    host). The LoRA queue lookahead, which drives these prewarmers, is set on the result by
+    the caller (:class:`hermeslet.lora_lookahead.LoraLookahead`; this module does not import
+    it). Returns the pooled Docker sandbox for the tool runner (or ``None``) and the
+    prewarmer."""
     pool = ContainerPool(base_url=docker_url or None) if docker_url is not None else None
     node = NodePrewarmer(containers=pool)
     for e in engines:
@@ -618,8 +623,4 @@ def build_node_prewarmer(
         node.prefixes[model] = KVPrefixPrewarmer(e)  # through its adapter (built-in too)
         if lora and url:  # an HTTP engine (vLLM's runtime LoRA API), through its adapter
             node.loras[model] = LoraPrewarmer(e, max_loras=max_loras, paths=lora_paths)
-    if lora and lookahead:
-        from hermeslet.lora_lookahead import LoraLookahead
-
-        node.lora_lookahead = LoraLookahead(node)
     return (PooledDockerSandbox(pool) if pool is not None else None), node

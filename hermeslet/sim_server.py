@@ -24,14 +24,14 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from hermeslet.engines.base import EngineError, GenChunk, GenResult, Task
 from hermeslet.engines.sim_engine import SimEngine
@@ -54,7 +54,7 @@ class _EngineCollector:
     def __init__(self, engine: SimEngine) -> None:
         self.engine = engine
 
-    def collect(self):  # noqa: ANN201
+    def collect(self) -> Iterator[Metric]:
         m = self.engine.stats()
         labels = ["model_name", "engine"]
         vals = [self.engine.model, "0"]
@@ -86,14 +86,14 @@ def create_app(engine: SimEngine) -> FastAPI:
     """The FastAPI app serving ``engine`` (started and stopped with the app)."""
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):  # noqa: ANN202
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.start()
         yield
         await engine.close()
 
     app = FastAPI(title="Hermes simulated engine (vLLM-compatible)", lifespan=lifespan)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_EngineCollector(engine))  # type: ignore[arg-type]
+    registry.register(_EngineCollector(engine))
     app.state.engine = engine
 
     @app.get("/health")
@@ -225,7 +225,7 @@ def _answer(endpoint: str, rid: str, model: str, res: GenResult) -> dict[str, An
 
 
 async def _sse(endpoint: str, rid: str, model: str, first: GenChunk | GenResult,
-               gen: AsyncIterator[GenChunk | GenResult], include_usage: bool
+               gen: AsyncGenerator[GenChunk | GenResult, None], include_usage: bool
                ) -> AsyncIterator[bytes]:
     """The engine's chunks as server-sent events, then the usage chunk (when asked) and
     ``[DONE]``; an engine error mid-stream is an error event."""

@@ -412,7 +412,7 @@ class ToolRunner:
     """
 
     def __init__(self, subprocess: SubprocessSandbox | None = None,
-                 docker: DockerSandbox | None = None, *,
+                 docker: BlockingDockerSandbox | None = None, *,
                  unsafe_unsandboxed: bool = False) -> None:
         self.subprocess = subprocess or SubprocessSandbox(unsafe_unsandboxed=unsafe_unsandboxed)
         self.docker = docker

@@ -236,10 +236,12 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     rows = bench_gateway(args.requests, _ints(args.concurrency), tuple(_names(args.policies)),
-                         warmup=args.warmup, progress=not args.no_progress, client=args.client)
+                         warmup=args.warmup, progress=not args.no_progress, client=args.client,
+                         fill_history=args.fill_history)
     return _finish(rows, args, f"gateway overhead ({args.requests} requests, "
                    f"concurrency {args.concurrency}, {args.client} client; *_cpu_ms: CPU ms "
-                   f"per request of each process)", t0)
+                   f"per request of each process; max_pause_ms: longest event-loop stall of "
+                   f"the gateway in the row; history: finished runs it keeps)", t0)
 
 
 def add_gateway_parser(bsub: argparse._SubParsersAction) -> None:
@@ -253,6 +255,11 @@ def add_gateway_parser(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--policies", default="hermes,vllm")
     s.add_argument("--client", default="aiohttp", choices=("aiohttp", "httpx"),
                    help="benchmark HTTP client, the same for both paths (default aiohttp)")
+    s.add_argument("--fill-history", dest="fill_history", type=int, default=10_000,
+                   metavar="N",
+                   help="one more row per policy at the highest concurrency, after filling the "
+                        "gateway's finished-run history: keep_finished_runs = N, and N runs "
+                        "first (default 10000, the gateway's default; 0: no such row)")
     s.add_argument("--json", default=None)
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=cmd_gateway)

@@ -13,12 +13,27 @@ Both phases use the same client (aiohttp by default, ``--client httpx`` as befor
 requests in flight, keep-alive) on the same event loop (:mod:`hermes.evloop`).
 Each concurrency level (``--concurrency 1,32`` by default: the latency added to a lone request,
 and what one gateway process sustains under load) gets a direct row and a row per policy.
-Rows: ``{path, policy, concurrency, requests, p50_ms, p99_ms, req_per_s, client_cpu_ms,
-gateway_cpu_ms, engine_cpu_ms, added_p50_ms, added_p99_ms}``; ``added_*`` = gateway minus
-direct, measured in the same run; ``*_cpu_ms`` = CPU milliseconds (user + system, from
-``/proc``) per request of the benchmark client, the gateway process and the engine server
-over the measured phase. On a shared machine wall-clock req/s is noisy; CPU per request is
-what one process can sustain: ``1000 / cpu_ms`` req/s per core.
+Rows: ``{path, policy, concurrency, history, requests, errors, p50_ms, p99_ms, max_ms,
+max_pause_ms, max_gc_ms, max_pause_cpu_ms, req_per_s, client_cpu_ms, gateway_cpu_ms, engine_cpu_ms,
+added_p50_ms, added_p99_ms}``; ``added_*`` = gateway minus direct, measured in the same run;
+``*_cpu_ms`` = CPU milliseconds (user + system, from ``/proc``) per request of the benchmark
+client, the gateway process and the engine server over the measured phase. On a shared
+machine wall-clock req/s is noisy; CPU per request is what one process can sustain:
+``1000 / cpu_ms`` req/s per core.
+
+Tail (issue 16): ``max_ms`` is the slowest request of the row; ``max_pause_ms`` the longest
+event-loop stall of the gateway process while the row's requests ran, measured inside the
+gateway (:mod:`hermes.gateway.looplag`, ``GET /admin/loop``, read and reset right before
+and right after the row), ``max_gc_ms`` the longest garbage collection in it and
+``max_pause_cpu_ms`` the CPU time the gateway's loop thread used during its longest stall
+(close to ``max_pause_ms``: the loop was busy; far below: the process was waiting, e.g.
+preempted on a busy machine). All three are 0 for direct rows (no gateway). ``history``: finished runs the gateway keeps (for
+``GET /v1/runs/{id}``) when the row starts; every request through it is a one-run app, so
+the history grows with the rows. ``fill_history`` (``--fill-history N``, default
+``keep_finished_runs``' default 10,000; 0: none) adds one more row per policy at the
+highest concurrency level: the gateway is given ``keep_finished_runs = N`` and first sent
+requests until it keeps N finished runs (full, evicting the oldest as it goes), then
+measured; a plain row of that level in the same gateway precedes it.
 """
 
 from __future__ import annotations
@@ -128,16 +143,23 @@ async def _drive(url: str, n: int, concurrency: int, headers: dict[str, str] | N
 
 
 def _row(path: str, policy: str, concurrency: int, lat: np.ndarray, wall: float,
-         errors: int, cpu: dict[str, float]) -> dict[str, Any]:
+         errors: int, cpu: dict[str, float], pauses: dict[str, float] | None = None,
+         history: int = 0) -> dict[str, Any]:
+    nan = float("nan")
     return {
         "path": path,
         "policy": policy,
         "concurrency": concurrency,
+        "history": history,
         "requests": int(lat.size),
         "errors": errors,
-        "p50_ms": float(np.percentile(lat, 50) * 1e3) if lat.size else float("nan"),
-        "p99_ms": float(np.percentile(lat, 99) * 1e3) if lat.size else float("nan"),
-        "req_per_s": float(lat.size / wall) if wall > 0 else float("nan"),
+        "p50_ms": float(np.percentile(lat, 50) * 1e3) if lat.size else nan,
+        "p99_ms": float(np.percentile(lat, 99) * 1e3) if lat.size else nan,
+        "max_ms": float(lat.max() * 1e3) if lat.size else nan,
+        "max_pause_ms": (pauses or {}).get("max_pause_ms", 0.0),
+        "max_gc_ms": (pauses or {}).get("max_gc_ms", 0.0),
+        "max_pause_cpu_ms": (pauses or {}).get("max_pause_cpu_ms", 0.0),
+        "req_per_s": float(lat.size / wall) if wall > 0 else nan,
         "client_cpu_ms": cpu["client_cpu_ms"],
         "gateway_cpu_ms": cpu.get("gateway_cpu_ms", 0.0),
         "engine_cpu_ms": cpu["engine_cpu_ms"],
@@ -153,18 +175,23 @@ def bench_gateway(
     engine_time_scale: float = 1e6,
     progress: bool = True,
     client: str = "aiohttp",
+    fill_history: int = 0,
 ) -> list[dict[str, Any]]:
     """Direct vs through-the-gateway latency and throughput; one gateway process per policy.
 
     Both phases use the same ``client`` (``aiohttp`` | ``httpx``) on the same event loop.
     ``concurrency`` may list several levels (e.g. ``(1, 32)``: the latency the gateway adds to
     a lone request, and what it sustains under load); each gateway row's ``added_*`` is
-    against the direct row of its concurrency."""
+    against the direct row of its concurrency. ``fill_history`` > 0: one more row per policy
+    at the highest level, with the gateway's finished-run history full (see the module
+    docstring)."""
     from tqdm import tqdm
 
     levels = [concurrency] if isinstance(concurrency, int) else list(concurrency)
     if requests < 1 or not levels or min(levels) < 1:
         raise ValueError("--requests and --concurrency must be >= 1")
+    if fill_history < 0:
+        raise ValueError("--fill-history must be >= 0")
     if client not in CLIENTS:
         raise ValueError(f"--client must be one of {', '.join(CLIENTS)}, not {client!r}")
     py = sys.executable
@@ -175,19 +202,22 @@ def bench_gateway(
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     rows: list[dict[str, Any]] = []
     direct: dict[int, dict[str, Any]] = {}
-    bar = tqdm(total=(1 + len(policies)) * len(levels) * (requests + warmup), desc="requests",
-               file=sys.stderr, disable=not progress)
+    per_gateway = len(levels) * (requests + warmup)
+    if fill_history:
+        per_gateway = max(per_gateway, fill_history) + requests
+    bar = tqdm(total=len(levels) * (requests + warmup) + len(policies) * per_gateway,
+               desc="requests", file=sys.stderr, disable=not progress)
     try:
         engine_url = f"http://127.0.0.1:{eport}"
         wait_http(engine_url + "/health", eng)
         for c in levels:
-            lat, wall, err, cpu = _phase(engine_url, requests, warmup, c, bar, client,
-                                         engine=eng.pid)
+            lat, wall, err, cpu, _ = _phase(engine_url, requests, warmup, c, bar, client,
+                                            engine=eng.pid)
             direct[c] = _row("direct", "-", c, lat, wall, err, cpu)
             rows.append(direct[c])
         for policy in policies:
             rows += _through_gateway(engine_url, eng.pid, policy, requests, warmup, levels,
-                                     bar, client)
+                                     bar, client, fill_history)
     finally:
         bar.close()
         stop_group(eng)
@@ -199,23 +229,58 @@ def bench_gateway(
 
 
 def _phase(url: str, requests: int, warmup: int, concurrency: int, bar: Any, client: str,
-           **pids: int) -> tuple[np.ndarray, float, int, dict[str, float]]:
-    """Warm up, then measure ``requests``: latencies, wall s, errors, CPU ms per request."""
+           loop: _LoopLag | None = None,
+           **pids: int) -> tuple[np.ndarray, float, int, dict[str, float], dict[str, float]]:
+    """Warm up, then measure ``requests``: latencies, wall s, errors, CPU ms per request and
+    the gateway's pauses during the measured requests (``loop``; empty without)."""
     evloop.run(_drive(url, warmup, concurrency, progress=bar, client=client))
+    if loop is not None:
+        loop.read()  # reset: the window starts now
     meter = _CpuMeter(**pids)
     lat, wall, err = evloop.run(_drive(url, requests, concurrency, progress=bar, client=client))
-    return lat, wall, err, meter.per_request_ms(requests)
+    cpu = meter.per_request_ms(requests)
+    return lat, wall, err, cpu, (loop.read() if loop is not None else {})
+
+
+class _LoopLag:
+    """The gateway's event-loop stall monitor, ``GET /admin/loop?reset=true`` (the admin
+    API: the gateway is on loopback; ``$HERMES_ADMIN_TOKEN`` is sent when set)."""
+
+    def __init__(self, url: str) -> None:
+        token = os.environ.get("HERMES_ADMIN_TOKEN")
+        self.http = httpx.Client(base_url=url, timeout=30.0, headers={
+            "Authorization": f"Bearer {token}"} if token else {})
+
+    def read(self) -> dict[str, float]:
+        """``{max_pause_ms, max_pause_cpu_ms, max_gc_ms}`` since the last read (NaN: no
+        monitor there)."""
+        try:
+            r = self.http.get("/admin/loop", params={"reset": "true"})
+            r.raise_for_status()
+            got = r.json()
+        except (httpx.HTTPError, ValueError):
+            return dict.fromkeys(("max_pause_ms", "max_gc_ms", "max_pause_cpu_ms"), float("nan"))
+        return {"max_pause_ms": float(got["max_pause_ms"]),
+                "max_pause_cpu_ms": float(got.get("max_pause_cpu_ms", float("nan"))),
+                "max_gc_ms": float(max(got.get("gc", {}).get("max_ms", [0.0])))}
+
+    def close(self) -> None:
+        self.http.close()
 
 
 def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: int, warmup: int,
-                     levels: list[int], bar: Any, client: str) -> list[dict[str, Any]]:
+                     levels: list[int], bar: Any, client: str,
+                     fill_history: int = 0) -> list[dict[str, Any]]:
+    from hermes.gateway.config import SchedulerConfig
+
     rows = []
+    keep = fill_history or SchedulerConfig().keep_finished_runs
     with tempfile.TemporaryDirectory(prefix="hermes-bench-gw-") as tmp:
         cfg = Path(tmp) / "hermes.toml"
         gport = free_port()
         cfg.write_text(
             f'[server]\nhost = "127.0.0.1"\nport = {gport}\nlog_level = "warning"\n'
-            f'[scheduler]\npolicy = "{policy}"\nbind = ""\n'
+            f'[scheduler]\npolicy = "{policy}"\nbind = ""\nkeep_finished_runs = {keep}\n'
             f'[stores]\nstate_dir = "{tmp}/state"\nkb = "{tmp}/kb"\n'
             f'[[engines]]\nname = "e0"\nkind = "openai"\nurl = "{engine_url}"\n'
             f'model = "{MODEL}"\nmax_inflight = {max(64, 2 * max(levels))}\n'
@@ -223,13 +288,27 @@ def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: in
         gw = subprocess.Popen([sys.executable, "-m", "hermes.cli", "serve", "--config", str(cfg)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        loop: _LoopLag | None = None
         try:
             url = f"http://127.0.0.1:{gport}"
             wait_http(url + "/healthz", gw)
+            loop = _LoopLag(url)
+            sent = 0  # one-request runs so far: the gateway keeps min(sent, keep) finished
             for c in levels:
-                lat, wall, err, cpu = _phase(url, requests, warmup, c, bar, client,
-                                             gateway=gw.pid, engine=engine_pid)
-                rows.append(_row("gateway", policy, c, lat, wall, err, cpu))
+                lat, wall, err, cpu, pauses = _phase(url, requests, warmup, c, bar, client, loop,
+                                                     gateway=gw.pid, engine=engine_pid)
+                rows.append(_row("gateway", policy, c, lat, wall, err, cpu, pauses,
+                                 history=min(sent + warmup, keep)))
+                sent += warmup + requests
+            if fill_history:
+                c = max(levels)
+                fill = max(0, fill_history - sent)
+                lat, wall, err, cpu, pauses = _phase(url, requests, fill, c, bar, client, loop,
+                                                     gateway=gw.pid, engine=engine_pid)
+                rows.append(_row("gateway", policy, c, lat, wall, err, cpu, pauses,
+                                 history=min(sent + fill, keep)))
         finally:
+            if loop is not None:
+                loop.close()
             stop_group(gw)
     return rows

@@ -23,7 +23,6 @@ Simulations of different (window, policy) pairs run in parallel worker processes
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hermes import cliout
 from hermes.core.engine_model import PrefixCache
 from hermes.core.tools_model import ToolPool
 from hermes.sim.arrivals import resample_arrivals
@@ -455,29 +455,15 @@ def ratio_rows(rows: Sequence[dict], ref: str = "hermes") -> list[dict]:
 
 
 def print_table(rows: Sequence[dict], title: str | None = None, file=None) -> None:  # noqa: ANN001
-    """Print rows as a table on stdout (rich)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    if not rows:
-        return
-    table = Table(title=title)
-    cols = list(rows[0])
-    for c in cols:
-        table.add_column(c, justify="left" if isinstance(rows[0][c], str) else "right")
-    for r in rows:
-        table.add_row(*(_fmt(r.get(c)) for c in cols))
-    Console(file=file or sys.stdout, width=200).print(table)
-
-
-def _fmt(v: object) -> str:
-    if isinstance(v, float):
-        return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
-    return str(v)
+    """Print rows as a table (:func:`hermes.cliout.print_table`, compact floats; nothing when
+    there are no rows)."""
+    cliout.print_table(rows, title, compact=True, empty=None, file=file)
 
 
 def write_json(path: str | Path, rows: Iterable[dict]) -> None:
-    Path(path).write_text(json.dumps(list(rows), indent=1) + "\n")
+    """The rows as a JSON list in ``path`` (:func:`hermes.cliout.write_json`, as the benchmarks
+    write them: one-space indent, nothing said on stderr)."""
+    cliout.write_json(path, rows, indent=1, quiet=True)
 
 
 def plot_act_cdf(acts: dict, path: str | Path, title: str = "ACT CDF") -> None:

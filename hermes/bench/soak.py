@@ -233,7 +233,7 @@ def plot(res: SoakResult, path: str) -> None:
 
 
 def cmd_soak(args: Any) -> int:
-    from hermes.cli import _print_table, _write_json
+    from hermes.cliout import print_table, write_json
 
     if not 0 < args.minutes <= MAX_MINUTES:
         raise ValueError(f"--minutes must be in (0, {MAX_MINUTES:g}], got {args.minutes}")
@@ -258,14 +258,14 @@ def cmd_soak(args: Any) -> int:
         if tmp is not None:
             tmp.cleanup()
     rows = summarize(res, args.minutes, args.rate, args.warmup)
-    _print_table([r for r in rows if r["row"] != "memory"],
+    print_table([r for r in rows if r["row"] != "memory"],
                  title=f"soak: {args.minutes:g} min at {args.rate:g}/s ({res.sent} requests)")
     mem = [r for r in rows if r["row"] == "memory"]
     if mem:
-        _print_table(mem, title="gateway memory (RSS)")
+        print_table(mem, title="gateway memory (RSS)")
     if res.errors:
         print("errors: " + json.dumps(res.errors), file=sys.stderr)
-    _write_json(args.json, rows + sample_rows(res))
+    write_json(args.json, rows + sample_rows(res))
     if args.plot:
         plot(res, args.plot)
     return 0 if not res.errors else 1

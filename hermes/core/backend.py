@@ -35,7 +35,7 @@ class BackendSpec:
             rest, lora = rest.split("@", 1)
             if not rest or not lora:
                 raise ValueError(f"bad backend {text!r}: expected llm:MODEL@LORA")
-        return cls(kind, rest, lora)  # type: ignore[arg-type]
+        return cls(kind, rest, lora)  # `kind in KINDS` narrowed it to a BackendKind
 
     def __str__(self) -> str:
         base = f"{self.kind}:{self.name}"

@@ -29,6 +29,7 @@ serving measurements):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +74,8 @@ class CostModel:
             + self.decode_s_per_seq * o.sum(axis=-1)
             + self.decode_s_per_ctx_token * (o * i + 0.5 * o * o).sum(axis=-1)
         )
-        return prefill + decode
+        out: np.ndarray = prefill + decode
+        return out
 
     def request_service_s(self, input_tokens: float, output_tokens: float) -> float:
         """:meth:`unit_service_s` of one request alone, in plain floats (the live gateway
@@ -84,11 +86,11 @@ class CostModel:
                   + self.decode_s_per_ctx_token * (o * i + 0.5 * o * o))
         return prefill + decode
 
-    def with_overrides(self, **kw: float) -> CostModel:
+    def with_overrides(self, **kw: Any) -> CostModel:
         """A copy with some coefficients replaced (``hermes.toml`` / CLI overrides)."""
         return replace(self, **kw)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

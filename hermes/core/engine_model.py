@@ -434,7 +434,7 @@ class EngineModel:
         if self._admissible_head(n, free - n):
             return 0
         k_kv = free // n
-        k = min(k_out, k_kv)
+        k = int(min(k_out, k_kv))  # an int already: running is not empty, so k_out is one
         if k < 2:
             return 0
         c = self.cost

@@ -21,13 +21,14 @@ remaining demand is that of X - a.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from hermes.core.costmodel import CostModel
-from hermes.core.pdgraph import END, FEATURES, NF, PDGraph
+from hermes.core.pdgraph import END, FEATURES, NF, Edge, PDGraph, UnitNode
 from hermes.core.state import RunProgress, UnitObservation
 
 MAX_STEPS = 512
@@ -51,10 +52,11 @@ class DemandSamples:
     head_output_tokens: np.ndarray | None = None
     head_gap_s: np.ndarray | None = None
 
-    def _subset(self, keep: np.ndarray) -> dict[str, np.ndarray | None]:
+    def _subset(self, keep: np.ndarray) -> dict[str, Any]:
+        """The fields of the walks in ``keep``, by name (arrays; ``None`` stays ``None``)."""
         return {
             f: None if getattr(self, f) is None else getattr(self, f)[keep]
-            for f in self.__slots__  # type: ignore[attr-defined]
+            for f in self.__slots__
         }
 
     def given_attained(self, more_s: float, *, min_keep: int = 1) -> DemandSamples | None:
@@ -208,7 +210,7 @@ class DemandEstimator:
         node = self.graph.units[name]
         c = node.consumption
 
-        def arr(xs: list, default: float) -> np.ndarray:
+        def arr(xs: Sequence[float], default: float) -> np.ndarray:
             return np.asarray(xs if xs else [default], dtype=np.float64)
 
         return _Unit(
@@ -224,7 +226,7 @@ class DemandEstimator:
             branch=self._compile_branch(node) if self.refine and node.branch_masks else None,
         )
 
-    def _compile_branch(self, node) -> _BranchTable:
+    def _compile_branch(self, node: UnitNode) -> _BranchTable:
         rows = np.asarray(node.branch, dtype=np.float64)
         feats = [_F[f] for f in node.branch_masks]
         qs = np.linspace(0, 1, self.graph.buckets + 1)[1:-1]
@@ -237,7 +239,7 @@ class DemandEstimator:
             index[(k, c)] = np.flatnonzero((visit == k) & (code == c))
         return _BranchTable(feats, cut, nxt, index)
 
-    def _compile_edge(self, edge) -> _EdgeTable:
+    def _compile_edge(self, edge: Edge) -> _EdgeTable:
         rows = np.asarray(edge.joined, dtype=np.float64)
         up, down = rows[:, :NF], rows[:, NF:]
         buckets = self.graph.buckets
@@ -344,11 +346,11 @@ class DemandEstimator:
                 who = np.flatnonzero((visit == k) & (code == c))
                 out[who] = br.nxt[rows[rng.integers(0, rows.size, who.size)]]
                 todo[who] = False
-        r = rng.random(visit.shape[0])
+        r = rng.random(len(visit))  # (an int size: numpy's stubs then type it as an array)
         for k in np.unique(visit[todo]):
             sel = todo & (visit == k)
-            t, c = unit.nxt_by_visit[k - 1] if 1 <= k <= len(unit.nxt_by_visit) else unit.nxt
-            out[sel] = t[np.searchsorted(c, r[sel], side="right").clip(max=len(t) - 1)]
+            t, cum = unit.nxt_by_visit[k - 1] if 1 <= k <= len(unit.nxt_by_visit) else unit.nxt
+            out[sel] = t[np.searchsorted(cum, r[sel], side="right").clip(max=len(t) - 1)]
         return out
 
     def _visit(

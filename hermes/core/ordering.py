@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -64,7 +64,7 @@ class KeyedQueue(Generic[T]):
     _heap: list[tuple[Key, int, int, Hashable]] = field(default_factory=list)
     _entries: dict[Hashable, _Entry[T]] = field(default_factory=dict)
     _by_run: dict[str, set[Hashable]] = field(default_factory=dict)
-    _counter: itertools.count = field(default_factory=itertools.count)
+    _counter: itertools.count[int] = field(default_factory=itertools.count)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -189,14 +189,14 @@ class KeyedQueue(Generic[T]):
         """The queued ``(item_id, item)`` pairs of one run."""
         return [(i, self._entries[i].item) for i in self._by_run.get(run_id, ())]
 
-    def rekey_run(self, run_id: str, key_of_item) -> int:  # noqa: ANN001
+    def rekey_run(self, run_id: str, key_of_item: Callable[[T], Key]) -> int:
         """Re-key every queued item of ``run_id`` with ``key_of_item(item) -> key``."""
         ids = list(self._by_run.get(run_id, ()))
         for i in ids:
             self.rekey(i, key_of_item(self._entries[i].item))
         return len(ids)
 
-    def rekey_all(self, key_of_item) -> None:  # noqa: ANN001
+    def rekey_all(self, key_of_item: Callable[[T], Key]) -> None:
         """Re-key every item (e.g. after a global rank refresh) and rebuild the heap."""
         heap = []
         for e in self._entries.values():

@@ -33,8 +33,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -150,7 +151,7 @@ class Edge(BaseModel):
 
     @field_validator("masks", "rho")
     @classmethod
-    def _mask_names(cls, v: dict) -> dict:
+    def _mask_names(cls, v: dict[str, Any]) -> dict[str, Any]:
         for name in v:
             f, sep, g = name.partition("<-")
             if not sep or f not in FEATURES or g not in FEATURES:
@@ -216,7 +217,7 @@ class PDGraph(BaseModel):
             return node.next_by_visit[visit - 1]
         return node.next
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """A compact description for APIs and the CLI."""
         return {
             "app": self.app,
@@ -329,5 +330,5 @@ def _describe(exc: ValidationError, source: str) -> str:
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
-def _mean(xs: list) -> float | None:
+def _mean(xs: Sequence[float]) -> float | None:
     return round(math.fsum(xs) / len(xs), 3) if xs else None

@@ -64,16 +64,17 @@ def bucketed_pearson(x: np.ndarray, y: np.ndarray, buckets: int) -> float:
 @dataclass
 class _UnitAcc:
     backend: str
-    input_tokens: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
-    output_tokens: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
-    parallelism: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
-    loops: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
-    duration_s: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
-    gap_s: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
-    next_counts: Counter = field(default_factory=Counter)
-    next_by_visit: list[Counter] = field(default_factory=list)
-    branch: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
-    branch_next: deque = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
+    input_tokens: deque[int] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
+    output_tokens: deque[int] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
+    parallelism: deque[int] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
+    loops: deque[int] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
+    duration_s: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
+    gap_s: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
+    next_counts: Counter[str] = field(default_factory=Counter)
+    next_by_visit: list[Counter[str]] = field(default_factory=list)
+    #: (visit features..., visit index) of each visit, and the unit that came next
+    branch: deque[tuple[float, ...]] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
+    branch_next: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
 
 
 class Profiler:
@@ -93,8 +94,9 @@ class Profiler:
         self.branch_rho_threshold = BRANCH_RHO_THRESHOLD
         self.runs = 0
         self._units: dict[str, _UnitAcc] = {}
-        self._entry: Counter = Counter()
-        self._joined: dict[str, deque] = {}
+        self._entry: Counter[str] = Counter()
+        #: "unit<-upstream" -> (upstream visit features..., visit features...) rows
+        self._joined: dict[str, deque[tuple[float, ...]]] = {}
         self._cached: PDGraph | None = None
         if graph is not None:
             self._load(graph)
@@ -111,7 +113,7 @@ class Profiler:
         self._cached = None
         self.runs += 1
         self._entry[rec.units[0].unit] += 1
-        visits: Counter = Counter()
+        visits: Counter[str] = Counter()
         last_by_unit: dict[str, int] = {}
         feats_cache: dict[int, tuple[float, ...]] = {}
         prev_end = rec.submitted
@@ -201,7 +203,7 @@ class Profiler:
             buckets=self.buckets,
         )
 
-    def _edge(self, rows: deque) -> Edge:
+    def _edge(self, rows: deque[tuple[float, ...]]) -> Edge:
         joined = [[round(x, 2) for x in r] for r in rows]
         masks: dict[str, bool] = {}
         rho: dict[str, float] = {}
@@ -260,7 +262,7 @@ class Profiler:
         self._cached = g
 
 
-def _normalise(counts: Counter) -> dict[str, float]:
+def _normalise(counts: Counter[str]) -> dict[str, float]:
     total = sum(counts.values())
     if not total:
         return {}

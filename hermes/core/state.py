@@ -8,7 +8,7 @@ system can observe. Nothing here knows the future of a run; the only exception i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hermes.core.costmodel import CostModel
@@ -113,7 +113,7 @@ class RunState:
     next_refresh_attained_s: float = float("inf")  # bucket boundary for the next refresh
     finished: float | None = None
     true_remaining_s: float | None = None  # simulator only, for the oracle baseline
-    policy_state: dict = field(default_factory=dict)  # per-policy scratch (e.g. SeaLLM budget)
+    policy_state: dict[str, Any] = field(default_factory=dict)  # per-policy scratch (e.g. SeaLLM budget)
 
     # State transitions, shared by both drivers; each is followed by the matching policy hook.
     def begin_unit(self, unit: str) -> None:

@@ -22,6 +22,7 @@ rest of its cold start.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from hermes.core.backend import BackendSpec
 from hermes.core.ordering import Key, KeyedQueue
@@ -197,7 +198,8 @@ class ToolServer:
 class ToolPool:
     """All tool servers of a deployment, created on first use from per-kind configs."""
 
-    def __init__(self, configs: dict[str, ToolKindConfig] | None = None, **overrides) -> None:  # noqa: ANN003
+    def __init__(self, configs: dict[str, ToolKindConfig] | None = None,
+                 **overrides: dict[str, Any]) -> None:
         self.configs = dict(TOOL_DEFAULTS)
         if configs:
             self.configs.update(configs)

@@ -1,4 +1,5 @@
-"""The Hermes gateway: app-run API, OpenAI-compatible endpoint and the live scheduler.
+"""The Hermes gateway: the HTTP edge (``api/``), the live scheduler's services and their map
+(``docs/architecture.md``).
 
 Entry points: :func:`hermes.gateway.config.load_config`, :func:`hermes.gateway.server.serve`,
 :func:`hermes.gateway.app.create_app`. Importing this package imports nothing heavy.

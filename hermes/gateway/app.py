@@ -1,11 +1,14 @@
-"""The FastAPI application of the gateway: app-run API, OpenAI endpoint, scheduler lifecycle.
+"""The FastAPI application of the gateway: the composition root.
 
-:func:`create_app` wires the routers to one :class:`~hermes.gateway.scheduler.LiveScheduler`
-whose lifetime is the app's (FastAPI lifespan): the scheduler binds its ZeroMQ ROUTER, and,
-unless ``scheduler.embedded_node`` is off, one in-process HermesLet (engines from
-``[[engines]]``, the built-in simulated engine by default) is linked to it directly
-(:mod:`hermes.inproc`: the protocol's messages as objects, without ZeroMQ or JSON).
-OpenAPI docs are at ``/docs``.
+:func:`create_app` wires the HTTP edge (:mod:`hermes.gateway.api`: the OpenAI, runs, apps,
+responses and admin routers, the fast path, the error handlers), the security middleware
+(:mod:`hermes.gateway.auth`) and the metrics to one
+:class:`~hermes.gateway.scheduler.LiveScheduler` whose lifetime is the app's (FastAPI
+lifespan): the scheduler binds its ZeroMQ ROUTER, and, unless ``scheduler.embedded_node`` is
+off, one in-process HermesLet (engines from ``[[engines]]``, the built-in simulated engine by
+default) is linked to it directly (:mod:`hermes.inproc`: the protocol's messages as objects,
+without ZeroMQ or JSON); then the runs stored before a restart are recovered. OpenAPI docs
+are at ``/docs``.
 """
 
 from __future__ import annotations
@@ -19,12 +22,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import zmq.asyncio
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi import FastAPI
 
-from hermes.gateway import admin_api, openai_api, runs_api
+from hermes.gateway.api import admin_api, apps_api, openai_api, responses_api, runs_api
+from hermes.gateway.api.errors import install_error_handlers
+from hermes.gateway.api.fastpath import OpenAIFastPath
+from hermes.gateway.auth import install_security
 from hermes.gateway.config import EngineConfig, GatewayConfig
 from hermes.gateway.hosted import HostedRegistry
 from hermes.gateway.scheduler import LiveScheduler
@@ -89,11 +92,6 @@ def _telemetry_option() -> dict[str, Any]:
     return {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
 
 
-#: OpenAI error ``code`` of the HTTP errors the gateway answers itself
-_HTTP_CODES = {403: "permission_denied", 404: "not_found", 405: "method_not_allowed",
-               413: "body_too_large", 415: "unsupported_media_type"}
-
-
 def create_app(config: GatewayConfig | None = None) -> FastAPI:
     """The gateway as an ASGI app; the scheduler starts and stops with it."""
     config = config or GatewayConfig()
@@ -105,7 +103,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
         app.state.metrics.attach(sched)
         await sched.start()
         app.state.scheduler = sched
-        node_task: asyncio.Task | None = None
+        node_task: asyncio.Task[None] | None = None
         agent = None
         if config.scheduler.embedded_node:
             from hermeslet.agent import HermesLet
@@ -128,7 +126,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
             node_task = asyncio.create_task(agent.run(), name="hermeslet-embedded")
             app.state.node = agent
             await sched.wait_for_nodes(30.0)
-        sched.durable.recover(app.state.hosted, config)  # resume or fail stored runs (issue 7)
+        sched.recover(app.state.hosted)  # resume or fail stored runs (issue 7)
         try:
             yield
         finally:
@@ -150,44 +148,13 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     app.state.config = config
     app.state.node = None  # the embedded HermesLet, once started
     app.state.hosted = HostedRegistry.from_config(config)
-    from hermes.gateway.auth import install_security
-    from hermes.gateway.fastpath import OpenAIFastPath
-
     app.add_middleware(OpenAIFastPath)  # completions past FastAPI's router (inside security)
     install_security(app, config)  # body limits, API keys, tenant admission (issue 7)
     app.include_router(runs_api.router)
+    app.include_router(apps_api.router)
     app.include_router(openai_api.router)
-    from hermes.gateway import responses_api  # POST /v1/responses, translated to chat
-    app.include_router(responses_api.router)  # (its store: app.state.responses, lazily)
+    app.include_router(responses_api.router)  # POST /v1/responses, translated to chat
     app.state.metrics = GatewayMetrics()  # its own registry: several apps per process
     admin_api.install(app)  # /admin/... (HERMES_ADMIN_TOKEN) and GET /metrics
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        """Every error the gateway answers itself (unknown route 404, 405, 403, 413, ...) in
-        OpenAI's error shape, so that SDKs report what happened, not a parse failure."""
-        code = _HTTP_CODES.get(exc.status_code, "invalid_request")
-        message = str(exc.detail)
-        if exc.status_code == 404 and message == "Not Found":
-            message = f"unknown route: {request.method} {request.url.path}"
-        elif exc.status_code == 405:
-            message = f"method {request.method} is not allowed on {request.url.path}"
-        return openai_api.error_response(exc.status_code, message, code=code,
-                                         headers=getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def _server_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return openai_api.error_response(
-            500, f"internal error ({type(exc).__name__}); the gateway logged it",
-            code="internal_error")
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        err = exc.errors()[0]
-        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
-        msg = f"{param}: {err.get('msg')}" if param else str(err.get("msg"))
-        return openai_api.error_response(422, msg, param=param, code="invalid_value")
-
+    install_error_handlers(app)  # every error in OpenAI's shape
     return app

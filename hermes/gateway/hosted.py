@@ -35,17 +35,19 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from hermes.core.backend import BackendSpec
+from hermes.gateway.config import GatewayConfig
+from hermes.gateway.durable import DurableState, call_entry
+from hermes.gateway.errors import NoCapacity, RequestFailed
+from hermes.gateway.nodes import NO_SANDBOX
+from hermes.gateway.recovery import Recovery, Replay
+from hermes.gateway.runs import RunObserver
+from hermes.gateway.state import LiveRun, PendingRequest, UnitInvocation
 from hermes.protocol import Done, ToolDone
-
-if TYPE_CHECKING:
-    from hermes.gateway.config import GatewayConfig
-    from hermes.gateway.durable import Replay
-    from hermes.gateway.scheduler import LiveRun, LiveScheduler, UnitInvocation
 
 log = logging.getLogger("hermes.gateway.hosted")
 
@@ -95,7 +97,8 @@ class FunctionApp(HostedApp):
         return await self.fn(ctx, input)
 
 
-def hosted_app(name: str, description: str = "") -> Callable[[Callable], FunctionApp]:
+def hosted_app(name: str, description: str = "") -> Callable[
+        [Callable[[HostedContext, Any], Awaitable[Any]]], FunctionApp]:
     """Decorator: turn ``async def (ctx, input)`` into a :class:`HostedApp` called ``name``."""
 
     def deco(fn: Callable[[HostedContext, Any], Awaitable[Any]]) -> FunctionApp:
@@ -105,6 +108,46 @@ def hosted_app(name: str, description: str = "") -> Callable[[Callable], Functio
 
 
 # ---------------------------------------------------------------------------------- context
+class HostedScheduler(Protocol):
+    """What a hosted app's code reaches through ``ctx.scheduler``: the live scheduler
+    (:class:`hermes.gateway.scheduler.LiveScheduler`), named here by what it is used for."""
+
+    durable: DurableState
+    recovery: Recovery
+
+    @property
+    def stats(self) -> dict[str, int]: ...
+
+    async def serving_model(self, model: str | None, *, strict: bool,
+                            task: str = "generate") -> str: ...
+
+    def begin_unit(self, run: LiveRun, unit: str, backend: str, *, explicit: bool = True,
+                   upstream: str | None = None, at: float | None = None) -> UnitInvocation: ...
+
+    def end_unit(self, run: LiveRun, inv: UnitInvocation, *,
+                 duration_s: float | None = None) -> None: ...
+
+    def credit_tool_time(self, run: LiveRun, seconds: float) -> None: ...
+
+    async def submit_llm(self, run: LiveRun, inv: UnitInvocation, *, model: str,
+                         endpoint: Literal["chat", "completions", "embeddings"],
+                         body: dict[str, Any], stream: bool = False) -> PendingRequest: ...
+
+    async def submit_tool(self, run: LiveRun, inv: UnitInvocation, *, backend: str,
+                          code: str | None = None, command: list[str] | None = None,
+                          timeout_s: float = 30.0) -> PendingRequest: ...
+
+    async def wait(self, req: PendingRequest, timeout: float | None = None) -> Done | ToolDone: ...
+
+    def no_tool_sandbox(self) -> bool: ...
+
+    def wall_s(self, model_s: float) -> float: ...
+
+    def finish_run(self, run_id: str, *, result: Any = None) -> LiveRun: ...
+
+    def fail_run(self, run_id: str, error: str) -> None: ...
+
+
 class UnitHandle:
     """One open unit invocation of a hosted run: its LLM and tool calls."""
 
@@ -141,7 +184,7 @@ class UnitHandle:
 class HostedContext:
     """What a hosted app's code sees: its run, and LLM/tool calls through the scheduler."""
 
-    def __init__(self, scheduler: LiveScheduler, run: LiveRun, config: GatewayConfig,
+    def __init__(self, scheduler: HostedScheduler, run: LiveRun, config: GatewayConfig,
                  replay: Replay | None = None) -> None:
         self.scheduler = scheduler
         self.run = run
@@ -213,8 +256,6 @@ class HostedContext:
     async def _journaled(self, inv: UnitInvocation) -> tuple[int, Done | ToolDone | None]:
         """The next call's journal index and, when replaying, its result from before the
         restart (waiting for it if a node still holds it); None: make the call."""
-        from hermes.gateway.durable import DurableState
-
         seq = self._calls
         self._calls += 1
         rp = self.replay
@@ -226,23 +267,18 @@ class HostedContext:
         res = entry.get("result")
         if entry.get("state") == "done" and res is not None:
             return seq, (Done(**res) if entry["kind"] == "llm" else ToolDone(**res))
-        durable: DurableState = self.scheduler.durable
-        got = durable.adopt(self.run, inv, entry)
+        got = self.scheduler.recovery.adopt(self.run, inv, entry)
         if isinstance(got, Done | ToolDone):
             return seq, got
         if got is not None:  # a node still holds it: wait for it
             return seq, await self._wait_journaled(seq, got)
         if entry["kind"] == "tool":
-            from hermes.gateway.scheduler import RequestFailed
-
             raise RequestFailed(f"tool call {entry['request_id']} was in flight when the gateway "
                                 "restarted and no node holds it; tool calls are not run twice")
-        durable.stats["resent"] += 1
+        self.scheduler.stats["resent"] += 1
         return seq, None
 
     async def _wait_journaled(self, seq: int, req: Any) -> Done | ToolDone:
-        from hermes.gateway.durable import call_entry
-
         durable = self.scheduler.durable
         durable.call(self.run, seq, call_entry(req, "sent"))
         done = await self.scheduler.wait(req)
@@ -253,10 +289,7 @@ class HostedContext:
                     command: list[str] | None, timeout_s: float | None) -> ToolResult:
         seq, got = await self._journaled(inv)
         if got is None:
-            from hermes.gateway.runs_api import NO_SANDBOX, no_tool_sandbox
-            from hermes.gateway.scheduler import NoCapacity
-
-            if no_tool_sandbox(self.scheduler):  # refused, never run unsandboxed (issue 15)
+            if self.scheduler.no_tool_sandbox():  # refused, never run unsandboxed (issue 15)
                 raise NoCapacity(NO_SANDBOX)
             req = await self.scheduler.submit_tool(
                 self.run, inv, backend=backend, code=code, command=command,
@@ -408,7 +441,33 @@ class HostedRegistry:
         return reg
 
 
-def launch(scheduler: LiveScheduler, run: LiveRun, app: HostedApp, config: GatewayConfig,
+class HostedRuns(RunObserver):
+    """The code of hosted runs, as asyncio tasks: started by :meth:`launch`, stopped when
+    their run is cancelled (a :class:`~hermes.gateway.runs.RunObserver`) or the gateway
+    stops (:meth:`close`)."""
+
+    def __init__(self, scheduler: HostedScheduler, config: GatewayConfig) -> None:
+        self.scheduler = scheduler
+        self.config = config
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def launch(self, run: LiveRun, app: HostedApp, replay: Replay | None = None) -> None:
+        """Start ``app``'s code for ``run`` (``replay``: resume it after a restart)."""
+        launch(self.scheduler, run, app, self.config, replay)
+        if run.task is not None:
+            self._tasks.add(run.task)
+            run.task.add_done_callback(self._tasks.discard)
+
+    def run_ended(self, run: LiveRun) -> None:
+        if run.status == "cancelled" and run.task is not None and not run.task.done():
+            run.task.cancel()
+
+    def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+
+def launch(scheduler: HostedScheduler, run: LiveRun, app: HostedApp, config: GatewayConfig,
            replay: Replay | None = None) -> None:
     """Start a hosted run as an asyncio task; its end finishes (or fails) the run.
     ``replay``: resume a run from its durable journal after a restart."""

@@ -15,18 +15,21 @@ a LoRA adapter that an engine serves (``model: ADAPTER`` through the OpenAI API)
 adapter (``lora:BASE@ADAPTER``) and its prefix prefilled with it (the prewarm request names
 the adapter: an adapter's KV blocks are its own).
 
-The scheduler calls :meth:`on_unit_start`, :meth:`on_run_finish`, :meth:`note_request` and
-:meth:`on_ack`; :meth:`stats` is a flat dict for metrics (started / used / wasted prewarms,
-wasted backend-seconds, messages sent, acks failed).
+It hears of unit starts and run ends as a :class:`~hermes.gateway.runs.RunObserver`
+(:meth:`on_unit_start`, :meth:`on_run_finish`); dispatch calls :meth:`note_request` for every
+LLM request and :meth:`on_ack` for the nodes' acks; :meth:`stats` is a flat dict for metrics
+(started / used / wasted prewarms, wasted backend-seconds, messages sent, acks failed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from hermes.core.backend import BackendSpec
+from hermes.core.ordering import Key, prewarm_key
 from hermes.core.prewarm import (
     DEFAULT_TIMING,
     PrewarmAction,
@@ -37,19 +40,23 @@ from hermes.core.prewarm import (
     resource_model,
 )
 from hermes.core.state import RunState
+from hermes.gateway.context import SchedulerContext
+from hermes.gateway.nodes import NodeTable
+from hermes.gateway.runs import RunObserver, RunRegistry
+from hermes.gateway.state import ACTIVE, LiveRun, UnitInvocation
 from hermes.protocol import Prewarm, PrewarmAck
-
-if TYPE_CHECKING:
-    from hermes.gateway.scheduler import LiveScheduler
 
 log = logging.getLogger("hermes.prewarm")
 
 
-class GatewayPrewarmer:
-    """Planner + signalling for a :class:`LiveScheduler` (see the module docstring)."""
+class GatewayPrewarmer(RunObserver):
+    """Planner + signalling for the live scheduler (see the module docstring)."""
 
-    def __init__(self, sched: LiveScheduler, strategy: PrewarmStrategy) -> None:
-        self.sched = sched
+    def __init__(self, ctx: SchedulerContext, nodes: NodeTable, runs: RunRegistry,
+                 strategy: PrewarmStrategy) -> None:
+        self.ctx = ctx
+        self.nodes = nodes
+        self.runs = runs
         self.strategy = strategy
         strategy.resources = self.resources
         self.warm: set[str] = set()  # resources we asked a node to warm and not released
@@ -64,22 +71,24 @@ class GatewayPrewarmer:
         self._timer_at: float | None = None
 
     @classmethod
-    def from_scheduler(cls, sched: LiveScheduler) -> GatewayPrewarmer:
-        sc = sched.config.scheduler
+    def build(cls, ctx: SchedulerContext, nodes: NodeTable, runs: RunRegistry,
+              graphs: Callable[[str], Any | None]) -> GatewayPrewarmer:
+        """The configured strategy (``scheduler.prewarm``), reading the apps' PDGraphs with
+        ``graphs`` (learning's current ones) and their estimators from the policy's pool."""
+        sc = ctx.config.scheduler
         name = getattr(sc, "prewarm", "hermes")
 
         def estimators(app: str) -> Any:
-            return sched.pool.get(app) if sched.pool is not None else None
+            return ctx.pool.get(app) if ctx.pool is not None else None
 
-        strategy = make_prewarm(name, k=sc.k, graphs=sched.app_graph, estimators=estimators,
+        strategy = make_prewarm(name, k=sc.k, graphs=graphs, estimators=estimators,
                                 n_walks=min(200, sc.n_walks),
                                 timing=getattr(sc, "prewarm_timing", DEFAULT_TIMING))
-        knobs = getattr(sched, "knobs", None)
-        if knobs is not None:  # live K settings (admin API, `hermes knob set`) apply at once
-            strategy.k_by_app = knobs.setdefault("app", {})
-            strategy.k_by_tenant = knobs.setdefault("tenant", {})
-            strategy.k_default = knobs.setdefault("default", {})
-        return cls(sched, strategy)
+        knobs = ctx.knobs  # live K settings (admin API, `hermes knob set`) apply at once
+        strategy.k_by_app = knobs.setdefault("app", {})
+        strategy.k_by_tenant = knobs.setdefault("tenant", {})
+        strategy.k_default = knobs.setdefault("default", {})
+        return cls(ctx, nodes, runs, strategy)
 
     # ------------------------------------------------------------------ naming
     def resources(self, run: RunState | None, app: str, unit: str, backend: str) -> list[str]:
@@ -90,7 +99,7 @@ class GatewayPrewarmer:
         spec = BackendSpec.parse(backend)
         adapter = spec.lora
         if spec.kind == "llm" and not spec.lora:
-            base = self.sched.base_model(spec.name)
+            base = self.nodes.base_model(spec.name)
             if base is not None:  # the unit's requests name an adapter (the OpenAI API way)
                 backend, adapter = f"llm:{base}@{spec.name}", spec.name
         out = []
@@ -106,6 +115,22 @@ class GatewayPrewarmer:
 
     def is_warm(self, resource: str, now: float) -> bool:
         return resource in self.warm
+
+    def queue_key(self, run_id: str, unit: str) -> Key | None:
+        """The queue key of a KV prewarm for ``unit`` of an active run, as the policy would key
+        the run's own request for that unit now (:func:`hermes.core.ordering.prewarm_key`);
+        ``None`` when the run is not active."""
+        run = self.runs.runs.get(run_id)
+        if run is None or run.status not in ACTIVE:
+            return None
+        return prewarm_key(self.ctx.policy, run.state, unit, self.ctx.now(), next(self.ctx.seq))
+
+    # ------------------------------------------------------------------ run events
+    def unit_started(self, run: LiveRun, inv: UnitInvocation, now: float) -> None:
+        self.on_unit_start(run.state, inv.unit, inv.backend, now)
+
+    def run_ended(self, run: LiveRun) -> None:
+        self.on_run_finish(run.state, self.ctx.now())
 
     # ------------------------------------------------------------------ scheduler hooks
     def note_request(self, app: str, unit: str, body: dict[str, Any],
@@ -149,7 +174,7 @@ class GatewayPrewarmer:
     def _due(self) -> None:
         self._timer = self._timer_at = None
         try:
-            now = self.sched.now()
+            now = self.ctx.now()
             self._apply(self.strategy.due(now), now)
         except Exception:
             log.exception("prewarm wake-up failed")
@@ -170,28 +195,30 @@ class GatewayPrewarmer:
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = nxt
-        self._timer = loop.call_later(max(0.0, self.sched.wall_s(nxt - now)), self._due)
+        self._timer = loop.call_later(max(0.0, self.ctx.clock.wall_s(nxt - now)), self._due)
 
     def _signal(self, a: PrewarmAction) -> None:
         kind, _, name = a.resource.partition(":")
         params: dict[str, Any] = {"run_id": a.run_id, "unit": a.unit, "pid": a.pid}
         try:
             if kind in ("docker", "dnn"):
-                node = self.sched._pick_tool_node(a.resource)
+                node = self.nodes.pick_tool_node(a.resource)
             else:
-                node, _ = self.sched._pick_engine(resource_model(a.resource))
+                node, _ = self.nodes.pick_engine(resource_model(a.resource))
                 if kind == "kv":
                     key = self._kv.get(a.resource)
-                    prefix = self.prefixes.get(key[:3]) if key is not None else None
+                    if key is None:
+                        return
+                    prefix = self.prefixes.get(key[:3])
                     if prefix is None:
                         return
                     params["prefix"] = prefix
                     if key[3]:
                         params["model"] = key[3]  # prefill with the unit's adapter
-                    qkey = self.sched.prewarm_key(a.run_id, a.unit) if a.run_id else None
+                    qkey = self.queue_key(a.run_id, a.unit) if a.run_id else None
                     if qkey is not None:  # the node queues it as the unit's request
                         params["key"] = list(qkey)
-            self.sched._send(node, Prewarm(backend=a.resource, action=a.action, params=params))
+            self.nodes.send(node, Prewarm(backend=a.resource, action=a.action, params=params))
         except Exception as exc:  # no node for it: the unit will warm it reactively
             log.debug("prewarm %s %s not sent: %s", a.action, a.resource, exc)
             return

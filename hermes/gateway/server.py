@@ -51,6 +51,9 @@ class _Lifespan(LifespanOn):
 
     error: BaseException | None = None
     banner: str = ""  # printed once the gateway has started (serve)
+    #: freeze the startup heap and tune the collector once started (serve: the process is
+    #: the gateway's; not in a test process that starts gateways in threads)
+    tune_gc: bool = False
 
     async def startup(self) -> None:
         drop = _DropStartupFailed()
@@ -59,6 +62,12 @@ class _Lifespan(LifespanOn):
             await super().startup()
         finally:
             self.logger.removeFilter(drop)
+        if not self.should_exit:
+            from hermes.gateway import looplag
+
+            if self.tune_gc:
+                looplag.tune_gc()  # what startup built is frozen: full GCs skip it (issue 16)
+            looplag.start(self.config.app)  # GET /admin/loop: event-loop stalls (issue 16)
         if self.banner and not self.should_exit:
             print(self.banner, flush=True)
 
@@ -78,10 +87,10 @@ def _startup_error(server: uvicorn.Server) -> GatewayStartupError:
 
 
 def _http_protocol() -> Any:
-    """httptools with coalesced response writes (:mod:`hermes.gateway.httpproto`), or
+    """httptools with coalesced response writes (:mod:`hermes.gateway.api.httpproto`), or
     uvicorn's own choice where httptools is not installed."""
     try:
-        from hermes.gateway.httpproto import CoalescingHttpToolsProtocol
+        from hermes.gateway.api.httpproto import CoalescingHttpToolsProtocol
     except ImportError:
         return "auto"
     return CoalescingHttpToolsProtocol
@@ -140,8 +149,12 @@ def _with_header_timeout(protocol: Any, seconds: float) -> Any:
 
 
 def _uvicorn_config(config: GatewayConfig) -> uvicorn.Config:
+    from hermes.gateway import looplag
+
+    app = create_app(config)
+    looplag.install(app)  # GET /admin/loop (started with the app: _Lifespan.startup)
     cfg = uvicorn.Config(
-        create_app(config),
+        app,
         http=_with_header_timeout(_http_protocol(), config.server.header_timeout_s),
         log_level=config.server.log_level,
         access_log=config.server.log_level == "debug",
@@ -163,7 +176,7 @@ def serve(config: GatewayConfig) -> None:
     cfg = _uvicorn_config(config)
     banner = (f"hermes gateway on http://{host}:{port} (policy {config.scheduler.policy}, "
               f"time scale {config.scheduler.time_scale:g}, {evloop.loop_name()})")
-    cfg.lifespan_class = type("_ServeLifespan", (_Lifespan,), {"banner": banner})
+    cfg.lifespan_class = type("_ServeLifespan", (_Lifespan,), {"banner": banner, "tune_gc": True})
     server = uvicorn.Server(cfg)
     try:
         evloop.run(server.serve(sockets=[sock]))

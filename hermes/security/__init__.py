@@ -1,1 +1,2 @@
-"""Security helpers shared by the gateway and the HermesLet: ZeroMQ CURVE keys, key commands."""
+"""Security helpers shared by the gateway and the HermesLet: ZeroMQ CURVE keys (the ``hermes keys``
+commands are in :mod:`hermes.keys_cli`)."""

@@ -22,9 +22,13 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.auth
+
+if TYPE_CHECKING:
+    from zmq.auth.asyncio import AsyncioAuthenticator
 
 
 def _cert(directory: Path, name: str) -> tuple[Path, Path]:
@@ -53,7 +57,8 @@ def create_curve_keys(directory: str | Path, nodes: list[str]) -> dict[str, str]
     return made
 
 
-def secure_server(sock: zmq.Socket, ctx: zmq.Context, directory: str | Path):  # noqa: ANN201
+def secure_server(sock: zmq.Socket[Any], ctx: zmq.Context[Any],
+                  directory: str | Path) -> AsyncioAuthenticator:
     """Make ``sock`` a CURVE server admitting only ``DIR/authorized`` keys; returns the
     started authenticator (call ``.stop()`` when the socket closes). Call before ``bind``."""
     from zmq.auth.asyncio import AsyncioAuthenticator
@@ -73,7 +78,7 @@ def secure_server(sock: zmq.Socket, ctx: zmq.Context, directory: str | Path):  #
     return auth
 
 
-def secure_client(sock: zmq.Socket, client_secret_file: str | Path,
+def secure_client(sock: zmq.Socket[Any], client_secret_file: str | Path,
                   server_public_file: str | Path) -> None:
     """Make ``sock`` a CURVE client with the node's certificate, trusting the server's key.
     Call before ``connect``."""

@@ -10,13 +10,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hermeslet.engines.base import EngineAdapter, EngineError, GenChunk, GenResult
 
 __all__ = ["EngineAdapter", "EngineError", "GenChunk", "GenResult", "make_engine"]
 
 
 def make_engine(spec: str, *, name: str | None = None, model: str | None = None,
-                max_inflight: int = 8, time_scale: float = 1.0, **kw) -> EngineAdapter:
+                max_inflight: int = 8, time_scale: float = 1.0, **kw: Any) -> EngineAdapter:
     """An engine adapter from ``sim`` | ``openai:URL`` | ``vllm`` | ``vllm:URL``."""
     kind, _, rest = spec.partition(":")
     if kind == "sim":

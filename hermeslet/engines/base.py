@@ -17,11 +17,13 @@ adapter that holds engine-side state also implements :meth:`EngineAdapter.abort`
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 Endpoint = Literal["chat", "completions", "embeddings"]
+#: what runs behind an adapter: the built-in engine, an OpenAI-compatible server, vLLM
+EngineKind = Literal["sim", "openai", "vllm"]
 #: what an engine's model does: ``generate`` (chat and text completions) or ``embed``
 #: (``/v1/embeddings``), as vLLM's ``--task``/``--runner``; a request for the other is refused
 Task = Literal["generate", "embed"]
@@ -69,7 +71,7 @@ class EngineError(Exception):
 class EngineAdapter(ABC):
     """One engine serving ``model`` (and LoRA adapters ``loras``) on this node."""
 
-    kind: ClassVar[Literal["sim", "openai", "vllm"]]
+    kind: ClassVar[EngineKind]
 
     def __init__(self, *, name: str, model: str | None, max_inflight: int = 8,
                  use_priority: bool = False, task: Task = "generate") -> None:
@@ -106,7 +108,7 @@ class EngineAdapter(ABC):
         *,
         request_id: str,
         priority: int | None = None,
-    ) -> AsyncIterator[GenChunk | GenResult]:
+    ) -> AsyncGenerator[GenChunk | GenResult, None]:
         """Run one request. ``body`` includes ``model``; the last item is a :class:`GenResult`."""
 
     async def abort(self, request_id: str) -> None:

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator
+from typing import Any, ClassVar
 
 import aiohttp
 
 from hermeslet.engines.base import (
     EngineAdapter,
     EngineError,
+    EngineKind,
     EngineMetrics,
     GenChunk,
     GenResult,
@@ -33,6 +34,8 @@ from hermeslet.engines.base import (
 
 #: what a failed exchange with the engine raises (connection refused/reset, timeouts)
 HTTP_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, asyncio.TimeoutError)
+#: the same, or an answer that is not the JSON (or text) expected
+_HTTP_OR_BODY_ERRORS: tuple[type[BaseException], ...] = (*HTTP_ERRORS, ValueError)
 _SHORT = aiohttp.ClientTimeout(total=2.0)
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
@@ -78,7 +81,7 @@ def parse_prometheus_load(text: str) -> EngineMetrics:
 
 
 class OpenAIHTTPEngine(EngineAdapter):
-    kind = "openai"
+    kind: ClassVar[EngineKind] = "openai"
 
     def __init__(
         self,
@@ -124,7 +127,7 @@ class OpenAIHTTPEngine(EngineAdapter):
                 if r.status != 200:
                     raise EngineError(f"{self.url}/v1/models: HTTP {r.status}", retryable=True)
             data = json.loads(text).get("data", [])
-        except (*HTTP_ERRORS, ValueError) as e:
+        except _HTTP_OR_BODY_ERRORS as e:
             raise EngineError(f"{self.url}/v1/models: {type(e).__name__}: {e}",
                               retryable=True) from e
         ids = [m.get("id") for m in data if m.get("id")]
@@ -151,7 +154,7 @@ class OpenAIHTTPEngine(EngineAdapter):
                 if r.status == 200:
                     text = (await r.read()).decode(errors="replace")
                     self.last_metrics = parse_prometheus_load(text)
-        except (*HTTP_ERRORS, ValueError):
+        except _HTTP_OR_BODY_ERRORS:
             pass
         return self.last_metrics
 
@@ -223,7 +226,7 @@ class OpenAIHTTPEngine(EngineAdapter):
         *,
         request_id: str,
         priority: int | None = None,
-    ) -> AsyncIterator[GenChunk | GenResult]:
+    ) -> AsyncGenerator[GenChunk | GenResult, None]:
         chat = endpoint == "chat"
         try:
             path = _PATHS[endpoint]

@@ -81,7 +81,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,6 +119,8 @@ __all__ = ["DEFAULT_OUTPUT_CAP", "VOCAB", "AgentBehaviour", "SimEngine", "prompt
            "text_tokens"]
 
 _ABORTED = -1
+#: what a sequence's queue gets: (choice index, tokens emitted or None: finished), or _ABORTED
+_Progress = tuple[int, int | None] | int
 #: child request ids of a request with ``n > 1`` (choice ``i`` > 0 runs as ``ID#i``)
 CHILD_SEP = "#"
 
@@ -128,7 +130,7 @@ class _Pending:
     """A sequence in the engine model: its request's queue and its choice index. The driver
     puts ``(index, tokens emitted)``, ``(index, None)`` when it finished, or ``_ABORTED``."""
 
-    queue: asyncio.Queue
+    queue: asyncio.Queue[_Progress]
     index: int = 0
 
 
@@ -189,7 +191,7 @@ class SimEngine(EngineAdapter):
         self._pending: dict[str, _Pending] = {}  # engine-model id -> its sequence
         self._children: dict[str, list[str]] = {}  # request id -> its engine-model ids
         self._wake: asyncio.Event | None = None
-        self._driver: asyncio.Task | None = None
+        self._driver: asyncio.Task[None] | None = None
         self._t0 = 0.0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -271,7 +273,7 @@ class SimEngine(EngineAdapter):
         *,
         request_id: str,
         priority: int | None = None,
-    ) -> AsyncIterator[GenChunk | GenResult]:
+    ) -> AsyncGenerator[GenChunk | GenResult, None]:
         if self._driver is None:
             await self.start()
         model = body.get("model") or self.model
@@ -306,7 +308,7 @@ class SimEngine(EngineAdapter):
             remaining = len(plan.choices)
             while remaining:
                 item = await queue.get()
-                if item == _ABORTED:
+                if not isinstance(item, tuple):  # _ABORTED
                     raise EngineError(f"request {request_id!r} was aborted", status=499)
                 i, k = item
                 if k is None:
@@ -347,11 +349,11 @@ class SimEngine(EngineAdapter):
                         chunk=stream_chunk(plan, i, start, end, env))
 
     async def _submit(self, request_id: str, outputs: list[int], n_in: int,
-                      prefix: str | None, prefix_n: int, prio: int) -> asyncio.Queue:
+                      prefix: str | None, prefix_n: int, prio: int) -> asyncio.Queue[_Progress]:
         """Queue one engine-model sequence per entry of ``outputs`` (its output tokens):
         ``request_id`` for the first, ``request_id#i`` for the others. Returns the queue the
         driver reports their progress on."""
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.Queue[_Progress] = asyncio.Queue()
         ids = [request_id] + [f"{request_id}{CHILD_SEP}{i}" for i in range(1, len(outputs))]
         self._children[request_id] = []
         now = self.now()
@@ -380,7 +382,7 @@ class SimEngine(EngineAdapter):
             remaining = len(outputs)
             while remaining:
                 item = await queue.get()
-                if item == _ABORTED:
+                if not isinstance(item, tuple):  # _ABORTED
                     raise EngineError(f"request {request_id!r} was aborted", status=499)
                 if item[1] is None:
                     remaining -= 1

@@ -377,7 +377,7 @@ def _parse_choice(choice: Any, what: str, legacy: bool) -> tuple[str, str | None
         if choice in ("none", "auto") or (choice == "required" and not legacy):
             return choice, None
     elif isinstance(choice, dict):
-        fn = choice.get("function") if isinstance(choice.get("function"), dict) else choice
+        fn = choice["function"] if isinstance(choice.get("function"), dict) else choice
         if isinstance(fn.get("name"), str):
             return "named", fn["name"]
     modes = "'none', 'auto'" + ("" if legacy else ", 'required'")
@@ -644,7 +644,8 @@ class _SchemaGen:
             if not real or (depth >= _MAX_DEPTH and "null" in t) or \
                     (len(real) < len(t) and self.rng.random() < 0.25):
                 return "null"
-            return self.rng.choice(real)
+            kind: str = self.rng.choice(real)
+            return kind
         if isinstance(t, str):
             return t
         if any(k in s for k in ("properties", "additionalProperties", "required",
@@ -666,7 +667,7 @@ class _SchemaGen:
 
     def gen_object(self, s: dict[str, Any], depth: int) -> dict[str, Any]:
         rng = self.rng
-        props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
+        props = s["properties"] if isinstance(s.get("properties"), dict) else {}
         required = [r for r in s.get("required") or () if isinstance(r, str)]
         lo = s.get("minProperties", 0)
         hi = s.get("maxProperties")
@@ -799,11 +800,9 @@ def _bounds(s: dict[str, Any], *, integer: bool) -> tuple[float, float]:
         hi = hi - step
     elif isinstance(xhi, (int, float)) and not isinstance(xhi, bool):
         hi = xhi - step if hi is None else min(hi, xhi - step)
-    if lo is None and hi is None:
-        lo, hi = 0, 100
-    elif lo is None:
-        lo = hi - 100
-    elif hi is None:
+    if lo is None:  # a range of 100 up to the bound given (none: [0, 100])
+        lo = 0 if hi is None else hi - 100
+    if hi is None:
         hi = lo + 100
     if integer:
         lo, hi = math.ceil(lo), math.floor(hi)
@@ -829,8 +828,8 @@ def _formatted(fmt: str, rng: random.Random) -> str | None:
         return f"{word}.example.com"
     if fmt == "uuid":
         b = rng.getrandbits(128)
-        h = f"{b:032x}"
-        return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[b & 3]}{h[17:20]}-{h[20:]}"
+        hx = f"{b:032x}"
+        return f"{hx[:8]}-{hx[8:12]}-4{hx[13:16]}-{'89ab'[b & 3]}{hx[17:20]}-{hx[20:]}"
     if fmt == "ipv4":
         return ".".join(str(rng.randint(1, 254)) for _ in range(4))
     if fmt == "ipv6":
@@ -845,8 +844,9 @@ def regex_sample(pattern: str, rng: random.Random, *, max_repeat: int = 3) -> st
     expression's parse tree; ``None`` when that fails (best effort: look-arounds and back
     references are not honoured, the result is checked)."""
     try:
-        from re import _constants as C  # noqa: N812 (CPython's parse tree, 3.11+)
-        from re import _parser as P  # noqa: N812
+        # CPython's parse tree (3.11+): private modules, not in typeshed
+        from re import _constants as C  # type: ignore[attr-defined]  # noqa: N812
+        from re import _parser as P  # type: ignore[attr-defined]  # noqa: N812
 
         tree = P.parse(pattern)
     except Exception:

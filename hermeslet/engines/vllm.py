@@ -15,9 +15,11 @@ import asyncio
 import contextlib
 import os
 import sys
+from collections.abc import AsyncGenerator
+from typing import Any
 
 from hermes.procs import free_port
-from hermeslet.engines.base import EngineError
+from hermeslet.engines.base import EngineError, GenChunk, GenResult
 from hermeslet.engines.openai_http import HTTP_ERRORS, OpenAIHTTPEngine
 
 
@@ -74,7 +76,7 @@ class VLLMEngine(OpenAIHTTPEngine):
         max_backoff_s: float = 30.0,
         env: dict[str, str] | None = None,
         log_path: str | None = None,
-        **kw,
+        **kw: Any,
     ) -> None:
         self.supervised = url is None
         if self.supervised and not model:
@@ -96,7 +98,7 @@ class VLLMEngine(OpenAIHTTPEngine):
         self.log_path = log_path
         self.proc: asyncio.subprocess.Process | None = None
         self.restarts = 0
-        self._supervisor: asyncio.Task | None = None
+        self._supervisor: asyncio.Task[None] | None = None
         self._closing = False
         self._ready = asyncio.Event()
 
@@ -155,7 +157,8 @@ class VLLMEngine(OpenAIHTTPEngine):
                 print(f"hermeslet: vLLM {self.name} restart failed: {e}", file=sys.stderr)
                 backoff = min(backoff * 2, self.max_backoff_s)
 
-    async def generate(self, endpoint, body, stream, *, request_id, priority=None):  # noqa: ANN001
+    async def generate(self, endpoint: str, body: dict[str, Any], stream: bool, *, request_id: str,
+                       priority: int | None = None) -> AsyncGenerator[GenChunk | GenResult, None]:
         if self.supervised and not self._ready.is_set():
             raise EngineError("vLLM is restarting", retryable=True)
         async for item in super().generate(endpoint, body, stream, request_id=request_id,

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.timeout(180)
 def test_bench_gateway_measures_both_paths_in_one_run(tmp_path, capsys) -> None:  # noqa: ANN001
     out = tmp_path / "gw.json"
     assert main(["bench", "gateway", "--requests", "150", "--warmup", "20", "--concurrency", "8",
-                 "--policies", "vllm", "--json", str(out), "--no-progress"]) == 0
+                 "--policies", "vllm", "--fill-history", "0", "--json", str(out),
+                 "--no-progress"]) == 0
     rows = json.loads(out.read_text())
     assert [(r["path"], r["policy"]) for r in rows] == [("direct", "-"), ("gateway", "vllm")]
     direct, gw = rows
@@ -23,7 +24,14 @@ def test_bench_gateway_measures_both_paths_in_one_run(tmp_path, capsys) -> None:
     assert gw["added_p50_ms"] == pytest.approx(gw["p50_ms"] - direct["p50_ms"])
     # the gateway does strictly more work per request than the engine server alone
     assert gw["p50_ms"] > direct["p50_ms"] and gw["req_per_s"] > 0
-    assert "added_p50_ms" in capsys.readouterr().out
+    # the tail: the slowest request, and the gateway's longest event-loop stall in the row
+    for r in rows:
+        assert r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
+    assert direct["max_pause_ms"] == direct["max_gc_ms"] == 0.0  # no gateway on that path
+    assert 0.0 < gw["max_pause_ms"] < 60_000.0 and gw["max_gc_ms"] >= 0.0
+    assert gw["history"] == 20  # the warmup's runs are kept when the row starts
+    out_text = capsys.readouterr().out
+    assert "added_p50_ms" in out_text and "max_pause" in out_text
 
 
 def test_bench_gateway_levels_and_cpu_columns(tmp_path) -> None:  # noqa: ANN001
@@ -31,7 +39,8 @@ def test_bench_gateway_levels_and_cpu_columns(tmp_path) -> None:  # noqa: ANN001
     every process's CPU per request is measured (the gateway does more than the engine)."""
     out = tmp_path / "gw.json"
     assert main(["bench", "gateway", "--requests", "120", "--warmup", "10", "--concurrency",
-                 "1,6", "--policies", "hermes", "--json", str(out), "--no-progress"]) == 0
+                 "1,6", "--policies", "hermes", "--fill-history", "0", "--json", str(out),
+                 "--no-progress"]) == 0
     rows = json.loads(out.read_text())
     assert [(r["path"], r["concurrency"]) for r in rows] == [
         ("direct", 1), ("direct", 6), ("gateway", 1), ("gateway", 6)]
@@ -43,3 +52,21 @@ def test_bench_gateway_levels_and_cpu_columns(tmp_path) -> None:  # noqa: ANN001
         assert d["gateway_cpu_ms"] == 0.0 and d["engine_cpu_ms"] > 0 and d["client_cpu_ms"] > 0
         # CPU from /proc: the gateway parses, schedules, dispatches and records every request
         assert gw["gateway_cpu_ms"] > gw["engine_cpu_ms"] > 0
+
+
+def test_bench_gateway_row_with_a_full_finished_run_history(tmp_path) -> None:  # noqa: ANN001
+    """``--fill-history N``: one more row at the highest level, measured once the gateway
+    (``keep_finished_runs = N``) keeps N finished runs; its tail and pause are reported."""
+    out = tmp_path / "gw.json"
+    assert main(["bench", "gateway", "--requests", "100", "--warmup", "10", "--concurrency",
+                 "1,4", "--policies", "vllm", "--fill-history", "400", "--json", str(out),
+                 "--no-progress"]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["path"], r["concurrency"], r["history"]) for r in rows] == [
+        ("direct", 1, 0), ("direct", 4, 0), ("gateway", 1, 10), ("gateway", 4, 120),
+        ("gateway", 4, 400)]
+    full = rows[-1]
+    assert full["errors"] == 0 and full["requests"] == 100
+    assert full["p50_ms"] <= full["p99_ms"] <= full["max_ms"]
+    assert 0.0 < full["max_pause_ms"] < 60_000.0
+    assert full["added_p99_ms"] == pytest.approx(full["p99_ms"] - rows[1]["p99_ms"])

@@ -15,14 +15,9 @@ import pytest
 import redis
 from gw_redis import redis_url  # noqa: F401  (fixture)
 
-from hermes.gateway.auth import (
-    AuthError,
-    FileKeyStore,
-    build_security,
-    hash_secret,
-    verify_secret,
-)
+from hermes.gateway.auth import build_security
 from hermes.gateway.config import load_config
+from hermes.gateway.keys import AuthError, FileKeyStore, hash_secret, verify_secret
 
 
 def _create_key(auth_file: Path, tenant: str) -> str:
@@ -158,7 +153,8 @@ def test_serving_off_loopback_without_auth_is_refused(tmp_path: Path) -> None:
 
 
 def test_redis_key_store(redis_url: str) -> None:  # noqa: F811
-    from hermes.gateway.auth import Authenticator, RedisKeyStore
+    from hermes.gateway.auth import Authenticator
+    from hermes.gateway.keys import RedisKeyStore
 
     store = RedisKeyStore(redis_url, prefix=f"t{time.time()}:")
     key = store.create("acme")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from gw_procs import kill, start_gateway, start_node, wait_healthy
 
-from hermes.gateway.durable import SqliteRunStore
+from hermes.gateway.run_store import SqliteRunStore
 from hermes.procs import free_port
 from hermes.workloads.registry import get_app
 

@@ -13,7 +13,7 @@ import pytest
 import redis
 from gw_redis import redis_url  # noqa: F401  (fixture)
 
-from hermes.gateway.durable import RedisRunStore, SqliteRunStore
+from hermes.gateway.run_store import RedisRunStore, SqliteRunStore
 from hermes.gateway.server import gateway_state
 
 

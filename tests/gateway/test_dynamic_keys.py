@@ -21,7 +21,7 @@ def test_vtc_requeues_a_tenants_waiting_requests_when_its_counter_grows(make_gat
     policy = state.scheduler.policy
     finished: dict[str, float] = {}
     # which tenant's requests each run event re-keys (VTC: only its own tenant's)
-    sched = state.scheduler
+    sched = state.scheduler.dispatch  # re-keying is dispatch's (hermes.gateway.dispatch)
     touched: list[tuple[str, str]] = []
     rekey_run, recompute = sched._rekey_run, sched._recompute
     trigger: list[str] = []

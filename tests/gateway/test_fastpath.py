@@ -1,4 +1,4 @@
-"""The completion endpoints' direct ASGI route (hermes.gateway.fastpath) answers exactly as the
+"""The completion endpoints' direct ASGI route (hermes.gateway.api.fastpath) answers exactly as the
 FastAPI routes it bypasses: security first, the app's exception handlers, the same schema."""
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def fuzz_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backgroun
 @pytest.fixture(scope="module")
 def fuzz_auth_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BackgroundServer, str]]:
     """A gateway with authentication on (one tenant key) and an admin token."""
-    from hermes.gateway.auth import FileKeyStore
+    from hermes.gateway.keys import FileKeyStore
     from hermes.gateway.server import gateway_state
 
     tmp = tmp_path_factory.mktemp("fuzz-auth")

@@ -1,4 +1,4 @@
-"""Coalesced response writes (hermes.gateway.httpproto): one write per small response."""
+"""Coalesced response writes (hermes.gateway.api.httpproto): one write per small response."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from hermes.gateway.httpproto import CoalescingTransport
+from hermes.gateway.api.httpproto import CoalescingTransport
 
 
 class _Recorder(asyncio.Transport):

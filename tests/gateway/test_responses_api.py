@@ -16,7 +16,7 @@ import pytest
 from openai.types.responses import Response, ResponseItemList, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from hermes.gateway.auth import FileKeyStore
+from hermes.gateway.keys import FileKeyStore
 from hermes.gateway.responses import (
     ResponsesError,
     ResponseStore,

@@ -33,8 +33,9 @@ import httpx
 import pytest
 from gw_redis import redis_url  # noqa: F401  (fixture)
 
-from hermes.gateway.auth import AuthError, FileKeyStore, check_exposure
+from hermes.gateway.auth import check_exposure
 from hermes.gateway.config import load_config
+from hermes.gateway.keys import AuthError, FileKeyStore
 from hermes.gateway.server import gateway_state
 
 
@@ -387,7 +388,7 @@ def test_rate_limit_changes_reach_a_running_gateway(make_gateway, tmp_path, wher
         store: Any = FileKeyStore(auth)
         srv_opts = {"auth_file": str(auth)}
     else:
-        from hermes.gateway.auth import RedisKeyStore
+        from hermes.gateway.keys import RedisKeyStore
 
         url = request.getfixturevalue("redis_url")
         store = RedisKeyStore(url)

@@ -83,6 +83,9 @@ class SchedulingPolicy(ABC):
         return (run.rank, run.submitted, req.arrival, req.seq)
 
 
+#: name -> policy class. The built-in policies are in it as soon as this module can be used:
+#: importing ``hermes.core.policies.base`` runs the package's ``__init__`` first, which imports
+#: every policy module (each registers itself); this module does not import the package back.
 _REGISTRY: dict[str, Callable[..., SchedulingPolicy]] = {}
 
 
@@ -97,8 +100,6 @@ def register(name: str) -> Callable[[type[SchedulingPolicy]], type[SchedulingPol
 
 
 def policy_names() -> list[str]:
-    from hermes.core import policies as _  # noqa: F401  (registers the built-in policies)
-
     return sorted(_REGISTRY)
 
 
@@ -109,8 +110,6 @@ DRIVER_OPTIONS: frozenset[str] = frozenset({"estimators", "seed"})
 
 def policy_class(name: str) -> Callable[..., SchedulingPolicy]:
     """The registered class of a policy (e.g. to read ``uses_estimator`` / ``refine``)."""
-    from hermes.core import policies as _  # noqa: F401
-
     try:
         return _REGISTRY[name]
     except KeyError:

@@ -138,7 +138,7 @@ class EstimatedPolicy(SchedulingPolicy):
         memo = getattr(walks, "rank_memo", None) if self.tabulate else None
         if memo is None:
             return self.rank_from_samples(run, walks, now)
-        rank = memo.get(self.name)
+        rank: float | None = memo.get(self.name)
         if rank is None:
             rank = memo[self.name] = self.rank_from_samples(run, walks, now)
         return rank
@@ -188,6 +188,10 @@ class EstimatedPolicy(SchedulingPolicy):
         table = run.policy_state.get(_TABLE)
         if table is None:
             return None
+        done: int
+        starts: list[float]
+        ranks: list[float]
+        limit: float
         done, starts, ranks, limit = table
         a = run.attained_s
         if done != len(run.progress.finished) or a >= limit:

@@ -57,4 +57,5 @@ def gittins_ranks(samples: np.ndarray) -> np.ndarray:
     k = x.shape[1]
     c = np.arange(1, k + 1, dtype=np.float64)
     ratios = (np.cumsum(x, axis=1) + x * (k - c)) / c
-    return ratios.min(axis=1)
+    ranks: np.ndarray = ratios.min(axis=1)
+    return ranks

@@ -95,4 +95,5 @@ class DoublingBudgetPolicy(SchedulingPolicy):
         while st[_BUDGET] <= spent:
             st[_BUDGET] *= 2.0
         run.next_refresh_attained_s = st[_START] + st[_BUDGET]
-        return (st[_BUDGET] - spent) * st[_MEAN]
+        rank: float = (st[_BUDGET] - spent) * st[_MEAN]
+        return rank

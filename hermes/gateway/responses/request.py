@@ -1,39 +1,23 @@
-"""OpenAI's Responses API translated to and from chat completions, and the response store.
-
-Agent frameworks (openai-agents, pydantic-ai's ``OpenAIResponsesModel``, LiteLLM
-``responses()``) speak the Responses API by default; the engines behind Hermes speak chat
-completions. This module is the pure half of ``POST /v1/responses``
-(:mod:`hermes.gateway.responses_api` is the HTTP half): no FastAPI, no I/O.
-
-- :func:`parse_request` validates a Responses body (:class:`ResponsesRequest`); every client
-  error is a :class:`ResponsesError` whose ``param`` names the field as OpenAI does
-  (``tools[1].type``, ``input[0].content[2].image_url``, ``text.format.schema``).
-- :func:`to_chat` turns it into the chat-completions body the engine gets: ``instructions`` as a
-  first system message, then the conversation of the ``previous_response_id`` chain, then the
-  input items (``function_call`` items become an assistant message with ``tool_calls``,
-  ``function_call_output`` items ``tool`` messages).
-- :func:`from_chat` turns the engine's ``chat.completion`` into a ``response`` object;
-  :class:`ResponseStreamer` turns its ``chat.completion.chunk`` stream (or plain text pieces)
-  into the Responses typed event stream.
-- :class:`ResponseStore` keeps stored responses per tenant, with the chat conversation each
-  ended with, so that ``previous_response_id`` continues it (retention by age and count).
+"""A Responses request: validated (:func:`parse_request`), its input items as chat messages
+(:func:`input_messages`, :func:`input_items`), its tools, and the chat-completions body the
+engine gets (:func:`to_chat`): ``instructions`` as a first system message, then the
+conversation of the ``previous_response_id`` chain, then the input items (``function_call``
+items become an assistant message with ``tool_calls``, ``function_call_output`` items
+``tool`` messages). Every client error is a :class:`ResponsesError` whose ``param`` names the
+field as OpenAI does (``tools[1].type``, ``input[0].content[2].image_url``,
+``text.format.schema``).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import re
-import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-MAX_OUTPUT_TOKENS = 131_072  # as the chat endpoint's max_tokens bound (openai_api.MAX_TOKENS)
+MAX_OUTPUT_TOKENS = 131_072  # as the chat endpoint's max_tokens bound (api.openai_bodies.MAX_TOKENS)
 DEFAULT_RETENTION_S = 3600.0
 DEFAULT_MAX_STORED = 10_000
 
@@ -66,13 +50,18 @@ class ResponsesError(ValueError):
         self.code = code
 
 
-def _new_id(prefix: str) -> str:
+def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def output_part(text: str) -> dict[str, Any]:
+    """An ``output_text`` content part."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
 def new_response_id() -> str:
     """A fresh ``resp_...`` id."""
-    return _new_id("resp")
+    return new_id("resp")
 
 
 # ---------------------------------------------------------------------------------- request
@@ -288,11 +277,11 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
     for item in raw:
         kind = item.get("type")
         if kind == "function_call":
-            out.append({"type": "function_call", "id": item.get("id") or _new_id("fc"),
+            out.append({"type": "function_call", "id": item.get("id") or new_id("fc"),
                         "call_id": item["call_id"], "name": item["name"],
                         "arguments": item["arguments"], "status": "completed"})
         elif kind == "function_call_output":
-            out.append({"type": "function_call_output", "id": item.get("id") or _new_id("fco"),
+            out.append({"type": "function_call_output", "id": item.get("id") or new_id("fco"),
                         "call_id": item["call_id"], "output": item.get("output"),
                         "status": "completed"})
         elif kind in ("message", None):
@@ -301,17 +290,17 @@ def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
             role = item["role"]
             if role == "assistant":
                 content = [{"type": "refusal", "refusal": p["refusal"]} if p["type"] == "refusal"
-                           else _output_part(p["text"]) for p in parts]
+                           else output_part(p["text"]) for p in parts]
             else:
                 content = [{**p, "detail": p.get("detail") or "auto"} if p["type"] == "input_image"
                            else {"type": "input_text", "text": p["text"]} for p in parts]
-            out.append({"type": "message", "id": item.get("id") or _new_id("msg"), "role": role,
+            out.append({"type": "message", "id": item.get("id") or new_id("msg"), "role": role,
                         "status": "completed", "content": content})
     return out
 
 
 # ---------------------------------------------------------------------------------- tools
-def _function_tools(req: ResponsesRequest) -> list[dict[str, Any]]:
+def function_tools(req: ResponsesRequest) -> list[dict[str, Any]]:
     """The request's tools, checked, in the Responses shape (as echoed in the response)."""
     out: list[dict[str, Any]] = []
     names: set[str] = set()
@@ -359,7 +348,7 @@ def _function_tools(req: ResponsesRequest) -> list[dict[str, Any]]:
 def _chat_tools(req: ResponsesRequest) -> list[dict[str, Any]]:
     """The function tools in chat's shape (``{"type": "function", "function": {...}}``)."""
     out = []
-    for t in _function_tools(req):
+    for t in function_tools(req):
         fn: dict[str, Any] = {"name": t["name"]}
         for key in ("description", "parameters", "strict"):
             if t[key] is not None:
@@ -391,7 +380,7 @@ def _chat_tool_choice(req: ResponsesRequest) -> str | dict[str, Any] | None:
     return {"type": "function", "function": {"name": name}}
 
 
-def _text_format(req: ResponsesRequest) -> dict[str, Any]:
+def text_format(req: ResponsesRequest) -> dict[str, Any]:
     """``text.format``, checked (default ``{"type": "text"}``)."""
     fmt = (req.text or {}).get("format")
     if fmt is None:
@@ -424,7 +413,7 @@ def _text_format(req: ResponsesRequest) -> dict[str, Any]:
 
 def _response_format(req: ResponsesRequest) -> dict[str, Any] | None:
     """``text.format`` as chat's ``response_format`` (``None`` for plain text)."""
-    fmt = _text_format(req)
+    fmt = text_format(req)
     if fmt["type"] == "text":
         return None
     if fmt["type"] == "json_object":
@@ -469,367 +458,3 @@ def to_chat(req: ResponsesRequest, history: list[dict[str, Any]] | None = None) 
                 and key not in body:
             body[key] = value
     return body
-
-
-# ---------------------------------------------------------------------------------- from chat
-def _output_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [_output_part(text)]}
-
-
-def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
-    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name,
-            "arguments": arguments, "status": status}
-
-
-def _usage(input_tokens: int, output_tokens: int, cached: int = 0,
-           reasoning: int = 0) -> dict[str, Any]:
-    return {"input_tokens": input_tokens,
-            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-            "output_tokens": output_tokens,
-            "output_tokens_details": {"reasoning_tokens": reasoning},
-            "total_tokens": input_tokens + output_tokens}
-
-
-def _usage_of_chat(usage: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not isinstance(usage, dict):
-        return None
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
-    return _usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
-                  int(cached), int(reasoning))
-
-
-def _status_of(finish_reason: str | None) -> tuple[str, dict[str, Any] | None]:
-    """The response status and ``incomplete_details`` of a chat finish reason."""
-    if finish_reason == "length":
-        return "incomplete", {"reason": "max_output_tokens"}
-    if finish_reason == "content_filter":
-        return "incomplete", {"reason": "content_filter"}
-    return "completed", None
-
-
-def response_object(req: ResponsesRequest, *, response_id: str, created_at: float,
-                    status: str, output: list[dict[str, Any]],
-                    usage: dict[str, Any] | None = None,
-                    incomplete_details: dict[str, Any] | None = None,
-                    error: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A ``response`` object: the output and usage with the request's settings echoed."""
-    return {
-        "id": response_id, "object": "response", "created_at": int(created_at),
-        "status": status, "background": False, "error": error,
-        "incomplete_details": incomplete_details, "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens, "model": req.model, "output": output,
-        "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
-        "previous_response_id": req.previous_response_id,
-        "reasoning": {"effort": None, "summary": None}, "store": req.store,
-        "temperature": req.temperature, "text": {"format": _text_format(req)},
-        "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
-        "tools": _function_tools(req), "top_p": req.top_p,
-        "truncation": req.truncation or "disabled", "usage": usage, "user": req.user,
-        "metadata": req.metadata or {},
-    }
-
-
-def from_chat(chat: dict[str, Any], req: ResponsesRequest, *, response_id: str | None = None,
-              created_at: float | None = None) -> dict[str, Any]:
-    """The ``response`` for an engine's ``chat.completion``: a message item for its text
-    (also when it is empty and there is nothing else), a ``function_call`` item per tool call
-    (the chat ``id`` is the ``call_id``), status ``incomplete`` when it stopped at
-    ``max_output_tokens``."""
-    choices = chat.get("choices") or [{}]
-    choice = choices[0]
-    message = choice.get("message") or {}
-    status, details = _status_of(choice.get("finish_reason"))
-    output: list[dict[str, Any]] = []
-    text = message.get("content")
-    calls = message.get("tool_calls") or []
-    refusal = message.get("refusal")
-    if text or not (calls or refusal):
-        output.append(_message_item(_new_id("msg"), text or "",
-                                    "incomplete" if status == "incomplete" else "completed"))
-    if refusal:
-        output.append({"type": "message", "id": _new_id("msg"), "status": "completed",
-                       "role": "assistant", "content": [{"type": "refusal", "refusal": refusal}]})
-    for tc in calls:
-        fn = tc.get("function") or {}
-        output.append(_call_item(_new_id("fc"), tc.get("id") or _new_id("call"),
-                                 fn.get("name") or "", fn.get("arguments") or "", "completed"))
-    return response_object(
-        req, response_id=response_id or new_response_id(),
-        created_at=created_at if created_at is not None else time.time(), status=status,
-        output=output, usage=_usage_of_chat(chat.get("usage")) or _usage(0, 0),
-        incomplete_details=details)
-
-
-def assistant_message(response: dict[str, Any]) -> dict[str, Any]:
-    """The chat message a response's output is (the conversation's next turn): its text and
-    its function calls as ``tool_calls`` with the same call ids, so that a later
-    ``function_call_output`` answers them."""
-    texts: list[str] = []
-    calls: list[dict[str, Any]] = []
-    for item in response.get("output") or ():
-        if item.get("type") == "message":
-            texts.extend(p.get("text") or p.get("refusal") or "" for p in item.get("content") or ())
-        elif item.get("type") == "function_call":
-            calls.append({"id": item["call_id"], "type": "function",
-                          "function": {"name": item["name"], "arguments": item["arguments"]}})
-    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or (None if calls else "")}
-    if calls:
-        msg["tool_calls"] = calls
-    return msg
-
-
-# ---------------------------------------------------------------------------------- streaming
-class ResponseStreamer:
-    """The Responses event stream of one streamed chat completion.
-
-    :meth:`start` gives ``response.created`` and ``response.in_progress``; :meth:`feed_chunk`
-    (an engine's ``chat.completion.chunk``) and :meth:`feed_text` (a plain text piece) give
-    the item events; :meth:`finish` closes what is open and gives ``response.completed`` (or
-    ``response.incomplete``); :meth:`fail` gives ``response.failed``. Items are opened and
-    closed in order, as OpenAI streams them: text opens a message item
-    (``response.output_item.added``, ``response.content_part.added``, then
-    ``response.output_text.delta`` per piece); a tool call (by its chunk ``index``) opens a
-    ``function_call`` item (``response.output_item.added`` with the name and empty
-    arguments, then ``response.function_call_arguments.delta`` per piece); starting another
-    item closes the open one (``response.output_text.done``, ``response.content_part.done``,
-    ``response.output_item.done``, or ``response.function_call_arguments.done`` and
-    ``response.output_item.done``). Every event has the next ``sequence_number`` (from 0).
-    A late piece for an item already closed (an engine interleaving parallel tool calls) is
-    kept in the final response but gets no event."""
-
-    def __init__(self, req: ResponsesRequest, *, response_id: str | None = None,
-                 created_at: float | None = None) -> None:
-        self.req = req
-        self.response_id = response_id or new_response_id()
-        self.created_at = created_at if created_at is not None else time.time()
-        self.output: list[dict[str, Any]] = []
-        self.finish_reason: str | None = None
-        self.response: dict[str, Any] | None = None  # the final response, once finished
-        self._seq = 0
-        self._open: int | None = None  # output index of the open item
-        self._calls: dict[int, int] = {}  # chunk tool-call index -> output index
-        self._generated_call_ids: set[int] = set()
-        self._chunk_usage: dict[str, Any] | None = None
-
-    # -------------------------------------------------------------- events
-    def _event(self, type_: str, **fields: Any) -> dict[str, Any]:
-        ev = {"type": type_, "sequence_number": self._seq, **fields}
-        self._seq += 1
-        return ev
-
-    def _snapshot(self, status: str, **kw: Any) -> dict[str, Any]:
-        return response_object(self.req, response_id=self.response_id,
-                               created_at=self.created_at, status=status,
-                               output=copy.deepcopy(self.output), **kw)
-
-    def start(self) -> list[dict[str, Any]]:
-        """``response.created`` and ``response.in_progress``."""
-        return [self._event("response.created", response=self._snapshot("in_progress")),
-                self._event("response.in_progress", response=self._snapshot("in_progress"))]
-
-    def feed_chunk(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """The events of one ``chat.completion.chunk`` (its first choice)."""
-        if isinstance(chunk.get("usage"), dict):
-            self._chunk_usage = chunk["usage"]
-        events: list[dict[str, Any]] = []
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                events += self._text(delta["content"])
-            for pos, tc in enumerate(delta.get("tool_calls") or ()):
-                events += self._tool(tc, pos)
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-        return events
-
-    def feed_text(self, text: str) -> list[dict[str, Any]]:
-        """The events of a plain text piece (an engine that streams text alone)."""
-        return self._text(text) if text else []
-
-    def _open_message(self) -> list[dict[str, Any]]:
-        events = self._close()
-        idx = len(self.output)
-        item = _message_item(_new_id("msg"), "", "in_progress")
-        self.output.append(item)
-        self._open = idx
-        events.append(self._event("response.output_item.added", output_index=idx,
-                                  item={**item, "content": []}))
-        events.append(self._event("response.content_part.added", item_id=item["id"],
-                                  output_index=idx, content_index=0, part=_output_part("")))
-        return events
-
-    def _text(self, piece: str) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        if self._open is None or self.output[self._open]["type"] != "message":
-            events += self._open_message()
-        idx = self._open
-        assert idx is not None
-        item = self.output[idx]
-        item["content"][0]["text"] += piece
-        events.append(self._event("response.output_text.delta", item_id=item["id"],
-                                  output_index=idx, content_index=0, delta=piece, logprobs=[]))
-        return events
-
-    def _tool(self, tc: dict[str, Any], pos: int) -> list[dict[str, Any]]:
-        key = tc.get("index", pos)
-        fn = tc.get("function") or {}
-        events: list[dict[str, Any]] = []
-        idx = self._calls.get(key)
-        if idx is None:
-            events += self._close()
-            idx = len(self.output)
-            call_id = tc.get("id")
-            if not call_id:
-                call_id = _new_id("call")
-                self._generated_call_ids.add(idx)
-            item = _call_item(_new_id("fc"), call_id, fn.get("name") or "", "", "in_progress")
-            self.output.append(item)
-            self._calls[key] = idx
-            self._open = idx
-            events.append(self._event("response.output_item.added", output_index=idx,
-                                      item=dict(item)))
-        item = self.output[idx]
-        if tc.get("id") and idx in self._generated_call_ids:
-            item["call_id"] = tc["id"]
-            self._generated_call_ids.discard(idx)
-        if fn.get("name") and not item["name"]:
-            item["name"] = fn["name"]
-        args = fn.get("arguments")
-        if args:
-            item["arguments"] += args
-            if self._open == idx:
-                events.append(self._event("response.function_call_arguments.delta",
-                                          item_id=item["id"], output_index=idx, delta=args))
-        return events
-
-    def _close(self, status: str = "completed") -> list[dict[str, Any]]:
-        """Close the open item (if any)."""
-        idx = self._open
-        if idx is None:
-            return []
-        self._open = None
-        item = self.output[idx]
-        item["status"] = status
-        if item["type"] == "message":
-            part = item["content"][0]
-            return [
-                self._event("response.output_text.done", item_id=item["id"], output_index=idx,
-                            content_index=0, text=part["text"], logprobs=[]),
-                self._event("response.content_part.done", item_id=item["id"], output_index=idx,
-                            content_index=0, part=copy.deepcopy(part)),
-                self._event("response.output_item.done", output_index=idx,
-                            item=copy.deepcopy(item)),
-            ]
-        return [
-            self._event("response.function_call_arguments.done", item_id=item["id"],
-                        output_index=idx, arguments=item["arguments"]),
-            self._event("response.output_item.done", output_index=idx, item=copy.deepcopy(item)),
-        ]
-
-    def finish(self, finish_reason: str | None = None, *, input_tokens: int | None = None,
-               output_tokens: int | None = None) -> list[dict[str, Any]]:
-        """Close the open item and end with ``response.completed`` or, stopped at
-        ``max_output_tokens``, ``response.incomplete``. Token counts: the ones given (the
-        node's :class:`~hermes.protocol.Done`), else the engine's usage chunk."""
-        reason = finish_reason or self.finish_reason or "stop"
-        status, details = _status_of(reason)
-        events: list[dict[str, Any]] = []
-        if not self.output:
-            events += self._open_message()
-        if self._open is not None and self.output[self._open]["type"] == "message":
-            events += self._close("incomplete" if status == "incomplete" else "completed")
-        else:
-            events += self._close()
-        usage = _usage_of_chat(self._chunk_usage) or _usage(0, 0)
-        if input_tokens is not None and output_tokens is not None:
-            usage = _usage(input_tokens, output_tokens,
-                           usage["input_tokens_details"]["cached_tokens"],
-                           usage["output_tokens_details"]["reasoning_tokens"])
-        self.response = self._snapshot(status, usage=usage, incomplete_details=details)
-        kind = "response.completed" if status == "completed" else "response.incomplete"
-        events.append(self._event(kind, response=copy.deepcopy(self.response)))
-        return events
-
-    def fail(self, message: str, code: str = "server_error") -> list[dict[str, Any]]:
-        """End with ``response.failed`` (the items so far, the open one ``incomplete``)."""
-        if self._open is not None:
-            self.output[self._open]["status"] = "incomplete"
-            self._open = None
-        self.response = self._snapshot("failed", error={"code": code, "message": message})
-        return [self._event("response.failed", response=copy.deepcopy(self.response))]
-
-
-# ---------------------------------------------------------------------------------- store
-@dataclass(slots=True)
-class StoredResponse:
-    """A stored response: the object as returned, this request's input items (for
-    ``input_items``), and the chat conversation it ended with (history, input, reply; no
-    instructions, which OpenAI does not carry over a ``previous_response_id``)."""
-
-    tenant: str | None
-    response: dict[str, Any]
-    input_items: list[dict[str, Any]]
-    conversation: list[dict[str, Any]]
-    stored_at: float
-    run_id: str | None = None  # the run that made it (for inferring runs from chains later)
-
-
-class ResponseStore:
-    """Stored responses, per tenant: an id is visible only to the tenant that created it
-    (another tenant's id is "not found", as an unknown one). Oldest first out: entries older
-    than ``max_age_s`` expire, and past ``max_items`` the oldest is dropped. In memory, one
-    per gateway (``clock`` is injectable for tests)."""
-
-    def __init__(self, *, max_age_s: float = DEFAULT_RETENTION_S,
-                 max_items: int = DEFAULT_MAX_STORED,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.max_age_s = max_age_s
-        self.max_items = max_items
-        self.clock = clock
-        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
-
-    def __len__(self) -> int:
-        self._expire()
-        return len(self._items)
-
-    def _expire(self) -> None:
-        cutoff = self.clock() - self.max_age_s
-        while self._items:
-            first = next(iter(self._items.values()))
-            if first.stored_at > cutoff:
-                break
-            self._items.popitem(last=False)
-
-    def put(self, tenant: str | None, response: dict[str, Any], input_items: list[dict[str, Any]],
-            conversation: list[dict[str, Any]], *, run_id: str | None = None) -> StoredResponse:
-        """Store a finished response (replacing one with the same id)."""
-        entry = StoredResponse(tenant, response, input_items, conversation, self.clock(), run_id)
-        self._items.pop(response["id"], None)
-        self._items[response["id"]] = entry
-        self._expire()
-        while len(self._items) > self.max_items:
-            self._items.popitem(last=False)
-        return entry
-
-    def get(self, tenant: str | None, response_id: str) -> StoredResponse | None:
-        """The stored response, or None when unknown, expired or another tenant's."""
-        self._expire()
-        entry = self._items.get(response_id)
-        if entry is None or entry.tenant != tenant:
-            return None
-        return entry
-
-    def delete(self, tenant: str | None, response_id: str) -> bool:
-        """Forget a response; False when :meth:`get` would not find it."""
-        if self.get(tenant, response_id) is None:
-            return False
-        del self._items[response_id]
-        return True

@@ -3,7 +3,7 @@
 Every OpenAI request through the gateway would otherwise cross FastAPI's generic routing
 (route matching over every router, dependency solving for a handler whose only parameter is
 the request, per-request exit stacks) before
-:func:`hermes.gateway.openai_api.handle_completion` runs:
+:func:`hermes.gateway.api.openai_api.handle_completion` runs:
 on ``hermes bench gateway`` that machinery was about a fifth of the gateway's event-loop CPU
 per request. :class:`OpenAIFastPath` sits inside the security middleware (body limits, API
 keys, tenant admission all apply unchanged) and hands ``POST /v1/completions`` and
@@ -21,7 +21,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from hermes.gateway.openai_api import handle_completion
+from hermes.gateway.api.openai_api import handle_completion
 
 _ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
@@ -32,7 +32,7 @@ class OpenAIFastPath:
     def __init__(self, app: Any) -> None:
         self.app = app
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         endpoint = _ENDPOINTS.get(scope.get("path", "")) if scope["type"] == "http" else None
         if endpoint is None or scope.get("method") != "POST" or scope.get("root_path"):
             await self.app(scope, receive, send)

@@ -1,4 +1,4 @@
-"""The app-run API: runs, their tool calls and unit events, apps (PDGraphs), health.
+"""The runs API: runs, their tool calls and unit events, and health.
 
 - ``POST /v1/runs {"app", "deadline_s"?, "tenant"?, "k"?, "input"?}`` → 201 with the run.
   With ``input`` the app must be a hosted app: the gateway runs it and ``GET`` returns its
@@ -11,11 +11,10 @@
   on a node's tool runner, ordered by the run's rank; answers when it has run.
 - ``POST /v1/runs/{id}/events {"unit", "event": "start"|"finish", "backend"?}``: units the
   client runs itself, so that the PDGraph still learns them.
-- ``GET /v1/apps``, ``GET /v1/apps/{name}`` (PDGraph summary), ``PUT /v1/apps/{name}``
-  (upload a PDGraph JSON document).
 - ``GET /healthz``.
 
-Errors use OpenAI's shape (:func:`hermes.gateway.openai_api.error_response`).
+Errors use OpenAI's shape (:func:`hermes.gateway.api.errors.error_response`). Apps are
+:mod:`hermes.gateway.api.apps_api`'s.
 
 Security (issue 15):
 
@@ -26,10 +25,9 @@ Security (issue 15):
   first request created (``Idempotent-Replayed: true``), with another body 422
   ``idempotency_key_reused``. Keys are per tenant and stored with the run (durable state), so
   they survive a restart; a key is forgotten with its run.
-- Apps: with authentication on, apps are shared and admin-owned (``PUT /admin/apps/NAME``),
-  except a tenant's own ``TENANT.NAME`` apps (the part before the last dot is the tenant):
-  a tenant key may upload only those (403 ``app_not_owned`` otherwise), and another
-  tenant's are hidden (404) and cannot be run (403).
+- a run of another tenant's own ``TENANT.NAME`` app is refused (403,
+  :func:`hermes.gateway.api.apps_api.foreign_app`); a tenant at its active-run quota gets
+  429 ``run_quota`` (:func:`check_run_quota`).
 - ``/v1/runs/{id}/tools`` checks that the run is the caller's (404) before it reads the body,
   and refuses (503 ``tool_sandbox_unavailable``) when no connected node has a tool sandbox.
 """
@@ -46,11 +44,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hermes.core import strict_json
 from hermes.core.backend import BackendSpec
-from hermes.gateway import hosted
-from hermes.gateway.auth import check_run_quota, current_tenant, tenant_for, visible
-from hermes.gateway.openai_api import error_response, scheduler_error, validation_error
-from hermes.gateway.run_params import DeadlineS, Knob
-from hermes.gateway.scheduler import ACTIVE, LiveRun, LiveScheduler, SchedulerError
+from hermes.gateway.api.apps_api import foreign_app, not_owned
+from hermes.gateway.api.errors import error_response, scheduler_error, validation_error
+from hermes.gateway.api.run_params import DeadlineS, Knob
+from hermes.gateway.auth import Security, tenant_for
+from hermes.gateway.errors import SchedulerError
+from hermes.gateway.hosted import HostedRegistry
+from hermes.gateway.nodes import NO_SANDBOX
+from hermes.gateway.scheduler import LiveScheduler
+from hermes.gateway.state import ACTIVE, LiveRun
+from hermes.gateway.tenancy import current_tenant, visible
 from hermes.protocol import ToolDone
 
 router = APIRouter()
@@ -121,34 +124,28 @@ class UnitEventBody(BaseModel):
         return self
 
 
-def app_owner(name: str) -> str | None:
-    """The tenant a ``TENANT.NAME`` app belongs to (the part before the last dot), or None
-    for a shared app (no dot)."""
-    owner, dot, _ = name.rpartition(".")
-    return owner if dot and owner else None
-
-
-def _foreign_app(name: str) -> bool:
-    """Whether ``name`` is another tenant's own app (authentication on; the admin and
-    unauthenticated gateways see every app)."""
-    tenant = current_tenant.get()
-    owner = app_owner(name)
-    return tenant is not None and owner is not None and owner != tenant
-
-
-def _not_owned(name: str, tenant: str, doing: str) -> Response:
-    return error_response(
-        403, f"app {name!r} is not tenant {tenant!r}'s: {doing}. Shared apps belong to the "
-        f"admin (PUT /admin/apps/NAME, `hermes apps import`); a tenant's own apps are named "
-        f"'{tenant}.NAME'", param="name", code="app_not_owned")
-
-
 def _sched(request: Request) -> LiveScheduler:
-    return request.app.state.scheduler
+    sched: LiveScheduler = request.app.state.scheduler
+    return sched
 
 
-def _registry(request: Request) -> hosted.HostedRegistry:
-    return request.app.state.hosted
+def _registry(request: Request) -> HostedRegistry:
+    reg: HostedRegistry = request.app.state.hosted
+    return reg
+
+
+def check_run_quota(request: Request, tenant: str | None) -> Response | None:
+    """A 429 response if ``tenant`` is at its active-run quota, else None."""
+    sec: Security | None = getattr(request.app.state, "security", None)
+    if sec is None:
+        return None
+    who = tenant or "default"
+    if sec.admission.limits(who).max_active_runs is None:
+        return None
+    ok, reason = sec.admission.runs_allowed(who, _sched(request).registry.count_active(who))
+    if ok:
+        return None
+    return error_response(429, reason, code="run_quota", headers={"Retry-After": "5"})
 
 
 @router.post("/v1/runs", status_code=201, tags=["runs"])
@@ -164,8 +161,8 @@ async def create_run(body: CreateRun, request: Request) -> Response:
                                   f"{', '.join(_registry(request).names()) or 'none'}",
                                   param="app", code="app_not_hosted")
     tenant = tenant_for(request, body.tenant)
-    if _foreign_app(body.app):
-        return _not_owned(body.app, str(current_tenant.get()), "its runs are its owner's")
+    if foreign_app(body.app):
+        return not_owned(body.app, str(current_tenant.get()), "its runs are its owner's")
     idem = None
     key = request.headers.get(IDEMPOTENCY_HEADER)
     if key is not None:
@@ -175,7 +172,7 @@ async def create_run(body: CreateRun, request: Request) -> Response:
         canon = json.dumps({**body.model_dump(mode="json"), "tenant": tenant},
                            sort_keys=True, separators=(",", ":"))
         idem = {"key": key, "body": hashlib.sha256(canon.encode()).hexdigest()}
-        seen = sched.durable.idempotent_run(tenant or "default", key)
+        seen = sched.idempotent_run(tenant or "default", key)
         if seen is not None:
             run, fingerprint = seen
             if fingerprint != idem["body"]:
@@ -192,7 +189,7 @@ async def create_run(body: CreateRun, request: Request) -> Response:
     run = sched.create_run(body.app, deadline_s=body.deadline_s, tenant=tenant, k=body.k,
                            input=body.input, hosted=app is not None, idempotency=idem)
     if app is not None:
-        hosted.launch(sched, run, app, request.app.state.config)
+        sched.launch_hosted(run, app)
     return JSONResponse(run.to_json(sched.now()), status_code=201,
                         headers={"Location": f"/v1/runs/{run.run_id}"})
 
@@ -249,20 +246,6 @@ async def cancel_run(run_id: str, request: Request) -> Response:
     return JSONResponse(run.to_json(sched.now()))
 
 
-#: what a client can do when no node can run tool code in a sandbox
-NO_SANDBOX = ("tool calls are refused: no connected node has a tool sandbox. Install bubblewrap "
-              "on the gateway's host (apt-get install bubblewrap; the Docker image has it, "
-              "but a container's default seccomp profile forbids the user namespaces it "
-              "needs) or connect a HermesLet with a Docker sandbox (hermeslet run --docker); "
-              "for local development only, `hermes serve --unsafe-unsandboxed-tools` "
-              "(loopback only) runs tool code unsandboxed")
-
-
-def no_tool_sandbox(sched: LiveScheduler) -> bool:
-    """Connected nodes, none of which runs tool calls (none has a sandbox)."""
-    return bool(sched.nodes) and not any(n.tools for n in sched.nodes.values())
-
-
 @router.post("/v1/runs/{run_id}/tools", tags=["runs"], openapi_extra={"requestBody": {
     "required": True, "content": {"application/json": {"schema": ToolCall.model_json_schema()}}}})
 async def run_tool(run_id: str, request: Request) -> Response:
@@ -280,7 +263,7 @@ async def run_tool(run_id: str, request: Request) -> Response:
         return validation_error(e, 422)
     if not sched.nodes:
         await sched.wait_for_nodes()
-    if no_tool_sandbox(sched):
+    if sched.no_tool_sandbox():
         return error_response(503, NO_SANDBOX, code="tool_sandbox_unavailable")
     try:
         run = sched.active_run(run_id)
@@ -314,107 +297,6 @@ async def unit_event(run_id: str, body: UnitEventBody, request: Request) -> Resp
     return JSONResponse({"run_id": run_id, "unit": inv.unit, "event": body.event,
                          "started": inv.started, "finished": inv.finished,
                          "rank": run.to_json(sched.now())["rank"]})
-
-
-# ---------------------------------------------------------------------------------- apps
-@router.get("/v1/apps", tags=["apps"])
-async def list_apps(request: Request) -> dict[str, Any]:
-    """Apps with a PDGraph and hosted apps."""
-    sched = _sched(request)
-    reg = _registry(request)
-    graphs = set(sched.app_names())
-    names = sorted(n for n in graphs | set(reg.names()) if not _foreign_app(n))
-    return {"apps": [{"name": n, "hosted": reg.get(n) is not None, "pdgraph": n in graphs}
-                     for n in names]}
-
-
-def _bad_app_name(name: str) -> Response | None:
-    """422 naming the app when its name could not be a knowledge-base key."""
-    from hermes.kb.base import validate_app_name
-
-    try:
-        validate_app_name(name)
-    except ValueError as e:
-        return error_response(422, f"name: {e}", param="name", code="invalid_value")
-    return None
-
-
-@router.get("/v1/apps/{name}", tags=["apps"])
-async def get_app(name: str, request: Request) -> Response:
-    """An app's PDGraph summary (units, branch probabilities, mean demand, masks)."""
-    sched = _sched(request)
-    reg = _registry(request)
-    bad = _bad_app_name(name)
-    if bad is not None:
-        return bad
-    if _foreign_app(name):  # another tenant's own app: as if it did not exist
-        return error_response(404, f"app {name!r} has no PDGraph and is not hosted",
-                              code="app_not_found")
-    sched.refresh_graphs({name})  # what finished runs taught it, now
-    graph = sched.app_graph(name)
-    app = reg.get(name)
-    if graph is None and app is None:
-        return error_response(404, f"app {name!r} has no PDGraph and is not hosted",
-                              code="app_not_found")
-    return JSONResponse({
-        "name": name,
-        "hosted": app is not None,
-        "description": getattr(app, "description", "") if app else "",
-        "pdgraph": graph.summary() if graph is not None else None,
-    })
-
-
-#: the OpenAPI request body of a PDGraph upload (its reader validates the whole document)
-PDGRAPH_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
-    "type": "object", "required": ["version", "app", "entry", "units"], "properties": {
-        "version": {"type": "integer"}, "app": {"type": "string"},
-        "entry": {"type": "object", "additionalProperties": {"type": "number"}},
-        "units": {"type": "object", "additionalProperties": {"type": "object"}},
-        "edges": {"type": "object"}}}}}}}
-
-
-@router.put("/v1/apps/{name}", tags=["apps"], openapi_extra=PDGRAPH_BODY)
-async def put_app(name: str, request: Request) -> Response:
-    """Upload an app's PDGraph (JSON); it replaces the stored one and the estimator's. With
-    authentication on, a tenant key may upload only the tenant's own ``TENANT.NAME`` apps."""
-    bad = _bad_app_name(name)
-    if bad is not None:
-        return bad
-    tenant = current_tenant.get()
-    if tenant is not None and app_owner(name) != tenant:
-        return _not_owned(name, tenant, "tenant keys cannot write shared or other tenants' "
-                          "apps")
-    got = install_graph(_sched(request), name, await request.body(), what="upload")
-    if isinstance(got, Response):
-        return got
-    return JSONResponse({"name": name, "pdgraph": got.summary()})
-
-
-def install_graph(sched: LiveScheduler, name: str, raw: bytes, *, what: str) -> Any:
-    """Validate an uploaded PDGraph for app ``name`` and install it (knowledge base,
-    estimator, online profiler); the graph, or a 400 response naming what was wrong (the
-    stored graph untouched: everything is checked, down to a JSON round trip, before
-    anything is stored). Shared by ``PUT /v1/apps/{name}`` and the admin import."""
-    from hermes.core.pdgraph import PDGraph, PDGraphError
-
-    bad = _bad_app_name(name)
-    if bad is not None:
-        return bad
-    try:
-        graph = PDGraph.from_upload(raw, source=f"{what} of {name!r}")
-    except PDGraphError as e:
-        return error_response(400, str(e), code="invalid_pdgraph")
-    if graph.app != name:
-        return error_response(400, f"field app: is {graph.app!r}, expected {name!r}",
-                              param="app", code="invalid_pdgraph")
-    try:
-        sched.put_graph(graph)
-    except ValueError as e:
-        return error_response(400, str(e), code="invalid_pdgraph")
-    note = getattr(getattr(sched, "metrics", None), "note_app", None)
-    if note is not None:
-        note(name)  # an uploaded app is a known app: its own metric label value
-    return graph
 
 
 @router.get("/healthz", tags=["health"])

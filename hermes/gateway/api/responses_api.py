@@ -3,7 +3,7 @@
 
 A request is translated to a chat-completions body (:mod:`hermes.gateway.responses`) and goes
 the chat endpoint's way through the scheduler: bound to a run and unit by the same
-``X-Hermes-*`` headers (:func:`hermes.gateway.openai_api._bind_run`; without them a one-request
+``X-Hermes-*`` headers (:func:`hermes.gateway.api.binding.bind_run`; without them a one-request
 run of app ``default``), ranked by its run, served by an engine of the model; the answer is
 translated back (``stream: true``: the Responses event stream as server-sent events,
 ``event: TYPE`` / ``data: JSON``). Stored responses (``store``, default true) are kept per
@@ -21,22 +21,17 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from hermes.gateway.api.binding import RUN_HEADER, UNIT_HEADER, bind_run, finish_after_response
+from hermes.gateway.api.errors import error_response, scheduler_error
+from hermes.gateway.api.openai_api import completion_object
 from hermes.gateway.auth import tenant_for
-from hermes.gateway.openai_api import (
-    RUN_HEADER,
-    UNIT_HEADER,
-    _bind_run,
-    _completion,
-    _finish_after_response,
-    error_response,
-    scheduler_error,
-)
+from hermes.gateway.errors import SchedulerError
 from hermes.gateway.responses import (
     DEFAULT_MAX_STORED,
     DEFAULT_RETENTION_S,
@@ -52,7 +47,8 @@ from hermes.gateway.responses import (
     parse_request,
     to_chat,
 )
-from hermes.gateway.scheduler import LiveRun, LiveScheduler, PendingRequest, SchedulerError
+from hermes.gateway.scheduler import LiveScheduler
+from hermes.gateway.state import LiveRun, PendingRequest
 from hermes.protocol import Done
 
 router = APIRouter()
@@ -79,7 +75,8 @@ def _not_found(response_id: str, param: str | None = None) -> JSONResponse:
                           code="response_not_found")
 
 
-def _engine_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+def _engine_request(req: ResponsesRequest, history: list[dict[str, Any]]
+                    ) -> tuple[Literal["chat"], dict[str, Any]]:
     """The endpoint and body the engine gets: the one place to add pass-through. Always
     chat completions today. An engine that serves ``/v1/responses`` itself (recent vLLM,
     OpenAI) could get the body as it is, with ``previous_response_id`` resolved into
@@ -111,7 +108,7 @@ async def create_response(request: Request) -> Response:
     run: LiveRun | None = None
     try:
         model = await sched.serving_model(req.model, strict=True)
-        run, unit = await _bind_run(sched, request)
+        run, unit = await bind_run(sched, request)
         inv = sched.unit_for_request(run, unit, f"llm:{model}")
         preq = await sched.submit_llm(run, inv, model=model, endpoint=endpoint, body=body,
                                       stream=req.stream)
@@ -135,14 +132,14 @@ async def create_response(request: Request) -> Response:
         if not preq.future.done():  # the client went away (task cancelled)
             sched.abandon(preq)
     assert isinstance(done, Done)
-    chat = _completion("chat", preq.request_id, req.model, done)
+    chat = completion_object("chat", preq.request_id, req.model, done)
     resp = from_chat(chat, req, response_id=new_response_id(), created_at=time.time())
     if req.store:
         store.put(tenant, resp, input_items(req), [*conversation, assistant_message(resp)],
                   run_id=run.run_id)
     response = JSONResponse(resp, headers=headers)
     if run.auto_finish:
-        response.background = BackgroundTask(_finish_after_response, sched, run)
+        response.background = BackgroundTask(finish_after_response, sched, run)
     return response
 
 

@@ -11,15 +11,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from datetime import UTC, datetime
+
+from hermes.cliout import print_json, print_table
 
 DEFAULT_AUTH_FILE = "hermes-auth.json"
 
 
 def _store(args: argparse.Namespace):  # noqa: ANN202
-    from hermes.gateway.auth import FileKeyStore, RedisKeyStore
+    from hermes.gateway.keys import FileKeyStore, RedisKeyStore
 
     if args.redis:
         return RedisKeyStore(args.redis)
@@ -36,9 +37,9 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    for e in _store(args).entries():
-        when = datetime.fromtimestamp(e.created, UTC).strftime("%Y-%m-%d %H:%M:%S")
-        print(f"{e.id}  {e.tenant}  {when}")
+    print_table([{"id": e.id, "tenant": e.tenant,
+                  "created": datetime.fromtimestamp(e.created, UTC).strftime("%Y-%m-%d %H:%M:%S")}
+                 for e in _store(args).entries()], title="API keys", empty="(no keys)")
     return 0
 
 
@@ -55,7 +56,7 @@ def cmd_limits(args: argparse.Namespace) -> int:
                                 ("max_concurrent", args.max_concurrent),
                                 ("max_active_runs", args.max_active_runs)) if v is not None}
     _store(args).set_limits(args.tenant, limits)
-    print(json.dumps({args.tenant: limits}))
+    print_json({args.tenant: limits})
     return 0
 
 

@@ -31,7 +31,7 @@ def parse_deadline_s(raw: str) -> float:
     return _parse(_DEADLINE, raw)
 
 
-def _parse(adapter: TypeAdapter, raw: str) -> float:
+def _parse(adapter: TypeAdapter[float], raw: str) -> float:
     try:
         return float(adapter.validate_strings(raw))
     except ValidationError as e:

@@ -1,0 +1,377 @@
+"""The admin API (``/admin/...``) and ``GET /metrics``: what ``hermes apps|runs|policy|knob|top``
+talk to.
+
+Access: with ``HERMES_ADMIN_TOKEN`` set (in the gateway's environment when the app is
+created, or ``app.state.admin_token``), every ``/admin`` call needs ``Authorization: Bearer
+TOKEN`` (401 without, 403 with a wrong one). Without a token the admin API answers loopback
+clients only (403 otherwise), so a laptop gateway needs no setup and an exposed one is closed
+until a token is configured. ``/metrics`` is open (Prometheus scrapes it) unless
+``security.metrics_token`` is set (``HERMES_METRICS_TOKEN``): then it needs ``Authorization:
+Bearer TOKEN`` (401 without, 403 with a wrong one; Prometheus: ``authorization:
+credentials_file``). Its label values are bounded (:class:`hermes.metrics.GatewayMetrics`).
+
+- ``GET /admin/apps``; ``GET /admin/apps/{name}`` (summary); ``GET /admin/apps/{name}/pdgraph``
+  (the full PDGraph JSON: export); ``PUT /admin/apps/{name}`` (import a PDGraph JSON).
+- ``GET /admin/runs?state=&app=&tenant=&limit=``; ``GET /admin/runs/{id}``;
+  ``POST /admin/runs/{id}/cancel``.
+- ``GET /admin/policy``; ``PUT /admin/policy {"policy"}``: live switch, every active run is
+  ranked afresh and queued requests re-keyed.
+- ``GET /admin/knobs``; ``PUT /admin/knobs {"scope": "default"|"app"|"tenant", "name", "k"}``
+  (``k: null`` removes an app or tenant override; ``name`` must be an app or tenant name).
+- ``GET /admin/engines``; ``GET /admin/top?limit=`` (runs by rank, engines, totals: one frame
+  of ``hermes top``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import math
+import os
+import re
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hermes.core import strict_json
+from hermes.core.policies.base import policy_names
+from hermes.gateway.api.apps_api import PDGRAPH_BODY, install_graph
+from hermes.gateway.api.errors import error_response, scheduler_error, validation_error
+from hermes.gateway.api.run_params import Knob
+from hermes.gateway.api.runs_api import TENANT_PATTERN
+from hermes.gateway.errors import SchedulerError
+from hermes.gateway.scheduler import LiveScheduler
+from hermes.gateway.state import ACTIVE, LiveRun
+from hermes.kb.base import validate_app_name
+
+TOKEN_ENV = "HERMES_ADMIN_TOKEN"
+
+
+class AdminDenied(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def admin_token(request: Request) -> str | None:
+    """The configured admin token: ``app.state.admin_token``, else ``$HERMES_ADMIN_TOKEN``."""
+    tok = getattr(request.app.state, "admin_token", None)
+    return tok if tok else (os.environ.get(TOKEN_ENV) or None)
+
+
+def _is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+async def require_admin(request: Request) -> None:
+    """Token check (see the module docstring); raises :class:`AdminDenied`."""
+    token = admin_token(request)
+    if token is None:
+        if _is_loopback(request.client.host if request.client else None):
+            return
+        raise AdminDenied(403, f"the admin API answers loopback clients only; set {TOKEN_ENV} "
+                               "on the gateway to use it remotely")
+    auth = request.headers.get("authorization", "")
+    scheme, _, given = auth.partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        raise AdminDenied(401, "admin API: missing 'Authorization: Bearer <token>' header")
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise AdminDenied(403, "admin API: invalid admin token")
+
+
+router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)])
+metrics_router = APIRouter()
+
+
+def install(app: FastAPI) -> None:
+    """Add the admin and metrics routes and the admin error handler to ``app``."""
+    app.include_router(router)
+    app.include_router(metrics_router)
+    metrics = getattr(app.state, "metrics", None)
+    if metrics is not None:  # hosted apps are known apps: their own ``app`` label value
+        from hermes.metrics import MAX_TENANTS_NO_AUTH
+
+        metrics.hosted = getattr(app.state, "hosted", None)
+        security = getattr(app.state, "security", None)
+        if security is None or not security.auth_on:  # tenants are what clients claim
+            metrics.max_tenants = min(metrics.max_tenants, MAX_TENANTS_NO_AUTH)
+
+    @app.exception_handler(AdminDenied)
+    async def _denied(request: Request, exc: AdminDenied) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return error_response(exc.status, str(exc), code="admin_denied", headers=headers)
+
+
+@metrics_router.get("/metrics", include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition of the gateway (and its embedded HermesLet); with
+    ``security.metrics_token`` set, for its bearer only."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    config = getattr(request.app.state, "config", None)
+    token = config.security.metrics_token if config is not None else ""
+    if token:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            return error_response(401, "/metrics: missing 'Authorization: Bearer <token>' "
+                                  "header (security.metrics_token is set)",
+                                  code="metrics_denied", headers={"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(given.strip().encode(), token.encode()):
+            return error_response(403, "/metrics: invalid token", code="metrics_denied")
+    return Response(generate_latest(request.app.state.metrics.registry),
+                    media_type=CONTENT_TYPE_LATEST)
+
+
+def _sched(request: Request) -> LiveScheduler:
+    sched: LiveScheduler = request.app.state.scheduler
+    return sched
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def run_row(run: LiveRun, now: float) -> dict[str, Any]:
+    """One line of ``hermes runs list`` / ``hermes top``."""
+    st = run.state
+    return {
+        "run_id": st.run_id, "app": st.app, "tenant": st.tenant, "state": run.status,
+        "rank": _num(st.rank), "act_s": run.act_s(now), "attained_s": st.attained_s,
+        "current_unit": st.progress.current, "units_done": len(st.progress.finished),
+        "pending_requests": len(run.pending), "deadline": st.deadline,
+        "submitted": st.submitted,
+    }
+
+
+def engine_rows(s: LiveScheduler) -> list[dict[str, Any]]:
+    rows = []
+    for node in s.nodes.values():
+        for e in node.engines.values():
+            rows.append({"node": node.name, "engine": e.name, "model": e.model, "kind": e.kind,
+                         "outstanding": node.outstanding.get(e.name, 0),
+                         "queued": node.queued.get(e.name, 0),
+                         "max_inflight": e.max_inflight,
+                         "kv_usage": getattr(node, "kv_usage", {}).get(e.name),
+                         "loras": list(e.loras)})
+    return rows
+
+
+# ---------------------------------------------------------------------------------- apps
+@router.get("/apps")
+async def apps_list(request: Request) -> dict[str, Any]:
+    s = _sched(request)
+    reg = request.app.state.hosted
+    graphs = set(s.app_names())
+    active: dict[str, int] = {}
+    for run in s.registry.active():
+        active[run.app] = active.get(run.app, 0) + 1
+    names = sorted(graphs | set(reg.names()))
+    return {"apps": [{"name": n, "hosted": reg.get(n) is not None, "pdgraph": n in graphs,
+                      "active_runs": active.get(n, 0),
+                      "learned_runs": s.learned_runs(n)} for n in names]}
+
+
+@router.get("/apps/{name}")
+async def apps_show(name: str, request: Request) -> Response:
+    s = _sched(request)
+    s.refresh_graphs({name})  # what finished runs taught it, now
+    graph = s.app_graph(name)
+    hosted = request.app.state.hosted.get(name)
+    if graph is None and hosted is None:
+        return error_response(404, f"app {name!r} has no PDGraph and is not hosted",
+                              param="name", code="app_not_found")
+    return JSONResponse({"name": name, "hosted": hosted is not None,
+                         "pdgraph": graph.summary() if graph is not None else None})
+
+
+@router.get("/apps/{name}/pdgraph")
+async def apps_export(name: str, request: Request) -> Response:
+    _sched(request).refresh_graphs({name})  # what finished runs taught it, now
+    graph = _sched(request).app_graph(name)
+    if graph is None:
+        return error_response(404, f"app {name!r} has no PDGraph", param="name",
+                              code="app_not_found")
+    return Response(graph.to_json(), media_type="application/json")
+
+
+@router.put("/apps/{name}", openapi_extra=PDGRAPH_BODY)
+async def apps_import(name: str, request: Request) -> Response:
+    """Import an app's PDGraph (the admin owns shared apps); validated as an upload is."""
+    got = install_graph(_sched(request), name, await request.body(), what="import")
+    if isinstance(got, Response):
+        return got
+    return JSONResponse({"name": name, "units": list(got.units)})
+
+
+# ---------------------------------------------------------------------------------- runs
+@router.get("/runs")
+async def runs_list(request: Request, state: str | None = None, app: str | None = None,
+                    tenant: str | None = None, limit: int = 100) -> Response:
+    states = {"queued", "running", "finished", "failed", "cancelled", "active"}
+    if state is not None and state not in states:
+        return error_response(422, f"state: must be one of {', '.join(sorted(states))}",
+                              param="state", code="invalid_value")
+    if limit < 1:
+        return error_response(422, "limit: must be >= 1", param="limit", code="invalid_value")
+    s = _sched(request)
+    now = s.now()
+
+    def match(run: LiveRun) -> bool:
+        if state == "active" and run.status not in ACTIVE:
+            return False
+        if state not in (None, "active") and run.status != state:
+            return False
+        return not ((app and run.app != app) or (tenant and run.state.tenant != tenant))
+
+    return JSONResponse({"runs": [run_row(run, now) for run in s.recent_runs(match, limit)]})
+
+
+@router.get("/runs/{run_id}")
+async def runs_show(run_id: str, request: Request) -> Response:
+    s = _sched(request)
+    try:
+        run = s.get_run(run_id)
+    except SchedulerError as e:
+        return scheduler_error(e)
+    return JSONResponse(run.to_json(s.now()))
+
+
+@router.post("/runs/{run_id}/cancel")
+async def runs_cancel(run_id: str, request: Request) -> Response:
+    s = _sched(request)
+    try:
+        run = s.cancel_run(run_id)
+    except SchedulerError as e:
+        return scheduler_error(e)
+    return JSONResponse(run_row(run, s.now()))
+
+
+# ---------------------------------------------------------------------------------- policy
+class PolicyBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    policy: str = Field(min_length=1)
+
+
+@router.get("/policy")
+async def policy_show(request: Request) -> dict[str, Any]:
+    s = _sched(request)
+    return {"policy": s.config.scheduler.policy, "available": policy_names(),
+            "k": s.config.scheduler.k, "knobs": s.knobs,
+            "switches": request.app.state.metrics.switch_count}
+
+
+@router.put("/policy", openapi_extra={"requestBody": {"required": True, "content": {
+    "application/json": {"schema": PolicyBody.model_json_schema()}}}})
+async def policy_set(request: Request) -> Response:
+    body = await _json_body(request, PolicyBody)
+    if isinstance(body, Response):
+        return body
+    try:
+        out = _sched(request).switch_policy(body.policy)
+    except ValueError as e:
+        return error_response(422, f"policy: {e}", param="policy", code="unknown_policy")
+    return JSONResponse(out)
+
+
+# ---------------------------------------------------------------------------------- knobs
+class KnobBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scope: Literal["default", "app", "tenant"]
+    name: str = ""
+    k: Knob | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> KnobBody:
+        if self.scope == "default":
+            if self.k is None:
+                raise ValueError("k: the default K cannot be removed, give a value in [0, 1]")
+            self.name = ""
+        elif not self.name:
+            raise ValueError(f"name: give the {self.scope} the knob applies to")
+        return self
+
+
+def _bad_knob_name(scope: str, name: str) -> str | None:
+    """Why ``name`` cannot name an app (``scope="app"``) or a tenant, or None."""
+    if scope == "app":
+        try:
+            validate_app_name(name)
+        except ValueError as e:
+            return str(e)
+    elif scope == "tenant" and (not re.fullmatch(TENANT_PATTERN.strip("^$"), name)
+                                or name.startswith(".")):
+        return (f"bad tenant name {name!r}: expected 1-128 characters from [A-Za-z0-9_.-], "
+                "not starting with '.'")
+    return None
+
+
+@router.get("/knobs")
+async def knobs_show(request: Request) -> dict[str, Any]:
+    s = _sched(request)
+    return {"k": s.config.scheduler.k, "knobs": s.knobs}
+
+
+@router.put("/knobs", openapi_extra={"requestBody": {"required": True, "content": {
+    "application/json": {"schema": KnobBody.model_json_schema()}}}})
+async def knobs_set(request: Request) -> Response:
+    body = await _json_body(request, KnobBody)
+    if isinstance(body, Response):
+        return body
+    bad = _bad_knob_name(body.scope, body.name)
+    if bad:
+        return error_response(422, f"name: {bad}", param="name", code="invalid_value")
+    s = _sched(request)
+    table = s.knobs.setdefault(body.scope, {})
+    if body.k is None:
+        table.pop(body.name, None)
+    else:
+        table[body.name] = float(body.k)
+    return JSONResponse({"set": {"scope": body.scope, "name": body.name, "k": body.k},
+                         "k": s.config.scheduler.k, "knobs": s.knobs})
+
+
+# ---------------------------------------------------------------------------------- engines, top
+@router.get("/engines")
+async def engines(request: Request) -> dict[str, Any]:
+    return {"engines": engine_rows(_sched(request))}
+
+
+@router.get("/top")
+async def top(request: Request, limit: int = 20) -> dict[str, Any]:
+    """Active runs by rank (lowest first), engines and totals: one frame of ``hermes top``."""
+    s = _sched(request)
+    now = s.now()
+    active = list(s.registry.active())
+    active.sort(key=lambda r: (r.state.rank if math.isfinite(r.state.rank) else math.inf,
+                               r.state.submitted))
+    return {
+        "policy": s.config.scheduler.policy,
+        "time": now,
+        "runs": [run_row(r, now) for r in active[: max(1, limit)]],
+        "engines": engine_rows(s),
+        "totals": {"active": len(active),
+                   "queued": sum(1 for r in active if r.status == "queued"),
+                   "running": sum(1 for r in active if r.status == "running"),
+                   "finished": s.stats.get("runs_finished", 0),
+                   "requests_pending": len(s.requests), "nodes": len(s.nodes)},
+    }
+
+
+async def _json_body(request: Request, model: type[BaseModel]) -> Any:
+    try:
+        data = strict_json.loads(await request.body() or b"null")
+    except strict_json.StrictJSONError as e:
+        return error_response(400, f"body is not strict JSON: {e}", code="invalid_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        return validation_error(e, 422)

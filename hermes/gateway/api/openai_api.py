@@ -1,0 +1,292 @@
+"""The OpenAI-compatible endpoint: ``/v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings``, ``/v1/models``.
+
+An agent written against the OpenAI SDK works by changing its base URL; ``X-Hermes-*``
+headers tie its requests to a Hermes run so that the scheduler can rank them by the whole
+application (:mod:`hermes.gateway.api.binding`: ``X-Hermes-Run``, ``X-Hermes-Unit``,
+``X-Hermes-App``, ``X-Hermes-K``, ``X-Hermes-Deadline-S``; without them a request is a
+one-unit run of app ``default``).
+
+The completion endpoints stream with ``stream: true`` (server-sent events in OpenAI's chunk
+format, ``stream_options.include_usage`` honoured). Errors use OpenAI's JSON shape
+``{"error": {"message", "type", "param", "code"}}`` (:mod:`hermes.gateway.api.errors`): 400
+for a bad body (``param`` names the field), 404 for an unknown run or model, 409 for a run
+that is no longer active. The edge parses and answers; the scheduler's services do the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.background import BackgroundTask
+
+from hermes.gateway.api.binding import RUN_HEADER, UNIT_HEADER, bind_run, finish_after_response
+from hermes.gateway.api.errors import body_error, error_response, scheduler_error
+from hermes.gateway.api.openai_bodies import (
+    BadField,
+    ChatBody,
+    CompletionBody,
+    EmbeddingBody,
+    check_agent_fields,
+    engine_body,
+    parse_body,
+)
+from hermes.gateway.errors import SchedulerError, error_type
+from hermes.gateway.scheduler import LiveScheduler
+from hermes.gateway.state import LiveRun, PendingRequest
+from hermes.protocol import Done
+
+router = APIRouter()
+
+
+def _sched(request: Request) -> LiveScheduler:
+    sched: LiveScheduler = request.app.state.scheduler
+    return sched
+
+
+async def handle_completion(request: Request,
+                            endpoint: Literal["chat", "completions"]) -> Response:
+    """One completion request, from body to answer: bind it to its run and unit (headers),
+    queue it by the run's rank, wait or stream (the FastAPI routes below and the fast path,
+    :mod:`hermes.gateway.api.fastpath`, both call this)."""
+    sched = _sched(request)
+    parsed = await parse_body(request, ChatBody if endpoint == "chat" else CompletionBody)
+    if isinstance(parsed, JSONResponse):
+        return parsed
+    body = parsed
+    extra = body.model_extra
+    if extra and ("tools" in extra or "tool_choice" in extra or "response_format" in extra):
+        try:
+            check_agent_fields(extra)
+        except BadField as e:
+            return error_response(400, str(e), param=e.param, code="invalid_value")
+    run: LiveRun | None = None
+    try:
+        model = await sched.serving_model(body.model, strict=True)
+        run, unit = await bind_run(sched, request)
+        inv = sched.unit_for_request(run, unit, f"llm:{model}")
+        req = await sched.submit_llm(run, inv, model=model, endpoint=endpoint,
+                                     body=engine_body(body), stream=body.stream)
+    except SchedulerError as e:
+        if run is not None and run.auto_finish:
+            sched.fail_run(run.run_id, str(e))
+        return scheduler_error(e)
+    headers = {RUN_HEADER: run.run_id, UNIT_HEADER: unit}
+    if body.stream:
+        include_usage = bool((body.stream_options or {}).get("include_usage"))
+        return StreamingResponse(
+            _sse(sched, run, req, endpoint, body.model, include_usage),
+            media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"},
+        )
+    try:
+        done = await sched.wait(req)
+    except SchedulerError as e:
+        if run.auto_finish:
+            sched.fail_run(run.run_id, str(e))
+        return scheduler_error(e)
+    finally:
+        if not req.future.done():  # the client went away (task cancelled)
+            sched.abandon(req)
+    assert isinstance(done, Done)
+    response = JSONResponse(completion_object(endpoint, req.request_id, body.model, done),
+                            headers=headers)
+    if run.auto_finish:
+        response.background = BackgroundTask(finish_after_response, sched, run)
+    return response
+
+
+
+def _usage(done: Done) -> dict[str, int]:
+    return {"prompt_tokens": done.input_tokens, "completion_tokens": done.output_tokens,
+            "total_tokens": done.input_tokens + done.output_tokens}
+
+
+def completion_object(endpoint: str, rid: str, model: str, done: Done) -> dict[str, Any]:
+    created = int(time.time())
+    if done.response and isinstance(done.response.get("choices"), list):
+        resp = dict(done.response)
+        resp["model"] = model
+        resp.setdefault("usage", _usage(done))
+        return resp
+    if endpoint == "chat":
+        return {
+            "id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": done.text},
+                         "logprobs": None, "finish_reason": done.finish_reason or "stop"}],
+            "usage": _usage(done),
+        }
+    return {
+        "id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": 0, "text": done.text, "logprobs": None,
+                     "finish_reason": done.finish_reason or "stop"}],
+        "usage": _usage(done),
+    }
+
+
+async def _sse(sched: LiveScheduler, run: LiveRun, req: PendingRequest, endpoint: str,
+               model: str, include_usage: bool) -> AsyncIterator[bytes]:
+    """Server-sent events in OpenAI's chunk format, ending with ``data: [DONE]``.
+
+    An engine's own chunks (:attr:`Token.chunk`) are forwarded as they are, every field of
+    every choice (tool-call deltas, logprobs, refusals, reasoning, extensions), with only what
+    the gateway owns rewritten: ``id`` (the gateway's request id), ``model`` (the name the
+    client asked for) and ``usage`` (``null`` on each chunk and one usage chunk at the end,
+    with ``stream_options.include_usage``, as OpenAI; absent otherwise). An engine that
+    streams text alone gets its chunks built from that text."""
+    created = int(time.time())
+    chat = endpoint == "chat"
+    cid = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id}"
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(text: str | None, finish: str | None, *, first: bool = False,
+              usage: dict[str, int] | None = None, empty: bool = False) -> bytes:
+        if empty:
+            choices: list[dict[str, Any]] = []
+        elif chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+            if text:
+                delta["content"] = text
+            choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        else:
+            choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
+        data: dict[str, Any] = {"id": cid, "object": obj, "created": created, "model": model,
+                                "choices": choices}
+        if include_usage:
+            data["usage"] = usage
+        return f"data: {json.dumps(data)}\n\n".encode()
+
+    def forward(raw: dict[str, Any]) -> bytes | None:
+        """The engine's chunk with the gateway's id, model and usage; ``None`` for the
+        engine's own usage-only chunk (the gateway sends its own at the end)."""
+        choices = raw.get("choices")
+        if not choices and raw.get("usage"):
+            return None
+        data = {**raw, "id": cid, "model": model}
+        if include_usage:
+            data["usage"] = None
+        else:
+            data.pop("usage", None)
+        return f"data: {json.dumps(data)}\n\n".encode()
+
+    completed = False
+    try:
+        raw_finished = False  # the engine's own chunks carried a finish_reason
+        first = True
+        async for tok in sched.stream(req):
+            if tok.chunk is not None:
+                out = forward(tok.chunk)
+                if out is not None:
+                    raw_finished = raw_finished or any(
+                        c.get("finish_reason") for c in tok.chunk.get("choices") or ())
+                    first = False
+                    yield out
+                continue
+            if first and chat:
+                yield chunk(None, None, first=True)
+            first = False
+            yield chunk(tok.text, None)
+        done = req.result
+        assert isinstance(done, Done)
+        if not raw_finished:
+            if first and chat:
+                yield chunk(None, None, first=True)
+            yield chunk(None, done.finish_reason or "stop")
+        if include_usage:
+            yield chunk(None, None, usage=_usage(done), empty=True)
+        yield b"data: [DONE]\n\n"
+        completed = True
+        if run.auto_finish and run.status in ("queued", "running"):
+            sched.finish_run(run.run_id)
+    except SchedulerError as e:
+        if run.auto_finish:
+            sched.fail_run(run.run_id, str(e))
+        err = {"error": {"message": str(e), "type": error_type(e.status),
+                         "param": None, "code": e.code}}
+        yield f"data: {json.dumps(err)}\n\n".encode()
+        completed = True
+    finally:
+        if not completed:  # client disconnected mid-stream
+            sched.abandon(req)
+            if run.auto_finish:
+                sched.fail_run(run.run_id, "client disconnected")
+
+
+@router.post("/v1/chat/completions", tags=["openai"])
+async def chat_completions(request: Request) -> Response:
+    """OpenAI chat completions (``stream: true`` for server-sent events)."""
+    return await handle_completion(request, "chat")
+
+
+@router.post("/v1/completions", tags=["openai"])
+async def completions(request: Request) -> Response:
+    """OpenAI text completions (``stream: true`` for server-sent events)."""
+    return await handle_completion(request, "completions")
+
+
+@router.post("/v1/embeddings", tags=["openai"])
+async def embeddings(request: Request) -> Response:
+    """OpenAI embeddings, served by an engine whose model embeds (``task = "embed"``; the
+    embedded default has the built-in ``sim-embed``). A request is one LLM call of its run and
+    unit like any other (it is queued by the run's rank); a chat model is refused (400)."""
+    sched = _sched(request)
+    try:
+        body = EmbeddingBody.model_validate_json(await request.body())
+    except ValidationError as e:
+        return body_error(e)
+    if isinstance(body.input, list) and not body.input:
+        return error_response(400, "input: must not be empty", param="input",
+                              code="invalid_value")
+    run: LiveRun | None = None
+    try:
+        model = await sched.serving_model(body.model, strict=True, task="embed")
+        run, unit = await bind_run(sched, request)
+        inv = sched.unit_for_request(run, unit, f"llm:{model}")
+        req = await sched.submit_llm(run, inv, model=model, endpoint="embeddings",
+                                     body=body.model_dump(exclude_none=True, exclude={"model"}))
+        done = await sched.wait(req)
+    except SchedulerError as e:
+        if run is not None and run.auto_finish:
+            sched.fail_run(run.run_id, str(e))
+        return scheduler_error(e)
+    assert isinstance(done, Done)
+    out = dict(done.response or {})
+    out["model"] = body.model
+    out.setdefault("object", "list")
+    out.setdefault("usage", {"prompt_tokens": done.input_tokens,
+                             "total_tokens": done.input_tokens})
+    response = JSONResponse(out, headers={RUN_HEADER: run.run_id, UNIT_HEADER: unit})
+    if run.auto_finish:
+        response.background = BackgroundTask(finish_after_response, sched, run)
+    return response
+
+
+def _model_obj(model: str, created: int) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": created, "owned_by": "hermes"}
+
+
+@router.get("/v1/models/{model:path}", tags=["openai"])
+async def get_model(request: Request, model: str) -> Response:
+    """One served model (404 in OpenAI's shape if no connected engine serves it)."""
+    sched = _sched(request)
+    if not sched.nodes:
+        await sched.wait_for_nodes(5.0)
+    if model not in sched.served_models():
+        return error_response(404, f"The model {model!r} does not exist", param="model",
+                              code="model_not_found")
+    return JSONResponse(_model_obj(model, int(time.time())))
+
+
+@router.get("/v1/models", tags=["openai"])
+async def models(request: Request) -> dict[str, Any]:
+    """The models served by the connected engines (base models and loaded LoRA adapters)."""
+    sched = _sched(request)
+    if not sched.nodes:
+        await sched.wait_for_nodes(5.0)
+    created = int(time.time())
+    return {"object": "list", "data": [_model_obj(m, created) for m in sched.served_models()]}

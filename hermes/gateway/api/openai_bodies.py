@@ -1,0 +1,158 @@
+"""The bodies of OpenAI's completion and embedding requests, checked at the edge.
+
+:func:`parse_body` validates a body in one pass (pydantic reads the JSON itself) or answers
+the 400 that says what is wrong with it (``param`` names the field); :func:`check_agent_fields`
+checks ``tools``, ``tool_choice`` and ``response_format`` so that every engine behind the
+gateway gets only well-formed ones; :func:`engine_body` is what the node forwards to the
+engine. Unknown fields pass through to the engine unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from hermes.gateway.api.errors import body_error
+
+MAX_TOKENS = 131_072  # upper bound of max_tokens (longer is a client error, not a long job)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    n: int | None = Field(default=None, ge=1, le=128)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool", "developer", "function"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatBody(_Body):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+
+
+class CompletionBody(_Body):
+    prompt: str | list[str] | list[int] = Field(min_length=1)
+
+
+class EmbeddingBody(BaseModel):
+    """``POST /v1/embeddings``: OpenAI's fields; anything else passes on to the engine."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    input: str | list[str] | list[int] | list[list[int]] = Field(min_length=1)
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = Field(default=None, ge=1, le=65_536)
+    user: str | None = None
+
+
+async def parse_body(request: Request, cls: type[_Body]) -> _Body | JSONResponse:
+    """The body as ``cls``, parsed and validated in one pass (pydantic reads the JSON itself:
+    no intermediate dicts), or the 400 that says what is wrong with it."""
+    try:
+        return cls.model_validate_json(await request.body())
+    except ValidationError as e:
+        return body_error(e)
+
+
+class BadField(ValueError):
+    """A request field the gateway refuses before anything is queued: ``param`` names it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def _check_schema(param: str, schema: Any) -> None:
+    """A tool's ``parameters`` (or a ``json_schema``'s ``schema``): a JSON Schema object whose
+    top level describes an object, as OpenAI requires; ``properties`` maps names to schemas."""
+    if not isinstance(schema, dict):
+        raise BadField(param, "must be a JSON Schema object")
+    if schema.get("type", "object") != "object":
+        raise BadField(f"{param}.type", f"must be 'object', got {schema.get('type')!r}")
+    props = schema.get("properties", {})
+    if not isinstance(props, dict) or not all(isinstance(v, dict | bool) for v in props.values()):
+        raise BadField(f"{param}.properties", "must map property names to schemas")
+    req = schema.get("required", [])
+    if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
+        raise BadField(f"{param}.required", "must be a list of property names")
+
+
+def check_agent_fields(data: dict[str, Any]) -> None:
+    """``tools``, ``tool_choice`` and ``response_format`` of a chat body, checked at the edge
+    so that every engine behind the gateway gets only well-formed ones and a client learns
+    which field is wrong (:class:`BadField`). The values themselves go on unchanged."""
+    tools = data.get("tools")
+    names: set[str] = set()
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise BadField("tools", "must be a list of tools")
+        for i, t in enumerate(tools):
+            where = f"tools[{i}]"
+            if not isinstance(t, dict) or t.get("type") != "function":
+                raise BadField(f"{where}.type", "only 'function' tools are supported")
+            fn = t.get("function")
+            if not isinstance(fn, dict):
+                raise BadField(f"{where}.function", "must be an object with a name")
+            name = fn.get("name")
+            if not isinstance(name, str) or not _TOOL_NAME.match(name):
+                raise BadField(f"{where}.function.name",
+                                "must be 1-64 letters, digits, '_' or '-'")
+            if "parameters" in fn:
+                _check_schema(f"{where}.function.parameters", fn["parameters"])
+            names.add(name)
+    choice = data.get("tool_choice")
+    if choice is not None:
+        if isinstance(choice, str):
+            if choice not in ("none", "auto", "required"):
+                raise BadField("tool_choice", "must be 'none', 'auto', 'required' or a "
+                                "named function")
+            if choice == "required" and not names:
+                raise BadField("tool_choice", "'required' needs tools")
+        elif isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+            if choice["function"].get("name") not in names:
+                raise BadField("tool_choice.function.name", "names no tool of the request")
+        else:
+            raise BadField("tool_choice", "must be a string or {'type': 'function', "
+                            "'function': {'name': ...}}")
+    fmt = data.get("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind not in ("text", "json_object", "json_schema"):
+            raise BadField("response_format.type",
+                            "must be 'text', 'json_object' or 'json_schema'")
+        if kind == "json_schema":
+            js = fmt.get("json_schema")
+            if not isinstance(js, dict) or not isinstance(js.get("name"), str):
+                raise BadField("response_format.json_schema",
+                                "must be an object with a 'name' and a 'schema'")
+            if "schema" in js:
+                _check_schema("response_format.json_schema.schema", js["schema"])
+
+
+def engine_body(body: _Body) -> dict[str, Any]:
+    """What the node forwards to the engine: the request without model/stream options."""
+    data = body.model_dump(exclude_none=True, exclude={"model", "stream", "stream_options"})
+    if isinstance(body, ChatBody):
+        data["messages"] = [m.model_dump(exclude_none=True) for m in body.messages]
+        if "max_completion_tokens" in data and "max_tokens" not in data:
+            data["max_tokens"] = data.pop("max_completion_tokens")
+    return data

@@ -1,0 +1,83 @@
+"""The errors of the gateway's services, and the one wire shape every gateway error takes.
+
+Services (the run registry, dispatch, hosted apps) raise :class:`SchedulerError` subclasses;
+each carries the HTTP ``status``, the OpenAI error ``code`` and the request field at fault
+(``param``) that the edge answers with (:mod:`hermes.gateway.api.errors`). :func:`error_body`
+is OpenAI's error object, ``{"error": {"message", "type", "param", "code"}}``: the edge and the
+security middleware (which answers before any route runs) both build their errors with it, so
+that an SDK reports what happened rather than a parse failure.
+
+Pure: no FastAPI, no I/O; imports nothing of the gateway.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: OpenAI's error ``type`` by HTTP status
+ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+    415: "invalid_request_error", 409: "conflict_error", 422: "invalid_request_error",
+    429: "rate_limit_error", 499: "cancelled", 502: "api_error", 503: "service_unavailable",
+    504: "timeout"}
+
+
+def error_type(status: int) -> str:
+    """OpenAI's error ``type`` of an HTTP status (``api_error`` for the others)."""
+    return ERROR_TYPES.get(status, "api_error")
+
+
+def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None,
+               type_: str | None = None) -> dict[str, Any]:
+    """An error in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type_ or error_type(status), "param": param,
+                      "code": code}}
+
+
+class SchedulerError(Exception):
+    """Base of the errors the HTTP layers turn into responses (``status``, ``code``, and
+    ``param``: the request field at fault, when one is)."""
+
+    status = 400
+    code = "invalid_request"
+    param: str | None = None
+
+
+class RunNotFound(SchedulerError):
+    status = 404
+    code = "run_not_found"
+
+
+class RunNotActive(SchedulerError):
+    status = 409
+    code = "run_not_active"
+
+
+class ModelNotFound(SchedulerError):
+    status = 404
+    code = "model_not_found"
+    param = "model"
+
+
+class WrongTask(SchedulerError):
+    """A model asked for what it does not do (embeddings of a chat model, or the reverse)."""
+
+    status = 400
+    code = "model_not_supported"
+    param = "model"
+
+
+class NoCapacity(SchedulerError):
+    status = 503
+    code = "no_engine"
+
+
+class RequestFailed(SchedulerError):
+    status = 502
+    code = "engine_error"
+
+
+class RunCancelled(SchedulerError):
+    status = 409
+    code = "run_cancelled"

@@ -1,0 +1,250 @@
+"""Learning from finished runs: run records, the apps' profilers, the knowledge-base writer.
+
+Every finished run becomes a :class:`~hermes.core.records.RunRecord`, appended to
+``<state_dir>/records.jsonl`` and fed to the app's :class:`~hermes.core.profiler.Profiler`
+(:class:`Learner` hears of it as a :class:`~hermes.gateway.runs.RunObserver`). At most every
+``stores.learn_interval_s`` per app the learned PDGraph replaces the app's graph in the
+policy's :class:`~hermes.core.estimator.EstimatorPool` (:meth:`Learner.refresh_graphs`), and
+(every ``stores.kb_write_every`` runs) in the knowledge base, written from a worker thread,
+off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from hermes.core.profiler import Profiler
+from hermes.core.records import RequestRecord, RunRecord, UnitRecord
+from hermes.gateway.config import resolve_state_dir
+from hermes.gateway.context import SchedulerContext
+from hermes.gateway.runs import RunObserver
+from hermes.gateway.state import LiveRun
+from hermes.kb.base import APP_NAME_RE
+
+log = logging.getLogger("hermes.gateway.learning")
+
+
+def open_kb(url: str, state_dir: str) -> Any | None:
+    """The knowledge base. A directory (the shipped ``pdgraphs/`` by default) is read-only to
+    the gateway: what it learns goes to ``<state_dir>/pdgraphs`` on top of it."""
+    if not url:
+        return None
+    from hermes.kb import open_store
+    from hermes.kb.file import FileStore
+    from hermes.kb.overlay import OverlayStore
+
+    store = open_store(url)
+    if isinstance(store, FileStore):
+        return OverlayStore(FileStore(resolve_state_dir(state_dir) / "pdgraphs"), store)
+    return store
+
+
+class Learner(RunObserver):
+    """Records finished runs and keeps the apps' learned PDGraphs (see the module doc)."""
+
+    def __init__(self, ctx: SchedulerContext, kb: Any | None, records_path: Path) -> None:
+        self.ctx = ctx
+        self.kb = kb
+        self.records_path = records_path
+        self.profilers: dict[str, Any] = {}
+        #: runs each app's profiler has learned from (admin: ``learned_runs``)
+        self.profiled_runs: dict[str, int] = {}
+        self._kb_written: dict[str, int] = {}
+        self._dirty: set[str] = set()
+        self._latest_graphs: dict[str, Any] = {}  # app -> the last PDGraph refresh_graphs built
+        self._kb_records: list[RunRecord] = []
+        self._records_fh: Any = None
+
+    # ------------------------------------------------------------------ records
+    def run_ended(self, run: LiveRun) -> None:
+        """A finished run is recorded once (the record before its durable end: a kill between
+        the two leaves a run that resumes, and finds its record, :meth:`recorded_run_ids`)."""
+        if run.status == "finished" and run.units and not run.recorded:
+            self.learn(self.record(run))
+            run.recorded = True
+
+    def record(self, run: LiveRun) -> RunRecord:
+        """The run's record: its units in order of start, with their requests' tokens or
+        their duration."""
+        units = []
+        for inv in sorted(run.units, key=lambda u: u.started):
+            results = inv.llm_results()
+            finished = inv.finished if inv.finished is not None else inv.started
+            if results:
+                units.append(UnitRecord(
+                    unit=inv.unit, backend=inv.backend, started=inv.started, finished=finished,
+                    requests=[RequestRecord(input_tokens=d.input_tokens, output_tokens=d.output_tokens)
+                              for d in results],
+                    upstream=inv.upstream,
+                ))
+            else:
+                backend = inv.backend if not inv.backend.startswith("llm:") else "api:client"
+                units.append(UnitRecord(
+                    unit=inv.unit, backend=backend, started=inv.started, finished=finished,
+                    duration_s=float(inv.duration_s if inv.duration_s is not None else finished - inv.started),
+                    upstream=inv.upstream,
+                ))
+        st = run.state
+        return RunRecord(app=st.app, run_id=st.run_id, submitted=st.submitted,
+                         finished=st.finished or self.ctx.now(), deadline=st.deadline, units=units)
+
+    def recorded_run_ids(self, tail_bytes: int = 1 << 16) -> set[str]:
+        """Run ids of the last records in records.jsonl (its last ``tail_bytes``): after a
+        restart, a run whose record was written just before the kill but whose end was not
+        stored resumes, and must not be recorded twice. Only the run being finished at the
+        kill can be in that state (record and durable end are written in one synchronous
+        step), so the tail is enough."""
+        try:
+            with self.records_path.open("rb") as fh:
+                size = fh.seek(0, 2)
+                fh.seek(max(0, size - tail_bytes))
+                lines = fh.read().splitlines()
+        except FileNotFoundError:
+            return set()
+        if size > tail_bytes:
+            lines = lines[1:]  # cut through
+        out: set[str] = set()
+        for line in lines:
+            try:
+                out.add(json.loads(line)["run_id"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn last line
+        return out
+
+    def learn(self, rec: RunRecord) -> None:
+        """Append the record and feed it to its app's profiler.
+
+        Rebuilding the PDGraph (masks, sample lists) costs milliseconds, so it is done at most
+        every ``learn_interval_s`` per app (:meth:`refresh_graphs`), and knowledge-base writes
+        (which fsync) run in a worker thread, off the event loop.
+        """
+        if self._records_fh is None:
+            self._records_fh = self.records_path.open("a")
+        self._records_fh.write(rec.model_dump_json(exclude_none=True) + "\n")
+        self._records_fh.flush()
+        self.ctx.stats["records_written"] += 1
+        try:
+            self.profiler(rec.app).add(rec)
+        except Exception:
+            log.exception("profiler failed on run %s of %s", rec.run_id, rec.app)
+            return
+        self._dirty.add(rec.app)
+        self._kb_records.append(rec)
+        self.profiled_runs[rec.app] = self.profiled_runs.get(rec.app, 0) + 1
+
+    def profiler(self, app: str) -> Any:
+        prof = self.profilers.get(app)
+        if prof is None:
+            base = self.kb.get(app) if self.kb is not None else None
+            prof = self.profilers[app] = Profiler(app, base)
+        return prof
+
+    # ------------------------------------------------------------------ graphs
+    def refresh_graphs(self, apps: set[str] | None = None) -> dict[str, Any]:
+        """Rebuild the learned PDGraphs of apps with new runs; hand them to the estimator."""
+        todo = self._dirty if apps is None else (self._dirty & apps)
+        graphs = {}
+        for app in list(todo):
+            self._dirty.discard(app)
+            try:
+                graph = self.profilers[app].graph
+            except Exception:
+                log.exception("PDGraph rebuild failed for %s", app)
+                continue
+            graphs[app] = graph
+            self._latest_graphs[app] = graph
+            if self.ctx.pool is not None:
+                self.ctx.pool.update(graph)
+        return graphs
+
+    def app_graph(self, app: str) -> Any | None:
+        """The current PDGraph of ``app``: learned online if any run finished, else the KB's.
+
+        The learned graph is the one the last :meth:`refresh_graphs` built (the learner
+        refreshes every ``stores.learn_interval_s``); it is rebuilt here only if none was
+        built yet. Rebuilding on every call put a PDGraph rebuild (and a new estimator) on the
+        path of every unit start (the prewarm planner asks at each one)."""
+        graph = self._latest_graphs.get(app)
+        if graph is not None:
+            return graph
+        if not APP_NAME_RE.fullmatch(app):
+            return None  # not a storable app name: no app can have it (callers answer 404)
+        if app in self.profilers:
+            self._dirty.add(app)
+            return self.refresh_graphs({app}).get(app)
+        return self.kb.get(app) if self.kb is not None else None
+
+    def put_graph(self, graph: Any) -> None:
+        """Install an uploaded PDGraph: knowledge base, estimator, and the online profiler."""
+        if self.kb is not None:
+            self.kb.put(graph)
+        self.profilers[graph.app] = Profiler(graph.app, graph)
+        self._latest_graphs[graph.app] = graph
+        self._dirty.discard(graph.app)
+        if self.ctx.pool is not None:
+            self.ctx.pool.update(graph)
+
+    def app_names(self) -> list[str]:
+        names = set(self.profilers)
+        if self.kb is not None:
+            names.update(self.kb.list_apps())
+        return sorted(names)
+
+    # ------------------------------------------------------------------ knowledge base
+    def _kb_batch(self, graphs: dict[str, Any]) -> tuple[list[RunRecord], list[Any]]:
+        """What to write to the knowledge base now: new records, graphs due (kb_write_every)."""
+        recs, self._kb_records = self._kb_records, []
+        every = self.ctx.config.stores.kb_write_every
+        due = []
+        if every:
+            for app, graph in graphs.items():
+                if self.profiled_runs.get(app, 0) - self._kb_written.get(app, 0) >= every:
+                    self._kb_written[app] = self.profiled_runs.get(app, 0)
+                    due.append(graph)
+        return recs, due
+
+    def _kb_write(self, recs: list[RunRecord], graphs: list[Any]) -> None:
+        if self.kb is None:
+            return
+        if recs and hasattr(self.kb, "append_records"):
+            try:  # one write and one fsync per app for the batch
+                self.kb.append_records(recs)
+                recs = []
+            except Exception:  # one by one: a bad record must not lose the others
+                pass
+        for rec in recs:
+            if hasattr(self.kb, "append_record"):
+                try:
+                    self.kb.append_record(rec)
+                except Exception:
+                    log.exception("knowledge base record log failed for %s", rec.app)
+        for graph in graphs:
+            try:
+                self.kb.put(graph)
+            except Exception:
+                log.exception("knowledge base write failed for %s", graph.app)
+
+    async def learn_loop(self) -> None:
+        """Every ``stores.learn_interval_s``: refresh the graphs, write the knowledge base."""
+        interval = self.ctx.config.stores.learn_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                recs, due = self._kb_batch(self.refresh_graphs())
+                if recs or due:
+                    await asyncio.to_thread(self._kb_write, recs, due)
+            except Exception:
+                log.exception("learning loop failed")
+
+    def flush(self) -> None:
+        """Rebuild every pending graph and write the knowledge base now (shutdown, tests)."""
+        self._kb_write(*self._kb_batch(self.refresh_graphs()))
+
+    def close(self) -> None:
+        if self._records_fh is not None:
+            self._records_fh.close()
+            self._records_fh = None

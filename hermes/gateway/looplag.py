@@ -1,0 +1,204 @@
+"""Event-loop stalls of the gateway process, measured from inside it (issue 16).
+
+A :class:`LoopLagMonitor` task sleeps ``interval_s`` again and again and measures how late it
+wakes up: the oversleep is how long the event loop could not run anything (a garbage
+collection, a long synchronous call, a loop iteration with too much work in it). It keeps the
+longest since the last reset, with the CPU time the loop's thread used meanwhile
+(``max_pause_cpu_ms``: close to the pause when the loop itself was busy, e.g. collecting
+garbage; far below it when the process was waiting: preempted by other processes on a busy
+machine, or waiting for the GIL held by another thread); :func:`gc_pauses` adds what the cyclic garbage collector itself
+took (``gc.callbacks``: every collection's duration, the longest per generation), which names
+the usual culprit of a long stall.
+
+``GET /admin/loop`` (the admin API's access rules: loopback or ``HERMES_ADMIN_TOKEN``)
+answers ``{"max_pause_ms", "max_pause_cpu_ms", "mean_lag_ms", "samples", "since_s",
+"interval_ms", "gc": {...}}``;
+``?reset=true`` starts a new window after reading (atomically: nothing is lost between the
+read and the reset). ``hermes bench gateway`` reads it before and after each row of load
+(``max_pause_ms`` of its rows).
+
+The monitor costs one timer wake-up per ``interval_s`` (5 ms: 200 a second, ~0.2% of a core),
+and it under-reports a stall by at most ``interval_s`` (a stall that begins while the monitor
+sleeps shows only from the monitor's due time on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+
+INTERVAL_S = 0.005
+
+
+class GcPauses:
+    """Durations of the cyclic GC's collections (``gc.callbacks``), per generation, since the
+    last reset. One per process (the collector is), installed on first use."""
+
+    def __init__(self) -> None:
+        self._t0 = 0.0
+        self.reset()
+
+    def reset(self) -> None:
+        self.count = [0, 0, 0]
+        self.total_s = [0.0, 0.0, 0.0]
+        self.max_s = [0.0, 0.0, 0.0]
+        self.collected = 0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        dt = time.perf_counter() - self._t0
+        g = min(int(info.get("generation", 2)), 2)
+        self.count[g] += 1
+        self.total_s[g] += dt
+        if dt > self.max_s[g]:
+            self.max_s[g] = dt
+        self.collected += int(info.get("collected", 0))
+
+    def read(self) -> dict[str, Any]:
+        return {"collections": list(self.count),
+                "max_ms": [round(s * 1e3, 3) for s in self.max_s],
+                "total_ms": [round(s * 1e3, 3) for s in self.total_s],
+                "collected": self.collected, "frozen": gc.get_freeze_count(),
+                "threshold": list(gc.get_threshold())}
+
+
+_GC: GcPauses | None = None
+
+
+def gc_pauses() -> GcPauses:
+    """The process's :class:`GcPauses` (registered in ``gc.callbacks`` on first call)."""
+    global _GC
+    if _GC is None:
+        _GC = GcPauses()
+        gc.callbacks.append(_GC)
+    return _GC
+
+
+class LoopLagMonitor:
+    """Longest event-loop stall since the last reset (see the module docstring)."""
+
+    def __init__(self, interval_s: float = INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._task: asyncio.Task | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        self.max_s = 0.0
+        self.max_cpu_s = 0.0  # CPU the loop's thread used over the longest stall's sleep
+        self.sum_s = 0.0
+        self.samples = 0
+        self.since = time.monotonic()
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> None:
+        """Start watching the running loop (idempotent); the GC callback is installed too."""
+        if self.running:
+            return
+        gc_pauses()
+        self._task = asyncio.get_running_loop().create_task(self._watch(), name="hermes-looplag")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _watch(self) -> None:
+        interval = self.interval_s
+        clock, cpu = time.perf_counter, time.thread_time
+        sleep = asyncio.sleep
+        while True:
+            t0, c0 = clock(), cpu()
+            await sleep(interval)
+            lag = clock() - t0 - interval
+            if lag < 0.0:
+                lag = 0.0
+            self.samples += 1
+            self.sum_s += lag
+            if lag > self.max_s:
+                self.max_s = lag
+                self.max_cpu_s = cpu() - c0
+
+    def read(self, *, reset: bool = False) -> dict[str, Any]:
+        """The window's figures; ``reset``: start a new window (the GC figures too)."""
+        g = gc_pauses()
+        out = {"running": self.running, "interval_ms": self.interval_s * 1e3,
+               "max_pause_ms": round(self.max_s * 1e3, 3),
+               "max_pause_cpu_ms": round(self.max_cpu_s * 1e3, 3),
+               "mean_lag_ms": round(self.sum_s / self.samples * 1e3, 4) if self.samples else 0.0,
+               "samples": self.samples, "since_s": round(time.monotonic() - self.since, 3),
+               "gc": g.read()}
+        if reset:
+            self.reset()
+            g.reset()
+        return out
+
+
+#: ``gc.set_threshold`` of a serving gateway (see :func:`tune_gc`)
+GC_THRESHOLD = (5000, 10, 10)
+
+
+def tune_gc() -> None:
+    """Once the gateway has started (modules, app, knowledge base, recovered runs): collect,
+    then ``gc.freeze()`` what survived, so that no later collection walks it again (a full
+    collection of an unfrozen started gateway alone takes ~80 ms: 100,000 objects), and set
+    :data:`GC_THRESHOLD`.
+
+    Threshold 0 of 5,000 instead of 700: a request's objects are freed by reference counting
+    (none of its objects is in a cycle once its run ends), so a young collection seldom finds
+    garbage; at 700 one ran every ~10 requests and the collector took ~40-75 us per request,
+    at 5,000 ~4-8 us, for the same longest collection (~5-7 ms CPU at concurrency 32,
+    ``hermes bench gateway``). Objects alive at startup that later become cyclic garbage are
+    never collected (the frozen generation is not): the gateway builds nothing at startup
+    that it replaces often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)
+
+
+def monitor(app: FastAPI) -> LoopLagMonitor:
+    """The app's monitor (``app.state.looplag``), created on first use."""
+    mon = getattr(app.state, "looplag", None)
+    if mon is None:
+        mon = app.state.looplag = LoopLagMonitor()
+    return mon
+
+
+def start(app: Any) -> None:
+    """Start the monitor of ``app`` on the running loop (the gateway's startup, server.py)."""
+    state = getattr(app, "state", None)
+    if state is not None:
+        monitor(app).start()
+
+
+def _router() -> APIRouter:
+    from hermes.gateway.admin_api import require_admin
+
+    router = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)], tags=["admin"])
+
+    @router.get("/loop")
+    async def loop_lag(request: Request, reset: bool = False) -> dict[str, Any]:
+        """Longest event-loop stall and GC pauses since the last reset (``reset=true``:
+        read, then start a new window)."""
+        mon = monitor(request.app)
+        mon.start()  # a gateway not started by hermes serve (tests): from its first read on
+        return mon.read(reset=reset)
+
+    return router
+
+
+def install(app: FastAPI) -> None:
+    """Register ``GET /admin/loop`` and the app's monitor (started by :func:`start`)."""
+    monitor(app)
+    app.include_router(_router())

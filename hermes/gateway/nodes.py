@@ -1,0 +1,355 @@
+"""The connected HermesLets: how to reach each, what each serves, its load, what it holds,
+and which engine or tool node gets a piece of work.
+
+:class:`NodeTable` owns the node side of the wire: one ZeroMQ ROUTER socket (inproc always,
+TCP when ``scheduler.bind`` is set; CURVE when ``security.curve_dir`` is) and in-process links
+(:mod:`hermes.inproc`, the embedded HermesLet), the receive loop that decodes node messages
+and hands them to one handler (dispatch's), the node registry kept from ``hello`` and
+``heartbeat`` messages, and the detection of nodes that fell silent (the periodic sweep, and a
+socket monitor that reacts to TCP disconnects in seconds). Requests are sent to the
+least-loaded engine serving their model (:meth:`NodeTable.pick_engine`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Set
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from hermes.gateway.context import SchedulerContext
+from hermes.gateway.errors import ModelNotFound, NoCapacity, SchedulerError, WrongTask
+from hermes.gateway.state import Node
+from hermes.inproc import InprocLink
+from hermes.protocol import EngineInfo, Heartbeat, Hello, ProtocolError, Resync, decode, encode
+from hermes.zmqdrain import QueuedMessages
+
+log = logging.getLogger("hermes.gateway.nodes")
+
+NODE_TIMEOUT_S = 10.0  # wall seconds without a message before a node is considered gone
+
+#: what a client can do when no node can run tool code in a sandbox
+NO_SANDBOX = ("tool calls are refused: no connected node has a tool sandbox. Install bubblewrap "
+              "on the gateway's host (apt-get install bubblewrap; the Docker image has it, "
+              "but a container's default seccomp profile forbids the user namespaces it "
+              "needs) or connect a HermesLet with a Docker sandbox (hermeslet run --docker); "
+              "for local development only, `hermes serve --unsafe-unsandboxed-tools` "
+              "(loopback only) runs tool code unsandboxed")
+
+#: takes every decoded node message: (the sender's identity, the message)
+MessageHandler = Callable[[bytes, Any], None]
+
+
+class NodeTable:
+    """Connected nodes, the socket and links to them, engine choice (see the module doc)."""
+
+    def __init__(self, ctx: SchedulerContext, context: zmq.asyncio.Context,
+                 inproc_address: str) -> None:
+        self.ctx = ctx
+        self.context = context
+        self.inproc_address = inproc_address
+        self.nodes: dict[str, Node] = {}
+        #: set while at least one node is connected
+        self.ready = asyncio.Event()
+        #: request id -> (node, "queued"|"inflight"), from the nodes' hellos and heartbeats
+        self.held: dict[str, tuple[str, str]] = {}
+        #: every decoded message goes here (dispatch's router, set by the scheduler)
+        self.handler: MessageHandler = lambda identity, msg: None
+        self.socket: zmq.asyncio.Socket | None = None
+        #: in-process nodes by identity (hermes.inproc: the embedded HermesLet), beside the socket
+        self._links: dict[bytes, InprocLink] = {}
+        self._zap: Any = None
+        self._monitor: Any = None
+        self._monitor_task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ wire
+    def bind(self) -> None:
+        """Bind the ROUTER socket (inproc always, TCP when configured)."""
+        sock = self.context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting node takes over its identity
+        cfg = self.ctx.config
+        if cfg.security.curve_dir:  # CURVE: only nodes with an authorized key get in
+            from hermes.security.curve import secure_server
+
+            self._zap = secure_server(sock, self.context, cfg.security.curve_dir)
+        sock.bind(self.inproc_address)
+        if cfg.scheduler.bind:
+            try:
+                sock.bind(cfg.scheduler.bind)
+            except zmq.ZMQError as exc:
+                sock.close(0)
+                raise SchedulerError(
+                    f"cannot bind the node socket to scheduler.bind = "
+                    f"{cfg.scheduler.bind!r}: {exc} (is another gateway running? pick "
+                    f"another address with --bind / HERMES_BIND, or '' for embedded nodes only)"
+                ) from exc
+        self.socket = sock
+
+    def close(self) -> None:
+        if self._monitor_task is not None:
+            self._monitor_task.cancel()
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+            self._monitor = None
+        if self.socket is not None:
+            self.socket.close(linger=0)
+            self.socket = None
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
+        if self._zap is not None:
+            self._zap.stop()
+            self._zap = None
+
+    async def recv_loop(self) -> None:
+        """Receive node messages until cancelled."""
+        assert self.socket is not None
+        sock = self.socket
+        # messages already queued are taken without a future each (hermes.zmqdrain)
+        drain = QueuedMessages(sock)
+        while True:
+            try:
+                first = await sock.recv_multipart()
+            except asyncio.CancelledError:
+                raise
+            except zmq.ZMQError as e:
+                log.warning("zmq receive failed: %s", e)
+                await asyncio.sleep(0.05)
+                continue
+            for frames in drain.after(first):
+                self._on_frames(frames)
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        if len(frames) >= 2:
+            identity, frame = frames[0], frames[-1]
+            try:
+                msg = decode(frame)
+            except ProtocolError as e:
+                log.warning("bad message from %r: %s", identity, e)
+                return
+            self._on_message(identity, msg)
+
+    def _on_message(self, identity: bytes, msg: Any) -> None:
+        try:
+            self.handler(identity, msg)
+        except Exception:  # one bad message must not stop the scheduler
+            log.exception("error handling %s from %r", getattr(msg, "type", "?"), identity)
+
+    def inproc_link(self, node: str) -> InprocLink:
+        """A link for a HermesLet in this process and event loop (``hermes serve``'s embedded
+        node): the protocol's messages without ZeroMQ or JSON (:mod:`hermes.inproc`)."""
+        identity = node.encode()
+        if identity in self._links:
+            raise SchedulerError(f"an in-process node {node!r} is already linked")
+        link = InprocLink(identity, self._on_message)
+        self._links[identity] = link
+        return link
+
+    def send(self, node: Node, msg: Any) -> None:
+        self.send_raw(node.identity, msg)
+
+    def send_raw(self, identity: bytes, msg: Any) -> None:
+        link = self._links.get(identity)
+        if link is not None:
+            link.deliver(msg)
+            return
+        if self.socket is None:
+            raise NoCapacity("scheduler is not running")
+        frames = [identity, encode(msg)]
+        try:
+            self.socket.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.Again:  # the peer's pipe is full: send from the loop (rare)
+            asyncio.ensure_future(self.socket.send_multipart(frames))
+
+    # ------------------------------------------------------------------ registry
+    async def wait_for_nodes(self, timeout: float = 10.0) -> bool:
+        try:
+            await asyncio.wait_for(self.ready.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    def observe(self, identity: bytes, msg: Any) -> Node | None:
+        """What any message says about its node: it is alive; an unknown node (this gateway
+        restarted) is asked to say hello again (``resync``); a ``hello`` (re)registers it, a
+        ``heartbeat`` updates its load; both report the request ids it holds."""
+        node = self.by_identity(identity)
+        if node is not None:
+            node.last_seen = time.monotonic()
+        elif not isinstance(msg, Hello):  # a node we do not know (we restarted): ask again
+            self.send_raw(identity, Resync())
+        if isinstance(msg, Hello | Heartbeat) and msg.holding is not None:
+            self._holding(msg.node, msg.holding)
+        if isinstance(msg, Heartbeat):
+            if node is not None:
+                node.queued = {name: load.queued for name, load in msg.engines.items()}
+                node.kv_usage = {name: load.kv_usage for name, load in msg.engines.items()}
+        elif isinstance(msg, Hello):
+            self._hello(identity, msg)
+        return node
+
+    def _holding(self, node: str, holding: dict[str, str]) -> None:
+        for rid in [r for r, (n, _) in self.held.items() if n == node and r not in holding]:
+            del self.held[rid]
+        for rid, state in holding.items():
+            self.held[rid] = (node, state)
+
+    def by_identity(self, identity: bytes) -> Node | None:
+        node = self.nodes.get(identity.decode(errors="replace"))
+        if node is not None and node.identity == identity:
+            return node
+        for n in self.nodes.values():
+            if n.identity == identity:
+                return n
+        return None
+
+    def _hello(self, identity: bytes, msg: Hello) -> None:
+        old = self.nodes.get(msg.node)
+        node = Node(
+            name=msg.node,
+            identity=identity,
+            engines={e.name: e for e in msg.engines},
+            tools=list(msg.tools),
+            last_seen=time.monotonic(),
+        )
+        if old is not None:
+            node.outstanding = old.outstanding
+            node.tools_outstanding = old.tools_outstanding
+        self.nodes[msg.node] = node
+        if self.ctx.metrics is not None:
+            self.ctx.metrics.on_node_joined(msg.node, node.engines)
+        self.ready.set()
+        log.info("node %s connected: engines %s, tools %s", msg.node,
+                 [f"{e.name}({e.model})" for e in msg.engines], msg.tools)
+
+    def drop_silent(self, silent_s: float, gone: Callable[[str], None], *,
+                    why: str = "silent") -> list[str]:
+        """Drop the nodes silent for ``silent_s`` wall seconds, calling ``gone(name)`` right
+        after each (its work moves elsewhere); returns their names."""
+        cutoff = time.monotonic() - silent_s
+        dropped = [name for name, n in self.nodes.items() if n.last_seen < cutoff]
+        for name in dropped:
+            if why == "silent":
+                log.warning("node %s silent for %.0f s: resubmitting its requests", name, silent_s)
+            else:
+                log.warning("node %s disconnected and silent for %.1f s: re-dispatching", name,
+                            silent_s)
+            del self.nodes[name]
+            gone(name)
+        if not self.nodes:
+            self.ready.clear()
+        return dropped
+
+    def start_monitor(self, gone: Callable[[str], None], suspect_s: float = 2.0) -> None:
+        """Watch the ROUTER for TCP disconnects: a node that disconnected and then missed a
+        heartbeat (``suspect_s``) is treated as dead at once, rather than after the silence
+        timeout of the sweep, so that its work moves elsewhere in seconds."""
+        sock = self.socket
+        if sock is None or self._monitor is not None:
+            return
+        from zmq.utils.monitor import recv_monitor_message
+
+        mon = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._monitor = mon
+
+        async def watch() -> None:
+            try:
+                while True:
+                    await recv_monitor_message(mon)
+                    await asyncio.sleep(suspect_s)
+                    self.drop_silent(suspect_s, gone, why="disconnected")
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("socket monitor stopped")
+
+        self._monitor_task = asyncio.get_running_loop().create_task(watch(), name="hermes-monitor")
+
+    # ------------------------------------------------------------------ engine choice
+    def served_models(self, task: str | None = None) -> list[str]:
+        """Models the connected engines serve (base models and LoRA adapters), those of
+        engines of ``task`` only (``generate`` or ``embed``) when given."""
+        seen: dict[str, None] = {}
+        for node in self.nodes.values():
+            for e in node.engines.values():
+                if task is not None and e.task != task:
+                    continue
+                seen[e.model] = None
+                for lora in e.loras:
+                    seen[lora] = None
+        return list(seen)
+
+    def base_model(self, model: str) -> str | None:
+        """The base model of an engine that serves ``model`` as a LoRA adapter (``None``: no
+        connected engine does, or ``model`` is a base model)."""
+        for node in self.nodes.values():
+            for e in node.engines.values():
+                if model != e.model and model in e.loras:
+                    return e.model
+        return None
+
+    def resolve_model(self, model: str | None, *, strict: bool, task: str = "generate") -> str:
+        """The model a request for ``task`` goes to: itself if served, else the default
+        (unless strict). A model served only for the other task is refused (:class:`WrongTask`)
+        rather than routed elsewhere."""
+        served = self.served_models(task)
+        if model and model in served:
+            return model
+        if model and strict and model in self.served_models():
+            what = "embedding" if task == "embed" else "chat/text generation"
+            raise WrongTask(f"the model {model!r} does not support {what}; models that do: "
+                            f"{', '.join(served) or 'none'}")
+        sc = self.ctx.config.scheduler
+        if strict and model and not sc.route_unknown_models:
+            raise ModelNotFound(f"the model {model!r} does not exist; served: {', '.join(served) or 'none'}")
+        default = (sc.default_model if task == "generate" else "") or (served[0] if served else "")
+        if not default:
+            raise NoCapacity(f"no connected engine serves {task} requests")
+        return default
+
+    async def serving_model(self, model: str | None, *, strict: bool,
+                            task: str = "generate") -> str:
+        """:meth:`resolve_model`, after waiting (up to 10 s) for a HermesLet when none is
+        connected: a gateway that has just (re)started accepts runs before its nodes have said
+        hello, and their calls should wait for an engine rather than fail at once."""
+        if not self.nodes:
+            await self.wait_for_nodes()
+        return self.resolve_model(model, strict=strict, task=task)
+
+    def pick_engine(self, model: str, exclude: Set[str] = frozenset()) -> tuple[Node, EngineInfo]:
+        """The least-loaded engine serving ``model`` (outstanding / window, then the node's
+        reported queue), on a node not in ``exclude``."""
+        best: tuple[float, int, Node, EngineInfo] | None = None
+        for node in self.nodes.values():
+            if node.name in exclude:
+                continue
+            for e in node.engines.values():
+                if e.model != model and model not in e.loras:
+                    continue
+                load = node.outstanding.get(e.name, 0) / e.max_inflight
+                cand = (load, node.queued.get(e.name, 0), node, e)
+                if best is None or cand[:2] < best[:2]:
+                    best = cand
+        if best is None:
+            raise NoCapacity(f"no connected engine serves model {model!r}")
+        return best[2], best[3]
+
+    def pick_tool_node(self, backend: str, exclude: Set[str] = frozenset()) -> Node:
+        """The tool node with the fewest of our calls, among those running ``backend``'s kind
+        of tool (any tool node if none says so)."""
+        kind = backend.split(":", 1)[0]
+        capable = [n for n in self.nodes.values() if n.tools and n.name not in exclude]
+        exact = [n for n in capable if kind in n.tools]
+        pool = exact or capable
+        if not pool:
+            raise NoCapacity("no connected node runs tools")
+        return min(pool, key=lambda n: n.tools_outstanding)
+
+    def no_tool_sandbox(self) -> bool:
+        """Connected nodes, none of which runs tool calls (none has a sandbox)."""
+        return bool(self.nodes) and not any(n.tools for n in self.nodes.values())

@@ -1,0 +1,242 @@
+"""Where durable run state is kept: run documents, their unit documents and the call
+journals of hosted runs (:mod:`hermes.gateway.durable` decides what is written when).
+
+:class:`SqliteRunStore` (WAL mode, in the state directory) by default, :class:`RedisRunStore`
+with ``--redis URL`` (``durability.state_redis``); :func:`open_run_store` picks per
+``[durability]``. A run's unit documents are stored by invocation index next to its run
+document and in the same transaction, so that a write carries only the invocations that
+changed.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+from hermes.gateway.config import resolve_state_dir
+from hermes.gateway.state import TERMINAL
+
+#: one :meth:`RunStore.put_run`: (run_id, status, run document, unit documents by index)
+RunWrite = tuple[str, str, dict[str, Any], dict[int, dict[str, Any]]]
+
+
+# ---------------------------------------------------------------------------------- stores
+class RunStore(ABC):
+    """Run documents and hosted-call journals."""
+
+    @abstractmethod
+    def put_run(self, run_id: str, status: str, doc: dict[str, Any],
+                units: dict[int, dict[str, Any]] | None = None) -> None:
+        """Store the run document and, atomically with it, the unit documents ``units``
+        (invocation index -> document; other stored units are kept)."""
+
+    def put_runs(self, batch: list[RunWrite]) -> None:
+        """Several :meth:`put_run` writes at once (one transaction / round trip where the
+        store can); used for the ended one-request runs of one loop iteration."""
+        for w in batch:
+            self.put_run(*w)
+
+    @abstractmethod
+    def put_call(self, run_id: str, seq: int, entry: dict[str, Any]) -> None: ...
+
+    @abstractmethod
+    def runs(self) -> list[dict[str, Any]]:
+        """Every stored run document, oldest first, with its stored unit documents as
+        ``doc["units"]``: a list of ``doc["n_units"]`` entries in invocation order, where an
+        invocation never stored (still open) is ``{"closed": False}``."""
+
+    @abstractmethod
+    def calls(self, run_id: str) -> dict[int, dict[str, Any]]: ...
+
+    @abstractmethod
+    def drop_calls(self, run_id: str) -> None:
+        """Forget a run's call journal (it ended: nothing will replay it)."""
+
+    @abstractmethod
+    def prune_ended(self, keep: int) -> int:
+        """Delete all but the newest ``keep`` ended runs; returns how many were deleted."""
+
+    def close(self) -> None:  # noqa: B027 - optional
+        pass
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
+class SqliteRunStore(RunStore):
+    """SQLite in WAL mode; ``synchronous=NORMAL``: a commit is in the WAL before the call
+    returns, so it survives the process being killed (an OS crash may lose the last ones)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, seq INTEGER, "
+                        "status TEXT, doc TEXT)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS calls (run_id TEXT, seq INTEGER, doc TEXT, "
+                        "PRIMARY KEY (run_id, seq))")
+        self.db.execute("CREATE TABLE IF NOT EXISTS units (run_id TEXT, idx INTEGER, doc TEXT, "
+                        "PRIMARY KEY (run_id, idx))")
+        self._lock = threading.Lock()
+        row = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM runs").fetchone()
+        self._seq = int(row[0])
+
+    def put_run(self, run_id: str, status: str, doc: dict[str, Any],
+                units: dict[int, dict[str, Any]] | None = None) -> None:
+        self.put_runs([(run_id, status, doc, units or {})])
+
+    def put_runs(self, batch: list[RunWrite]) -> None:
+        encoded = [(run_id, status, json.dumps(doc, default=str),
+                    [(run_id, i, json.dumps(u, default=str)) for i, u in units.items()])
+                   for run_id, status, doc, units in batch]
+        one = len(encoded) == 1 and not encoded[0][3]  # one statement: its own transaction
+        with self._lock:
+            if not one:
+                self.db.execute("BEGIN")
+            try:
+                for run_id, status, text, rows in encoded:
+                    self._seq += 1
+                    self.db.execute(
+                        "INSERT INTO runs(run_id, seq, status, doc) VALUES (?, ?, ?, ?) ON "
+                        "CONFLICT(run_id) DO UPDATE SET status=excluded.status, doc=excluded.doc",
+                        (run_id, self._seq, status, text))
+                    if rows:
+                        self.db.executemany(
+                            "INSERT OR REPLACE INTO units(run_id, idx, doc) VALUES (?, ?, ?)",
+                            rows)
+                if not one:
+                    self.db.execute("COMMIT")
+            except BaseException:
+                if not one:
+                    self.db.execute("ROLLBACK")
+                raise
+
+    def put_call(self, run_id: str, seq: int, entry: dict[str, Any]) -> None:
+        with self._lock:
+            self.db.execute("INSERT OR REPLACE INTO calls(run_id, seq, doc) VALUES (?, ?, ?)",
+                            (run_id, seq, json.dumps(entry, default=str)))
+
+    def drop_calls(self, run_id: str) -> None:
+        with self._lock:
+            self.db.execute("DELETE FROM calls WHERE run_id = ?", (run_id,))
+
+    def prune_ended(self, keep: int) -> int:
+        with self._lock:
+            cur = self.db.execute(
+                "DELETE FROM runs WHERE status IN ('finished', 'failed', 'cancelled') AND seq < "
+                "COALESCE((SELECT seq FROM runs WHERE status IN ('finished', 'failed', 'cancelled')"
+                " ORDER BY seq DESC LIMIT 1 OFFSET ?), -1)", (max(0, keep - 1),))
+            deleted = cur.rowcount
+            if deleted:
+                self.db.execute("DELETE FROM units WHERE run_id NOT IN (SELECT run_id FROM runs)")
+            return deleted
+
+    def runs(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self.db.execute("SELECT run_id, doc FROM runs ORDER BY seq").fetchall()
+            units: dict[str, dict[int, dict[str, Any]]] = {}
+            for run_id, idx, doc in self.db.execute("SELECT run_id, idx, doc FROM units"):
+                units.setdefault(run_id, {})[int(idx)] = json.loads(doc)
+        return [_with_units(json.loads(d), units.get(r, {})) for r, d in rows]
+
+    def calls(self, run_id: str) -> dict[int, dict[str, Any]]:
+        with self._lock:
+            rows = self.db.execute("SELECT seq, doc FROM calls WHERE run_id = ?", (run_id,)).fetchall()
+        return {int(s): json.loads(d) for s, d in rows}
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
+
+    def describe(self) -> str:
+        return f"sqlite:{self.path}"
+
+
+class RedisRunStore(RunStore):
+    """Redis: ``<p>runs`` (hash run_id -> doc), ``<p>order`` (sorted set by acceptance),
+    ``<p>calls:<run_id>`` (hash seq -> entry). Every write (or batch) is one round trip."""
+
+    def __init__(self, url: str, prefix: str = "hermes:state:") -> None:
+        import redis
+
+        self.url = url
+        self.r = redis.Redis.from_url(url, decode_responses=True)
+        self.p = prefix
+        self.r.ping()
+
+    def put_run(self, run_id: str, status: str, doc: dict[str, Any],
+                units: dict[int, dict[str, Any]] | None = None) -> None:
+        self.put_runs([(run_id, status, doc, units or {})])
+
+    def put_runs(self, batch: list[RunWrite]) -> None:
+        pipe = self.r.pipeline(transaction=True)
+        for run_id, _status, doc, units in batch:
+            pipe.hset(self.p + "runs", run_id, json.dumps(doc, default=str))
+            pipe.zadd(self.p + "order", {run_id: float(doc.get("submitted", 0.0))}, nx=True)
+            if units:
+                pipe.hset(f"{self.p}units:{run_id}",
+                          mapping={str(i): json.dumps(u, default=str) for i, u in units.items()})
+        pipe.execute()
+
+    def put_call(self, run_id: str, seq: int, entry: dict[str, Any]) -> None:
+        self.r.hset(f"{self.p}calls:{run_id}", str(seq), json.dumps(entry, default=str))
+
+    def drop_calls(self, run_id: str) -> None:
+        self.r.delete(f"{self.p}calls:{run_id}")
+
+    def prune_ended(self, keep: int) -> int:
+        docs = self.runs()
+        ended = [d["run_id"] for d in docs if d.get("status") in TERMINAL]
+        old = ended[: max(0, len(ended) - keep)]
+        if old:
+            pipe = self.r.pipeline()
+            pipe.hdel(self.p + "runs", *old)
+            pipe.zrem(self.p + "order", *old)
+            pipe.delete(*(f"{self.p}units:{r}" for r in old))
+            pipe.execute()
+        return len(old)
+
+    def runs(self) -> list[dict[str, Any]]:
+        ids = self.r.zrange(self.p + "order", 0, -1)
+        if not ids:
+            return []
+        docs = self.r.hmget(self.p + "runs", ids)
+        pipe = self.r.pipeline()
+        for run_id in ids:
+            pipe.hgetall(f"{self.p}units:{run_id}")
+        units = pipe.execute()
+        return [_with_units(json.loads(d), {int(k): json.loads(v) for k, v in u.items()})
+                for d, u in zip(docs, units, strict=True) if d is not None]
+
+    def calls(self, run_id: str) -> dict[int, dict[str, Any]]:
+        return {int(k): json.loads(v) for k, v in self.r.hgetall(f"{self.p}calls:{run_id}").items()}
+
+    def close(self) -> None:
+        self.r.close()
+
+    def describe(self) -> str:
+        return f"redis:{self.url}"
+
+
+def open_run_store(config: Any) -> RunStore | None:
+    d = config.durability
+    if not d.durable:
+        return None
+    if d.state_redis:
+        return RedisRunStore(d.state_redis)
+    return SqliteRunStore(resolve_state_dir(config.stores.state_dir) / "state.sqlite3")
+
+
+def _with_units(doc: dict[str, Any], units: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """A stored run document with its unit documents as ``doc["units"]`` (see RunStore.runs);
+    documents written before units were stored apart carry theirs inline."""
+    if "units" not in doc:
+        n = max(int(doc.get("n_units", 0)), max(units, default=-1) + 1)
+        doc["units"] = [units.get(i, {"closed": False}) for i in range(n)]
+    return doc

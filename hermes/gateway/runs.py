@@ -1,0 +1,395 @@
+"""The registry of live runs and their unit invocations: their lifecycle, and the events the
+rest of the gateway reacts to.
+
+:class:`RunRegistry` creates runs, opens and closes their unit invocations, credits the
+service they receive and ends them (finish, fail, cancel, idle reaping), calling the policy
+hooks exactly where the simulator does (``on_arrival``, ``on_unit_start``, ``on_unit_finish``,
+``on_service``, ``on_finish``). It knows nothing of nodes, requests on the wire, stores or
+hosted apps: it announces what happened to its :class:`RunObserver` s, in the order they were
+added, and they act (dispatch re-keys queued requests and cancels a stopping run's, the
+prewarm planner plans, learning records a finished run, durability writes, hosted apps stop
+a cancelled run's code).
+
+Units: hosted apps and ``/events`` open and close unit invocations explicitly. Otherwise a
+request for unit ``U`` joins the open invocation of ``U`` if that one still has requests in
+flight (fan-out) and starts a new invocation otherwise (a loop, or the next unit); an
+implicitly opened invocation closes when its last request completes.
+
+Finished runs are kept (``scheduler.keep_finished_runs``, oldest dropped) so that ``GET
+/v1/runs/{id}``, listings and idempotent retries still find them; how they are kept is
+:meth:`RunRegistry._retire`'s business alone (with :meth:`get_run`, :meth:`recent_runs` and
+:meth:`restore` the only readers and writers of that history).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from hermes.core.state import RunState, UnitObservation
+from hermes.gateway.context import SchedulerContext
+from hermes.gateway.errors import RunCancelled, RunNotActive, RunNotFound, SchedulerError
+from hermes.gateway.state import ACTIVE, LiveRun, UnitInvocation
+from hermes.gateway.tenancy import visible
+
+log = logging.getLogger("hermes.gateway.runs")
+
+#: makes the error a stopping run's pending requests fail with (one per request)
+StopReason = Callable[[], SchedulerError]
+
+
+class RunObserver:
+    """What the registry tells the rest of the gateway about runs; every hook does nothing
+    by default. Hooks run synchronously, in the order the observers were added."""
+
+    def run_created(self, run: LiveRun) -> None:
+        """A run was accepted (before its creator answers)."""
+
+    def unit_started(self, run: LiveRun, inv: UnitInvocation, now: float) -> None:
+        """``inv`` was opened."""
+
+    def ranks_changed(self, run: LiveRun, now: float) -> None:
+        """The policy may rank ``run`` (or, per ``policy.key_scope``, others) differently."""
+
+    def run_progress(self, run: LiveRun) -> None:
+        """One of an active run's invocations closed."""
+
+    def run_stopping(self, run: LiveRun, reason: StopReason) -> None:
+        """``run`` is about to end: its pending requests should fail with ``reason()``."""
+
+    def run_ended(self, run: LiveRun) -> None:
+        """``run`` finished, failed or was cancelled (its status says which)."""
+
+
+class RunRegistry:
+    """Live runs by id, their unit invocations and their lifecycle (see the module doc)."""
+
+    def __init__(self, ctx: SchedulerContext) -> None:
+        self.ctx = ctx
+        #: every kept run by id, active and recently ended, oldest first
+        self.runs: dict[str, LiveRun] = {}
+        self._finished_order: OrderedDict[str, None] = OrderedDict()
+        #: (tenant, Idempotency-Key) -> run id (rebuilt from the run documents on restart)
+        self._idempotency: dict[tuple[str, str], str] = {}
+        self._no_graph_warned: set[str] = set()  # apps whose missing PDGraph was logged
+        self.observers: list[RunObserver] = []
+
+    def add_observer(self, observer: RunObserver) -> None:
+        self.observers.append(observer)
+
+    # ------------------------------------------------------------------ lookups
+    def get_run(self, run_id: str) -> LiveRun:
+        run = self.runs.get(run_id)
+        if run is None or not visible(run.state.tenant):  # other tenants' runs: 404
+            raise RunNotFound(f"run {run_id!r} not found")
+        return run
+
+    def active_run(self, run_id: str) -> LiveRun:
+        run = self.get_run(run_id)
+        if run.status not in ACTIVE:
+            raise RunNotActive(f"run {run_id!r} is {run.status}")
+        return run
+
+    def recent_runs(self, match: Callable[[LiveRun], bool], limit: int) -> list[LiveRun]:
+        """Up to ``limit`` runs for which ``match`` holds, newest first (the run listings of
+        the runs API and the admin API)."""
+        out: list[LiveRun] = []
+        for run in reversed(self.runs.values()):
+            if len(out) >= limit:
+                break
+            if match(run):
+                out.append(run)
+        return out
+
+    def active(self) -> Iterator[LiveRun]:
+        """The runs still taking requests (queued or running)."""
+        return (r for r in self.runs.values() if r.status in ACTIVE)
+
+    def count_active(self, tenant: str) -> int:
+        """Active runs of ``tenant`` (its active-run quota)."""
+        return sum(1 for r in self.active() if (r.state.tenant or "default") == tenant)
+
+    # ------------------------------------------------------------------ idempotency keys
+    def remember_idempotency(self, run: LiveRun) -> None:
+        """Index a run created with an ``Idempotency-Key`` (its ``idempotency``)."""
+        idem = run.idempotency
+        if not isinstance(idem, dict) or "key" not in idem:
+            return
+        self._idempotency[(run.state.tenant, str(idem["key"]))] = run.run_id
+        if len(self._idempotency) > 2 * self.ctx.config.scheduler.keep_finished_runs + 1024:
+            runs = self.runs  # keys live as long as their runs are kept
+            self._idempotency = {k: r for k, r in self._idempotency.items() if r in runs}
+
+    def idempotent_run(self, tenant: str, key: str) -> tuple[LiveRun, str] | None:
+        """The run ``tenant`` created with ``key`` and the hash of that request's body, or
+        None when the key is new (or its run is no longer kept)."""
+        rid = self._idempotency.get((tenant, key))
+        if rid is None:
+            return None
+        run = self.runs.get(rid)
+        if run is None or run.idempotency is None:
+            del self._idempotency[(tenant, key)]
+            return None
+        return run, str(run.idempotency["body"])
+
+    # ------------------------------------------------------------------ lifecycle
+    def create_run(
+        self,
+        app: str,
+        *,
+        deadline_s: float | None = None,
+        tenant: str | None = None,
+        k: float | None = None,
+        input: Any = None,
+        hosted: bool = False,
+        auto_finish: bool = False,
+        idempotency: dict[str, str] | None = None,
+    ) -> LiveRun:
+        """A new run, announced to the observers (durability commits it) before it is
+        returned. ``idempotency``: ``{"key", "body"}`` of an ``Idempotency-Key`` request,
+        stored with the run (:meth:`idempotent_run` finds it again, also after a restart)."""
+        ctx = self.ctx
+        now = ctx.now()
+        rid = f"run-{uuid.uuid4().hex[:16]}"
+        state = RunState(
+            run_id=rid,
+            app=app,
+            submitted=now,
+            tenant=tenant or "default",
+            deadline=None if deadline_s is None else now + deadline_s,
+            k=k,
+        )
+        run = LiveRun(state=state, hosted=hosted, auto_finish=auto_finish, input=input)
+        self.runs[rid] = run
+        if idempotency is not None:
+            run.idempotency = idempotency
+            self.remember_idempotency(run)
+        pool = ctx.pool
+        if (pool is not None and app not in self._no_graph_warned and app != "default"
+                and len(self._no_graph_warned) < 1024 and pool.get(app) is None):
+            # once per app ("default": plain OpenAI requests, no app to model)
+            self._no_graph_warned.add(app)
+            log.warning("no PDGraph for app %r in the knowledge base (stores.kb = %r): its runs "
+                        "get rank 0 until it learns from finished runs", app, ctx.config.stores.kb)
+        ctx.policy.on_arrival(state, now)
+        if ctx.metrics is not None:
+            ctx.metrics.on_run_created(run)
+        for obs in self.observers:
+            obs.run_created(run)
+        return run
+
+    def finish_run(self, run_id: str, *, result: Any = None) -> LiveRun:
+        """The run is done: close its units; observers record it, learn from it, store it."""
+        run = self.active_run(run_id)
+        now = self.ctx.now()
+        self._stop(run, lambda: RunNotActive(f"run {run_id!r} finished"))
+        for inv in list(run.open):
+            self.close_unit(run, inv, now)
+        if result is not None:
+            run.result = result
+        run.status = "finished"
+        run.state.finished = now
+        self.ctx.policy.on_finish(run.state, now)
+        self.ctx.stats["runs_finished"] += 1
+        self._end(run)
+        return run
+
+    def fail_run(self, run_id: str, error: str) -> None:
+        run = self.runs.get(run_id)
+        if run is None or run.status not in ACTIVE:
+            return
+        now = self.ctx.now()
+        self._stop(run, lambda: RunNotActive(f"run {run_id!r} failed"))
+        for inv in list(run.open):
+            self.close_unit(run, inv, now)
+        run.status = "failed"
+        run.error = error
+        run.state.finished = now
+        self.ctx.policy.on_finish(run.state, now)
+        self._end(run)
+
+    def cancel_run(self, run_id: str) -> LiveRun:
+        """Cancel: queued requests are dropped and in-flight ones aborted at the engines."""
+        run = self.active_run(run_id)
+        now = self.ctx.now()
+        self._stop(run, lambda: RunCancelled(f"run {run_id!r} was cancelled"))
+        run.status = "cancelled"
+        run.state.finished = now
+        for inv in list(run.open):
+            inv.closed = True
+            inv.finished = now
+        run.open.clear()
+        self.ctx.policy.on_finish(run.state, now)
+        self._end(run)
+        return run
+
+    def reap_idle(self) -> None:
+        """Finish client-driven runs without requests for ``run_idle_timeout_s``."""
+        limit = self.ctx.config.scheduler.run_idle_timeout_s
+        cutoff = time.monotonic() - limit
+        for run in list(self.runs.values()):
+            if (run.status in ACTIVE and not run.hosted and not run.pending
+                    and run.last_activity < cutoff):
+                log.info("run %s idle for %.0f s: finishing it", run.run_id, limit)
+                self.finish_run(run.run_id)
+
+    def _stop(self, run: LiveRun, reason: Callable[[], SchedulerError]) -> None:
+        for obs in self.observers:
+            obs.run_stopping(run, reason)
+
+    def _end(self, run: LiveRun) -> None:
+        self._retire(run)
+        for obs in self.observers:
+            obs.run_ended(run)
+
+    def _retire(self, run: LiveRun) -> None:
+        """An ended run joins the finished-run history (the one place that keeps it; the
+        oldest are dropped past ``keep_finished_runs``)."""
+        if self.ctx.metrics is not None:
+            self.ctx.metrics.on_run_end(run)
+        run.finished_event.set()
+        self._finished_order[run.run_id] = None
+        while len(self._finished_order) > self.ctx.config.scheduler.keep_finished_runs:
+            old, _ = self._finished_order.popitem(last=False)
+            self.runs.pop(old, None)
+
+    def restore(self, run: LiveRun, *, ended: bool) -> None:
+        """Put back a run stored before a restart (recovery); ``ended`` ones join the
+        finished-run history as they were."""
+        self.runs[run.run_id] = run
+        if run.idempotency is not None:
+            self.remember_idempotency(run)
+        if ended:
+            run.finished_event.set()
+            self._finished_order[run.run_id] = None
+
+    # ------------------------------------------------------------------ units
+    def begin_unit(
+        self,
+        run: LiveRun,
+        unit: str,
+        backend: str,
+        *,
+        explicit: bool = True,
+        upstream: str | None = None,
+        at: float | None = None,
+    ) -> UnitInvocation:
+        """Open a unit invocation (hosted apps, ``/events`` start, or implicitly)."""
+        now = self.ctx.now() if at is None else at
+        for inv in list(run.open):  # implicitly opened, already complete: close before the next
+            if not inv.explicit and inv.in_flight == 0:
+                self.close_unit(run, inv, now)
+        inv = UnitInvocation(unit=unit, backend=backend, started=now, explicit=explicit,
+                             upstream=upstream)
+        run.units.append(inv)
+        run.open.append(inv)
+        if run.status == "queued":
+            run.status = "running"
+        st = run.state
+        st.begin_unit(unit)
+        self.ctx.policy.on_unit_start(st, unit, now)
+        for obs in self.observers:
+            obs.unit_started(run, inv, now)
+        self._ranks_changed(run, now)
+        return inv
+
+    def end_unit(self, run: LiveRun, inv: UnitInvocation, *,
+                 duration_s: float | None = None) -> None:
+        """Close an explicitly opened invocation (its requests have completed)."""
+        if inv.closed:
+            return
+        if duration_s is not None:
+            inv.duration_s = duration_s
+        self.close_unit(run, inv, self.ctx.now())
+
+    def unit_for_request(self, run: LiveRun, unit: str, backend: str) -> UnitInvocation:
+        """The invocation a new request of ``unit`` belongs to (see the module docstring)."""
+        for inv in reversed(run.open):
+            if inv.unit == unit and (inv.explicit or inv.in_flight > 0):
+                return inv
+        return self.begin_unit(run, unit, backend, explicit=False)
+
+    def unit_event(self, run: LiveRun, unit: str, event: str, *, backend: str | None = None,
+                   at: float | None = None) -> UnitInvocation | None:
+        """A client-reported unit boundary (``POST /v1/runs/{id}/events`` or a node event)."""
+        if event == "start":
+            return self.begin_unit(run, unit, backend or "api:client", explicit=True, at=at)
+        for inv in reversed(run.open):
+            if inv.unit == unit:
+                now = self.ctx.now() if at is None else at
+                if not inv.requests and inv.duration_s is None:
+                    inv.duration_s = max(0.0, now - inv.started)
+                    self.credit(run, inv.duration_s, 0, now)
+                self.close_unit(run, inv, now)
+                return inv
+        return None
+
+    def close_unit(self, run: LiveRun, inv: UnitInvocation, now: float) -> None:
+        """Close ``inv``: the policy observes the unit's demand (its requests' tokens, or
+        its duration)."""
+        if inv.closed:
+            return
+        inv.closed = True
+        done = inv.last_done()
+        inv.finished = max(inv.started, done if done is not None and inv.explicit is False else now)
+        if inv in run.open:
+            run.open.remove(inv)
+        results = inv.llm_results()
+        duration = float(inv.duration_s if inv.duration_s is not None else inv.finished - inv.started)
+        if results:
+            obs = UnitObservation.from_requests(
+                inv.unit,
+                [d.input_tokens for d in results],
+                [d.output_tokens for d in results],
+                self.ctx.cost,
+                duration_s=duration,
+                started=inv.started,
+                finished=inv.finished,
+            )
+        else:
+            obs = UnitObservation(
+                unit=inv.unit,
+                duration_s=duration,
+                service_s=float(inv.duration_s or 0.0),
+                started=inv.started,
+                finished=inv.finished,
+            )
+        st = run.state
+        st.end_unit(obs, run.open[-1].unit if run.open else None)
+        self.ctx.policy.on_unit_finish(st, obs, now)
+        self._ranks_changed(run, now)
+        if run.status in ACTIVE:
+            for o in self.observers:
+                o.run_progress(run)
+
+    def request_done(self, run: LiveRun, inv: UnitInvocation) -> None:
+        """A request of ``inv`` completed: an implicitly opened invocation closes with its
+        last one. A one-request run's is closed by :meth:`finish_run` once the answer has
+        left (off the request's path; the invocation's end is its last result's time either
+        way)."""
+        if run.auto_finish:
+            return
+        if not inv.explicit and not inv.closed and inv.in_flight == 0 and run.status in ACTIVE:
+            self.close_unit(run, inv, self.ctx.now())
+
+    # ------------------------------------------------------------------ service accounting
+    def credit(self, run: LiveRun, seconds: float, tokens: int, now: float) -> None:
+        """Service ``run`` received; observers hear of it when its rank moved."""
+        st = run.state
+        st.credit(seconds, tokens)
+        before = st.rank
+        self.ctx.policy.on_service(st, seconds, tokens, now)
+        if st.rank != before:
+            self._ranks_changed(run, now)
+
+    def credit_tool_time(self, run: LiveRun, seconds: float) -> None:
+        """Service delivered by a tool the gateway did not dispatch (simulated tool steps)."""
+        self.credit(run, seconds, 0, self.ctx.now())
+
+    def _ranks_changed(self, run: LiveRun, now: float) -> None:
+        for obs in self.observers:
+            obs.ranks_changed(run, now)

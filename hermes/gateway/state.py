@@ -1,0 +1,190 @@
+"""What the live gateway keeps about runs, unit invocations, requests and nodes.
+
+Plain records, no behaviour beyond reading themselves: :class:`LiveRun` (the core's
+:class:`~hermes.core.state.RunState` plus what the live driver needs), :class:`UnitInvocation`
+(one invocation of a unit inside a run), :class:`PendingRequest` (an LLM request or tool call
+sent to a node) and :class:`Node` (a connected HermesLet). The services that change them are
+the run registry (:mod:`hermes.gateway.runs`), dispatch (:mod:`hermes.gateway.dispatch`) and
+the node table (:mod:`hermes.gateway.nodes`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from hermes.core.state import RequestView, RunState
+from hermes.protocol import Done, EngineInfo, Submit, Token, Tool, ToolDone
+
+RunStatus = Literal["queued", "running", "finished", "failed", "cancelled"]
+#: the states of a run that still takes requests
+ACTIVE: frozenset[str] = frozenset({"queued", "running"})
+#: the states of a run that has ended
+TERMINAL: tuple[str, ...] = ("finished", "failed", "cancelled")
+
+
+@dataclass(eq=False)
+class PendingRequest:
+    """An LLM request or tool call the scheduler sent to a node and waits for."""
+
+    request_id: str
+    run: LiveRun
+    inv: UnitInvocation
+    kind: Literal["llm", "tool"]
+    msg: Submit | Tool
+    view: RequestView
+    key: tuple[float, ...]
+    future: asyncio.Future[Done | ToolDone]
+    model: str | None = None
+    node: str | None = None
+    engine: str | None = None
+    tokens: asyncio.Queue[Token | None] | None = None  # streamed chunks, None: the end
+    sent_at: float = 0.0  # scheduler clock
+    credited_s: float = 0.0  # service already credited from streamed tokens
+    retries: int = 0
+    #: times it was re-sent because the node it ran on died (an LLM request: once at most)
+    fault_retries: int = 0
+    result: Done | ToolDone | None = None
+    error: str | None = None
+    finished_at: float | None = None
+
+
+@dataclass(eq=False)
+class UnitInvocation:
+    """One invocation of a unit inside a run: its requests or its tool call."""
+
+    unit: str
+    backend: str
+    started: float
+    explicit: bool
+    upstream: str | None = None
+    finished: float | None = None
+    requests: list[PendingRequest] = field(default_factory=list)
+    duration_s: float | None = None  # tool units
+    closed: bool = False
+
+    @property
+    def in_flight(self) -> int:
+        return sum(1 for r in self.requests if r.finished_at is None)
+
+    def last_done(self) -> float | None:
+        ends = [r.finished_at for r in self.requests if r.finished_at is not None]
+        return max(ends) if ends else None
+
+    def llm_results(self) -> list[Done]:
+        return [r.result for r in self.requests if r.kind == "llm" and isinstance(r.result, Done)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "unit": self.unit,
+            "backend": self.backend,
+            "started": self.started,
+            "finished": self.finished,
+            "duration_s": self.duration_s,
+            "requests": [
+                {
+                    "request_id": r.request_id,
+                    "kind": r.kind,
+                    "node": r.node,
+                    "engine": r.engine,
+                    "state": "done" if r.result is not None else ("failed" if r.error else "pending"),
+                    "input_tokens": getattr(r.result, "input_tokens", None),
+                    "output_tokens": getattr(r.result, "output_tokens", None),
+                    "queue_s": getattr(r.result, "queue_s", None),
+                    "service_s": getattr(r.result, "service_s", None)
+                    if isinstance(r.result, Done)
+                    else getattr(r.result, "duration_s", None),
+                    "sent": r.sent_at,
+                    "finished": r.finished_at,
+                }
+                for r in self.requests
+            ],
+        }
+
+
+@dataclass(eq=False)
+class LiveRun:
+    """A run as the gateway tracks it: the core's RunState plus what the driver needs."""
+
+    state: RunState
+    status: RunStatus = "queued"
+    units: list[UnitInvocation] = field(default_factory=list)
+    open: list[UnitInvocation] = field(default_factory=list)
+    pending: dict[str, PendingRequest] = field(default_factory=dict)
+    hosted: bool = False
+    auto_finish: bool = False  # one-request runs (no headers): finish when the request does
+    input: Any = None
+    result: Any = None
+    error: str | None = None
+    task: asyncio.Task[None] | None = None  # a hosted run's code
+    last_activity: float = field(default_factory=time.monotonic)
+    seq: itertools.count[int] = field(default_factory=itertools.count)
+    finished_event: asyncio.Event = field(default_factory=asyncio.Event)
+    #: its record is in records.jsonl (written by this gateway, or by the one before a restart
+    #: that was killed between the record and the durable end): it is not written again
+    recorded: bool = False
+    #: ``{"key", "body"}`` of the ``Idempotency-Key`` request that created it, if one did
+    idempotency: dict[str, str] | None = None
+    #: how many gateway restarts this run was recovered from
+    recovered: int = 0
+
+    @property
+    def run_id(self) -> str:
+        return self.state.run_id
+
+    @property
+    def app(self) -> str:
+        return self.state.app
+
+    def act_s(self, now: float) -> float:
+        end = self.state.finished if self.state.finished is not None else now
+        return end - self.state.submitted
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        s = self.state
+        return {
+            "run_id": s.run_id,
+            "app": s.app,
+            "tenant": s.tenant,
+            "state": self.status,
+            "hosted": self.hosted,
+            "submitted": s.submitted,
+            "finished": s.finished,
+            "deadline": s.deadline,
+            "k": s.k,  # the run's own prewarming knob (None: the tenant's, app's or default)
+            "act_s": self.act_s(now),
+            "rank": finite(s.rank),
+            "attained_s": s.attained_s,
+            "attained_tokens": s.attained_tokens,
+            "current_unit": s.progress.current,
+            "pending_requests": len(self.pending),
+            "units": [u.to_json() for u in self.units],
+            "input": self.input,
+            "result": self.result,
+            "error": self.error,
+        }
+
+
+def finite(x: float) -> float | None:
+    """``x`` as a float, or None when it is not finite (JSON has no infinity)."""
+    return float(x) if np.isfinite(x) else None
+
+
+@dataclass(eq=False)
+class Node:
+    """A connected HermesLet."""
+
+    name: str
+    identity: bytes
+    engines: dict[str, EngineInfo]
+    tools: list[str]
+    last_seen: float  # wall monotonic
+    outstanding: dict[str, int] = field(default_factory=dict)  # engine -> our requests there
+    tools_outstanding: int = 0
+    queued: dict[str, int] = field(default_factory=dict)  # engine -> node-reported queue
+    kv_usage: dict[str, float | None] = field(default_factory=dict)  # engine -> KV use (0..1)
