@@ -1,0 +1,471 @@
+"""The run resolver: (tenant, app, run, unit) of every request, from the strongest evidence.
+
+Pure: no I/O, no clock (every call takes ``now``, in the caller's clock seconds), no
+randomness (run keys come from ``new_run_id``). The edge calls:
+
+- :meth:`Resolver.resolve` when a request arrives, before it is queued: the
+  :class:`Identity` says which run it joins (or that a new run must be created, with the key
+  the resolver chose) and its app and unit;
+- :meth:`Resolver.answered` when Hermes has returned the reply (every choice of ``n > 1``;
+  the Responses API's response id), or :meth:`Resolver.abandoned` when the request failed;
+- :meth:`Resolver.sweep` periodically (e.g. every second): the inferred runs it closes, for
+  the edge to finish (write the record, learn from it);
+- :meth:`Resolver.forget` when a run ended by other means (finished through the runs API).
+
+The evidence ladder (first that applies wins; details in :mod:`hermes.gateway.resolve`):
+
+1. ``X-Hermes-Run: none``: opt-out, a one-request run, nothing remembered;
+   ``X-Hermes-Run: ID``: that run, unchanged (``X-Hermes-App`` / ``X-Hermes-Unit`` are
+   passed through whenever present);
+2. ``previous_response_id`` of a response Hermes answered: that response's run;
+3. a session id (headers, body fields, ``metadata`` keys, the configured lists): the
+   session's current run (a new one on its first request);
+4. conversation continuation: the longest proper prefix of the request's messages that is a
+   conversation Hermes answered (messages + reply): that conversation's run;
+5. a weak id (``user``, ``safety_identifier``, ``prompt_cache_key``): the run last seen with
+   it, only for a request that carries history (an assistant or tool message) that nothing
+   above matched: a first turn with a known ``user`` is a new run, not that user's last one;
+6. a new run.
+
+A run found closed (idle past its app's gaps, :mod:`hermes.gateway.resolve.runend`) gives a
+new run of the same app, whose ``follows`` names the closed one.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hermes.gateway.resolve.apps import AppBook, AppInfo, AppNames, app_fingerprint, tool_signature
+from hermes.gateway.resolve.canon import (
+    INSTRUCTION_ROLES,
+    answered_digest,
+    conversation_digests,
+    key_digest,
+)
+from hermes.gateway.resolve.config import IdentityConfig
+from hermes.gateway.resolve.index import KeyIndex
+from hermes.gateway.resolve.runend import GapBook
+from hermes.gateway.resolve.templates import InstructionTemplates, instructions_of, turn_skeleton
+from hermes.gateway.resolve.units import TurnTemplates, UnitBook, unit_key
+
+RUN_HEADER = "x-hermes-run"
+APP_HEADER = "x-hermes-app"
+UNIT_HEADER = "x-hermes-unit"
+OPT_OUT = "none"
+DEFAULT_APP = "default"
+DEFAULT_UNIT = "default"
+#: evidence of identities the resolver keeps nothing about
+UNTRACKED = frozenset(("header", "opt-out", "off"))
+
+
+@dataclass(slots=True)
+class Identity:
+    """Who a request belongs to.
+
+    ``run``: the run key ("" for an opt-out or inference off: the edge makes a one-request run
+    as before). ``new_run``: the edge must create the run, with key ``run``, app ``app``.
+    ``inferred``: the run was not named by the client's Hermes headers. ``evidence``: what
+    decided (``header``, ``opt-out``, ``off``, ``previous_response_id``,
+    ``session:<source>``, ``continuation``, ``affinity:<field>``, ``new``). ``follows``: the
+    closed run a late continuation would have joined. ``app`` is "" for an ``X-Hermes-Run``
+    passthrough that names no app (the run's own app applies).
+    """
+
+    tenant: str
+    app: str
+    run: str
+    unit: str
+    inferred: bool
+    evidence: str
+    new_run: bool = False
+    app_id: str = ""
+    unit_template: str = ""
+    follows: str | None = None
+    #: the request's conversation hasher, extended with the reply by :meth:`Resolver.answered`
+    conversation: Any = field(default=None, repr=False, compare=False)
+
+
+@dataclass(slots=True)
+class ClosedRun:
+    """An inferred run the resolver closed: ``reason`` ``idle`` (past its app's idle-close
+    figure) or ``evicted`` (``max_open_runs`` reached)."""
+
+    run: str
+    tenant: str
+    app: str
+    reason: str
+    idle_s: float
+    requests: int
+
+
+@dataclass(slots=True)
+class _Run:
+    key: str
+    tenant: str
+    app: str
+    app_id: str
+    last: float
+    busy: int = 0
+    requests: int = 0
+
+
+def request_messages(body: Mapping[str, Any]) -> list[Any]:
+    """The chat messages of a chat body, or the equivalent of a Responses body (its
+    ``instructions``, ``input`` items: messages, function calls, function call outputs) or
+    of a completions ``prompt`` (one user message)."""
+    msgs = body.get("messages")
+    if isinstance(msgs, list):
+        return msgs
+    out: list[Any] = []
+    instructions = body.get("instructions")
+    if isinstance(instructions, str) and instructions:
+        out.append({"role": "system", "content": instructions})
+    inp = body.get("input", body.get("prompt"))
+    if isinstance(inp, str):
+        out.append({"role": "user", "content": inp})
+    elif isinstance(inp, list):
+        for item in inp:
+            if not isinstance(item, dict):
+                continue
+            kind = item.get("type")
+            if kind in (None, "message"):
+                out.append({"role": item.get("role", "user"), "content": item.get("content")})
+            elif kind == "function_call":
+                call = {"id": item.get("call_id"), "type": "function",
+                        "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
+                if out and out[-1].get("role") == "assistant" and out[-1].get("tool_calls"):
+                    out[-1]["tool_calls"].append(call)
+                else:
+                    out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            elif kind == "function_call_output":
+                out.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                            "content": item.get("output")})
+    return out
+
+
+def _counter_ids() -> Callable[[], str]:
+    n = 0
+
+    def new_id() -> str:
+        nonlocal n
+        n += 1
+        return f"run-i{n:011x}"
+
+    return new_id
+
+
+class Resolver:
+    """Maps requests to (tenant, app, run, unit); bounded state (module docstring)."""
+
+    def __init__(self, config: IdentityConfig | None = None, *, names: AppNames | None = None,
+                 new_run_id: Callable[[], str] | None = None) -> None:
+        cfg = self.config = config or IdentityConfig()
+        self.names = names or AppNames()
+        self.new_run_id = new_run_id or _counter_ids()
+        self.index = KeyIndex(max_entries=cfg.index_max_entries,
+                              max_per_tenant=cfg.index_max_per_tenant, ttl_s=cfg.index_ttl_s)
+        self.instructions = InstructionTemplates()
+        self.turns = TurnTemplates(sim_th=cfg.drain_sim_th, depth=cfg.drain_depth,
+                                   max_children=cfg.drain_max_children,
+                                   max_clusters=cfg.drain_max_clusters,
+                                   max_tenants=cfg.max_miner_tenants)
+        self.units = UnitBook(cfg.max_units)
+        self.apps = AppBook(cfg.max_apps)
+        lo, hi = cfg.bounds()
+        self.gaps = GapBook(samples=cfg.gap_samples, max_apps=cfg.max_apps,
+                            margin=cfg.close_margin, min_s=lo, max_s=hi,
+                            prior_s=cfg.close_prior_s, min_gaps=cfg.close_min_gaps)
+        #: open inferred runs, least recently active first (eviction order)
+        self._open: OrderedDict[str, _Run] = OrderedDict()
+        #: app id -> its open runs, least recently active first
+        self._by_app: dict[str, OrderedDict[str, None]] = {}
+        self._closed: list[ClosedRun] = []
+        self._session_headers = tuple(cfg.session_headers)
+
+    # ------------------------------------------------------------------ per request
+    def resolve(self, tenant: str, body: Mapping[str, Any], headers: Mapping[str, str],
+                now: float, *, messages: Sequence[Any] | None = None) -> Identity:
+        """The identity of a request (module docstring). ``messages``: the chat form of the
+        request when the edge has it (a Responses request with its stored history);
+        default: :func:`request_messages` of ``body``."""
+        hl = {k.lower(): v for k, v in headers.items()}
+        run_h = hl.get(RUN_HEADER, "").strip()
+        app_h = hl.get(APP_HEADER, "").strip()
+        unit_h = hl.get(UNIT_HEADER, "").strip()
+        if run_h:
+            if run_h.lower() == OPT_OUT:
+                return Identity(tenant, app_h or DEFAULT_APP, "", unit_h or DEFAULT_UNIT,
+                                False, "opt-out", new_run=True)
+            return Identity(tenant, app_h, run_h, unit_h or DEFAULT_UNIT, False, "header")
+        cfg = self.config
+        if not cfg.infer:
+            return Identity(tenant, app_h or DEFAULT_APP, "", unit_h or DEFAULT_UNIT, False,
+                            "off", new_run=True)
+        msgs = request_messages(body) if messages is None else messages
+        index = self.index
+        if cfg.continuation and msgs:
+            hasher, candidates = conversation_digests(tenant, msgs)
+        else:
+            hasher, candidates = None, []
+
+        run_key: str | None = None
+        evidence = "new"
+        bind: list[bytes] = []
+        if cfg.explicit_ids:
+            prev = body.get("previous_response_id")
+            if isinstance(prev, str) and prev:
+                run_key = index.get(tenant, key_digest(tenant, "resp", prev), now)
+                if run_key is not None:
+                    evidence = "previous_response_id"
+            session = self._session(body, hl)
+            if session is not None:
+                skey = key_digest(tenant, "session", session[1])
+                bind.append(skey)
+                if run_key is None:
+                    run_key = index.get(tenant, skey, now)
+                    evidence = f"session:{session[0]}"
+        if run_key is None:
+            for digest in reversed(candidates):
+                run_key = index.get(tenant, digest, now)
+                if run_key is not None:
+                    evidence = "continuation"
+                    break
+        if cfg.explicit_ids:
+            affinity = self._affinity(body)
+            if affinity is not None:
+                akey = key_digest(tenant, "affinity", *affinity)
+                bind.append(akey)
+                if run_key is None and evidence == "new" and self._has_history(msgs, body):
+                    run_key = index.get(tenant, akey, now)
+                    if run_key is not None:
+                        evidence = f"affinity:{affinity[0]}"
+
+        instr = self.instructions.get(instructions_of(msgs))
+        run = self._open.get(run_key) if run_key is not None else None
+        follows = run_key if run is None else None
+        if run is not None:
+            if run.busy == 0:
+                self.gaps.add(run.app_id, now - run.last)
+            self._by_app[run.app_id].move_to_end(run.key)
+            self._open.move_to_end(run.key)
+        else:
+            run = self._new_run(tenant, body, instr, app_h, now)
+        run.busy += 1
+        run.requests += 1
+        run.last = now
+        for key in bind:
+            index.put(tenant, key, run.key, now)
+
+        if unit_h:
+            unit, template = unit_h, ""
+        else:
+            unit, template = self._unit(tenant, run.app_id, instr, msgs)
+        return Identity(tenant, run.app, run.key, unit, True, evidence,
+                        new_run=run.requests == 1, app_id=run.app_id, unit_template=template,
+                        follows=follows, conversation=hasher)
+
+    def answered(self, identity: Identity, replies: Any, now: float, *,
+                 response_id: str | None = None) -> None:
+        """Hermes returned ``replies`` (an assistant message, or one per choice) for the request
+        ``identity`` resolved: index the conversation each reply completes, and the response
+        id of a Responses request, under the request's run."""
+        if identity.evidence in UNTRACKED or not identity.run:
+            return
+        self._release(identity.run, now)
+        tenant = identity.tenant
+        hasher = identity.conversation
+        if hasher is not None and replies:
+            for reply in replies if isinstance(replies, list) else (replies,):
+                self.index.put(tenant, answered_digest(hasher, reply), identity.run, now)
+        if response_id:
+            self.index.put(tenant, key_digest(tenant, "resp", response_id), identity.run, now)
+        identity.conversation = None
+
+    def abandoned(self, identity: Identity, now: float) -> None:
+        """The request failed or was cancelled: it no longer holds its run open."""
+        if identity.evidence not in UNTRACKED and identity.run:
+            self._release(identity.run, now)
+        identity.conversation = None
+
+    # ------------------------------------------------------------------ run ends
+    def sweep(self, now: float) -> list[ClosedRun]:
+        """Close the inferred runs idle past their app's figure
+        (:func:`hermes.gateway.resolve.runend.idle_close_s`; a run with a request in flight
+        only after ``max_busy_s``), drop expired index entries, and return the runs closed
+        since the last sweep (also those evicted by ``max_open_runs``)."""
+        closed, self._closed = self._closed, []
+        max_busy = self.config.max_busy_s
+        for app_id in list(self._by_app):
+            order = self._by_app[app_id]
+            limit = self.gaps.close_after(app_id)
+            done: list[_Run] = []
+            for key in order:
+                run = self._open[key]
+                idle = now - run.last
+                if idle <= limit:
+                    break
+                if run.busy and idle <= max_busy:
+                    continue
+                done.append(run)
+            for run in done:
+                self._drop(run)
+                closed.append(ClosedRun(run.key, run.tenant, run.app, "idle", now - run.last,
+                                        run.requests))
+        self.index.sweep(now)
+        return closed
+
+    def forget(self, run_key: str) -> None:
+        """The run ended by other means (e.g. finished through the runs API)."""
+        run = self._open.get(run_key)
+        if run is not None:
+            self._drop(run)
+
+    def open_runs(self) -> int:
+        return len(self._open)
+
+    def stats(self) -> dict[str, int]:
+        """Sizes of every bounded structure (for ``/metrics``: the index size above all)."""
+        turns = self.turns.stats()
+        return {"index_entries": len(self.index), "index_tenants": self.index.tenants,
+                "index_evicted": self.index.evicted, "index_expired": self.index.expired,
+                "open_runs": len(self._open), "apps": len(self.apps), "units": len(self.units),
+                "instruction_templates": len(self.instructions), "gap_apps": len(self.gaps),
+                "miner_tenants": turns["tenants"], "miner_clusters": turns["clusters"],
+                "miner_cached": turns["cached"], "miner_mined": turns["mined"]}
+
+    def app_list(self) -> list[AppInfo]:
+        """The apps inferred so far (``hermes apps list``), names after the operator's
+        renames."""
+        out = []
+        for info in self.apps.apps():
+            canonical = self.names.canonical(info.app_id)
+            out.append(AppInfo(info.app_id, self.names.name(canonical, info.name), info.tenant,
+                               info.model, info.tools, info.instructions, info.first_seen,
+                               info.runs))
+        return out
+
+    # ------------------------------------------------------------------ internals
+    def _id_ok(self, v: Any) -> str | None:
+        if isinstance(v, str):
+            s = v.strip()
+            if 0 < len(s) <= self.config.max_id_len:
+                return s
+        return None
+
+    def _session(self, body: Mapping[str, Any], hl: Mapping[str, str]) -> tuple[str, str] | None:
+        """``(source, session id)`` of the first configured session evidence present."""
+        ok = self._id_ok
+        for name in self._session_headers:
+            v = ok(hl.get(name))
+            if v is not None:
+                return name, v
+        cfg = self.config
+        for name in cfg.session_fields:
+            raw = body.get(name)
+            if isinstance(raw, dict):
+                raw = raw.get("id")
+            v = ok(raw)
+            if v is not None:
+                return f"body:{name}", v
+        meta = body.get("metadata")
+        marker = cfg.user_session_marker
+        if isinstance(meta, dict):
+            for name in cfg.metadata_keys:
+                v = ok(meta.get(name))
+                if v is not None:
+                    return f"metadata:{name}", v
+            uid = meta.get("user_id")
+            if marker and isinstance(uid, str) and marker in uid:
+                v = ok(uid.rsplit(marker, 1)[1])
+                if v is not None:
+                    return "metadata:user_id", v
+        user = body.get("user")
+        if marker and isinstance(user, str) and marker in user:
+            v = ok(user.rsplit(marker, 1)[1])
+            if v is not None:
+                return "user", v
+        return None
+
+    def _affinity(self, body: Mapping[str, Any]) -> tuple[str, str] | None:
+        for name in self.config.affinity_fields:
+            v = self._id_ok(body.get(name))
+            if v is not None:
+                return name, v
+        return None
+
+    @staticmethod
+    def _has_history(msgs: Sequence[Any], body: Mapping[str, Any]) -> bool:
+        if body.get("previous_response_id"):
+            return True
+        return any(isinstance(m, dict) and m.get("role") in ("assistant", "tool", "function")
+                   for m in msgs)
+
+    def _new_run(self, tenant: str, body: Mapping[str, Any], instr: tuple[bytes, str, str],
+                 app_h: str, now: float) -> _Run:
+        if app_h:  # named by the client; its units and gaps are still the tenant's own
+            name = app_h
+            app_id = f"{tenant}/{app_h}"
+        else:
+            digest, template, _ = instr
+            tools = tool_signature(body.get("tools"))
+            model = body.get("model")
+            fp = app_fingerprint(tenant, model if isinstance(model, str) else "", digest, tools)
+            info = self.apps.see(fp, tenant=tenant, model=model if isinstance(model, str) else "",
+                                 instructions_template=template, tools=tools, now=now)
+            info.runs += 1
+            app_id = self.names.canonical(fp)
+            if app_id == fp:
+                name = self.names.name(fp, info.name)
+            else:
+                target = self.apps.get(app_id)
+                name = self.names.name(app_id, target.name if target else f"app-{app_id[:6]}")
+        run = _Run(self.new_run_id(), tenant, name, app_id, now)
+        self._open[run.key] = run
+        order = self._by_app.get(app_id)
+        if order is None:
+            order = self._by_app[app_id] = OrderedDict()
+        order[run.key] = None
+        if len(self._open) > self.config.max_open_runs:
+            self._evict(now)
+        return run
+
+    def _evict(self, now: float) -> None:
+        """Close the least recently active open run (``max_open_runs`` reached): O(1)."""
+        oldest = next(iter(self._open.values()))
+        self._drop(oldest)
+        self._closed.append(ClosedRun(oldest.key, oldest.tenant, oldest.app, "evicted",
+                                      now - oldest.last, oldest.requests))
+
+    def _drop(self, run: _Run) -> None:
+        del self._open[run.key]
+        order = self._by_app[run.app_id]
+        del order[run.key]
+        if not order:
+            del self._by_app[run.app_id]
+
+    def _release(self, run_key: str, now: float) -> None:
+        run = self._open.get(run_key)
+        if run is not None:
+            run.busy = max(0, run.busy - 1)
+            run.last = now
+            self._by_app[run.app_id].move_to_end(run_key)
+            self._open.move_to_end(run_key)
+
+    def _unit(self, tenant: str, app_id: str, instr: tuple[bytes, str, str],
+              msgs: Sequence[Any]) -> tuple[str, str]:
+        """The request's unit name and its last turn's template."""
+        digest, _, islug = instr
+        last = None
+        for m in reversed(msgs):
+            if not (isinstance(m, dict) and m.get("role") in INSTRUCTION_ROLES):
+                last = m
+                break
+        cfg = self.config
+        skeleton = turn_skeleton(last, max_chars=cfg.template_max_chars,
+                                 max_lines=cfg.template_max_lines)
+        template = self.turns.template(tenant, skeleton)
+        key = unit_key(app_id, digest, template)
+        return self.units.name(key, app_id, islug, template), template

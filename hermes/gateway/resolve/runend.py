@@ -1,0 +1,85 @@
+"""When an inferred run is over: its idle time exceeds what its app's gaps make unlikely.
+
+An agent loop ends at a reply with no tool calls only if no continuation follows, and plain
+traffic never says "finished". What it does show is the *gap* of each app: the time between
+Hermes answering a request of a run and the run's next request (tool execution, the client's
+own work, a person reading). A run idle much longer than its app's gaps is over
+(issue 17, item 2):
+
+    idle_close_s(gaps) = clamp(p99(gaps) x margin, min_s, max_s)
+
+With fewer than ``min_gaps`` gaps the figure is shrunk towards a prior: weight
+``n / min_gaps`` on the data, the rest on ``prior_s`` (a new app starts patient and
+learns). Pure: the caller passes the gaps; :class:`GapBook` keeps them per app.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from typing import Any
+
+
+def p99(values: Sequence[float]) -> float:
+    """The 99th percentile by nearest rank (0.0 for no values)."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[max(0, math.ceil(0.99 * len(s)) - 1)]
+
+
+def idle_close_s(gaps: Sequence[float], *, margin: float = 2.0, min_s: float = 5.0,
+                 max_s: float = 600.0, prior_s: float = 60.0, min_gaps: int = 20) -> float:
+    """Idle seconds after which an inferred run of an app with these ``gaps`` is closed."""
+    n = len(gaps)
+    learned = p99(gaps) * margin
+    if n < min_gaps:
+        w = n / min_gaps
+        learned = w * learned + (1.0 - w) * prior_s
+    return min(max(learned, min_s), max(min_s, max_s))
+
+
+class GapBook:
+    """Per app: the newest ``samples`` gaps and the idle-close figure they give (cached)."""
+
+    def __init__(self, *, samples: int = 1000, max_apps: int = 10_000, margin: float = 2.0,
+                 min_s: float = 5.0, max_s: float = 600.0, prior_s: float = 60.0,
+                 min_gaps: int = 20) -> None:
+        self.samples = samples
+        self.max_apps = max_apps
+        self._kw: dict[str, Any] = {"margin": margin, "min_s": min_s, "max_s": max_s,
+                                    "prior_s": prior_s, "min_gaps": min_gaps}
+        self._gaps: OrderedDict[str, deque[float]] = OrderedDict()
+        self._close: dict[str, float] = {}  # only for apps in self._gaps
+        self._prior = idle_close_s((), **self._kw)
+
+    def __len__(self) -> int:
+        return len(self._gaps)
+
+    def add(self, app: str, gap: float) -> None:
+        """One observed gap of ``app`` (seconds)."""
+        g = self._gaps.get(app)
+        if g is None:
+            g = self._gaps[app] = deque(maxlen=self.samples)
+            if len(self._gaps) > self.max_apps:
+                old, _ = self._gaps.popitem(last=False)
+                self._close.pop(old, None)
+        else:
+            self._gaps.move_to_end(app)
+        g.append(max(0.0, gap))
+        self._close.pop(app, None)
+
+    def gaps(self, app: str) -> list[float]:
+        return list(self._gaps.get(app, ()))
+
+    def close_after(self, app: str) -> float:
+        """:func:`idle_close_s` of the app's gaps (recomputed only after new gaps; the prior,
+        uncached, for an app with none: only apps with gaps take memory)."""
+        v = self._close.get(app)
+        if v is None:
+            gaps = self._gaps.get(app)
+            if gaps is None:
+                return self._prior
+            v = self._close[app] = idle_close_s(gaps, **self._kw)
+        return v
