@@ -164,7 +164,8 @@ class DurableState(RunObserver):
             if run.hosted:
                 self.store.drop_calls(run.run_id)
             self._ended += 1
-            if self._ended % 1000 == 0:  # bounded on disk like the finished runs in memory
+            if self._ended % 100 == 0:  # bounded on disk like the finished runs in memory
+                # (every 100: ~1 ms each with the index, instead of ~15 ms every 1,000)
                 self.store.prune_ended(self.ctx.config.scheduler.keep_finished_runs)
         except Exception:
             log.exception("durable cleanup after run %s failed", run.run_id)

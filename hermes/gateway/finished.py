@@ -18,6 +18,9 @@ that the HTTP layers read (``run_id``, ``app``, ``status``, ``hosted``, ``state.
 
 Interface: :meth:`FinishedRuns.add` (a document, once the run has ended), :meth:`get`,
 :meth:`recent` (newest first, filtered), ``len``, ``in``; the oldest is dropped past ``keep``.
+
+:class:`RecordLine` is the same idea for the learner's queue of run records waiting for the
+knowledge-base writer: one object per record (its JSON line) instead of a pydantic model tree.
 """
 
 from __future__ import annotations
@@ -88,7 +91,8 @@ class FinishedRun:
     # ---------------------------------------------------------------- from the document
     def to_json(self, now: float | None = None) -> dict[str, Any]:
         """The run's document as it was when it ended (a fresh dict per call)."""
-        return json.loads(self._entry[5])
+        doc: dict[str, Any] = json.loads(self._entry[5])
+        return doc
 
     @property
     def doc(self) -> dict[str, Any]:
@@ -140,10 +144,11 @@ class FinishedRun:
     # ---------------------------------------------------------------- extras
     @property
     def extra(self) -> dict[str, Any]:
-        if self._extra is None:
+        extra = self._extra
+        if extra is None:
             blob = self._entry[6]
-            self._extra = json.loads(blob) if blob is not None else {}
-        return self._extra
+            extra = self._extra = json.loads(blob) if blob is not None else {}
+        return extra
 
     @property
     def progress(self) -> FinishedProgress:
@@ -176,7 +181,7 @@ class FinishedRuns:
         ``{"key", "body"}`` of the request that created it. A run kept already is replaced
         (and becomes the newest)."""
         run_id = str(doc["run_id"])
-        extra = {}
+        extra: dict[str, Any] = {}
         if units_done:
             extra["units_done"] = list(units_done)
         if idempotency:

@@ -21,6 +21,7 @@ from hermes.core.profiler import Profiler
 from hermes.core.records import RequestRecord, RunRecord, UnitRecord
 from hermes.gateway.config import resolve_state_dir
 from hermes.gateway.context import SchedulerContext
+from hermes.gateway.finished import RecordLine
 from hermes.gateway.runs import RunObserver
 from hermes.gateway.state import LiveRun
 from hermes.kb.base import APP_NAME_RE
@@ -56,7 +57,9 @@ class Learner(RunObserver):
         self._kb_written: dict[str, int] = {}
         self._dirty: set[str] = set()
         self._latest_graphs: dict[str, Any] = {}  # app -> the last PDGraph refresh_graphs built
-        self._kb_records: list[RunRecord] = []
+        #: records for the knowledge base's log, as their JSON lines (not pydantic models:
+        #: a dozen objects each for the garbage collector to walk while they wait)
+        self._kb_records: list[RecordLine] = []
         self._records_fh: Any = None
 
     # ------------------------------------------------------------------ records
@@ -124,7 +127,8 @@ class Learner(RunObserver):
         """
         if self._records_fh is None:
             self._records_fh = self.records_path.open("a")
-        self._records_fh.write(rec.model_dump_json(exclude_none=True) + "\n")
+        line = RecordLine.of(rec)  # queued for the knowledge base as its line, not a model
+        self._records_fh.write(line.line + "\n")
         self._records_fh.flush()
         self.ctx.stats["records_written"] += 1
         try:
@@ -133,7 +137,7 @@ class Learner(RunObserver):
             log.exception("profiler failed on run %s of %s", rec.run_id, rec.app)
             return
         self._dirty.add(rec.app)
-        self._kb_records.append(rec)
+        self._kb_records.append(line)
         self.profiled_runs[rec.app] = self.profiled_runs.get(rec.app, 0) + 1
 
     def profiler(self, app: str) -> Any:
@@ -195,7 +199,7 @@ class Learner(RunObserver):
         return sorted(names)
 
     # ------------------------------------------------------------------ knowledge base
-    def _kb_batch(self, graphs: dict[str, Any]) -> tuple[list[RunRecord], list[Any]]:
+    def _kb_batch(self, graphs: dict[str, Any]) -> tuple[list[RecordLine], list[Any]]:
         """What to write to the knowledge base now: new records, graphs due (kb_write_every)."""
         recs, self._kb_records = self._kb_records, []
         every = self.ctx.config.stores.kb_write_every
@@ -207,12 +211,12 @@ class Learner(RunObserver):
                     due.append(graph)
         return recs, due
 
-    def _kb_write(self, recs: list[RunRecord], graphs: list[Any]) -> None:
+    def _kb_write(self, recs: list[RecordLine], graphs: list[Any]) -> None:
         if self.kb is None:
             return
         if recs and hasattr(self.kb, "append_records"):
             try:  # one write and one fsync per app for the batch
-                self.kb.append_records(recs)
+                self.kb.append_records(recs)  # stores read .app, .model_dump_json()
                 recs = []
             except Exception:  # one by one: a bad record must not lose the others
                 pass

@@ -185,8 +185,8 @@ class Recovery:
         if terminal:
             run.status = d["status"]
             state.finished = d.get("finished")
-        self.runs.restore(run, ended=terminal)
-        if not terminal:
+        else:
+            self.runs.restore(run, ended=False)
             self.ctx.policy.on_arrival(state, d["submitted"])
         restored: list[UnitInvocation | None] = []
         for u in d.get("units", []):
@@ -194,6 +194,8 @@ class Recovery:
                 restored.append(None)
                 continue
             restored.append(self._restore_unit(run, u, replay_policy=not terminal))
+        if terminal:  # kept as its document: with its invocations
+            self.runs.restore(run, ended=True)
         return run, restored
 
     def _restore_unit(self, run: LiveRun, u: dict[str, Any], *,

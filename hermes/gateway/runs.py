@@ -18,7 +18,10 @@ implicitly opened invocation closes when its last request completes.
 Finished runs are kept (``scheduler.keep_finished_runs``, oldest dropped) so that ``GET
 /v1/runs/{id}``, listings and idempotent retries still find them; how they are kept is
 :meth:`RunRegistry._retire`'s business alone (with :meth:`get_run`, :meth:`recent_runs` and
-:meth:`restore` the only readers and writers of that history).
+:meth:`restore` the only readers and writers of that history): compactly, as their documents
+(:mod:`hermes.gateway.finished`), not as live object graphs that every full garbage
+collection would walk (issue 16), and with their reference cycles broken once every observer
+has seen them end (:meth:`_end`), so that their objects are freed without a collection.
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from hermes.core.state import RunState, UnitObservation
 from hermes.gateway.context import SchedulerContext
 from hermes.gateway.errors import RunCancelled, RunNotActive, RunNotFound, SchedulerError
+from hermes.gateway.finished import FinishedRun, FinishedRuns
 from hermes.gateway.state import ACTIVE, LiveRun, UnitInvocation
 from hermes.gateway.tenancy import visible
 
@@ -70,9 +73,9 @@ class RunRegistry:
 
     def __init__(self, ctx: SchedulerContext) -> None:
         self.ctx = ctx
-        #: every kept run by id, active and recently ended, oldest first
+        #: active runs by id, oldest first; ended ones move to ``finished``
         self.runs: dict[str, LiveRun] = {}
-        self._finished_order: OrderedDict[str, None] = OrderedDict()
+        self.finished = FinishedRuns(ctx.config.scheduler.keep_finished_runs)
         #: (tenant, Idempotency-Key) -> run id (rebuilt from the run documents on restart)
         self._idempotency: dict[tuple[str, str], str] = {}
         self._no_graph_warned: set[str] = set()  # apps whose missing PDGraph was logged
@@ -82,28 +85,37 @@ class RunRegistry:
         self.observers.append(observer)
 
     # ------------------------------------------------------------------ lookups
-    def get_run(self, run_id: str) -> LiveRun:
-        run = self.runs.get(run_id)
+    def get_run(self, run_id: str) -> LiveRun | FinishedRun:
+        """An active run, or a kept finished one (a read-only :class:`FinishedRun`)."""
+        run: LiveRun | FinishedRun | None = self.runs.get(run_id)
+        if run is None:
+            run = self.finished.get(run_id)
         if run is None or not visible(run.state.tenant):  # other tenants' runs: 404
             raise RunNotFound(f"run {run_id!r} not found")
         return run
 
     def active_run(self, run_id: str) -> LiveRun:
         run = self.get_run(run_id)
-        if run.status not in ACTIVE:
+        if run.status not in ACTIVE or not isinstance(run, LiveRun):
             raise RunNotActive(f"run {run_id!r} is {run.status}")
         return run
 
-    def recent_runs(self, match: Callable[[LiveRun], bool], limit: int) -> list[LiveRun]:
-        """Up to ``limit`` runs for which ``match`` holds, newest first (the run listings of
-        the runs API and the admin API)."""
-        out: list[LiveRun] = []
+    def recent_runs(self, match: Callable[[Any], bool],
+                    limit: int) -> list[LiveRun | FinishedRun]:
+        """Up to ``limit`` runs for which ``match`` holds, newest (submitted) first, active
+        and kept finished ones (the run listings of the runs API and the admin API)."""
+        out: list[LiveRun | FinishedRun] = []
         for run in reversed(self.runs.values()):
             if len(out) >= limit:
                 break
             if match(run):
                 out.append(run)
-        return out
+        done = self.finished.recent(match, limit)
+        if not done:
+            return out
+        out += done
+        out.sort(key=lambda r: r.state.submitted, reverse=True)  # stable: ties keep order
+        return out[:limit]
 
     def active(self) -> Iterator[LiveRun]:
         """The runs still taking requests (queued or running)."""
@@ -121,16 +133,17 @@ class RunRegistry:
             return
         self._idempotency[(run.state.tenant, str(idem["key"]))] = run.run_id
         if len(self._idempotency) > 2 * self.ctx.config.scheduler.keep_finished_runs + 1024:
-            runs = self.runs  # keys live as long as their runs are kept
-            self._idempotency = {k: r for k, r in self._idempotency.items() if r in runs}
+            runs, done = self.runs, self.finished  # keys live as long as their runs are kept
+            self._idempotency = {k: r for k, r in self._idempotency.items()
+                                 if r in runs or r in done}
 
-    def idempotent_run(self, tenant: str, key: str) -> tuple[LiveRun, str] | None:
+    def idempotent_run(self, tenant: str, key: str) -> tuple[LiveRun | FinishedRun, str] | None:
         """The run ``tenant`` created with ``key`` and the hash of that request's body, or
         None when the key is new (or its run is no longer kept)."""
         rid = self._idempotency.get((tenant, key))
         if rid is None:
             return None
-        run = self.runs.get(rid)
+        run: LiveRun | FinishedRun | None = self.runs.get(rid) or self.finished.get(rid)
         if run is None or run.idempotency is None:
             del self._idempotency[(tenant, key)]
             return None
@@ -245,27 +258,28 @@ class RunRegistry:
         self._retire(run)
         for obs in self.observers:
             obs.run_ended(run)
+        _break_cycles(run)
 
     def _retire(self, run: LiveRun) -> None:
         """An ended run joins the finished-run history (the one place that keeps it; the
-        oldest are dropped past ``keep_finished_runs``)."""
+        oldest are dropped past ``keep_finished_runs``), as its document."""
         if self.ctx.metrics is not None:
             self.ctx.metrics.on_run_end(run)
         run.finished_event.set()
-        self._finished_order[run.run_id] = None
-        while len(self._finished_order) > self.ctx.config.scheduler.keep_finished_runs:
-            old, _ = self._finished_order.popitem(last=False)
-            self.runs.pop(old, None)
+        self.runs.pop(run.run_id, None)
+        self.finished.add_run(run, self.ctx.now())
 
     def restore(self, run: LiveRun, *, ended: bool) -> None:
         """Put back a run stored before a restart (recovery); ``ended`` ones join the
-        finished-run history as they were."""
-        self.runs[run.run_id] = run
+        finished-run history as they were (restore them with their unit invocations)."""
         if run.idempotency is not None:
             self.remember_idempotency(run)
         if ended:
             run.finished_event.set()
-            self._finished_order[run.run_id] = None
+            self.finished.add_run(run, run.state.finished or run.state.submitted)
+            _break_cycles(run)
+        else:
+            self.runs[run.run_id] = run
 
     # ------------------------------------------------------------------ units
     def begin_unit(
@@ -393,3 +407,13 @@ class RunRegistry:
     def _ranks_changed(self, run: LiveRun, now: float) -> None:
         for obs in self.observers:
             obs.ranks_changed(run, now)
+
+
+def _break_cycles(run: LiveRun) -> None:
+    """An ended run's requests point back at it and at their invocation: cut those edges
+    (nothing reads them once the run has ended and every observer has seen it), so that the
+    run's objects are freed when its last holder lets go, not by a garbage collection (at
+    ~30 objects a run, that kept the collector busy and full collections long)."""
+    for inv in run.units:
+        for req in inv.requests:
+            req.run = req.inv = None  # type: ignore[assignment]

@@ -50,6 +50,7 @@ from hermes.gateway.errors import (
     SchedulerError,
     WrongTask,
 )
+from hermes.gateway.finished import FinishedRun, FinishedRuns
 from hermes.gateway.hosted import HostedApp, HostedRegistry, HostedRuns
 from hermes.gateway.learning import Learner, open_kb
 from hermes.gateway.nodes import NODE_TIMEOUT_S, NodeTable
@@ -117,8 +118,13 @@ class LiveScheduler:
     # ------------------------------------------------------------------ shared state
     @property
     def runs(self) -> dict[str, LiveRun]:
-        """Kept runs by id (active and recently ended)."""
+        """Active runs by id (ended ones are in :attr:`finished`)."""
         return self.registry.runs
+
+    @property
+    def finished(self) -> FinishedRuns:
+        """Kept finished runs, compactly (:mod:`hermes.gateway.finished`)."""
+        return self.registry.finished
 
     @property
     def requests(self) -> dict[str, PendingRequest]:
@@ -270,17 +276,19 @@ class LiveScheduler:
                                         input=input, hosted=hosted, auto_finish=auto_finish,
                                         idempotency=idempotency)
 
-    def get_run(self, run_id: str) -> LiveRun:
+    def get_run(self, run_id: str) -> LiveRun | FinishedRun:
         return self.registry.get_run(run_id)
 
     def active_run(self, run_id: str) -> LiveRun:
         return self.registry.active_run(run_id)
 
-    def recent_runs(self, match: Callable[[LiveRun], bool], limit: int) -> list[LiveRun]:
+    def recent_runs(self, match: Callable[[Any], bool],
+                    limit: int) -> list[LiveRun | FinishedRun]:
         """Up to ``limit`` runs for which ``match`` holds, newest first."""
         return self.registry.recent_runs(match, limit)
 
-    def idempotent_run(self, tenant: str, key: str) -> tuple[LiveRun, str] | None:
+    def idempotent_run(self, tenant: str,
+                       key: str) -> tuple[LiveRun | FinishedRun, str] | None:
         return self.registry.idempotent_run(tenant, key)
 
     def finish_run(self, run_id: str, *, result: Any = None) -> LiveRun:

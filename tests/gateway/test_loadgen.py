@@ -42,7 +42,8 @@ def test_load_runs_every_app_step_through_the_gateway(make_gateway) -> None:  # 
         assert o.server_act_s >= floor * 0.99
     sched = gateway_state(srv).scheduler
     assert sched.stats["runs_finished"] == 8
-    finished = {r.state.run_id: r for r in sched.runs.values() if r.status == "finished"}
+    finished = {r.state.run_id: r for r in sched.recent_runs(lambda r: r.status == "finished",
+                                                             len(sched.finished))}
     assert {finished[o.run_id].app for o in outcomes} == {a.app for a in arrivals}
     assert row["mean_act_s"] == pytest.approx(np.mean([o.act_s for o in outcomes]))
 

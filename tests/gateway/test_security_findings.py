@@ -436,7 +436,8 @@ def test_idempotency_key_returns_the_same_run_and_survives_a_restart(make_gatewa
         assert r5.json()["run_id"] != rid
         bad = http.post("/v1/runs", json=body, headers={"Idempotency-Key": "x" * 300})
         assert bad.status_code == 422 and bad.json()["error"]["param"] == "Idempotency-Key"
-        n_runs = len(gateway_state(srv).scheduler.runs)
+        sched = gateway_state(srv).scheduler
+        n_runs = len(sched.runs) + len(sched.finished)
     srv.stop()
     srv2 = make_gateway(state_dir=str(state))
     with httpx.Client(base_url=srv2.url, timeout=30) as http:
@@ -445,7 +446,8 @@ def test_idempotency_key_returns_the_same_run_and_survives_a_restart(make_gatewa
         r = http.post("/v1/runs", json={**body, "input": {"seed": 9}},
                       headers={"Idempotency-Key": "order-42"})
         assert r.status_code in (409, 422)
-        assert len(gateway_state(srv2).scheduler.runs) == n_runs
+        sched2 = gateway_state(srv2).scheduler
+        assert len(sched2.runs) + len(sched2.finished) == n_runs
 
 
 # ---------------------------------------------------------------------------------- 9

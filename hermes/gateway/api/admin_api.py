@@ -42,6 +42,7 @@ from hermes.gateway.api.errors import error_response, scheduler_error, validatio
 from hermes.gateway.api.run_params import Knob
 from hermes.gateway.api.runs_api import TENANT_PATTERN
 from hermes.gateway.errors import SchedulerError
+from hermes.gateway.finished import FinishedRun
 from hermes.gateway.scheduler import LiveScheduler
 from hermes.gateway.state import ACTIVE, LiveRun
 from hermes.kb.base import validate_app_name
@@ -138,7 +139,7 @@ def _num(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def run_row(run: LiveRun, now: float) -> dict[str, Any]:
+def run_row(run: LiveRun | FinishedRun, now: float) -> dict[str, Any]:
     """One line of ``hermes runs list`` / ``hermes top``."""
     st = run.state
     return {
