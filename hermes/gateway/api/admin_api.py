@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from hermes.core import strict_json
 from hermes.core.policies.base import policy_names
 from hermes.gateway.api.apps_api import PDGRAPH_BODY, install_graph
+from hermes.gateway.api.appstate import hosted_of, scheduler_of
 from hermes.gateway.api.errors import error_response, scheduler_error, validation_error
 from hermes.gateway.api.run_params import Knob
 from hermes.gateway.api.runs_api import TENANT_PATTERN
@@ -130,10 +131,6 @@ async def metrics(request: Request) -> Response:
                     media_type=CONTENT_TYPE_LATEST)
 
 
-def _sched(request: Request) -> LiveScheduler:
-    sched: LiveScheduler = request.app.state.scheduler
-    return sched
-
 
 def _num(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
@@ -167,8 +164,8 @@ def engine_rows(s: LiveScheduler) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------- apps
 @router.get("/apps")
 async def apps_list(request: Request) -> dict[str, Any]:
-    s = _sched(request)
-    reg = request.app.state.hosted
+    s = scheduler_of(request)
+    reg = hosted_of(request)
     graphs = set(s.app_names())
     active: dict[str, int] = {}
     for run in s.registry.active():
@@ -181,10 +178,10 @@ async def apps_list(request: Request) -> dict[str, Any]:
 
 @router.get("/apps/{name}")
 async def apps_show(name: str, request: Request) -> Response:
-    s = _sched(request)
+    s = scheduler_of(request)
     s.refresh_graphs({name})  # what finished runs taught it, now
     graph = s.app_graph(name)
-    hosted = request.app.state.hosted.get(name)
+    hosted = hosted_of(request).get(name)
     if graph is None and hosted is None:
         return error_response(404, f"app {name!r} has no PDGraph and is not hosted",
                               param="name", code="app_not_found")
@@ -194,8 +191,8 @@ async def apps_show(name: str, request: Request) -> Response:
 
 @router.get("/apps/{name}/pdgraph")
 async def apps_export(name: str, request: Request) -> Response:
-    _sched(request).refresh_graphs({name})  # what finished runs taught it, now
-    graph = _sched(request).app_graph(name)
+    scheduler_of(request).refresh_graphs({name})  # what finished runs taught it, now
+    graph = scheduler_of(request).app_graph(name)
     if graph is None:
         return error_response(404, f"app {name!r} has no PDGraph", param="name",
                               code="app_not_found")
@@ -205,7 +202,7 @@ async def apps_export(name: str, request: Request) -> Response:
 @router.put("/apps/{name}", openapi_extra=PDGRAPH_BODY)
 async def apps_import(name: str, request: Request) -> Response:
     """Import an app's PDGraph (the admin owns shared apps); validated as an upload is."""
-    got = install_graph(_sched(request), name, await request.body(), what="import")
+    got = install_graph(scheduler_of(request), name, await request.body(), what="import")
     if isinstance(got, Response):
         return got
     return JSONResponse({"name": name, "units": list(got.units)})
@@ -221,7 +218,7 @@ async def runs_list(request: Request, state: str | None = None, app: str | None 
                               param="state", code="invalid_value")
     if limit < 1:
         return error_response(422, "limit: must be >= 1", param="limit", code="invalid_value")
-    s = _sched(request)
+    s = scheduler_of(request)
     now = s.now()
 
     def match(run: LiveRun) -> bool:
@@ -236,7 +233,7 @@ async def runs_list(request: Request, state: str | None = None, app: str | None 
 
 @router.get("/runs/{run_id}")
 async def runs_show(run_id: str, request: Request) -> Response:
-    s = _sched(request)
+    s = scheduler_of(request)
     try:
         run = s.get_run(run_id)
     except SchedulerError as e:
@@ -246,7 +243,7 @@ async def runs_show(run_id: str, request: Request) -> Response:
 
 @router.post("/runs/{run_id}/cancel")
 async def runs_cancel(run_id: str, request: Request) -> Response:
-    s = _sched(request)
+    s = scheduler_of(request)
     try:
         run = s.cancel_run(run_id)
     except SchedulerError as e:
@@ -263,7 +260,7 @@ class PolicyBody(BaseModel):
 
 @router.get("/policy")
 async def policy_show(request: Request) -> dict[str, Any]:
-    s = _sched(request)
+    s = scheduler_of(request)
     return {"policy": s.config.scheduler.policy, "available": policy_names(),
             "k": s.config.scheduler.k, "knobs": s.knobs,
             "switches": request.app.state.metrics.switch_count}
@@ -276,7 +273,7 @@ async def policy_set(request: Request) -> Response:
     if isinstance(body, Response):
         return body
     try:
-        out = _sched(request).switch_policy(body.policy)
+        out = scheduler_of(request).switch_policy(body.policy)
     except ValueError as e:
         return error_response(422, f"policy: {e}", param="policy", code="unknown_policy")
     return JSONResponse(out)
@@ -317,7 +314,7 @@ def _bad_knob_name(scope: str, name: str) -> str | None:
 
 @router.get("/knobs")
 async def knobs_show(request: Request) -> dict[str, Any]:
-    s = _sched(request)
+    s = scheduler_of(request)
     return {"k": s.config.scheduler.k, "knobs": s.knobs}
 
 
@@ -330,7 +327,7 @@ async def knobs_set(request: Request) -> Response:
     bad = _bad_knob_name(body.scope, body.name)
     if bad:
         return error_response(422, f"name: {bad}", param="name", code="invalid_value")
-    s = _sched(request)
+    s = scheduler_of(request)
     table = s.knobs.setdefault(body.scope, {})
     if body.k is None:
         table.pop(body.name, None)
@@ -343,13 +340,13 @@ async def knobs_set(request: Request) -> Response:
 # ---------------------------------------------------------------------------------- engines, top
 @router.get("/engines")
 async def engines(request: Request) -> dict[str, Any]:
-    return {"engines": engine_rows(_sched(request))}
+    return {"engines": engine_rows(scheduler_of(request))}
 
 
 @router.get("/top")
 async def top(request: Request, limit: int = 20) -> dict[str, Any]:
     """Active runs by rank (lowest first), engines and totals: one frame of ``hermes top``."""
-    s = _sched(request)
+    s = scheduler_of(request)
     now = s.now()
     active = list(s.registry.active())
     active.sort(key=lambda r: (r.state.rank if math.isfinite(r.state.rank) else math.inf,

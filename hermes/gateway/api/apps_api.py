@@ -17,8 +17,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from hermes.core.pdgraph import PDGraph, PDGraphError
+from hermes.gateway.api.appstate import hosted_of, scheduler_of
 from hermes.gateway.api.errors import error_response
-from hermes.gateway.hosted import HostedRegistry
 from hermes.gateway.scheduler import LiveScheduler
 from hermes.gateway.tenancy import current_tenant
 from hermes.kb.base import validate_app_name
@@ -48,21 +48,13 @@ def not_owned(name: str, tenant: str, doing: str) -> Response:
         f"'{tenant}.NAME'", param="name", code="app_not_owned")
 
 
-def _sched(request: Request) -> LiveScheduler:
-    sched: LiveScheduler = request.app.state.scheduler
-    return sched
-
-
-def _registry(request: Request) -> HostedRegistry:
-    reg: HostedRegistry = request.app.state.hosted
-    return reg
 
 
 @router.get("/v1/apps", tags=["apps"])
 async def list_apps(request: Request) -> dict[str, Any]:
     """Apps with a PDGraph and hosted apps."""
-    sched = _sched(request)
-    reg = _registry(request)
+    sched = scheduler_of(request)
+    reg = hosted_of(request)
     graphs = set(sched.app_names())
     names = sorted(n for n in graphs | set(reg.names()) if not foreign_app(n))
     return {"apps": [{"name": n, "hosted": reg.get(n) is not None, "pdgraph": n in graphs}
@@ -81,8 +73,8 @@ def _bad_app_name(name: str) -> Response | None:
 @router.get("/v1/apps/{name}", tags=["apps"])
 async def get_app(name: str, request: Request) -> Response:
     """An app's PDGraph summary (units, branch probabilities, mean demand, masks)."""
-    sched = _sched(request)
-    reg = _registry(request)
+    sched = scheduler_of(request)
+    reg = hosted_of(request)
     bad = _bad_app_name(name)
     if bad is not None:
         return bad
@@ -123,7 +115,7 @@ async def put_app(name: str, request: Request) -> Response:
     if tenant is not None and app_owner(name) != tenant:
         return not_owned(name, tenant, "tenant keys cannot write shared or other tenants' "
                           "apps")
-    got = install_graph(_sched(request), name, await request.body(), what="upload")
+    got = install_graph(scheduler_of(request), name, await request.body(), what="upload")
     if isinstance(got, Response):
         return got
     return JSONResponse({"name": name, "pdgraph": got.summary()})

@@ -13,22 +13,30 @@
   of ``POST /v1/runs``); a bad value is a 400 that names the header.
 
 Every OpenAI endpoint (chat, completions, embeddings, responses) binds its requests here: the
-one place a run resolver (runs inferred from header-less traffic) takes over.
+one place a run resolver (runs inferred from header-less traffic) takes over. The life of
+such a bound call is here too, once for every endpoint (:class:`BoundCall`): queue it
+(:func:`submit_call`), wait for its result (:func:`wait_call`) or stream it, answer with the
+run headers (:func:`answer`), and end a one-request run as its call ends
+(:func:`call_ended`, :func:`call_abandoned`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from fastapi import Request
+from fastapi.responses import JSONResponse
+from starlette.background import BackgroundTask
 
 from hermes.gateway.api.run_params import parse_deadline_s, parse_knob
 from hermes.gateway.auth import tenant_for
 from hermes.gateway.errors import SchedulerError
 from hermes.gateway.scheduler import LiveScheduler
-from hermes.gateway.state import LiveRun
+from hermes.gateway.state import LiveRun, PendingRequest
+from hermes.protocol import Done
 
 RUN_HEADER = "X-Hermes-Run"
 UNIT_HEADER = "X-Hermes-Unit"
@@ -82,3 +90,84 @@ async def finish_after_response(sched: LiveScheduler, run: LiveRun) -> None:
     await asyncio.sleep(0)
     if run.status in ("queued", "running"):
         sched.finish_run(run.run_id)
+
+
+@dataclass(slots=True)
+class BoundCall:
+    """One LLM call of the OpenAI edge: the run and unit it is bound to, and its request."""
+
+    run: LiveRun
+    unit: str
+    req: PendingRequest
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The run headers every answer carries (a run the request created is named here)."""
+        return {RUN_HEADER: self.run.run_id, UNIT_HEADER: self.unit}
+
+
+async def submit_call(sched: LiveScheduler, request: Request, *, model: str,
+                      endpoint: Literal["chat", "completions", "embeddings"],
+                      body: dict[str, Any], stream: bool = False,
+                      task: str = "generate") -> BoundCall:
+    """Resolve the model (for ``task``), bind the request to its run and unit, open its unit
+    invocation and queue it by the run's rank. A :class:`SchedulerError` fails the
+    one-request run the request created (if it got that far) and propagates."""
+    run: LiveRun | None = None
+    try:
+        served = await sched.serving_model(model, strict=True, task=task)
+        run, unit = await bind_run(sched, request)
+        inv = sched.unit_for_request(run, unit, f"llm:{served}")
+        req = await sched.submit_llm(run, inv, model=served, endpoint=endpoint, body=body,
+                                     stream=stream)
+    except SchedulerError as e:
+        if run is not None and run.auto_finish:
+            sched.fail_run(run.run_id, str(e))
+        raise
+    return BoundCall(run, unit, req)
+
+
+async def wait_call(sched: LiveScheduler, call: BoundCall) -> Done:
+    """The result of a call that is not streamed. A :class:`SchedulerError` fails a
+    one-request run and propagates; a client that went away (the task is cancelled) has its
+    request abandoned at its node."""
+    try:
+        done = await sched.wait(call.req)
+    except SchedulerError as e:
+        if call.run.auto_finish:
+            sched.fail_run(call.run.run_id, str(e))
+        raise
+    finally:
+        if not call.req.future.done():
+            sched.abandon(call.req)
+    assert isinstance(done, Done)
+    return done
+
+
+def answer(sched: LiveScheduler, call: BoundCall, content: dict[str, Any]) -> JSONResponse:
+    """The JSON answer of a call, with its run headers; a one-request run is finished once
+    the answer has left (:func:`finish_after_response`)."""
+    response = JSONResponse(content, headers=call.headers)
+    if call.run.auto_finish:
+        response.background = BackgroundTask(finish_after_response, sched, call.run)
+    return response
+
+
+def call_ended(sched: LiveScheduler, call: BoundCall, error: str | None = None) -> None:
+    """A streamed call's last event has left: finish its one-request run (failed with
+    ``error`` when the call failed)."""
+    run = call.run
+    if not run.auto_finish:
+        return
+    if error is not None:
+        sched.fail_run(run.run_id, error)
+    elif run.status in ("queued", "running"):
+        sched.finish_run(run.run_id)
+
+
+def call_abandoned(sched: LiveScheduler, call: BoundCall) -> None:
+    """The client of a streamed call went away mid-stream: cancel the request at its node
+    and fail its one-request run."""
+    sched.abandon(call.req)
+    if call.run.auto_finish:
+        sched.fail_run(call.run.run_id, "client disconnected")

@@ -24,9 +24,16 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
-from starlette.background import BackgroundTask
 
-from hermes.gateway.api.binding import RUN_HEADER, UNIT_HEADER, bind_run, finish_after_response
+from hermes.gateway.api.appstate import scheduler_of
+from hermes.gateway.api.binding import (
+    BoundCall,
+    answer,
+    call_abandoned,
+    call_ended,
+    submit_call,
+    wait_call,
+)
 from hermes.gateway.api.errors import body_error, error_response, scheduler_error
 from hermes.gateway.api.openai_bodies import (
     BadField,
@@ -39,15 +46,9 @@ from hermes.gateway.api.openai_bodies import (
 )
 from hermes.gateway.errors import SchedulerError, error_type
 from hermes.gateway.scheduler import LiveScheduler
-from hermes.gateway.state import LiveRun, PendingRequest
 from hermes.protocol import Done
 
 router = APIRouter()
-
-
-def _sched(request: Request) -> LiveScheduler:
-    sched: LiveScheduler = request.app.state.scheduler
-    return sched
 
 
 async def handle_completion(request: Request,
@@ -55,7 +56,7 @@ async def handle_completion(request: Request,
     """One completion request, from body to answer: bind it to its run and unit (headers),
     queue it by the run's rank, wait or stream (the FastAPI routes below and the fast path,
     :mod:`hermes.gateway.api.fastpath`, both call this)."""
-    sched = _sched(request)
+    sched = scheduler_of(request)
     parsed = await parse_body(request, ChatBody if endpoint == "chat" else CompletionBody)
     if isinstance(parsed, JSONResponse):
         return parsed
@@ -66,40 +67,23 @@ async def handle_completion(request: Request,
             check_agent_fields(extra)
         except BadField as e:
             return error_response(400, str(e), param=e.param, code="invalid_value")
-    run: LiveRun | None = None
     try:
-        model = await sched.serving_model(body.model, strict=True)
-        run, unit = await bind_run(sched, request)
-        inv = sched.unit_for_request(run, unit, f"llm:{model}")
-        req = await sched.submit_llm(run, inv, model=model, endpoint=endpoint,
-                                     body=engine_body(body), stream=body.stream)
+        call = await submit_call(sched, request, model=body.model, endpoint=endpoint,
+                                 body=engine_body(body), stream=body.stream)
     except SchedulerError as e:
-        if run is not None and run.auto_finish:
-            sched.fail_run(run.run_id, str(e))
         return scheduler_error(e)
-    headers = {RUN_HEADER: run.run_id, UNIT_HEADER: unit}
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
         return StreamingResponse(
-            _sse(sched, run, req, endpoint, body.model, include_usage),
-            media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"},
+            _sse(sched, call, endpoint, body.model, include_usage),
+            media_type="text/event-stream", headers={**call.headers, "Cache-Control": "no-cache"},
         )
     try:
-        done = await sched.wait(req)
+        done = await wait_call(sched, call)
     except SchedulerError as e:
-        if run.auto_finish:
-            sched.fail_run(run.run_id, str(e))
         return scheduler_error(e)
-    finally:
-        if not req.future.done():  # the client went away (task cancelled)
-            sched.abandon(req)
-    assert isinstance(done, Done)
-    response = JSONResponse(completion_object(endpoint, req.request_id, body.model, done),
-                            headers=headers)
-    if run.auto_finish:
-        response.background = BackgroundTask(finish_after_response, sched, run)
-    return response
-
+    return answer(sched, call, completion_object(endpoint, call.req.request_id, body.model,
+                                                 done))
 
 
 def _usage(done: Done) -> dict[str, int]:
@@ -129,8 +113,8 @@ def completion_object(endpoint: str, rid: str, model: str, done: Done) -> dict[s
     }
 
 
-async def _sse(sched: LiveScheduler, run: LiveRun, req: PendingRequest, endpoint: str,
-               model: str, include_usage: bool) -> AsyncIterator[bytes]:
+async def _sse(sched: LiveScheduler, call: BoundCall, endpoint: str, model: str,
+               include_usage: bool) -> AsyncIterator[bytes]:
     """Server-sent events in OpenAI's chunk format, ending with ``data: [DONE]``.
 
     An engine's own chunks (:attr:`Token.chunk`) are forwarded as they are, every field of
@@ -140,6 +124,7 @@ async def _sse(sched: LiveScheduler, run: LiveRun, req: PendingRequest, endpoint
     with ``stream_options.include_usage``, as OpenAI; absent otherwise). An engine that
     streams text alone gets its chunks built from that text."""
     created = int(time.time())
+    req = call.req
     chat = endpoint == "chat"
     cid = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id}"
     obj = "chat.completion.chunk" if chat else "text_completion"
@@ -201,20 +186,16 @@ async def _sse(sched: LiveScheduler, run: LiveRun, req: PendingRequest, endpoint
             yield chunk(None, None, usage=_usage(done), empty=True)
         yield b"data: [DONE]\n\n"
         completed = True
-        if run.auto_finish and run.status in ("queued", "running"):
-            sched.finish_run(run.run_id)
+        call_ended(sched, call)
     except SchedulerError as e:
-        if run.auto_finish:
-            sched.fail_run(run.run_id, str(e))
+        call_ended(sched, call, str(e))
         err = {"error": {"message": str(e), "type": error_type(e.status),
                          "param": None, "code": e.code}}
         yield f"data: {json.dumps(err)}\n\n".encode()
         completed = True
     finally:
         if not completed:  # client disconnected mid-stream
-            sched.abandon(req)
-            if run.auto_finish:
-                sched.fail_run(run.run_id, "client disconnected")
+            call_abandoned(sched, call)
 
 
 @router.post("/v1/chat/completions", tags=["openai"])
@@ -234,7 +215,7 @@ async def embeddings(request: Request) -> Response:
     """OpenAI embeddings, served by an engine whose model embeds (``task = "embed"``; the
     embedded default has the built-in ``sim-embed``). A request is one LLM call of its run and
     unit like any other (it is queued by the run's rank); a chat model is refused (400)."""
-    sched = _sched(request)
+    sched = scheduler_of(request)
     try:
         body = EmbeddingBody.model_validate_json(await request.body())
     except ValidationError as e:
@@ -242,28 +223,19 @@ async def embeddings(request: Request) -> Response:
     if isinstance(body.input, list) and not body.input:
         return error_response(400, "input: must not be empty", param="input",
                               code="invalid_value")
-    run: LiveRun | None = None
     try:
-        model = await sched.serving_model(body.model, strict=True, task="embed")
-        run, unit = await bind_run(sched, request)
-        inv = sched.unit_for_request(run, unit, f"llm:{model}")
-        req = await sched.submit_llm(run, inv, model=model, endpoint="embeddings",
-                                     body=body.model_dump(exclude_none=True, exclude={"model"}))
-        done = await sched.wait(req)
+        call = await submit_call(sched, request, model=body.model, endpoint="embeddings",
+                                 body=body.model_dump(exclude_none=True, exclude={"model"}),
+                                 task="embed")
+        done = await wait_call(sched, call)
     except SchedulerError as e:
-        if run is not None and run.auto_finish:
-            sched.fail_run(run.run_id, str(e))
         return scheduler_error(e)
-    assert isinstance(done, Done)
     out = dict(done.response or {})
     out["model"] = body.model
     out.setdefault("object", "list")
     out.setdefault("usage", {"prompt_tokens": done.input_tokens,
                              "total_tokens": done.input_tokens})
-    response = JSONResponse(out, headers={RUN_HEADER: run.run_id, UNIT_HEADER: unit})
-    if run.auto_finish:
-        response.background = BackgroundTask(finish_after_response, sched, run)
-    return response
+    return answer(sched, call, out)
 
 
 def _model_obj(model: str, created: int) -> dict[str, Any]:
@@ -273,7 +245,7 @@ def _model_obj(model: str, created: int) -> dict[str, Any]:
 @router.get("/v1/models/{model:path}", tags=["openai"])
 async def get_model(request: Request, model: str) -> Response:
     """One served model (404 in OpenAI's shape if no connected engine serves it)."""
-    sched = _sched(request)
+    sched = scheduler_of(request)
     if not sched.nodes:
         await sched.wait_for_nodes(5.0)
     if model not in sched.served_models():
@@ -285,7 +257,7 @@ async def get_model(request: Request, model: str) -> Response:
 @router.get("/v1/models", tags=["openai"])
 async def models(request: Request) -> dict[str, Any]:
     """The models served by the connected engines (base models and loaded LoRA adapters)."""
-    sched = _sched(request)
+    sched = scheduler_of(request)
     if not sched.nodes:
         await sched.wait_for_nodes(5.0)
     created = int(time.time())

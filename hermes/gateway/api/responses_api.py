@@ -25,9 +25,16 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.background import BackgroundTask
 
-from hermes.gateway.api.binding import RUN_HEADER, UNIT_HEADER, bind_run, finish_after_response
+from hermes.gateway.api.appstate import scheduler_of
+from hermes.gateway.api.binding import (
+    BoundCall,
+    answer,
+    call_abandoned,
+    call_ended,
+    submit_call,
+    wait_call,
+)
 from hermes.gateway.api.errors import error_response, scheduler_error
 from hermes.gateway.api.openai_api import completion_object
 from hermes.gateway.auth import tenant_for
@@ -48,7 +55,6 @@ from hermes.gateway.responses import (
     to_chat,
 )
 from hermes.gateway.scheduler import LiveScheduler
-from hermes.gateway.state import LiveRun, PendingRequest
 from hermes.protocol import Done
 
 router = APIRouter()
@@ -89,7 +95,7 @@ def _engine_request(req: ResponsesRequest, history: list[dict[str, Any]]
 @router.post("/v1/responses", tags=["openai"])
 async def create_response(request: Request) -> Response:
     """Create a model response (``stream: true`` for the Responses event stream)."""
-    sched: LiveScheduler = request.app.state.scheduler
+    sched = scheduler_of(request)
     try:
         req = parse_request(await request.body())
     except ResponsesError as e:
@@ -105,49 +111,33 @@ async def create_response(request: Request) -> Response:
                                   code="previous_response_not_found")
         history = prev.conversation
     endpoint, body = _engine_request(req, history)
-    run: LiveRun | None = None
     try:
-        model = await sched.serving_model(req.model, strict=True)
-        run, unit = await bind_run(sched, request)
-        inv = sched.unit_for_request(run, unit, f"llm:{model}")
-        preq = await sched.submit_llm(run, inv, model=model, endpoint=endpoint, body=body,
-                                      stream=req.stream)
+        call = await submit_call(sched, request, model=req.model, endpoint=endpoint, body=body,
+                                 stream=req.stream)
     except SchedulerError as e:
-        if run is not None and run.auto_finish:
-            sched.fail_run(run.run_id, str(e))
         return scheduler_error(e)
-    headers = {RUN_HEADER: run.run_id, UNIT_HEADER: unit}
     conversation = [*history, *input_messages(req)]
     if req.stream:
         return StreamingResponse(
-            _events(sched, run, preq, req, store, tenant, conversation),
-            media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
+            _events(sched, call, req, store, tenant, conversation),
+            media_type="text/event-stream", headers={**call.headers, "Cache-Control": "no-cache"})
     try:
-        done = await sched.wait(preq)
+        done = await wait_call(sched, call)
     except SchedulerError as e:
-        if run.auto_finish:
-            sched.fail_run(run.run_id, str(e))
         return scheduler_error(e)
-    finally:
-        if not preq.future.done():  # the client went away (task cancelled)
-            sched.abandon(preq)
-    assert isinstance(done, Done)
-    chat = completion_object("chat", preq.request_id, req.model, done)
+    chat = completion_object("chat", call.req.request_id, req.model, done)
     resp = from_chat(chat, req, response_id=new_response_id(), created_at=time.time())
     if req.store:
         store.put(tenant, resp, input_items(req), [*conversation, assistant_message(resp)],
-                  run_id=run.run_id)
-    response = JSONResponse(resp, headers=headers)
-    if run.auto_finish:
-        response.background = BackgroundTask(finish_after_response, sched, run)
-    return response
+                  run_id=call.run.run_id)
+    return answer(sched, call, resp)
 
 
 def _sse(event: dict[str, Any]) -> bytes:
     return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
 
 
-async def _events(sched: LiveScheduler, run: LiveRun, preq: PendingRequest, req: ResponsesRequest,
+async def _events(sched: LiveScheduler, call: BoundCall, req: ResponsesRequest,
                   store: ResponseStore, tenant: str | None,
                   conversation: list[dict[str, Any]]) -> AsyncIterator[bytes]:
     """The Responses event stream of a streamed request. The response is stored before its
@@ -159,34 +149,31 @@ async def _events(sched: LiveScheduler, run: LiveRun, preq: PendingRequest, req:
     try:
         for ev in tr.start():
             yield _sse(ev)
-        async for tok in sched.stream(preq):
+        async for tok in sched.stream(call.req):
             events = tr.feed_chunk(tok.chunk) if tok.chunk is not None else tr.feed_text(tok.text)
             for ev in events:
                 yield _sse(ev)
-        done = preq.result
+        done = call.req.result
         assert isinstance(done, Done)
         final = tr.finish(done.finish_reason, input_tokens=done.input_tokens,
                           output_tokens=done.output_tokens)
         assert tr.response is not None
         if req.store:
             store.put(tenant, tr.response, input_items(req),
-                      [*conversation, assistant_message(tr.response)], run_id=run.run_id)
+                      [*conversation, assistant_message(tr.response)],
+                      run_id=call.run.run_id)
         for ev in final:
             yield _sse(ev)
         completed = True
-        if run.auto_finish and run.status in ("queued", "running"):
-            sched.finish_run(run.run_id)
+        call_ended(sched, call)
     except SchedulerError as e:
-        if run.auto_finish:
-            sched.fail_run(run.run_id, str(e))
+        call_ended(sched, call, str(e))
         for ev in tr.fail(str(e)):
             yield _sse(ev)
         completed = True
     finally:
         if not completed:  # client disconnected mid-stream
-            sched.abandon(preq)
-            if run.auto_finish:
-                sched.fail_run(run.run_id, "client disconnected")
+            call_abandoned(sched, call)
 
 
 @router.get("/v1/responses/{response_id}", tags=["openai"])

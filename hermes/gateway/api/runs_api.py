@@ -45,13 +45,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hermes.core import strict_json
 from hermes.core.backend import BackendSpec
 from hermes.gateway.api.apps_api import foreign_app, not_owned
+from hermes.gateway.api.appstate import hosted_of, scheduler_of
 from hermes.gateway.api.errors import error_response, scheduler_error, validation_error
 from hermes.gateway.api.run_params import DeadlineS, Knob
 from hermes.gateway.auth import Security, tenant_for
 from hermes.gateway.errors import SchedulerError
-from hermes.gateway.hosted import HostedRegistry
 from hermes.gateway.nodes import NO_SANDBOX
-from hermes.gateway.scheduler import LiveScheduler
 from hermes.gateway.state import ACTIVE, LiveRun
 from hermes.gateway.tenancy import current_tenant, visible
 from hermes.protocol import ToolDone
@@ -124,14 +123,6 @@ class UnitEventBody(BaseModel):
         return self
 
 
-def _sched(request: Request) -> LiveScheduler:
-    sched: LiveScheduler = request.app.state.scheduler
-    return sched
-
-
-def _registry(request: Request) -> HostedRegistry:
-    reg: HostedRegistry = request.app.state.hosted
-    return reg
 
 
 def check_run_quota(request: Request, tenant: str | None) -> Response | None:
@@ -142,7 +133,7 @@ def check_run_quota(request: Request, tenant: str | None) -> Response | None:
     who = tenant or "default"
     if sec.admission.limits(who).max_active_runs is None:
         return None
-    ok, reason = sec.admission.runs_allowed(who, _sched(request).registry.count_active(who))
+    ok, reason = sec.admission.runs_allowed(who, scheduler_of(request).registry.count_active(who))
     if ok:
         return None
     return error_response(429, reason, code="run_quota", headers={"Retry-After": "5"})
@@ -152,13 +143,13 @@ def check_run_quota(request: Request, tenant: str | None) -> Response | None:
 async def create_run(body: CreateRun, request: Request) -> Response:
     """Start a run. With ``input``, a hosted app runs it inside the gateway. With an
     ``Idempotency-Key`` header, a retry answers the run the first request created."""
-    sched = _sched(request)
+    sched = scheduler_of(request)
     app = None
     if "input" in body.model_fields_set:
-        app = _registry(request).get(body.app)
+        app = hosted_of(request).get(body.app)
         if app is None:
             return error_response(404, f"app {body.app!r} is not a hosted app; hosted: "
-                                  f"{', '.join(_registry(request).names()) or 'none'}",
+                                  f"{', '.join(hosted_of(request).names()) or 'none'}",
                                   param="app", code="app_not_hosted")
     tenant = tenant_for(request, body.tenant)
     if foreign_app(body.app):
@@ -198,7 +189,7 @@ async def create_run(body: CreateRun, request: Request) -> Response:
 async def list_runs(request: Request, state: str | None = None, app: str | None = None,
                     limit: int = 100) -> dict[str, Any]:
     """Recent runs (newest first), optionally filtered by state and app."""
-    sched = _sched(request)
+    sched = scheduler_of(request)
     now = sched.now()
 
     def match(run: LiveRun) -> bool:
@@ -212,7 +203,7 @@ async def list_runs(request: Request, state: str | None = None, app: str | None 
 
 @router.get("/v1/runs/{run_id}", tags=["runs"])
 async def get_run(run_id: str, request: Request) -> Response:
-    sched = _sched(request)
+    sched = scheduler_of(request)
     try:
         run = sched.get_run(run_id)
     except SchedulerError as e:
@@ -223,7 +214,7 @@ async def get_run(run_id: str, request: Request) -> Response:
 @router.post("/v1/runs/{run_id}/finish", tags=["runs"])
 async def finish_run(run_id: str, request: Request) -> Response:
     """The client's run is done: it is recorded and its app's PDGraph learns from it."""
-    sched = _sched(request)
+    sched = scheduler_of(request)
     try:
         run = sched.get_run(run_id)
         if run.hosted and run.status in ACTIVE:
@@ -238,7 +229,7 @@ async def finish_run(run_id: str, request: Request) -> Response:
 @router.delete("/v1/runs/{run_id}", tags=["runs"])
 async def cancel_run(run_id: str, request: Request) -> Response:
     """Cancel a run: its queued requests are dropped and in-flight ones aborted."""
-    sched = _sched(request)
+    sched = scheduler_of(request)
     try:
         run = sched.cancel_run(run_id)
     except SchedulerError as e:
@@ -250,7 +241,7 @@ async def cancel_run(run_id: str, request: Request) -> Response:
     "required": True, "content": {"application/json": {"schema": ToolCall.model_json_schema()}}}})
 async def run_tool(run_id: str, request: Request) -> Response:
     """Run a tool call of the run on a node's tool runner; answers with its output."""
-    sched = _sched(request)
+    sched = scheduler_of(request)
     try:
         run = sched.active_run(run_id)  # the caller's run (404 otherwise) before its body
     except SchedulerError as e:
@@ -285,7 +276,7 @@ async def run_tool(run_id: str, request: Request) -> Response:
 @router.post("/v1/runs/{run_id}/events", tags=["runs"])
 async def unit_event(run_id: str, body: UnitEventBody, request: Request) -> Response:
     """A unit the client runs itself started or finished."""
-    sched = _sched(request)
+    sched = scheduler_of(request)
     try:
         run = sched.active_run(run_id)
     except SchedulerError as e:
@@ -301,7 +292,7 @@ async def unit_event(run_id: str, body: UnitEventBody, request: Request) -> Resp
 
 @router.get("/healthz", tags=["health"])
 async def healthz(request: Request) -> dict[str, Any]:
-    sched = _sched(request)
+    sched = scheduler_of(request)
     return {
         "status": "ok" if sched.nodes else "degraded",
         "policy": sched.config.scheduler.policy,
