@@ -22,6 +22,12 @@ bench sched``. Rows: ``{window_min, policy, mean_act_s, p50_act_s, p95_act_s, p9
 failed, server_mean_act_s, wall_s}`` (``server_mean_act_s``: the gateway's own ACT of the same
 runs, for cross-checking the clock). ``--sim`` adds the simulator's row for the same arrivals,
 policy and engine setup, and the ratio of the two means.
+
+``--identity headers|infer|none`` sends the same arrivals as programs send them instead
+(conversations with the replies the gateway returned, independent prompts; with full Hermes
+headers, none at all, or ``X-Hermes-Run: none``) and scores the runs, units and apps the
+gateway inferred against the truth (:mod:`hermes.bench.identity_load`). Without it, the
+bodies are the ones above, so earlier figures stay reproducible.
 """
 
 from __future__ import annotations
@@ -328,11 +334,13 @@ def _cmd_identity(args: argparse.Namespace) -> int:
     """``--identity MODE``: the runs as plain agents (see :mod:`hermes.bench.identity_load`)."""
     import json
 
-    from hermes.bench.identity_load import IdentityDriver, summarize
+    from hermes.bench.identity_load import IdentityDriver, app_rows, summarize
     from hermes.bench.sched import build_arrivals, print_table
 
     if args.apps < 1 or args.window <= 0:
         raise ValueError("--apps must be >= 1 and --window > 0")
+    if args.tools != "events":
+        raise ValueError("--identity runs tool steps on the client (--tools events)")
     arrivals, _ = build_arrivals(args.apps, args.window, seed=args.seed, trace=args.trace,
                                  setup=args.setup)
 
@@ -348,15 +356,12 @@ def _cmd_identity(args: argparse.Namespace) -> int:
 
     outcomes, policy, wall = asyncio.run(go())
     row = summarize(outcomes, args.identity, window_min=args.window, policy=policy, wall_s=wall)
-    flat = {k: v for k, v in row.items() if k != "identity"}
+    flat = {k: v for k, v in row.items() if k not in ("identity", "apps")}
     print_table([flat], title=f"load --identity {args.identity} ({args.url}, {args.apps} apps, "
                 f"{args.window:g}-min window, seed {args.seed}; ACT in model seconds)")
-    ident = row.get("identity")
-    if ident is not None:
-        print_table([{"app": "all", **{k: v for k, v in ident.items() if k != "per_app"}}]
-                    + [{"app": a, **v} for a, v in ident["per_app"].items()],
-                    title="run grouping (pairwise precision/recall), unit and app accuracy "
-                          "against the truth")
+    print_table(app_rows(row), title="per app (* conversation; prompt/model, output/model: "
+                "tokens sent over the app model's; infer: run grouping, unit and app accuracy "
+                "against the truth)")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(row, fh, indent=2)

@@ -1,106 +1,83 @@
 """``hermes load --identity headers|infer|none``: can the gateway find runs, apps and units in
 plain traffic (issue 17)?
 
-The benchmark apps' runs (the arrivals of ``hermes load``) are sent as real programs send
-them, in the same request bodies in every mode:
+The benchmark apps' runs (the arrivals of ``hermes load``: :func:`hermes.bench.sched.build_arrivals`)
+are sent in the same request bodies in every mode, shaped as the real programs send them
+(:mod:`hermes.bench.identity_bodies`: conversations for ReAct, plan-and-execute, code
+generation and reasoning; independent prompts for FacTool, map-reduce and GoT), through the
+OpenAI SDK (``with_raw_response``, to read the answer headers), with ``ignore_eos`` and
+``max_tokens`` = the step's output tokens. Modes:
 
-- a step with **one** LLM call continues the run's conversation: one app-wide system prompt
-  (``You are the <app> agent. Task <id>.``), then every earlier turn of the run and the reply
-  the gateway returned for it, then a user turn: the unit's fixed instruction
-  (:func:`unit_instruction`: its name and eight words chosen by a hash, as different units of
-  a program have different instructions) followed by variable filler (numbers, which
-  templates mask) sized so that the prompt has at least the step's input tokens (4
-  characters a token);
-- a step with **several** calls (a fan-out of scoring, verification or map calls) sends each as
-  an independent prompt: a per-unit system role and one user message; nothing in it says which
-  run it belongs to.
+- ``headers``: today's clients: ``POST /v1/runs``, ``X-Hermes-Run`` / ``X-Hermes-Unit`` on
+  every call, tool steps reported as unit events around a client-side wait, ``finish``;
+- ``infer``: no Hermes header and no runs API at all, only OpenAI calls; a tool step is a
+  client-side wait. The gateway must find the runs (and closes them itself when idle);
+- ``none``: ``infer`` plus ``X-Hermes-Run: none`` on every call: one-request runs of app
+  ``default``, the per-request baseline.
 
-Modes: ``headers`` creates the run (``POST /v1/runs``), sends ``X-Hermes-Run`` / ``-Unit`` on
-every call, reports tool steps as unit events and finishes the run (today's clients);
-``infer`` sends no Hermes header at all and never calls the runs API (tool steps are a
-client-side wait): the run resolver must find everything; ``none`` is ``infer`` plus
-``X-Hermes-Run: none`` on every call (one-request runs: the per-request baseline). ACT is
-measured by the client in every mode, from the run's arrival to its last step's end, in
-model seconds.
+ACT is measured by the client the same way in every mode, in model seconds (wall x
+``time_scale``): from the run's arrival (its first request is sent then: no app waits before
+its first step) to the last answer it receives. A tool step after the last answer (ALFWorld's
+last ``env_step``) is not in it: a plain client's run ends, for the gateway, at its last
+answer.
 
-Scoring against the truth the driver knows (per request: the arrival it belongs to, its unit
-and app; what the gateway said: the ``X-Hermes-Run`` / ``-Unit`` / ``-App`` answer headers):
-pairwise precision and recall of run grouping (two requests of one arrival in one inferred
-run), the adjusted Rand index, unit accuracy (the best one-to-one mapping of inferred to true
-units within each app, :func:`scipy.optimize.linear_sum_assignment`, over requests) and app
-accuracy (the same over apps); overall and per app.
+Scoring (``infer``; :mod:`hermes.bench.identity_score`): each request's truth (the arrival's
+index, its unit, its app) against the ``X-Hermes-Run`` / ``-Unit`` answer headers and the
+run's app from ``GET /v1/runs/{id}`` (the ``X-Hermes-App`` answer header if the run is gone).
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
-from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from math import comb
 from typing import Any
 
 import numpy as np
+
+from hermes.bench.identity_bodies import CONVERSATION, Message, RunBodies
+from hermes.bench.identity_score import Placed, score
 
 IDENTITY_MODES = ("headers", "infer", "none")
 
 
 @dataclass(slots=True)
-class Placed:
-    """One request: the truth and what the gateway said."""
+class Answer:
+    """One call's answer: the reply message as returned, its usage, its answer headers."""
 
-    arrival: int
-    app: str
-    unit: str
-    run: str
-    inferred_unit: str
-    inferred_app: str
+    message: Message
+    prompt_tokens: int
+    completion_tokens: int
+    headers: dict[str, str]
 
 
 @dataclass(slots=True)
 class Outcome:
+    """One run of the experiment: its ACT (model seconds), requests and token demand."""
+
     app: str
     act_s: float | None = None
     error: str | None = None
     requests: list[Placed] = field(default_factory=list)
-    sent_tokens: int = 0  # prompt tokens the driver sent (4 chars a token)
-    model_tokens: int = 0  # prompt tokens the app model asked for
-
-
-def _filler(rng: np.random.Generator, tokens: int) -> str:
-    """Variable text of about ``tokens`` tokens: numbers (masked by templates)."""
-    n = max(1, tokens // 2)
-    return " ".join(str(x) for x in rng.integers(100_000, 999_999, size=n))
-
-
-_WORDS = ("review", "list", "check", "write", "plan", "answer", "verify", "explain", "extract",
-          "summarise", "compare", "score", "draft", "select", "merge", "search", "outline",
-          "refine", "test", "fix", "cite", "rank", "split", "judge")
-
-
-def unit_instruction(app: str, unit: str) -> str:
-    """The fixed instruction line of a unit's turn, as prompt templates write it (a header
-    line; the variable input follows on the next lines): the unit's name and eight words
-    chosen by a hash of (app, unit), as different units of a program have different
-    instructions."""
-    import zlib
-
-    h = zlib.crc32(f"{app}/{unit}".encode())
-    words = [_WORDS[(h >> (3 * i)) % len(_WORDS)] for i in range(8)]
-    return f"{unit.replace('_', ' ')}: {' '.join(words)} the input below:\n"
-
-
-def _chars_tokens(msgs: list[dict[str, Any]]) -> int:
-    return sum(len(str(m.get("content") or "")) for m in msgs) // 4
+    prompt_tokens: int = 0  # the engine's count of what the driver sent
+    model_input_tokens: int = 0  # what the app model asked for
+    completion_tokens: int = 0
+    model_output_tokens: int = 0
+    runs_not_inferred: int = 0  # ``infer``: runs the gateway did not mark inferred
+    runs_not_found: int = 0  # ``infer``: runs GET /v1/runs/{id} no longer had
 
 
 class IdentityDriver:
-    """One experiment's clients against a gateway (module docstring)."""
+    """One experiment's clients against a gateway at ``url`` (module docstring)."""
 
     def __init__(self, url: str, mode: str, *, time_scale: float = 1.0,
                  model: str | None = None, timeout_s: float = 600.0) -> None:
         if mode not in IDENTITY_MODES:
             raise ValueError(f"--identity must be one of {', '.join(IDENTITY_MODES)}, got {mode!r}")
+        if time_scale <= 0:
+            raise ValueError(f"--time-scale must be > 0, got {time_scale}")
         import httpx
 
         from hermes.extras import require
@@ -123,94 +100,99 @@ class IdentityDriver:
     def wall(self, model_s: float) -> float:
         return model_s / self.time_scale
 
-    async def _chat(self, messages: list[dict[str, Any]], max_tokens: int,
-                    headers: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    async def _chat(self, messages: list[Message], max_tokens: int,
+                    headers: dict[str, str]) -> Answer:
         raw = await self.openai.chat.completions.with_raw_response.create(
-            model=self.model, messages=messages, max_tokens=max(1, max_tokens),
+            model=self.model or "", messages=messages, max_tokens=max(1, max_tokens),
             extra_body={"ignore_eos": True}, extra_headers=headers or None)
-        reply = raw.parse().choices[0].message.model_dump(exclude_none=True)
-        return reply, {k.lower(): v for k, v in raw.headers.items()}
+        body = raw.http_response.json()  # the reply exactly as the gateway returned it
+        usage = body.get("usage") or {}
+        return Answer(body["choices"][0]["message"], int(usage.get("prompt_tokens", 0)),
+                      int(usage.get("completion_tokens", 0)),
+                      {k.lower(): v for k, v in raw.headers.items()})
 
     async def run_one(self, index: int, app_name: str, seed: int, arrival_s: float,
                       start_wall: float) -> Outcome:
+        """Arrival ``index``: one run of ``app_name`` (workload seed ``seed``), sent
+        ``arrival_s`` model seconds after ``start_wall``."""
         from hermes.workloads.registry import get_app
 
         out = Outcome(app=app_name)
         delay = start_wall + self.wall(arrival_s) - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        t0 = time.monotonic()
-        rng = np.random.default_rng(seed + 7_919)  # the prompt text (not the workload's draws)
+        t0 = last = time.monotonic()
+        bodies = RunBodies(app_name, np.random.default_rng(seed + 7_919))  # text, not workload
         run_id: str | None = None
+        placed: list[tuple[str, dict[str, str]]] = []
         try:
             if self.mode == "headers":
                 r = await self.http.post("/v1/runs", json={"app": app_name, "tenant": app_name})
                 r.raise_for_status()
                 run_id = r.json()["run_id"]
-            base: dict[str, str] = {"X-Hermes-Run": "none"} if self.mode == "none" else {}
-            convo: list[dict[str, Any]] = [
-                {"role": "system", "content": f"You are the {app_name} agent. Task "
-                                              f"{rng.integers(10_000, 99_999)}."}]
             for step in get_app(app_name).steps(np.random.default_rng(seed)):
                 if step.gap_s > 0:
                     await asyncio.sleep(self.wall(step.gap_s))
-                headers = dict(base)
-                if run_id is not None:
-                    headers = {"X-Hermes-Run": run_id, "X-Hermes-Unit": step.unit}
                 if not step.is_llm:
                     await self._tool(run_id, step.unit, step.backend, float(step.duration_s or 0))
                     continue
-                if len(step.requests) == 1:
-                    (c,) = step.requests
-                    have = _chars_tokens(convo)
-                    turn = {"role": "user", "content": unit_instruction(app_name, step.unit)
-                                                       + _filler(rng, max(8, c.input_tokens - have))}
-                    msgs = [*convo, turn]
-                    out.sent_tokens += _chars_tokens(msgs)
-                    out.model_tokens += c.input_tokens
-                    reply, h = await self._chat(msgs, c.output_tokens, headers)
-                    convo = [*msgs, reply]
-                    self._note(out, index, app_name, step.unit, h)
-                else:
-                    calls = []
-                    for c in step.requests:
-                        msgs = [{"role": "system", "content": f"You are the {step.unit} worker."},
-                                {"role": "user", "content": unit_instruction(app_name, step.unit)
-                                                            + _filler(rng, c.input_tokens)}]
-                        out.sent_tokens += _chars_tokens(msgs)
-                        out.model_tokens += c.input_tokens
-                        calls.append(self._chat(msgs, c.output_tokens, headers))
-                    for _, h in await asyncio.gather(*calls):
-                        self._note(out, index, app_name, step.unit, h)
-            out.act_s = (time.monotonic() - t0) * self.time_scale
+                headers = ({"X-Hermes-Run": run_id, "X-Hermes-Unit": step.unit} if run_id
+                           else {"X-Hermes-Run": "none"} if self.mode == "none" else {})
+                sent = bodies.step(step.unit, [c.input_tokens for c in step.requests])
+                answers = await asyncio.gather(*(
+                    self._chat(msgs, c.output_tokens, headers)
+                    for msgs, c in zip(sent, step.requests, strict=True)))
+                last = time.monotonic()
+                bodies.answered(sent, [a.message for a in answers])
+                for c, a in zip(step.requests, answers, strict=True):
+                    out.prompt_tokens += a.prompt_tokens
+                    out.completion_tokens += a.completion_tokens
+                    out.model_input_tokens += c.input_tokens
+                    out.model_output_tokens += max(1, c.output_tokens)
+                    placed.append((step.unit, a.headers))
+            out.act_s = (last - t0) * self.time_scale
             if run_id is not None:
                 (await self.http.post(f"/v1/runs/{run_id}/finish", json={})).raise_for_status()
+            apps = await self._apps(out, placed) if self.mode == "infer" else {}
+            out.requests = [Placed(index, app_name, unit, h.get("x-hermes-run", ""),
+                                   h.get("x-hermes-unit", ""),
+                                   apps.get(h.get("x-hermes-run", ""), h.get("x-hermes-app", "")))
+                            for unit, h in placed]
         except Exception as e:  # a failed run is reported, not fatal to the experiment
             out.error = f"{type(e).__name__}: {e}"
         return out
 
-    @staticmethod
-    def _note(out: Outcome, index: int, app: str, unit: str, h: dict[str, str]) -> None:
-        out.requests.append(Placed(index, app, unit, h.get("x-hermes-run", ""),
-                                   h.get("x-hermes-unit", ""), h.get("x-hermes-app", "")))
+    async def _apps(self, out: Outcome, placed: Sequence[tuple[str, dict[str, str]]]
+                    ) -> dict[str, str]:
+        """The app of each run the gateway put this run's requests in, from
+        ``GET /v1/runs/{id}`` (a run no longer kept: the answer header's app)."""
+        apps: dict[str, str] = {}
+        for rid in dict.fromkeys(h.get("x-hermes-run", "") for _, h in placed):
+            r = await self.http.get(f"/v1/runs/{rid}") if rid else None
+            if r is None or r.status_code != 200:
+                out.runs_not_found += 1
+                continue
+            doc = r.json()
+            apps[rid] = str(doc.get("app", ""))
+            out.runs_not_inferred += not doc.get("inferred", False)
+        return apps
 
     async def _tool(self, run_id: str | None, unit: str, backend: str, duration_s: float) -> None:
         if run_id is not None:
-            await self.http.post(f"/v1/runs/{run_id}/events",
-                                 json={"unit": unit, "event": "start", "backend": backend})
+            (await self.http.post(f"/v1/runs/{run_id}/events", json={
+                "unit": unit, "event": "start", "backend": backend})).raise_for_status()
         await asyncio.sleep(self.wall(duration_s))
         if run_id is not None:
-            await self.http.post(f"/v1/runs/{run_id}/events", json={"unit": unit, "event": "finish"})
+            (await self.http.post(f"/v1/runs/{run_id}/events", json={
+                "unit": unit, "event": "finish"})).raise_for_status()
 
-    async def run(self, arrivals: list[Any], *, progress: bool = True) -> list[Outcome]:
-        import sys
-
-        from tqdm import tqdm
+    async def run(self, arrivals: Sequence[Any], *, progress: bool = True) -> list[Outcome]:
+        """Every arrival (``hermes.sim.simulator.Arrival``) as its own client task."""
+        from tqdm import tqdm  # type: ignore[import-untyped]
 
         if self.model is None:
             models = (await self.http.get("/v1/models")).json()
-            served = [m["id"] for m in models.get("data", [])
-                      if "embed" not in m["id"]]
+            served = [m["id"] for m in models.get("data", []) if "embed" not in m["id"]]
             if not served:
                 raise OSError(f"gateway at {self.url} serves no chat model")
             self.model = served[0]
@@ -232,79 +214,63 @@ class IdentityDriver:
             bar.close()
 
 
-# ---------------------------------------------------------------------------------- scoring
-def _pairs(counts: Any) -> int:
-    return sum(comb(int(n), 2) for n in counts)
+def _acts(outcomes: Sequence[Outcome]) -> dict[str, float]:
+    a = np.array([o.act_s for o in outcomes], dtype=float)
+    nan = float("nan")
+    return {"mean_act_s": float(a.mean()) if a.size else nan,
+            "p50_act_s": float(np.percentile(a, 50)) if a.size else nan,
+            "p95_act_s": float(np.percentile(a, 95)) if a.size else nan,
+            "p99_act_s": float(np.percentile(a, 99)) if a.size else nan}
 
 
-def grouping(true: list[Any], pred: list[Any]) -> dict[str, float]:
-    """Pairwise precision and recall of ``pred`` clusters against ``true`` ones, and the
-    adjusted Rand index, from the contingency table (no pair loop)."""
-    n = len(true)
-    joint = Counter(zip(true, pred, strict=True))
-    tp = _pairs(joint.values())
-    same_true = _pairs(Counter(true).values())
-    same_pred = _pairs(Counter(pred).values())
-    total = comb(n, 2)
-    expected = same_true * same_pred / total if total else 0.0
-    top = 0.5 * (same_true + same_pred)
-    ari = (tp - expected) / (top - expected) if top != expected else 1.0
-    return {"grouping_precision": tp / same_pred if same_pred else 1.0,
-            "grouping_recall": tp / same_true if same_true else 1.0,
-            "adjusted_rand": float(ari)}
+def _tokens(outcomes: Sequence[Outcome]) -> dict[str, float]:
+    """The token demand sent over the app model's (the engine's own count of the prompts)."""
+    return {"prompt_tokens_over_model": (sum(o.prompt_tokens for o in outcomes)
+                                         / max(1, sum(o.model_input_tokens for o in outcomes))),
+            "output_tokens_over_model": (sum(o.completion_tokens for o in outcomes)
+                                         / max(1, sum(o.model_output_tokens for o in outcomes)))}
 
 
-def matched_accuracy(true: list[Any], pred: list[Any]) -> float:
-    """The share of items whose predicted label maps to their true label under the best
-    one-to-one mapping of labels (Hungarian on the contingency table)."""
-    from scipy.optimize import linear_sum_assignment
-
-    if not true:
-        return 1.0
-    t_ix = {t: i for i, t in enumerate(dict.fromkeys(true))}
-    p_ix = {p: i for i, p in enumerate(dict.fromkeys(pred))}
-    m = np.zeros((len(t_ix), len(p_ix)))
-    for t, p in zip(true, pred, strict=True):
-        m[t_ix[t], p_ix[p]] += 1
-    rows, cols = linear_sum_assignment(m, maximize=True)
-    return float(m[rows, cols].sum() / len(true))
-
-
-def score(placed: list[Placed]) -> dict[str, Any]:
-    """The ``identity`` object of the JSON (module docstring): overall and ``per_app``."""
-    def block(items: list[Placed]) -> dict[str, float]:
-        g = grouping([p.arrival for p in items], [p.run for p in items])
-        by_app: dict[str, list[Placed]] = {}
-        for p in items:
-            by_app.setdefault(p.app, []).append(p)
-        hits = sum(matched_accuracy([p.unit for p in ps], [p.inferred_unit for p in ps])
-                   * len(ps) for ps in by_app.values())
-        g["unit_accuracy"] = hits / len(items) if items else 1.0
-        g["requests"] = len(items)
-        return g
-
-    out: dict[str, Any] = block(placed)
-    out["app_accuracy"] = matched_accuracy([p.app for p in placed],
-                                           [p.inferred_app for p in placed])
-    apps = sorted({p.app for p in placed})
-    out["per_app"] = {a: block([p for p in placed if p.app == a]) for a in apps}
-    return out
-
-
-def summarize(outcomes: list[Outcome], mode: str, *, window_min: float, policy: str,
+def summarize(outcomes: Sequence[Outcome], mode: str, *, window_min: float, policy: str,
               wall_s: float) -> dict[str, Any]:
-    """The JSON object of one ``--identity`` experiment."""
+    """The JSON object of one ``--identity`` experiment: the ``hermes load`` row fields
+    (``mean_act_s``, ``p95_act_s``, ...), the token demand against the app model's, ``apps``
+    (the same per app, and whether its runs are conversations) and, for ``infer``,
+    ``identity`` (:func:`hermes.bench.identity_score.score`)."""
     ok = [o for o in outcomes if o.error is None and o.act_s is not None]
-    a = np.array([o.act_s for o in ok], dtype=float)
-    row: dict[str, Any] = {
-        "identity_mode": mode, "window_min": window_min, "policy": policy,
-        "mean_act_s": float(a.mean()) if a.size else float("nan"),
-        "p50_act_s": float(np.percentile(a, 50)) if a.size else float("nan"),
-        "p95_act_s": float(np.percentile(a, 95)) if a.size else float("nan"),
-        "runs": int(a.size), "failed": len(outcomes) - len(ok), "wall_s": wall_s,
-        "prompt_tokens_sent_over_model": (sum(o.sent_tokens for o in ok)
-                                          / max(1, sum(o.model_tokens for o in ok))),
-    }
+    row: dict[str, Any] = {"identity_mode": mode, "window_min": window_min, "policy": policy,
+                           **_acts(ok), "runs": len(ok), "failed": len(outcomes) - len(ok),
+                           "requests": sum(len(o.requests) for o in ok), "wall_s": wall_s,
+                           **_tokens(ok)}
+    by_app: dict[str, list[Outcome]] = {}
+    for o in ok:
+        by_app.setdefault(o.app, []).append(o)
+    row["apps"] = {a: {"conversation": a in CONVERSATION, "runs": len(os_),
+                       **_acts(os_), **_tokens(os_)}
+                   for a, os_ in sorted(by_app.items())}
     if mode == "infer":
         row["identity"] = score([p for o in ok for p in o.requests])
+        row["runs_not_inferred"] = sum(o.runs_not_inferred for o in ok)
+        row["runs_not_found"] = sum(o.runs_not_found for o in ok)
     return row
+
+
+def app_rows(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """One table row per app (and ``all``): ACT, token demand and, for ``infer``, the
+    identity figures."""
+    ident = row.get("identity") or {}
+    keys = ("grouping_precision", "grouping_recall", "adjusted_rand", "unit_accuracy",
+            "app_accuracy")
+    out = []
+    for app, a in [*row["apps"].items(), ("all", row)]:
+        r: dict[str, Any] = {"app": app + ("*" if a.get("conversation") else ""),
+                             "runs": a["runs"], "mean_act_s": a["mean_act_s"],
+                             "p95_act_s": a["p95_act_s"],
+                             "prompt/model": a["prompt_tokens_over_model"],
+                             "output/model": a["output_tokens_over_model"]}
+        got = ident if app == "all" else ident.get("per_app", {}).get(app)
+        if got:
+            r.update({k: got[k] for k in keys})
+            r["inferred_runs"] = got["inferred_runs"]
+        out.append(r)
+    return out
