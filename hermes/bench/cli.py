@@ -32,7 +32,14 @@ def _common(p: argparse.ArgumentParser, *, window: bool) -> None:
     p.add_argument("--apps", type=int, default=300, help="application runs (default 300)")
     if window:
         p.add_argument("--window", type=float, default=15.0, help="submission window, minutes")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default=None,
+                   help="arrival seeds, comma-separated, run in parallel; tables show each "
+                        "figure as mean (min-max) over them (default "
+                        f"{','.join(map(str, B.DEFAULT_SEEDS))})")
+    p.add_argument("--seed", type=int, default=None, help="one seed (same as --seeds N)")
+    p.add_argument("--mix", default="stratified", choices=("stratified", "random"),
+                   help="apps of the runs: stratified (the paper's 72/26/2 class counts "
+                        "exactly; default) or random (each run's app drawn independently)")
     p.add_argument("--trace", default="conversation", help="conversation | synthetic | PATH")
     p.add_argument("--setup", default="llama2-7b-a100", help="llama2-7b-a100 | llama3-70b-h800x8")
     p.add_argument("--pdgraphs", default=None, help="knowledge base: a PDGraph directory or redis:// URL (default: $HERMES_KB, else the shipped PDGraphs)")
@@ -55,35 +62,64 @@ def _finish(
     return 0
 
 
+def _seed_list(args: argparse.Namespace) -> list[int]:
+    """``--seeds``, else ``--seed``, else the default seeds."""
+    if args.seeds:
+        return _ints(args.seeds)
+    return [args.seed] if args.seed is not None else list(B.DEFAULT_SEEDS)
+
+
+def _seeds_text(seeds: list[int]) -> str:
+    return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {','.join(map(str, seeds))}"
+
+
 def cmd_sched(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
+    seeds = _seed_list(args)
     rows, acts = B.bench_sched(
-        args.apps, _floats(args.window), _names(args.policies), args.seed, args.trace, args.setup,
-        workers=args.workers, progress=not args.no_progress, pdgraph_dir=args.pdgraphs,
+        args.apps, _floats(args.window), _names(args.policies), seeds[0], args.trace, args.setup,
+        seeds=seeds, mix=args.mix, workers=args.workers, progress=not args.no_progress,
+        pdgraph_dir=args.pdgraphs,
     )
     if args.plot:
         B.plot_act_cdf(acts, args.plot, title=f"{args.setup}, {args.trace}")
-    ratios = (B.ratio_rows(rows), "hermes ACT / policy ACT, same arrivals (< 1: hermes faster)")
-    title = f"sched ({args.setup}, {args.trace}, seed {args.seed})"
-    return _finish(rows, args, title, t0, extra=ratios)
+    ratios = B.seed_summary(B.ratio_rows(rows), ("window_min", "vs"), "",
+                            ("hermes_mean_ratio", "hermes_p95_ratio", "best_mean_ratio"), nd=2)
+    extra = (ratios, "hermes ACT / policy ACT, same arrivals (< 1: hermes faster); "
+                     "mean (min-max) over seeds")
+    title = (f"sched: mean ACT s, mean (min-max) over {_seeds_text(seeds)} ({args.setup}, "
+             f"{args.trace}, {args.mix} mix)")
+    summary = B.seed_summary(rows, ("window_min",), "policy", ("mean_act_s",))
+    return _finish(summary, args, title, t0, extra=extra, json_rows=rows)
 
 
 def cmd_ddl(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
+    seeds = _seed_list(args)
     rows = B.bench_ddl(
-        args.apps, args.window, _names(args.policies), args.seed, args.trace, args.setup,
-        workers=args.workers, progress=not args.no_progress, pdgraph_dir=args.pdgraphs,
+        args.apps, args.window, _names(args.policies), seeds[0], args.trace, args.setup,
+        seeds=seeds, mix=args.mix, workers=args.workers, progress=not args.no_progress,
+        pdgraph_dir=args.pdgraphs,
     )
-    return _finish(rows, args, f"ddl ({args.window:g}-min window, seed {args.seed})", t0)
+    summary = B.seed_summary(rows, ("policy",), "",
+                             ("dsr", "dsr_tight", "dsr_modest", "dsr_loose"), nd=3)
+    title = (f"ddl ({args.window:g}-min window, {args.mix} mix; mean (min-max) over "
+             f"{_seeds_text(seeds)})")
+    return _finish(summary, args, title, t0, json_rows=rows)
 
 
 def cmd_ablation(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
+    seeds = _seed_list(args)
     rows = B.bench_ablation(
-        args.apps, args.window, _names(args.policies), args.seed, args.trace, args.setup,
-        workers=args.workers, progress=not args.no_progress, pdgraph_dir=args.pdgraphs,
+        args.apps, args.window, _names(args.policies), seeds[0], args.trace, args.setup,
+        seeds=seeds, mix=args.mix, workers=args.workers, progress=not args.no_progress,
+        pdgraph_dir=args.pdgraphs,
     )
-    return _finish(rows, args, f"ablation ({args.window:g}-min window; normalized to oracle)", t0)
+    summary = B.seed_summary(rows, ("policy",), "", ("mean_act_s", "normalized"), nd=3)
+    title = (f"ablation ({args.window:g}-min window, {args.mix} mix; normalized to oracle; "
+             f"mean (min-max) over {_seeds_text(seeds)})")
+    return _finish(summary, args, title, t0, json_rows=rows)
 
 
 def cmd_overhead(args: argparse.Namespace) -> int:
@@ -161,7 +197,8 @@ def add_bench_parsers(bsub: argparse._SubParsersAction) -> None:
     _common(s, window=False)
     s.add_argument("--window", default="10,15,30", help="submission windows, minutes")
     s.add_argument("--policies", default=",".join(B.DEFAULT_POLICIES),
-                   help="comma-separated policy names, or 'all' (adds the ablations)")
+                   help="comma-separated policy names, or 'all' (adds the ablations and the other "
+                        "baselines: srpt, sjf, autellix-plas, autellix-atlas)")
     s.add_argument("--plot", default=None, help="write the ACT CDF per policy to FILE.png")
     s.set_defaults(func=cmd_sched)
 

@@ -3,19 +3,27 @@
 Each benchmark returns a flat list of row dicts (what ``--json`` writes); :func:`print_table`
 prints them, :func:`plot_act_cdf` draws the ACT CDF per policy.
 
-Workload (as the Hermes paper's evaluation): ``apps`` application runs, app names drawn from
-the paper's mix (``hermes.workloads.registry.sample_mix``), arrival times resampled from a Mooncake
-trace into the submission window (:mod:`hermes.sim.arrivals`), one seed per run; the same
-arrivals for every policy. VTC's tenants are the apps (fair share among applications).
-Simulations of different (window, policy) pairs run in parallel worker processes.
+Workload (as the Hermes paper's evaluation): ``apps`` application runs of the paper's mix,
+arrival times resampled from a Mooncake trace into the submission window
+(:mod:`hermes.sim.arrivals`), one seed per experiment; the same arrivals for every policy. The
+mix (``mix``): ``stratified`` (the benchmarks' default: the paper's class counts exactly,
+:func:`hermes.workloads.registry.stratified_mix`) or ``random`` (each run's app drawn
+independently, :func:`hermes.workloads.registry.sample_mix`; the number of DM runs then varies
+from seed to seed and with it half the GPU work). VTC's tenants are the apps (fair share among
+applications). Each benchmark runs every seed of ``seeds``; the simulations of all (seed,
+window, policy) cells run in parallel worker processes with a progress bar
+(:func:`map_jobs`), and :func:`seed_summary` shows each figure as its mean and min-max over
+seeds.
 
-- ``sched``: rows ``{window_min, policy, mean_act_s, p50_act_s, p95_act_s, p99_act_s, runs}``,
-  plus a pseudo-policy ``isolated``: each run alone on the engine, the bound no policy beats.
+- ``sched``: rows ``{window_min, policy, seed, mean_act_s, p50_act_s, p95_act_s, p99_act_s,
+  runs}``, one per window, policy and seed, plus a pseudo-policy ``isolated``: each run alone
+  on the engine, the bound no policy beats.
 - ``ddl``: deadline = submit + isolated run time (``hermes.workloads.isolated.run_isolated`` on the
   setup's cost model) x a factor drawn from 1.2 / 1.5 / 2.0 (tight / modest / loose); rows
-  ``{policy, dsr, dsr_tight, dsr_modest, dsr_loose}``.
-- ``ablation``: rows ``{policy, mean_act_s, normalized}`` for hermes, hermes-no-refine, srpt,
-  oracle; ``normalized`` = mean ACT / mean ACT of ``oracle`` (1.0 = the oracle).
+  ``{policy, seed, dsr, dsr_tight, dsr_modest, dsr_loose}``.
+- ``ablation``: rows ``{policy, seed, mean_act_s, normalized}`` for hermes, hermes-no-refine,
+  srpt, oracle; ``normalized`` = mean ACT / mean ACT of ``oracle`` (1.0 = the oracle), same
+  seed.
 - ``overhead``: rows ``{active_runs, buckets, median_ms, p99_ms}``: wall time of one
   re-rank of every active run (``policy.rank(run, now)`` for all of them) with the ``hermes``
   policy, over runs placed at random points of their apps.
@@ -41,10 +49,13 @@ from hermes.sim.simulator import Arrival, Simulator, setup_engines
 #: Fig. 9/10: Hermes against the systems users would otherwise run; the ablations (srpt,
 #: oracle, hermes-no-refine) are ``bench ablation``'s (``--policies all`` runs every one here)
 DEFAULT_POLICIES = ("hermes", "vllm", "parrot", "vtc", "llmsched", "seallm")
-ALL_POLICIES = (*DEFAULT_POLICIES, "srpt", "oracle", "hermes-no-refine")
+ALL_POLICIES = (*DEFAULT_POLICIES, "srpt", "sjf", "autellix-plas", "autellix-atlas", "oracle",
+                "hermes-no-refine")
 DDL_POLICIES = ("hermes-ddl", "edf", "hermes", "srpt", "parrot", "vllm")
 ABLATION_POLICIES = ("hermes", "hermes-no-refine", "srpt", "oracle")
 DEADLINE_FACTORS = {"tight": 1.2, "modest": 1.5, "loose": 2.0}
+#: seeds of a benchmark cell unless told (issue 18: at least 5 per cell)
+DEFAULT_SEEDS = (0, 1, 2, 3, 4)
 
 
 # ---------------------------------------------------------------------------- workload
@@ -56,13 +67,16 @@ def build_arrivals(
     trace: str = "conversation",
     deadlines: bool = False,
     setup: str = "llama2-7b-a100",
+    mix: str = "random",
 ) -> tuple[list[Arrival], list[str | None]]:
-    """The arrivals of one experiment and, with ``deadlines``, each run's tightness class."""
-    from hermes.workloads.registry import get_app, sample_mix
+    """The arrivals of one experiment and, with ``deadlines``, each run's tightness class.
+    ``mix``: ``random`` (each run's app drawn independently) or ``stratified`` (the paper's
+    class counts exactly); the apps and their seeds do not depend on the window."""
+    from hermes.workloads.registry import draw_mix, get_app
 
     times = resample_arrivals(n_apps, window_min * 60.0, trace=trace, seed=seed)
     rng = np.random.default_rng([seed, 1])
-    names = sample_mix(rng, n_apps)
+    names = draw_mix(rng, n_apps, mix)
     seeds = rng.integers(0, 2**31 - 1, size=n_apps)
     classes: list[str | None] = [None] * n_apps
     out = []
@@ -188,11 +202,31 @@ def run_jobs(jobs: list[tuple], *, workers: int | None = None, progress: bool = 
 
 def _order_jobs(jobs: list[tuple]) -> list[tuple]:
     # slow policies first so that the parallel tail is short
-    slow = {"hermes": 0, "hermes-no-refine": 0, "hermes-ddl": 0, "srpt": 1, "llmsched": 1, "seallm": 1}
+    slow = {"hermes": 0, "hermes-no-refine": 0, "hermes-ddl": 0, "srpt": 1, "llmsched": 1,
+            "seallm": 1, "sjf": 1}
     return sorted(jobs, key=lambda j: slow.get(j[1], 2))
 
 
 # ---------------------------------------------------------------------------- benchmarks
+def _seeds(seed: int, seeds: Sequence[int] | None) -> list[int]:
+    """The seeds of a benchmark: ``seeds``, else the one ``seed``."""
+    out = [seed] if seeds is None else [int(x) for x in seeds]
+    if not out:
+        raise ValueError("seeds must not be empty")
+    return out
+
+
+def act_row(a: np.ndarray) -> dict:
+    """Mean and percentiles of an array of ACTs (a ``sched`` row's figures)."""
+    return {
+        "mean_act_s": float(a.mean()),
+        "p50_act_s": float(np.percentile(a, 50)),
+        "p95_act_s": float(np.percentile(a, 95)),
+        "p99_act_s": float(np.percentile(a, 99)),
+        "runs": int(a.size),
+    }
+
+
 def bench_sched(
     apps: int = 300,
     windows: Sequence[float] = (10, 15, 30),
@@ -201,35 +235,34 @@ def bench_sched(
     trace: str = "conversation",
     setup: str = "llama2-7b-a100",
     *,
+    seeds: Sequence[int] | None = None,
+    mix: str = "stratified",
     workers: int | None = None,
     progress: bool = True,
     pdgraph_dir: str | None = None,
 ) -> tuple[list[dict], dict]:
-    """Fig. 9/10. Returns the rows and ``{(window_min, policy): ACT array}`` for plotting."""
+    """Fig. 9/10, at every seed of ``seeds`` (default: ``seed`` alone). Returns the rows (one
+    per window, policy and seed) and ``{(window_min, policy): ACT array}`` for plotting (the
+    ACTs of every seed, pooled)."""
+    seed_list = _seeds(seed, seeds)
     jobs, alone = [], {}
-    for w in windows:
-        arrivals, _ = build_arrivals(apps, w, seed=seed, trace=trace, setup=setup)
-        for p in policies:
-            jobs.append(((w, p), p, setup, arrivals, seed, pdgraph_dir))
-        # the same runs, each alone on the engine: a lower bound on any policy's ACT
-        alone[w] = isolated_acts(arrivals, setup)
+    for s in seed_list:
+        iso = None  # a seed's runs are the same in every window: their isolated ACTs too
+        for w in windows:
+            arrivals, _ = build_arrivals(apps, w, seed=s, trace=trace, setup=setup, mix=mix)
+            for p in policies:
+                jobs.append(((s, w, p), p, setup, arrivals, s, pdgraph_dir))
+            # the same runs, each alone on the engine: a lower bound on any policy's ACT
+            alone[(s, w)] = iso = isolated_acts(arrivals, setup) if iso is None else iso
     results = run_jobs(_order_jobs(jobs), workers=workers, progress=progress)
     rows, acts = [], {}
     for w in windows:
         for p in (*policies, ISOLATED):
-            a = alone[w] if p == ISOLATED else results[(w, p)][0]
-            acts[(w, p)] = a
-            rows.append(
-                {
-                    "window_min": w,
-                    "policy": p,
-                    "mean_act_s": float(a.mean()),
-                    "p50_act_s": float(np.percentile(a, 50)),
-                    "p95_act_s": float(np.percentile(a, 95)),
-                    "p99_act_s": float(np.percentile(a, 99)),
-                    "runs": int(a.size),
-                }
-            )
+            per_seed = [alone[(s, w)] if p == ISOLATED else results[(s, w, p)][0]
+                        for s in seed_list]
+            acts[(w, p)] = np.concatenate(per_seed)
+            for s, a in zip(seed_list, per_seed, strict=True):
+                rows.append({"window_min": w, "policy": p, "seed": s, **act_row(a)})
     return rows, acts
 
 
@@ -260,25 +293,32 @@ def bench_ddl(
     trace: str = "conversation",
     setup: str = "llama2-7b-a100",
     *,
+    seeds: Sequence[int] | None = None,
+    mix: str = "stratified",
     workers: int | None = None,
     progress: bool = True,
     pdgraph_dir: str | None = None,
 ) -> list[dict]:
-    """Fig. 11: deadline satisfaction ratio per policy, overall and per tightness class."""
-    arrivals, classes = build_arrivals(
-        apps, window, seed=seed, trace=trace, deadlines=True, setup=setup
-    )
-    jobs = [(p, p, setup, arrivals, seed, pdgraph_dir) for p in policies]
+    """Fig. 11: deadline satisfaction ratio per policy and seed (default: ``seed`` alone),
+    overall and per tightness class."""
+    seed_list = _seeds(seed, seeds)
+    jobs, classes = [], {}
+    for s in seed_list:
+        arrivals, classes[s] = build_arrivals(
+            apps, window, seed=s, trace=trace, deadlines=True, setup=setup, mix=mix
+        )
+        jobs += [((s, p), p, setup, arrivals, s, pdgraph_dir) for p in policies]
     results = run_jobs(_order_jobs(jobs), workers=workers, progress=progress)
-    cls = np.array(classes)
     rows = []
     for p in policies:
-        met = results[p][1]
-        row = {"policy": p, "dsr": float(np.nanmean(met))}
-        for name in DEADLINE_FACTORS:
-            sel = cls == name
-            row[f"dsr_{name}"] = float(np.nanmean(met[sel])) if sel.any() else float("nan")
-        rows.append(row)
+        for s in seed_list:
+            met = results[(s, p)][1]
+            cls = np.array(classes[s])
+            row = {"policy": p, "seed": s, "dsr": float(np.nanmean(met))}
+            for name in DEADLINE_FACTORS:
+                sel = cls == name
+                row[f"dsr_{name}"] = float(np.nanmean(met[sel])) if sel.any() else float("nan")
+            rows.append(row)
     return rows
 
 
@@ -290,25 +330,28 @@ def bench_ablation(
     trace: str = "conversation",
     setup: str = "llama2-7b-a100",
     *,
+    seeds: Sequence[int] | None = None,
+    mix: str = "stratified",
     workers: int | None = None,
     progress: bool = True,
     pdgraph_dir: str | None = None,
 ) -> list[dict]:
-    """Fig. 12: mean ACT per policy, normalized to the ``oracle`` (or to the first policy
-    when the oracle is not among them)."""
-    arrivals, _ = build_arrivals(apps, window, seed=seed, trace=trace, setup=setup)
-    jobs = [(p, p, setup, arrivals, seed, pdgraph_dir) for p in policies]
+    """Fig. 12: mean ACT per policy and seed (default: ``seed`` alone), normalized to the
+    ``oracle`` of the same seed (or to the first policy when the oracle is not among them)."""
+    seed_list = _seeds(seed, seeds)
+    jobs = []
+    for s in seed_list:
+        arrivals, _ = build_arrivals(apps, window, seed=s, trace=trace, setup=setup, mix=mix)
+        jobs += [((s, p), p, setup, arrivals, s, pdgraph_dir) for p in policies]
     results = run_jobs(_order_jobs(jobs), workers=workers, progress=progress)
     ref = "oracle" if "oracle" in policies else policies[0]
-    base = float(results[ref][0].mean())
-    return [
-        {
-            "policy": p,
-            "mean_act_s": float(results[p][0].mean()),
-            "normalized": float(results[p][0].mean()) / base,
-        }
-        for p in policies
-    ]
+    rows = []
+    for p in policies:
+        for s in seed_list:
+            mean = float(results[(s, p)][0].mean())
+            rows.append({"policy": p, "seed": s, "mean_act_s": mean,
+                         "normalized": mean / float(results[(s, ref)][0].mean())})
+    return rows
 
 
 def _active_runs(n: int, setup: str, seed: int) -> list:
@@ -433,12 +476,12 @@ def _by_rank(run) -> float:  # noqa: ANN001
 
 # ---------------------------------------------------------------------------- output
 def ratio_rows(rows: Sequence[dict], ref: str = "hermes") -> list[dict]:
-    """``ref``'s mean and P95 ACT over every other policy's, per window (same run, same
-    arrivals): the figures the paper reports (e.g. Hermes 0.23x vLLM)."""
-    by = {(r["window_min"], r["policy"]): r for r in rows}
+    """``ref``'s mean and P95 ACT over every other policy's, per window and seed (same run,
+    same arrivals): the figures the paper reports (e.g. Hermes 0.23x vLLM)."""
+    by = {(r["window_min"], r.get("seed"), r["policy"]): r for r in rows}
     out = []
-    for (w, p), r in by.items():
-        base = by.get((w, ref))
+    for (w, s, p), r in by.items():
+        base = by.get((w, s, ref))
         if p in (ref, ISOLATED) or base is None:
             continue
         row = {
@@ -447,9 +490,41 @@ def ratio_rows(rows: Sequence[dict], ref: str = "hermes") -> list[dict]:
             f"{ref}_mean_ratio": base["mean_act_s"] / r["mean_act_s"],
             f"{ref}_p95_ratio": base["p95_act_s"] / r["p95_act_s"],
         }
-        alone = by.get((w, ISOLATED))
+        if s is not None:
+            row["seed"] = s
+        alone = by.get((w, s, ISOLATED))
         if alone is not None:  # what a perfect scheduler (no queueing at all) would reach
             row["best_mean_ratio"] = alone["mean_act_s"] / r["mean_act_s"]
+        out.append(row)
+    return out
+
+
+def span(values: Sequence[float], nd: int = 1) -> str:
+    """``mean (min-max)`` of a figure over seeds (just the value for one seed)."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 1:
+        return f"{v[0]:.{nd}f}"
+    return f"{v.mean():.{nd}f} ({v.min():.{nd}f}-{v.max():.{nd}f})"
+
+
+def seed_summary(rows: Sequence[dict], by: Sequence[str], columns: str, values: Sequence[str],
+                 nd: int = 1) -> list[dict]:
+    """Rows of one seed each, summarised over seeds: one row per distinct ``by``; with
+    ``columns`` (e.g. ``policy``), one column per value of that field showing ``values[0]``,
+    else one column per field of ``values``; each cell is the mean (min-max) over seeds."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[k] for k in by), []).append(r)
+    out = []
+    for key, mine in groups.items():
+        row: dict = dict(zip(by, key, strict=True))
+        row["seeds"] = len({r.get("seed") for r in mine})
+        if columns:
+            for col in dict.fromkeys(r[columns] for r in mine):
+                row[col] = span([r[values[0]] for r in mine if r[columns] == col], nd)
+        else:
+            for v in values:
+                row[v] = span([r[v] for r in mine], nd)
         out.append(row)
     return out
 

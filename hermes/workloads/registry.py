@@ -2,7 +2,9 @@
 
 ``MIX`` is the paper's default mix: 72% small apps (EV, FEV, CC, ALFWI, KBQAV), 26% medium
 (CG, PE) and 2% large (DM, MRS), equal shares within a class. LLMR is registered but not in
-the mix (the paper's mix lists it in no class).
+the mix (the paper's mix lists it in no class). :func:`sample_mix` draws each run's app
+independently (so class counts vary from draw to draw); :func:`stratified_mix` gives exact class
+counts (the benchmarks' ``--mix stratified``).
 """
 
 from __future__ import annotations
@@ -60,3 +62,47 @@ def sample_mix(rng: np.random.Generator, n: int, mix: dict[str, float] | None = 
     p = np.array([mix[a] for a in names], dtype=np.float64)
     idx = rng.choice(len(names), size=n, p=p / p.sum())
     return [names[i] for i in idx]
+
+
+def _apportion(rng: np.random.Generator, n: int, shares: list[float]) -> list[int]:
+    """``n`` split by ``shares`` exactly (largest remainders; ties drawn at random)."""
+    p = np.asarray(shares, dtype=np.float64)
+    exact = n * p / p.sum()
+    counts = np.floor(exact).astype(np.int64)
+    left = n - int(counts.sum())
+    if left:
+        tie = rng.random(len(p))  # random among equal remainders
+        order = sorted(range(len(p)), key=lambda i: (-(exact[i] - counts[i]), tie[i]))
+        for i in order[:left]:
+            counts[i] += 1
+    return [int(c) for c in counts]
+
+
+def stratified_mix(rng: np.random.Generator, n: int) -> list[str]:
+    """``n`` app names with the paper's class counts exactly, in random order.
+
+    The classes (small / medium / large: 72 / 26 / 2%) get ``n`` by largest remainders (300
+    runs: 216 / 78 / 6); each class is split evenly among its apps, the runs left over going to
+    apps drawn at random (the large class: DM and MRS evenly, e.g. 3 and 3). A per-app draw
+    (:func:`sample_mix`) makes the number of DM runs Binomial(n, 0.01), which alone moves
+    the total GPU work by half from seed to seed."""
+    names: list[str] = []
+    classes = list(_CLASS_SHARES.values())
+    for (_, apps), k in zip(classes, _apportion(rng, n, [c[0] for c in classes]), strict=True):
+        for app, m in zip(apps, _apportion(rng, k, [1.0] * len(apps)), strict=True):
+            names += [app] * m
+    return [names[i] for i in rng.permutation(len(names))]
+
+
+#: the ways a benchmark draws the apps of its runs (``--mix``)
+MIXES = ("stratified", "random")
+
+
+def draw_mix(rng: np.random.Generator, n: int, how: str = "random") -> list[str]:
+    """``n`` app names of the paper's mix: ``stratified`` (:func:`stratified_mix`) or
+    ``random`` (:func:`sample_mix`, each run's app drawn independently)."""
+    if how == "stratified":
+        return stratified_mix(rng, n)
+    if how == "random":
+        return sample_mix(rng, n)
+    raise ValueError(f"unknown mix {how!r}; known: {', '.join(MIXES)}")

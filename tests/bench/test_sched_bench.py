@@ -52,6 +52,63 @@ def test_deadlines_scale_isolated_time():
     assert np.isnan(row["dsr_loose"]) or row["dsr_loose"] >= row["dsr_tight"]
 
 
+def test_stratified_mix_has_the_papers_exact_class_counts():
+    from collections import Counter
+
+    from hermes.workloads.registry import stratified_mix
+
+    small = {"factool_math", "react_fever", "factool_code", "react_alfw", "factool_kbqa"}
+    for seed in range(5):
+        arr, _ = B.build_arrivals(300, 10, seed=seed, mix="stratified")
+        c = Counter(a.app for a in arr)
+        assert sum(c[a] for a in small) == 216  # 72%
+        assert c["code_generation"] + c["plan_execute"] == 78  # 26%
+        assert c["got_docmerge"] == c["langchain_mapreduce"] == 3  # 2%, DM and MRS evenly
+        assert c["code_generation"] == c["plan_execute"] == 39
+        assert all(43 <= c[a] <= 44 for a in small)  # 216 over 5 apps
+    # the random mix draws each app: its DM count differs from seed to seed
+    dm = {Counter(a.app for a in B.build_arrivals(300, 10, seed=s)[0])["got_docmerge"]
+          for s in range(5)}
+    assert len(dm) > 1
+    # any n: class counts by largest remainders, the order shuffled, seeded
+    names = stratified_mix(np.random.default_rng(7), 150)
+    c = Counter(names)
+    assert sum(c[a] for a in small) == 108 and c["got_docmerge"] + c["langchain_mapreduce"] == 3
+    assert names == stratified_mix(np.random.default_rng(7), 150)
+    assert names != sorted(names)
+    # the same apps and seeds in every window (the isolated bound is computed once per seed)
+    a10, _ = B.build_arrivals(50, 10, seed=2, mix="stratified")
+    a30, _ = B.build_arrivals(50, 30, seed=2, mix="stratified")
+    assert [(a.app, a.seed) for a in a10] == [(a.app, a.seed) for a in a30]
+
+
+def test_sched_one_row_per_policy_window_and_seed(tmp_path):
+    rows, acts = B.bench_sched(10, windows=(1, 2), policies=("vllm", "autellix-atlas"),
+                               seeds=(0, 1, 2), workers=1, progress=False)
+    cells = [(r["window_min"], r["policy"], r["seed"]) for r in rows]
+    assert len(cells) == len(set(cells)) == 2 * 3 * 3
+    assert {c[2] for c in cells} == {0, 1, 2}
+    assert all({"policy", "window_min", "seed", "mean_act_s", "p95_act_s"} <= r.keys()
+               for r in rows)
+    assert acts[(1, "vllm")].size == 30  # the three seeds' runs, pooled for the CDF
+    one, _ = B.bench_sched(10, windows=(1,), policies=("vllm",), seed=1, workers=1,
+                           progress=False)
+    same = [r for r in rows if (r["window_min"], r["policy"], r["seed"]) == (1, "vllm", 1)]
+    assert same == [r for r in one if r["policy"] == "vllm"]  # a seed is the same alone
+    summary = B.seed_summary(rows, ("window_min",), "policy", ("mean_act_s",))
+    assert [s["window_min"] for s in summary] == [1, 2] and summary[0]["seeds"] == 3
+    m = [r["mean_act_s"] for r in rows if r["window_min"] == 1 and r["policy"] == "vllm"]
+    assert summary[0]["vllm"] == f"{np.mean(m):.1f} ({min(m):.1f}-{max(m):.1f})"
+    ratios = B.ratio_rows(rows, ref="vllm")
+    assert {(r["window_min"], r["seed"]) for r in ratios} == {(w, s) for w in (1, 2)
+                                                             for s in (0, 1, 2)}
+    ddl = B.bench_ddl(10, 2, policies=("parrot",), seeds=(0, 1), workers=1, progress=False)
+    assert [(r["policy"], r["seed"]) for r in ddl] == [("parrot", 0), ("parrot", 1)]
+    abl = B.bench_ablation(10, 2, policies=("parrot", "vllm"), seeds=(0, 1), workers=1,
+                           progress=False)
+    assert [r["normalized"] for r in abl if r["policy"] == "parrot"] == [1.0, 1.0]
+
+
 def test_cli_parsers_are_wired():
     import argparse
 
@@ -59,5 +116,11 @@ def test_cli_parsers_are_wired():
     add_bench_parsers(p.add_subparsers(dest="bench"))
     args = p.parse_args(["sched", "--apps", "5", "--window", "1,2", "--policies", "vllm"])
     assert args.func.__name__ == "cmd_sched" and args.window == "1,2"
+    assert args.mix == "stratified" and args.seeds is None and args.seed is None
+    args = p.parse_args(["sched", "--seeds", "0,1,2,3,4", "--mix", "random"])
+    assert args.seeds == "0,1,2,3,4" and args.mix == "random"
+    for sub in ("ddl", "ablation"):
+        args = p.parse_args([sub, "--seeds", "3,4", "--mix", "stratified"])
+        assert args.seeds == "3,4"
     args = p.parse_args(["overhead", "--active-runs", "10", "--buckets", "5"])
     assert args.active_runs == "10"

@@ -1,18 +1,21 @@
 """Scheduling policies. Importing this package registers every built-in policy.
 
 Contract names: ``hermes``, ``hermes-no-refine``, ``hermes-ddl``, ``vllm``, ``parrot``, ``vtc``,
-``edf``, ``srpt``, ``llmsched``, ``seallm``, ``oracle``. Build one with
+``edf``, ``srpt``, ``sjf``, ``llmsched``, ``seallm``, ``autellix-plas``, ``autellix-atlas``,
+``oracle``. Build one with
 :func:`~hermes.core.policies.base.make_policy`.
 """
 
 from __future__ import annotations
 
 from hermes.core.policies import (  # noqa: F401  (modules register their policies)
+    autellix,
     deadline,
     fcfs,
     hermes_policy,
     llmsched,
     seallm,
+    sjf,
     srpt,
     vtc,
 )

@@ -31,7 +31,7 @@ def arrive(policy, runs: list[RunState], now: float = 0.0) -> None:
 def test_contract_names_and_driver_options() -> None:
     assert set(policy_names()) >= {
         "hermes", "hermes-no-refine", "hermes-ddl", "vllm", "parrot", "vtc", "edf", "srpt",
-        "llmsched", "seallm", "oracle",
+        "llmsched", "seallm", "oracle", "sjf", "autellix-plas", "autellix-atlas",
     }
     for name in policy_names():  # the driver passes these two to every policy
         make_policy(name, estimators=None, seed=1)
@@ -215,9 +215,11 @@ def test_vtc_lifts_new_tenant_and_trues_up_weights() -> None:
 
 # -- SeaLLM -------------------------------------------------------------------------------
 def test_seallm_budget_doubles_when_spent() -> None:
+    """The paper's reset: a spent budget is replaced by a fresh one twice as large (Q, 2Q, 4Q,
+    ... in full), not doubled in place; resets at (2^k - 1)·Q of service."""
     pol = make_policy("seallm", min_history=4)
     warm = run("w")
-    for s in (1.0, 3.0, 1.0, 3.0):  # mean 2, std 1 -> budget 3
+    for s in (1.0, 3.0, 1.0, 3.0):  # mean 2, std 1 -> budget Q = 3
         pol.on_unit_finish(warm, UnitObservation("u", service_s=s), 0.0)
     r = run("r")
     pol.on_arrival(r, 0.0)
@@ -227,11 +229,41 @@ def test_seallm_budget_doubles_when_spent() -> None:
     r.attained_s = 2.0
     assert pol.rank(r, 1.0) == pytest.approx((3.0 - 2.0) * 2.0)
     r.attained_s = 3.5
-    pol.on_service(r, 1.5, 0, 2.0)  # budget spent: 3 -> 6
-    assert r.rank == pytest.approx((6.0 - 3.5) * 2.0) and r.next_refresh_attained_s == 6.0
+    pol.on_service(r, 1.5, 0, 2.0)  # Q spent at 3: a fresh 2Q = 6, 0.5 of it spent
+    assert r.rank == pytest.approx((6.0 - 0.5) * 2.0) and r.next_refresh_attained_s == 9.0
     r.attained_s = 13.0
-    pol.on_service(r, 9.5, 0, 3.0)  # 6 -> 12 -> 24
-    assert r.rank == pytest.approx((24.0 - 13.0) * 2.0)
+    pol.on_service(r, 9.5, 0, 3.0)  # 2Q spent at 3 + 6 = 9: a fresh 4Q = 12, 4 of it spent
+    assert r.rank == pytest.approx((12.0 - 4.0) * 2.0) and r.next_refresh_attained_s == 21.0
+    # a cumulative doubling (3 -> 6 -> 12 -> 24 of one budget) would give (24 - 13)·2 = 22
+
+
+def test_seallm_starved_requests_go_first_longest_wait_first() -> None:
+    pol = make_policy("seallm", min_history=1, starvation_factor=10.0)
+    warm = run("w")
+    pol.on_unit_finish(warm, UnitObservation("cheap", service_s=1.0), 0.0)  # mean 1, std 0
+    pol.on_unit_finish(warm, UnitObservation("dear", service_s=5.0), 0.0)  # mean 5, std 0
+    runs = {}
+    for rid, unit, t in (("old", "dear", 0.0), ("new", "cheap", 40.0), ("mid", "dear", 5.0)):
+        r = run(rid, submitted=t)
+        pol.on_arrival(r, t)
+        r.progress.current = unit
+        pol.on_unit_start(r, unit, t)
+        runs[rid] = r
+    views = {rid: RequestView(f"q{rid}", rid, "u", arrival=r.submitted, input_tokens=10, seq=i)
+             for i, (rid, r) in enumerate(runs.items())}
+
+    def first(now: float) -> list[str]:
+        keys = {rid: pol.request_key(runs[rid], v, now) for rid, v in views.items()}
+        return sorted(keys, key=keys.__getitem__)
+
+    # ranks: cheap 1·1 = 1, dear 5·5 = 25; thresholds: cheap 10 s, dear 50 s of waiting
+    assert first(41.0) == ["new", "old", "mid"]
+    assert first(50.0) == ["old", "new", "mid"]  # old has waited 50 s = 10 x 5 s: starved
+    assert first(56.0) == ["old", "mid", "new"]  # mid too (51 s), then new (16 s >= 10 s)
+    runs["old"].attained_s = 20.0  # service received since it was queued is not waiting
+    assert pol.starved(runs["old"], views["old"], 56.0) is None
+    off = make_policy("seallm", starvation_factor=None)
+    assert off.starved(runs["mid"], views["mid"], 1e6) is None
 
 
 def test_seallm_uses_estimator_unit_samples_before_history() -> None:
