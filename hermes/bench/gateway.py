@@ -21,7 +21,7 @@ requests in flight, keep-alive) on the same event loop (:mod:`hermes.evloop`).
 Each concurrency level (``--concurrency 1,32`` by default: the latency added to a lone request,
 and what one gateway process sustains under load) gets a direct row and a row per policy.
 Rows: ``{path, policy, identity, concurrency, history, requests, errors, p50_ms, p99_ms, max_ms,
-max_pause_ms, max_gc_ms, req_per_s, client_cpu_ms, gateway_cpu_ms, engine_cpu_ms,
+max_pause_ms, max_gc_ms, max_pause_cpu_ms, max_busy_ms, req_per_s, client_cpu_ms, gateway_cpu_ms, engine_cpu_ms,
 added_p50_ms, added_p99_ms}``; ``added_*`` = gateway minus direct, measured in the same run;
 ``*_cpu_ms`` = CPU milliseconds (user + system, from ``/proc``) per request of the benchmark
 client, the gateway process and the engine server over the measured phase. On a shared
@@ -32,9 +32,11 @@ Tail (issue 16): ``max_ms`` is the slowest request of the row; ``max_pause_ms`` 
 event-loop stall of the gateway process while the row's requests ran, measured inside the
 gateway (:mod:`hermes.gateway.looplag`, ``GET /admin/loop``, read and reset right before
 and right after the row) and ``max_gc_ms`` the longest garbage collection in it (both 0
-for direct rows: no gateway). ``GET /admin/loop`` also says how much of the longest stall
-the loop's thread spent running (``max_pause_cpu_ms``; far below the stall: the process was
-waiting, e.g. preempted on a busy machine). ``history``: finished runs the gateway keeps (for
+for direct rows: no gateway). ``max_pause_cpu_ms``: the CPU the gateway process (all its
+threads) used during that longest stall (far below the stall: the process was waiting,
+preempted by the client and the engine on a busy machine); ``max_busy_ms``: the longest the
+loop's thread itself ran between two wake-ups of the monitor, the part of a stall the
+gateway's own work makes. ``history``: finished runs the gateway keeps (for
 ``GET /v1/runs/{id}``) when the row starts; every request through it is a one-run app, so
 the history grows with the rows. ``fill_history`` (``--fill-history N``, default
 ``keep_finished_runs``' default 10,000; 0: none) adds one more row per policy at the
@@ -191,6 +193,8 @@ def _row(path: str, policy: str, concurrency: int, lat: np.ndarray, wall: float,
         "max_ms": float(lat.max() * 1e3) if lat.size else nan,
         "max_pause_ms": (pauses or {}).get("max_pause_ms", 0.0),
         "max_gc_ms": (pauses or {}).get("max_gc_ms", 0.0),
+        "max_pause_cpu_ms": (pauses or {}).get("max_pause_cpu_ms", 0.0),
+        "max_busy_ms": (pauses or {}).get("max_busy_ms", 0.0),
         "req_per_s": float(lat.size / wall) if wall > 0 else nan,
         "client_cpu_ms": cpu["client_cpu_ms"],
         "gateway_cpu_ms": cpu.get("gateway_cpu_ms", 0.0),
@@ -294,15 +298,19 @@ class _LoopLag:
             "Authorization": f"Bearer {token}"} if token else {})
 
     def read(self) -> dict[str, float]:
-        """``{max_pause_ms, max_gc_ms}`` since the last read (NaN: no monitor there)."""
+        """``{max_pause_ms, max_gc_ms, max_pause_cpu_ms, max_busy_ms}`` since the last read
+        (NaN: no monitor there)."""
         try:
             r = self.http.get("/admin/loop", params={"reset": "true"})
             r.raise_for_status()
             got = r.json()
         except (httpx.HTTPError, ValueError):
-            return {"max_pause_ms": float("nan"), "max_gc_ms": float("nan")}
+            return dict.fromkeys(("max_pause_ms", "max_gc_ms", "max_pause_cpu_ms",
+                                  "max_busy_ms"), float("nan"))
         return {"max_pause_ms": float(got["max_pause_ms"]),
-                "max_gc_ms": float(max(got.get("gc", {}).get("max_ms", [0.0])))}
+                "max_gc_ms": float(max(got.get("gc", {}).get("max_ms", [0.0]))),
+                "max_pause_cpu_ms": float(got.get("max_pause_process_cpu_ms", float("nan"))),
+                "max_busy_ms": float(got.get("max_busy_ms", float("nan")))}
 
     def close(self) -> None:
         self.http.close()

@@ -6,12 +6,18 @@ collection, a long synchronous call, a loop iteration with too much work in it).
 longest since the last reset, with the CPU time the loop's thread used meanwhile
 (``max_pause_cpu_ms``: close to the pause when the loop itself was busy, e.g. collecting
 garbage; far below it when the process was waiting: preempted by other processes on a busy
-machine, or waiting for the GIL held by another thread); :func:`gc_pauses` adds what the cyclic garbage collector itself
-took (``gc.callbacks``: every collection's duration, the longest per generation), which names
-the usual culprit of a long stall.
+machine, or waiting for the GIL held by another thread) and the whole process's
+(``max_pause_process_cpu_ms``: the loop's plus every other thread's, e.g. the knowledge
+base's writer holding the GIL). ``max_busy_ms`` is the longest the loop's thread itself ran
+within one sample (the most CPU between two wake-ups of the monitor, whatever the wall
+clock): the stall the gateway's own work makes, which a busy machine can stretch but not
+create. :func:`gc_pauses` adds what the cyclic garbage collector itself took
+(``gc.callbacks``: every collection's duration, the longest per generation), which names the
+usual culprit of a long stall.
 
 ``GET /admin/loop`` (the admin API's access rules: loopback or ``HERMES_ADMIN_TOKEN``)
-answers ``{"max_pause_ms", "max_pause_cpu_ms", "mean_lag_ms", "samples", "since_s",
+answers ``{"max_pause_ms", "max_pause_cpu_ms", "max_pause_process_cpu_ms", "max_busy_ms",
+"mean_lag_ms", "samples", "since_s",
 "interval_ms", "gc": {...}}``;
 ``?reset=true`` starts a new window after reading (atomically: nothing is lost between the
 read and the reset). ``hermes bench gateway`` reads it before and after each row of load
@@ -95,6 +101,8 @@ class LoopLagMonitor:
     def reset(self) -> None:
         self.max_s = 0.0
         self.max_cpu_s = 0.0  # CPU the loop's thread used over the longest stall's sleep
+        self.max_proc_cpu_s = 0.0  # CPU of the whole process over it
+        self.max_busy_s = 0.0  # most CPU the loop's thread used within one sample
         self.sum_s = 0.0
         self.samples = 0
         self.since = time.monotonic()
@@ -119,19 +127,23 @@ class LoopLagMonitor:
 
     async def _watch(self) -> None:
         interval = self.interval_s
-        clock, cpu = time.perf_counter, time.thread_time
+        clock, cpu, pcpu = time.perf_counter, time.thread_time, time.process_time
         sleep = asyncio.sleep
         while True:
-            t0, c0 = clock(), cpu()
+            t0, c0, p0 = clock(), cpu(), pcpu()
             await sleep(interval)
             lag = clock() - t0 - interval
+            used = cpu() - c0
             if lag < 0.0:
                 lag = 0.0
             self.samples += 1
             self.sum_s += lag
+            if used > self.max_busy_s:
+                self.max_busy_s = used
             if lag > self.max_s:
                 self.max_s = lag
-                self.max_cpu_s = cpu() - c0
+                self.max_cpu_s = used
+                self.max_proc_cpu_s = pcpu() - p0
 
     def read(self, *, reset: bool = False) -> dict[str, Any]:
         """The window's figures; ``reset``: start a new window (the GC figures too)."""
@@ -139,6 +151,8 @@ class LoopLagMonitor:
         out = {"running": self.running, "interval_ms": self.interval_s * 1e3,
                "max_pause_ms": round(self.max_s * 1e3, 3),
                "max_pause_cpu_ms": round(self.max_cpu_s * 1e3, 3),
+               "max_pause_process_cpu_ms": round(self.max_proc_cpu_s * 1e3, 3),
+               "max_busy_ms": round(self.max_busy_s * 1e3, 3),
                "mean_lag_ms": round(self.sum_s / self.samples * 1e3, 4) if self.samples else 0.0,
                "samples": self.samples, "since_s": round(time.monotonic() - self.since, 3),
                "gc": g.read()}

@@ -29,6 +29,8 @@ def test_bench_gateway_measures_both_paths_in_one_run(tmp_path, capsys) -> None:
         assert r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
     assert direct["max_pause_ms"] == direct["max_gc_ms"] == 0.0  # no gateway on that path
     assert 0.0 < gw["max_pause_ms"] < 60_000.0 and gw["max_gc_ms"] >= 0.0
+    # the loop ran some work between two wake-ups of the monitor
+    assert 0.0 < gw["max_busy_ms"] and gw["max_pause_cpu_ms"] >= 0.0
     assert gw["history"] == 20  # the warmup's runs are kept when the row starts
     out_text = capsys.readouterr().out
     assert "added_p50_ms" in out_text and "max_pause" in out_text

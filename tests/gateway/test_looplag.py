@@ -34,7 +34,31 @@ def test_monitor_measures_a_stall_and_resets() -> None:
     assert quiet["running"] and quiet["samples"] > 5 and quiet["max_pause_ms"] < 60
     # the monitor sees at least the stall minus one interval
     assert 75.0 <= stalled["max_pause_ms"] < 1000.0
+    # time.sleep holds the loop without using CPU: the stall is not the loop's work
+    assert stalled["max_pause_cpu_ms"] < 40.0 and stalled["max_busy_ms"] < 40.0
     assert after["max_pause_ms"] < 60.0 and after["since_s"] < 1.0
+
+
+def test_busy_loop_is_told_from_a_waiting_one() -> None:
+    """A loop that computes for 60 ms shows it as CPU of the stall and as its busiest sample."""
+
+    async def main() -> dict:
+        mon = LoopLagMonitor(interval_s=0.002)
+        mon.start()
+        await asyncio.sleep(0.02)
+        mon.reset()
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.06:  # 60 ms of the loop's own CPU
+            pass
+        await asyncio.sleep(0.02)
+        got = mon.read()
+        await mon.stop()
+        return got
+
+    got = asyncio.run(main())
+    assert got["max_busy_ms"] >= 55.0 and got["max_pause_cpu_ms"] >= 55.0
+    assert got["max_pause_process_cpu_ms"] >= got["max_pause_cpu_ms"] - 1.0
+    assert got["max_pause_ms"] >= 55.0
 
 
 def test_gc_pauses_are_counted_per_generation() -> None:
