@@ -224,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_admin_parsers(sub)
+    from hermes.plan.cli import add_plan_parser
+
+    add_plan_parser(sub)
     from hermes.keys_cli import add_keys_parser
 
     add_keys_parser(sub)

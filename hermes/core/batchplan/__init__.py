@@ -1,0 +1,1 @@
+"""SamuLLM's multi-LLM offline batch planner (pure)."""
