@@ -286,8 +286,12 @@ class IdentityConfig(_Section):
     close_margin: float = Field(default=2.0, ge=1.0)
     close_min_s: float = Field(default=5.0, gt=0.0)
     close_max_s: float = Field(default=600.0, gt=0.0)
-    #: idle close while an app has fewer than ``close_min_gaps`` observed gaps
+    #: idle close while an app has fewer than ``close_min_gaps`` observed gaps (never sooner
+    #: than ``close_margin`` x the longest gap already seen)
     close_prior_s: float = Field(default=60.0, gt=0.0)
+    #: a run whose last answer called tools (the client owes it the results) is closed only
+    #: after this idle time, whatever its app's gaps say
+    close_tool_call_s: float = Field(default=600.0, gt=0.0)
     close_min_gaps: int = Field(default=20, ge=1)
     #: gaps kept per app (newest)
     gap_samples: int = Field(default=1000, ge=16)

@@ -417,6 +417,28 @@ def test_idle_close_s_is_p99_times_margin_bounded_with_a_prior() -> None:
     assert idle_close_s([0.1] * 50) == 5.0  # min
     few = idle_close_s([10.0] * 5, min_gaps=20, prior_s=60.0, margin=2.0)
     assert few == pytest.approx(0.25 * 20.0 + 0.75 * 60.0)  # shrunk towards the prior
+    # while learning, never sooner than margin x the longest gap seen: a 100 s tool call
+    # once seen must not split the next runs at the 60 s prior (0.05 x 200 + 0.95 x 60 = 67)
+    assert idle_close_s([100.0], min_gaps=20, prior_s=60.0, margin=2.0) == pytest.approx(200.0)
+    # with enough gaps the p99 rules again (one outlier of 100 in 100 gaps)
+    assert idle_close_s([1.0] * 99 + [100.0], min_gaps=20, margin=2.0, min_s=0.5) == 2.0
+
+
+def test_a_run_whose_last_answer_called_tools_waits_for_their_results() -> None:
+    cfg = IdentityConfig(close_min_gaps=1, close_margin=2.0, close_min_s=1.0,
+                         close_tool_call_s=120.0)
+    r = Resolver(cfg)
+    done = agent_run(r, "q", 3, run_tag="a")  # gaps ~0.5 s: the app closes after ~1 s idle
+    assert r.gaps.close_after(done[0].app_id) == pytest.approx(1.0)
+    # a second run stops after a tool call (its client is running the tool)
+    r2 = ask(r, chat(sys_(), user("other question"), tools=TOOLS), call("b-0", city="c0"),
+             now=T0 + 100).run
+    assert r2 != done[0].run
+    # text-answered run: closed on the app's figure; tool-calling run: kept open
+    closed = {c.run for c in r.sweep(T0 + 150)}
+    assert done[0].run in closed and r2 not in closed and r.is_open(r2)
+    # ... until close_tool_call_s of idleness
+    assert r2 in {c.run for c in r.sweep(T0 + 100.5 + 120.5)}
 
 
 def test_sweep_closes_idle_runs_and_a_late_continuation_starts_a_new_run() -> None:
@@ -534,7 +556,7 @@ def test_cpu_per_request_at_20_messages_is_under_a_tenth_of_a_millisecond() -> N
 
 def test_a_late_continuation_teaches_its_app_the_gap_the_close_missed() -> None:
     """A run closed during a long tool call and then continued: the gap is learned, so that
-    after enough of them the app's runs stay open through such calls."""
+    the app's next runs stay open through such calls."""
     cfg = IdentityConfig(close_prior_s=60.0, close_min_gaps=5, close_margin=2.0)
     r = Resolver(cfg)
     now = 0.0
@@ -553,6 +575,7 @@ def test_a_late_continuation_teaches_its_app_the_gap_the_close_missed() -> None:
         splits.append(nxt.run != first.run)
         now += 1000.0
         r.sweep(now)
-    assert splits[0] and splits[1]  # the prior closes the first runs during the call
-    assert not any(splits[-3:]), splits  # learned: 100 s gaps, close at p99 x 2
+    assert splits[0]  # the prior closes the first run during the call
+    # the gap it taught is the floor while the app learns: no later run splits
+    assert not any(splits[1:]), splits
     assert r.gaps.close_after(first.app_id) >= 100.0

@@ -114,6 +114,16 @@ class _Run:
     last: float
     busy: int = 0
     requests: int = 0
+    #: the last answer asked for tool calls: the client owes the run a continuation
+    awaiting_tool: bool = False
+
+
+def _asks_tools(reply: Any) -> bool:
+    """An assistant reply that calls tools (chat ``tool_calls``, or a Responses
+    ``function_call`` output item): its client is expected back with the results."""
+    if not isinstance(reply, dict):
+        return False
+    return bool(reply.get("tool_calls")) or reply.get("type") == "function_call"
 
 
 def request_messages(body: Mapping[str, Any]) -> list[Any]:
@@ -286,6 +296,10 @@ class Resolver:
         if identity.evidence in UNTRACKED or not identity.run:
             return
         self._release(identity.run, now)
+        run = self._open.get(identity.run)
+        if run is not None:
+            run.awaiting_tool = any(_asks_tools(r) for r in
+                                    (replies if isinstance(replies, list) else (replies,)))
         tenant = identity.tenant
         hasher = identity.conversation
         if hasher is not None and replies:
@@ -309,6 +323,7 @@ class Resolver:
         since the last sweep (also those evicted by ``max_open_runs``)."""
         closed, self._closed = self._closed, []
         max_busy = self.config.max_busy_s
+        tool_wait = self.config.close_tool_call_s
         for app_id in list(self._by_app):
             order = self._by_app[app_id]
             limit = self.gaps.close_after(app_id)
@@ -319,6 +334,8 @@ class Resolver:
                 if idle <= limit:
                     break
                 if run.busy and idle <= max_busy:
+                    continue
+                if run.awaiting_tool and idle <= tool_wait:
                     continue
                 done.append(run)
             for run in done:

@@ -10,7 +10,8 @@ own work, a person reading). A run idle much longer than its app's gaps is over
 
 With fewer than ``min_gaps`` gaps the figure is shrunk towards a prior: weight
 ``n / min_gaps`` on the data, the rest on ``prior_s`` (a new app starts patient and
-learns). An app that has never shown a gap after ``one_shot_runs`` closed runs is one-shot
+learns), but never below ``margin`` x the longest gap seen so far: one tool call longer than
+the prior, once seen, must not split the app's next runs while it learns. An app that has never shown a gap after ``one_shot_runs`` closed runs is one-shot
 traffic (independent prompts, no conversation): its runs close ``min_s`` after their answer,
 so that plain request/response traffic does not hold thousands of runs open for the prior.
 Pure: the caller passes the gaps; :class:`GapBook` keeps them per app.
@@ -39,7 +40,7 @@ def idle_close_s(gaps: Sequence[float], *, margin: float = 2.0, min_s: float = 5
     learned = p99(gaps) * margin
     if n < min_gaps:
         w = n / min_gaps
-        learned = w * learned + (1.0 - w) * prior_s
+        learned = max(w * learned + (1.0 - w) * prior_s, max(gaps, default=0.0) * margin)
     return min(max(learned, min_s), max(min_s, max_s))
 
 
