@@ -24,7 +24,7 @@ class UnitObservation:
     output_tokens: int = 0
     parallelism: int = 1
     duration_s: float = 0.0  # tool service time (tool units) or wall time (LLM units)
-    service_s: float = 0.0  # isolated service under the cost model (what the estimator predicts)
+    service_s: float = 0.0  # isolated engine service under the cost model (0 for tools)
     started: float = 0.0
     finished: float = 0.0
 
@@ -70,7 +70,7 @@ class UnitObservation:
                 finished=u.finished,
             )
         dur = u.duration_s if u.duration_s is not None else u.finished - u.started
-        return cls(unit=u.unit, duration_s=dur, service_s=dur, started=u.started, finished=u.finished)
+        return cls(unit=u.unit, duration_s=dur, service_s=0.0, started=u.started, finished=u.finished)
 
 
 @dataclass(slots=True)

@@ -381,7 +381,7 @@ class RunRegistry:
             obs = UnitObservation(
                 unit=inv.unit,
                 duration_s=duration,
-                service_s=float(inv.duration_s or 0.0),
+                service_s=0.0,  # a tool call uses no engine service (estimator: time away)
                 started=inv.started,
                 finished=inv.finished,
             )

@@ -135,8 +135,10 @@ class SimResult:
         return np.array([r.act_s for r in self.runs])
 
 
-def isolated_step_service(steps: Sequence[Step], cost: CostModel) -> list[float]:
-    """Isolated service seconds of each step (LLM: cost model; tool: its warm duration)."""
+def isolated_step_service(steps: Sequence[Step], cost: CostModel, *,
+                          tools: bool = True) -> list[float]:
+    """Isolated service seconds of each step (LLM: cost model; tool: its warm duration, or 0
+    with ``tools=False``: the engine service alone, what the policies order by)."""
     out = []
     for s in steps:
         if s.is_llm:
@@ -147,7 +149,7 @@ def isolated_step_service(steps: Sequence[Step], cost: CostModel) -> list[float]
             else:
                 out.append(0.0)
         else:
-            out.append(float(s.duration_s or 0.0))
+            out.append(float(s.duration_s or 0.0) if tools else 0.0)
     return out
 
 
@@ -322,7 +324,7 @@ class Simulator:
         run = _Run(state=state, app=app, gen=iter(app.steps(np.random.default_rng(a.seed))))
         if self.uses_truth:
             steps = list(app.steps(np.random.default_rng(a.seed)))
-            svc = isolated_step_service(steps, self.cost)
+            svc = isolated_step_service(steps, self.cost, tools=False)  # engine service
             suffix = [0.0] * (len(svc) + 1)
             for k in range(len(svc) - 1, -1, -1):
                 suffix[k] = suffix[k + 1] + svc[k]
@@ -438,7 +440,7 @@ class Simulator:
             output_tokens=o_tok,
             parallelism=par,
             duration_s=dur,
-            service_s=run.unit_attained,
+            service_s=run.unit_attained if step.is_llm else 0.0,  # engine service only
             started=run.unit_started,
             finished=now,
         )

@@ -154,9 +154,12 @@ def test_given_next_matches_a_fresh_draw_from_the_unit_that_started(kbqa) -> Non
     assert kept.service_s.mean() == pytest.approx(fresh.service_s.mean(), rel=0.05)
     assert kept.wall_s.mean() == pytest.approx(fresh.wall_s.mean(), rel=0.05)
     assert between.given_next("verify") is None  # no walk goes to verify next
-    # conditioning the kept walks on attained service matches the estimator's own conditional
-    a = float(np.median(kept.current_s))
-    later = kept.given_attained(a)
+    # "search" is a tool: no engine service in its invocation (time away from the engine,
+    # in wall_s only), so attained time cannot filter the kept walks: the caller draws afresh
+    assert kept.current_s.max() == 0.0 and kept.given_attained(1.0) is None
+    # the fresh draw conditions the tool's remaining duration on its elapsed time (X > a)
+    tool = est.unit_service_samples("search", 4000)
+    a = float(np.median(tool))
     direct = est.sample(RunProgress(finished=done, current="search", current_attained_s=a))
-    assert later is not None and later.service_s.size < kept.service_s.size
-    assert later.service_s.mean() == pytest.approx(direct.service_s.mean(), rel=0.05)
+    assert direct.service_s.mean() == pytest.approx(fresh.service_s.mean(), rel=0.05)
+    assert direct.wall_s.mean() < fresh.wall_s.mean() - 0.2 * a
