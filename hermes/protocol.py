@@ -43,6 +43,20 @@ class _Msg(BaseModel):
 # ----------------------------------------------------------------------------------------------
 
 
+class KVBlockSpec(_Msg):
+    """(additive) How an engine names its prefix-cache blocks, so that the gateway can hash a
+    prompt's blocks as the engine does (:class:`hermes.core.kv_blocks.BlockHashing`) and look
+    them up in the engine's block index (``kv_summary``). ``tokenizer``: ``"builtin"`` when
+    the engine tokenizes as :func:`hermes.core.kv_blocks.builtin_chat_token_ids` (the built-in
+    engine), so the gateway can find a text prompt's token ids; ``None``: only a prompt given
+    as token ids can be looked up."""
+
+    block_size: int = Field(ge=1)
+    hash_algo: str = "sha256"
+    seed: str = "vllm-none-hash"
+    tokenizer: Literal["builtin"] | None = None
+
+
 class EngineInfo(_Msg):
     """One engine a node serves: requests for ``model`` (or one of ``loras``) go to it."""
 
@@ -53,6 +67,8 @@ class EngineInfo(_Msg):
     max_inflight: int = Field(ge=1)
     #: (additive) ``generate`` (chat/completions) or ``embed`` (embeddings)
     task: Literal["generate", "embed"] = "generate"
+    #: (additive) the engine publishes KV events: its blocks are named so (``kv_summary``)
+    kv_blocks: KVBlockSpec | None = None
 
 
 class Hello(_Msg):
@@ -156,6 +172,26 @@ class PrewarmAck(_Msg):
     detail: str = ""
 
 
+class KVSummary(_Msg):
+    """(additive) What changed in one engine's prefix-cache block index (the node follows the
+    engine's KV events, :mod:`hermeslet.kv_events`): per medium (``GPU``, ``CPU``), the block
+    hashes (vLLM's 64-bit event form) stored and removed since the node's previous summary for
+    the engine, net. Sent with the heartbeat when something changed, never one per block.
+    ``full``: the whole index (after ``hello``: the gateway replaces its copy). ``seq`` counts
+    an engine's summaries from the ``full`` one (0): a gateway that sees one missing asks for
+    ``resync`` (a new ``hello`` and a ``full`` summary). ``blocks``: the node's index size per
+    medium after this summary (a check on the gateway's copy)."""
+
+    type: Literal["kv_summary"] = "kv_summary"
+    node: str
+    engine: str
+    seq: int = Field(ge=0)
+    full: bool = False
+    stored: dict[str, list[int]] = Field(default_factory=dict)
+    removed: dict[str, list[int]] = Field(default_factory=dict)
+    blocks: dict[str, int] = Field(default_factory=dict)
+
+
 # ----------------------------------------------------------------------------------------------
 # scheduler -> HermesLet
 # ----------------------------------------------------------------------------------------------
@@ -237,7 +273,8 @@ class Resync(_Msg):
     type: Literal["resync"] = "resync"
 
 
-NodeMessage = Hello | Heartbeat | Token | Done | Failed | ToolDone | UnitEvent | PrewarmAck
+NodeMessage = (Hello | Heartbeat | Token | Done | Failed | ToolDone | UnitEvent | PrewarmAck
+               | KVSummary)
 SchedulerMessage = Submit | Rekey | Cancel | Tool | Prewarm | Resync
 Message = Annotated[NodeMessage | SchedulerMessage, Field(discriminator="type")]
 

@@ -40,6 +40,7 @@ from hermes import protocol as P
 from hermes.core.ordering import KeyedQueue
 from hermes.core.prewarm import resource_kind, resource_model
 from hermeslet.engines.base import EngineAdapter, EngineError, GenChunk, GenResult
+from hermeslet.kv_events import EngineKVFollower
 from hermeslet.tools import ToolRunner
 
 if TYPE_CHECKING:
@@ -122,6 +123,8 @@ class HermesLet:
         self._kv_queued: dict[tuple[str, object], tuple[_EngineSlot, str]] = {}
         self._kv_ids = itertools.count(1)
         self._prewarm_tasks: set[asyncio.Task[None]] = set()
+        #: engines publishing KV events: their block indexes, summarised with heartbeats
+        self.kv_followers: dict[str, EngineKVFollower] = {}
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -138,7 +141,9 @@ class HermesLet:
             engines=[
                 P.EngineInfo(name=s.engine.name, model=s.engine.model, kind=s.engine.kind,
                              loras=self._served_loras(s), max_inflight=s.engine.max_inflight,
-                             task=s.engine.task)
+                             task=s.engine.task,
+                             kv_blocks=(self.kv_followers[s.engine.name].block_spec()
+                                        if s.engine.name in self.kv_followers else None))
                 for s in self.slots.values()
             ],
             tools=self.tools.kinds,
@@ -191,6 +196,9 @@ class HermesLet:
         :meth:`stop`; then abort work and close."""
         for s in self.slots.values():
             await s.engine.start()
+            if s.engine.kv_events is not None:
+                self.kv_followers[s.engine.name] = EngineKVFollower(
+                    self.node, s.engine.name, s.engine.kv_events, ctx=self.ctx)
         if self.link is None:
             self.sock = self._connect()
         recv = self._recv_loop() if self.link is None else self._recv_link(self.link)
@@ -204,7 +212,8 @@ class HermesLet:
             tasks = [
                 asyncio.create_task(recv, name=f"hermeslet-{self.node}-recv"),
                 asyncio.create_task(self._heartbeat_loop(), name=f"hermeslet-{self.node}-hb"),
-            ]
+            ] + [asyncio.create_task(f.subscriber.run(), name=f"hermeslet-{self.node}-kv-{e}")
+                 for e, f in self.kv_followers.items()]
             stop = asyncio.create_task(self._stop.wait())
             done, _ = await asyncio.wait([stop, *tasks], return_when=asyncio.FIRST_COMPLETED)
             stop.cancel()
@@ -290,6 +299,9 @@ class HermesLet:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(s.engine.metrics(), timeout=self.heartbeat_s / 2)
             await self._send(self.heartbeat())
+            for f in self.kv_followers.values():
+                if (summary := f.summary()) is not None:
+                    await self._send(summary)
             await asyncio.sleep(self.heartbeat_s)
 
     async def _recv_loop(self) -> None:
@@ -332,6 +344,8 @@ class HermesLet:
                                               detail="prewarming not implemented on this node"))
             case P.Resync():
                 await self._send(self.hello())
+                for f in self.kv_followers.values():
+                    f.restart()
             case _:
                 print(f"hermeslet {self.node}: ignored {msg.type!r} (node-bound only)",
                       file=sys.stderr)

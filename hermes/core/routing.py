@@ -49,6 +49,10 @@ class EngineState:
     queued: int = 0
     #: the engine's KV cache use (0..1), None when it does not report it
     kv_usage: float | None = None
+    #: prompt tokens the engine holds, exactly, from its KV-event block index
+    #: (:mod:`hermes.core.kv_index`); None: it publishes no events, the router reads its
+    #: approximate :class:`PrefixIndex` instead
+    cached_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -129,6 +133,13 @@ class Router:
         """The engine for ``req`` (``engines`` is not empty)."""
         raise NotImplementedError
 
+    def matched_tokens(self, req: RouteRequest, e: EngineState) -> int:
+        """Prompt tokens of ``req`` that ``e`` holds: exact when the engine's block index is
+        known (``cached_tokens``), else the approximate index's guess."""
+        if e.cached_tokens is not None:
+            return e.cached_tokens
+        return self.index.matched_tokens(e.engine, req.prefixes)
+
     def sent(self, req: RouteRequest, engine: str, now: float) -> None:
         """``req`` went to ``engine``: it holds the request's prefixes now."""
         if req.prefixes:
@@ -160,7 +171,7 @@ class PrefixRouter(Router):
         total = req.input_tokens or (req.prefixes[-1][1] if req.prefixes else 0)
 
         def score(e: EngineState) -> tuple[float, float]:
-            hit = self.index.matched_tokens(e.engine, req.prefixes) / total if total else 0.0
+            hit = min(1.0, self.matched_tokens(req, e) / total) if total else 0.0
             free_kv = 1.0 - e.kv_usage if e.kv_usage is not None else 1.0
             s = (self.prefix_weight * hit + self.load_weight * (1.0 - min(1.0, e.load))
                  + self.kv_weight * free_kv)
@@ -218,7 +229,7 @@ class HermesRouter(Router):
         future = 1.0 + max(0.0, min(1.0, req.next_llm_p))
 
         def cost(e: EngineState) -> tuple[float, int]:
-            miss = max(0, total - self.index.matched_tokens(e.engine, req.prefixes))
+            miss = max(0, total - self.matched_tokens(req, e))
             kv = e.kv_usage if e.kv_usage is not None else 0.0
             return (self.queue_tokens * (e.load + 0.25 * kv) + future * miss, e.queued)
 

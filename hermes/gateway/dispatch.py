@@ -152,7 +152,10 @@ class Dispatcher(RunObserver):
 
     def send_llm(self, req: PendingRequest, exclude: Set[str] = frozenset()) -> None:
         try:
-            node, engine = self.nodes.pick_engine(req.model or "", exclude, self._route(req))
+            route = self._route(req)
+            prompt = ((req.msg.endpoint, req.msg.body)
+                      if route.prefixes and isinstance(req.msg, Submit) else None)
+            node, engine = self.nodes.pick_engine(req.model or "", exclude, route, prompt)
         except NoCapacity as e:
             self.fail_request(req, e)
             return

@@ -22,6 +22,8 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from hermes.core.kv_blocks import BlockHashing, external_hash
+from hermes.core.kv_index import BlockIndex, match_blocks
 from hermes.core.routing import (
     EngineState,
     PrefixIndex,
@@ -32,9 +34,20 @@ from hermes.core.routing import (
 )
 from hermes.gateway.context import SchedulerContext
 from hermes.gateway.errors import ModelNotFound, NoCapacity, SchedulerError, WrongTask
+from hermes.gateway.prefixes import prompt_token_ids
 from hermes.gateway.state import Node
 from hermes.inproc import InprocLink
-from hermes.protocol import EngineInfo, Heartbeat, Hello, ProtocolError, Resync, decode, encode
+from hermes.protocol import (
+    EngineInfo,
+    Heartbeat,
+    Hello,
+    KVBlockSpec,
+    KVSummary,
+    ProtocolError,
+    Resync,
+    decode,
+    encode,
+)
 from hermes.zmqdrain import QueuedMessages
 
 log = logging.getLogger("hermes.gateway.nodes")
@@ -79,6 +92,11 @@ class NodeTable:
         self.router: Router = make_router(
             sc.router, index=PrefixIndex(capacity_tokens=sc.router_index_tokens))
         self.router_stats = RouteStats()
+        #: per engine (``node/engine``) publishing KV events, its block index, rebuilt from
+        #: the node's ``kv_summary`` messages (issue 19), and the next summary's ``seq``
+        self.kv_indexes: dict[str, BlockIndex] = {}
+        self._kv_seq: dict[str, int] = {}
+        self._kv_hashing: dict[tuple[int, str, str], BlockHashing] = {}
 
     # ------------------------------------------------------------------ wire
     def bind(self) -> None:
@@ -205,7 +223,29 @@ class NodeTable:
                 node.kv_usage = {name: load.kv_usage for name, load in msg.engines.items()}
         elif isinstance(msg, Hello):
             self._hello(identity, msg)
+        elif isinstance(msg, KVSummary) and node is not None:
+            self._kv_summary(identity, msg)
         return node
+
+    def _kv_summary(self, identity: bytes, msg: KVSummary) -> None:
+        """Apply one engine's block-index summary; one missing (``seq`` gap) or an increment
+        before the full one: drop the copy and ask the node for a ``hello`` and full ones."""
+        node = self.nodes.get(msg.node)
+        if node is None or msg.engine not in node.engines:
+            return
+        key = f"{msg.node}/{msg.engine}"
+        idx = self.kv_indexes.get(key)
+        if msg.full:
+            idx = self.kv_indexes[key] = BlockIndex()
+        elif idx is None or self._kv_seq.get(key) != msg.seq:
+            log.warning("kv summary %s of %s: expected %s; resync", msg.seq, key,
+                        self._kv_seq.get(key, "a full one"))
+            self.kv_indexes.pop(key, None)
+            self._kv_seq.pop(key, None)
+            self.send_raw(identity, Resync())
+            return
+        idx.apply_delta(msg.stored, msg.removed, full=msg.full)
+        self._kv_seq[key] = msg.seq + 1
 
     def _holding(self, node: str, holding: dict[str, str]) -> None:
         for rid in [r for r, (n, _) in self.held.items() if n == node and r not in holding]:
@@ -235,6 +275,9 @@ class NodeTable:
             node.outstanding = old.outstanding
             node.tools_outstanding = old.tools_outstanding
         self.nodes[msg.node] = node
+        for e in msg.engines:  # a full summary follows a hello
+            self.kv_indexes.pop(f"{msg.node}/{e.name}", None)
+            self._kv_seq.pop(f"{msg.node}/{e.name}", None)
         if self.ctx.metrics is not None:
             self.ctx.metrics.on_node_joined(msg.node, node.engines)
         self.ready.set()
@@ -255,6 +298,8 @@ class NodeTable:
                             silent_s)
             for e in self.nodes.pop(name).engines:
                 self.router.index.forget(f"{name}/{e}")
+                self.kv_indexes.pop(f"{name}/{e}", None)
+                self._kv_seq.pop(f"{name}/{e}", None)
             gone(name)
         if not self.nodes:
             self.ready.clear()
@@ -337,12 +382,15 @@ class NodeTable:
         return self.resolve_model(model, strict=strict, task=task)
 
     def pick_engine(self, model: str, exclude: Set[str] = frozenset(),
-                    route: RouteRequest | None = None) -> tuple[Node, EngineInfo]:
+                    route: RouteRequest | None = None,
+                    prompt: tuple[str, dict[str, Any]] | None = None) -> tuple[Node, EngineInfo]:
         """The engine for a request of ``model`` on a node not in ``exclude``: the router's
         choice (``scheduler.router``, :mod:`hermes.core.routing`) among the engines serving it,
         each described by its in-flight fraction of its window, the node's reported queue for
         it and its KV use; ``route``: the request (its run and prompt prefixes), none for a
-        bare choice (least loaded). The choice is recorded in the router's prefix index."""
+        bare choice (least loaded). The choice is recorded in the router's prefix index.
+        ``prompt``: the request's ``(endpoint, body)``, for an exact look-up of its blocks in
+        the indexes of the engines that publish KV events (:meth:`_exact_cached`)."""
         cands: list[EngineState] = []
         where: dict[str, tuple[Node, EngineInfo]] = {}
         for node in self.nodes.values():
@@ -362,12 +410,46 @@ class NodeTable:
         elif route is None:
             chosen = min(cands, key=lambda c: (c.load, c.queued))
         else:
+            if prompt is not None:
+                self._exact_cached(cands, where, *prompt)
             chosen = self.router.pick(route, cands, self.ctx.now())
         if route is not None:
             self.router_stats.note(chosen.engine, route.input_tokens,
-                                   self.router.index.matched_tokens(chosen.engine, route.prefixes))
+                                   self.router.matched_tokens(route, chosen))
             self.router.sent(route, chosen.engine, self.ctx.now())
         return where[chosen.engine]
+
+    def _exact_cached(self, cands: list[EngineState], where: dict[str, tuple[Node, EngineInfo]],
+                      endpoint: str, body: dict[str, Any]) -> None:
+        """Set ``cached_tokens`` of the candidates with a KV-event block index: the prompt's
+        leading blocks (vLLM's hashes of its token ids) they hold, on the GPU or a lower tier;
+        the others keep the approximate index."""
+        groups: dict[tuple[int, str, str, str | None], list[EngineState]] = {}
+        specs: dict[tuple[int, str, str, str | None], KVBlockSpec] = {}
+        for c in cands:
+            spec = where[c.engine][1].kv_blocks
+            if spec is not None and c.engine in self.kv_indexes:
+                gkey = (spec.block_size, spec.hash_algo, spec.seed, spec.tokenizer)
+                specs[gkey] = spec
+                groups.setdefault(gkey, []).append(c)
+        for key, group in groups.items():
+            spec = specs[key]
+            ids = prompt_token_ids(endpoint, body, spec.tokenizer)
+            hkey = (spec.block_size, spec.hash_algo, spec.seed)
+            hashing = self._kv_hashing.get(hkey)
+            if hashing is None:
+                try:
+                    hashing = self._kv_hashing[hkey] = BlockHashing(*hkey)
+                except ValueError as e:
+                    log.warning("engine blocks cannot be looked up: %s", e)
+                    continue
+            if ids is None:
+                continue
+            got = match_blocks((external_hash(h) for h in hashing.iter_hashes(ids)),
+                               {c.engine: self.kv_indexes[c.engine] for c in group})
+            for c in group:
+                m = got[c.engine]
+                c.cached_tokens = min(len(ids), (m.gpu_blocks + m.cpu_blocks) * spec.block_size)
 
     def pick_tool_node(self, backend: str, exclude: Set[str] = frozenset()) -> Node:
         """The tool node with the fewest of our calls, among those running ``backend``'s kind

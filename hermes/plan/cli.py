@@ -4,7 +4,8 @@
   a scenario or a ``--dag`` file and a node's GPUs (``--gpus 8xA100-80``): the greedy plan's
   stages and its predicted end-to-end time beside the Max and Min heuristics (and the
   no-preemption variants) on the same sampled workload. Candidate plans are simulated in
-  parallel processes (``--workers``); progress on stderr.
+  parallel processes (``--workers``); progress on stderr. ``--emit FILE`` writes the greedy
+  plan in the form ``hermeslet run-plan FILE`` carries out (:mod:`hermes.plan.emit`).
 - ``hermes plan calibrate``: the cluster model against Vidur's measurements
   (:mod:`hermes.plan.calibrate`).
 """
@@ -187,6 +188,15 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
+    if args.emit:  # the greedy plan in the form `hermeslet run-plan` carries out
+        import json
+        from pathlib import Path
+
+        from hermes.plan.emit import emit_plan
+
+        Path(args.emit).write_text(json.dumps(emit_plan(app, g, args.gpus, assign_gpus(g, n),
+                                                        adjustment_rule=ADJUSTMENT_RULE)) + "\n")
+        print(f"wrote {args.emit} (hermeslet run-plan {args.emit})", file=sys.stderr)
     return 0
 
 
@@ -203,6 +213,8 @@ def add_plan_parser(sub: Any) -> None:
     s.add_argument("--dag", metavar="FILE", help="application JSON (hermes.plan.scenarios.load_dag)")
     s.add_argument("--gpus", default="8xA100-80", help="COUNTxDEVICE (default 8xA100-80)")
     s.add_argument("--json", metavar="FILE")
+    s.add_argument("--emit", metavar="FILE", help="write the greedy plan for `hermeslet "
+                   "run-plan` (engines per stage: vLLM arguments, GPU ids; hermes.plan.emit)")
     s.add_argument("--seed", type=int, default=0, help="output-length sampling seed")
     s.add_argument("--requests", type=int, help="requests (ensembling) or documents (chain)")
     s.add_argument("--scale", type=float, default=1.0, help="routing: request counts x this")

@@ -21,12 +21,18 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from hermeslet.kv_events import KVEventsSource
+
 Endpoint = Literal["chat", "completions", "embeddings"]
 #: what runs behind an adapter: the built-in engine, an OpenAI-compatible server, vLLM
 EngineKind = Literal["sim", "openai", "vllm"]
 #: what an engine's model does: ``generate`` (chat and text completions) or ``embed``
 #: (``/v1/embeddings``), as vLLM's ``--task``/``--runner``; a request for the other is refused
 Task = Literal["generate", "embed"]
+
+__all__ = ["Endpoint", "EngineAdapter", "EngineError", "EngineKind", "EngineMetrics",
+           "GenChunk", "GenResult", "KVEventsSource", "Task"]
+
 
 
 @dataclass(slots=True)
@@ -87,6 +93,8 @@ class EngineAdapter(ABC):
         self.use_priority = use_priority
         self.loras: list[str] = []
         self.last_metrics = EngineMetrics()
+        #: the engine publishes KV events there (None: it does not)
+        self.kv_events: KVEventsSource | None = None
 
     async def start(self) -> None:
         """Get ready to serve (launch, connect, learn the model name). Default: nothing."""

@@ -74,6 +74,12 @@ exactly the tokens of the answer it planned, so timing stays the engine model's.
   a prefix found there is swapped back in, stalling the iteration that admits its request
   for its size at ``swap_gb_per_s``. ``prefix_cache_queries``/``hits`` count prompt-prefix
   tokens (GPU or host hits), ``prefix_cache_cpu_hits`` the requests served from host memory.
+- **KV events** (``kv_events_endpoint``, ``hermeslet run --kv-events``): the prefix cache's
+  changes are published after each iteration as vLLM publishes its KV-cache events (ZeroMQ
+  PUB, msgpack ``BlockStored``/``BlockRemoved`` with ``medium`` GPU or CPU;
+  :mod:`hermeslet.engines.sim_kv_events`), the blocks named by vLLM's hashes of the built-in
+  tokenizer's ids (:func:`hermes.core.kv_blocks.builtin_chat_token_ids`: the same count as
+  above), so that the gateway can look a prompt's blocks up before it sends it.
 """
 
 from __future__ import annotations
@@ -87,6 +93,7 @@ from typing import Any
 
 from hermes.core.costmodel import DEFAULT_SETUP, CostModel, get_cost_model
 from hermes.core.engine_model import EngineModel, EngineRequest
+from hermes.core.kv_blocks import BlockHashing
 from hermes.core.warm_models import BlockPoolPrefixCache, LRUPrefixCache, gb_to_tokens
 from hermeslet.engines.base import (
     EngineAdapter,
@@ -94,8 +101,10 @@ from hermeslet.engines.base import (
     EngineMetrics,
     GenChunk,
     GenResult,
+    KVEventsSource,
     Task,
 )
+from hermeslet.engines.sim_kv_events import PrefixEventTracker, held_prefixes
 from hermeslet.engines.sim_output import (
     DEFAULT_EMBED_DIMS,
     DEFAULT_OUTPUT_CAP,
@@ -114,6 +123,7 @@ from hermeslet.engines.sim_output import (
     stream_chunk,
     text_tokens,
 )
+from hermeslet.kv_events import KVEventPublisher
 
 __all__ = ["DEFAULT_OUTPUT_CAP", "VOCAB", "AgentBehaviour", "SimEngine", "prompt_tokens",
            "text_tokens"]
@@ -158,6 +168,9 @@ class SimEngine(EngineAdapter):
         behaviour: AgentBehaviour | None = None,
         task: Task = "generate",
         embed_dims: int = DEFAULT_EMBED_DIMS,
+        kv_events_endpoint: str | None = None,
+        kv_events_replay_endpoint: str | None = None,
+        kv_block_size: int = 16,
     ) -> None:
         super().__init__(name=name, model=model, max_inflight=max_inflight,
                          use_priority=use_priority, task=task)
@@ -197,6 +210,13 @@ class SimEngine(EngineAdapter):
         self.generation_tokens_total = 0
         self.requests_finished = 0
         self.requests_aborted = 0
+        #: vLLM KV events of the prefix cache (``kv_events_endpoint``: a ZeroMQ address to
+        #: bind, ``tcp://127.0.0.1:0`` for a free port): :mod:`hermeslet.engines.sim_kv_events`
+        self.kv_tracker: PrefixEventTracker | None = None
+        self.kv_publisher: KVEventPublisher | None = None
+        self._kv_endpoints = (kv_events_endpoint, kv_events_replay_endpoint)
+        if kv_events_endpoint is not None:
+            self.kv_tracker = PrefixEventTracker(BlockHashing(block_size=kv_block_size))
 
     # ------------------------------------------------------------------ lifecycle
     def _loop_time(self) -> float:
@@ -207,6 +227,16 @@ class SimEngine(EngineAdapter):
         return (self._loop_time() - self._t0) * self.time_scale
 
     async def start(self) -> None:
+        endpoint, replay = self._kv_endpoints
+        if endpoint is not None and self.kv_publisher is None:
+            assert self.kv_tracker is not None
+            pub = KVEventPublisher(endpoint, replay_endpoint=replay)
+            self.kv_publisher = pub
+            hashing = self.kv_tracker.hashing
+            self.kv_events = KVEventsSource(
+                endpoint=pub.endpoint, replay_endpoint=pub.replay_endpoint,
+                block_size=hashing.block_size, hash_algo=hashing.hash_algo,
+                seed=hashing.seed, tokenizer="builtin")
         if self._driver is None:
             self._t0 = self._loop_time()
             self._wake = asyncio.Event()
@@ -218,6 +248,9 @@ class SimEngine(EngineAdapter):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._driver
             self._driver = None
+        if self.kv_publisher is not None:
+            self.kv_publisher.close()
+            self.kv_publisher = None
 
     def load_lora(self, name: str) -> None:
         if name in self.loras or name == self.model:
@@ -228,6 +261,16 @@ class SimEngine(EngineAdapter):
         if name not in self.loras:
             raise EngineError(f"LoRA adapter {name!r} is not loaded", status=404)
         self.loras.remove(name)
+
+    def publish_kv_events(self) -> int:
+        """Publish what changed in the prefix cache since the last call (a no-op without
+        ``kv_events_endpoint``): how many events were sent."""
+        if self.kv_tracker is None or self.kv_publisher is None:
+            return 0
+        events = self.kv_tracker.diff(held_prefixes(self.prefix_cache))
+        if events:
+            self.kv_publisher.publish(events)
+        return len(events)
 
     # ------------------------------------------------------------------ driver
     async def _drive(self) -> None:
@@ -242,6 +285,7 @@ class SimEngine(EngineAdapter):
                 continue
             now = self.now()
             res = self.core.step(now, until=now + self.step_wall_s * self.time_scale)
+            self.publish_kv_events()
             if res.idle:  # nothing admissible (cannot happen with work, but never spin)
                 await asyncio.sleep(self.step_wall_s)
                 continue
@@ -299,6 +343,9 @@ class SimEngine(EngineAdapter):
         plan = plan_output(endpoint, body, request_rng(body, request_id, self.seed),
                            self.behaviour, default_cap=cap)
         prefix_n = min(prefix_n, n_in)
+        if prefix is not None and self.kv_tracker is not None:
+            first = body["messages"][0]
+            self.kv_tracker.note(prefix, str(first.get("role", "")))
         env = Envelope(("chatcmpl-" if endpoint == "chat" else "cmpl-") + request_id, model,
                        int(time.time()))
         queue = await self._submit(request_id, [c.n_tokens for c in plan.choices], n_in,

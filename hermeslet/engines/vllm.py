@@ -7,19 +7,29 @@ loaded at run time. The supervisor waits for ``/health`` and restarts a crashed 
 exponential backoff. ``python`` defaults to ``$HERMES_VLLM_PYTHON`` (vLLM usually lives in its
 own venv, see PLATFORM.md) or the current interpreter. The ``vllm`` console script is not used:
 it fails on a metadata lookup in the CPU packaging.
+
+With ``kv_events`` (issue 19) the server publishes vLLM's KV-cache events
+(``--kv-events-config``: ZeroMQ PUB on a local ``ipc://`` socket, or the endpoint given) and
+runs with ``--block-size kv_block_size``, so that the node can follow its prefix cache
+(:mod:`hermeslet.kv_events`) and the gateway hash prompts' blocks as it does; the block hashes'
+seed is ``PYTHONHASHSEED`` of the server's environment when set, else vLLM's fixed default.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import sys
+import tempfile
 from collections.abc import AsyncGenerator
 from typing import Any
+from urllib.parse import urlparse
 
+from hermes.core.kv_blocks import DEFAULT_BLOCK_SIZE, DEFAULT_NONE_HASH_SEED
 from hermes.procs import free_port
-from hermeslet.engines.base import EngineError, GenChunk, GenResult
+from hermeslet.engines.base import EngineError, GenChunk, GenResult, KVEventsSource
 from hermeslet.engines.openai_http import HTTP_ERRORS, OpenAIHTTPEngine
 
 
@@ -33,8 +43,11 @@ def vllm_argv(
     max_loras: int = 4,
     max_lora_rank: int | None = None,
     extra_args: list[str] | None = None,
+    kv_events_endpoint: str | None = None,
+    kv_block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> list[str]:
-    """The command line of a supervised vLLM OpenAI server."""
+    """The command line of a supervised vLLM OpenAI server (``kv_events_endpoint``: publish
+    KV events there, vLLM binding it: an ``ipc://`` path or a ``tcp://*:PORT`` wildcard)."""
     argv = [
         python, "-m", "vllm.entrypoints.openai.api_server",
         "--model", model,
@@ -49,6 +62,11 @@ def vllm_argv(
         argv += ["--enable-lora", "--max-loras", str(max_loras)]
         if max_lora_rank:
             argv += ["--max-lora-rank", str(max_lora_rank)]
+    if kv_events_endpoint is not None:
+        cfg = {"enable_kv_cache_events": True, "publisher": "zmq",
+               "endpoint": kv_events_endpoint}
+        argv += ["--kv-events-config", json.dumps(cfg, separators=(",", ":")),
+                 "--block-size", str(kv_block_size)]
     return argv + list(extra_args or [])
 
 
@@ -76,6 +94,8 @@ class VLLMEngine(OpenAIHTTPEngine):
         max_backoff_s: float = 30.0,
         env: dict[str, str] | None = None,
         log_path: str | None = None,
+        kv_events: bool | str = False,
+        kv_block_size: int = DEFAULT_BLOCK_SIZE,
         **kw: Any,
     ) -> None:
         self.supervised = url is None
@@ -87,12 +107,32 @@ class VLLMEngine(OpenAIHTTPEngine):
                          use_priority=use_priority, **kw)
         self.launch_model = model
         self.python = python or os.environ.get("HERMES_VLLM_PYTHON") or sys.executable
+        self.env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", **(env or {})}
+        # kv_events: True (a supervised server on a fresh local ipc socket) or the endpoint
+        # of the server's publisher (attached: where to subscribe)
+        endpoint: str | None = None
+        if kv_events is True:
+            if not self.supervised:
+                raise ValueError("kv_events=True launches the publisher: an attached vLLM "
+                                 "needs its publisher's endpoint (kv_events='tcp://...')")
+            endpoint = (f"ipc://{tempfile.gettempdir()}/hermes-kv-{os.getpid()}-"
+                        f"{self.port}.sock")
+        elif isinstance(kv_events, str) and kv_events:
+            endpoint = kv_events
+        if endpoint is not None:
+            self.kv_events = KVEventsSource(
+                # a wildcard is where vLLM binds: subscribe at its server's host
+                endpoint=endpoint.replace("tcp://*:",
+                                          f"tcp://{urlparse(self.url).hostname or '127.0.0.1'}:"),
+                block_size=kv_block_size,
+                seed=self.env.get("PYTHONHASHSEED", DEFAULT_NONE_HASH_SEED))
         self.argv = vllm_argv(
             self.python, model or "", self.port or 0, served_model_name=served_model_name,
             enable_lora=enable_lora, max_loras=max_loras, max_lora_rank=max_lora_rank,
             extra_args=extra_args,
+            kv_events_endpoint=endpoint if self.supervised else None,
+            kv_block_size=kv_block_size,
         ) if self.supervised else []
-        self.env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", **(env or {})}
         self.startup_timeout_s = startup_timeout_s
         self.max_backoff_s = max_backoff_s
         self.log_path = log_path

@@ -22,7 +22,7 @@ Preemption: a model whose plan changes is reloaded and its unfinished requests s
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -52,6 +52,9 @@ class Segment:
     finish: Mapping[int, float]  # request id -> finish time (from the segment start)
     times: np.ndarray  # cumulative work curve: time points (from the segment start) ...
     work: np.ndarray  # ... and FLOPs done by then
+    #: each request's work (same unit); what a preemption throws away is the work done on
+    #: requests not finished yet (:meth:`lost_at`)
+    req_work: Mapping[int, float] = field(default_factory=dict)
 
     @property
     def total_s(self) -> float:
@@ -59,6 +62,14 @@ class Segment:
 
     def work_at(self, t: float) -> float:
         return float(np.interp(t, self.times, self.work))
+
+    def lost_at(self, t: float) -> float:
+        """Work done by ``t`` on requests still unfinished then: lost if the model is stopped
+        or re-planned at ``t`` (its unfinished requests start over)."""
+        if not self.req_work:
+            return 0.0
+        kept = sum(self.req_work.get(r, 0.0) for r, f in self.finish.items() if f <= t + 1e-9)
+        return max(0.0, self.work_at(t) - kept)
 
     def done_by(self, t: float) -> frozenset[int]:
         return frozenset(r for r, f in self.finish.items() if f <= t + 1e-9)
@@ -212,7 +223,8 @@ class EngineOracle:
         order_t = np.argsort(np.asarray(t_pts), kind="stable")
         times = np.asarray(t_pts)[order_t]
         works = np.maximum.accumulate(np.asarray(w_pts)[order_t])
-        return Segment(model, plan, lt, run, finish, times, works)
+        req_work = {r.rid: per_token * (r.input_tokens + r.output_tokens) for r in todo}
+        return Segment(model, plan, lt, run, finish, times, works, req_work)
 
 
 class TableOracle:
@@ -251,5 +263,6 @@ class TableOracle:
             finish[i] = t
             times.append(t)
             work.append(work[-1] + self.times[model][1] / self.k)  # work: 1-GPU seconds
-        return Segment(model, plan, lt, t - lt, finish, np.array(times), np.array(work))
+        return Segment(model, plan, lt, t - lt, finish, np.array(times), np.array(work),
+                       {i: self.times[model][1] / self.k for i in finish})
 

@@ -12,6 +12,12 @@ Planners (:data:`PLANNERS`; each returns a :class:`Schedule`):
   stage-throughput gain per added GPU (a new model, or a model moved to a plan with more GPUs)
   until no candidate fits or none raises the throughput. Models are ready when their upstream
   models are finished or in the stage (model-level pipelining).
+  Preemptive stages are charged the work they throw away (requests in flight on a model that
+  is stopped or re-planned start over): the stage grown from nothing is weighed against the
+  one grown around the running models, each net of that loss (:meth:`Planner.greedy_stage`);
+  without it the search stops models seconds from their end to make stages longer for
+  newly loaded ones (on 8xA100-80, ensembling: 352.2 s plain, 262.9 s priced).
+- ``greedy-plain``: Algorithm 1 as written (no charge for preemption), for comparison.
 - ``greedy-nopreempt``: the paper's no-preemption variant: a running model keeps its plan and
   GPUs until it finishes; only free GPUs go to new models.
 - ``max``: all GPUs to one model at a time (the first ready one), its best plan.
@@ -100,8 +106,11 @@ class Planner:
 
     def __init__(self, app: App, oracle: SegmentOracle, *,
                  simulate: Simulate | None = None,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None,
+                 price_preemption: bool = True) -> None:
         self.app = app
+        #: the greedy search charges a stage for the work its preemptions throw away
+        self.price_preemption = price_preemption
         self.oracle = oracle
         self.order = app.validate()
         self.n = oracle.n_gpus
@@ -148,8 +157,12 @@ class Planner:
         return all(self.finished(st, u) or (u in st.running and stage.get(u) == st.running[u].seg.plan)
                    for u in self.app.upstream(m))
 
-    def evaluate_many(self, st: State, stages: Sequence[Mapping[str, Plan]]) -> list[Evaluation | None]:
-        """Evaluate candidate stages (segments simulated in batches, upstream models first)."""
+    def evaluate_many(self, st: State, stages: Sequence[Mapping[str, Plan]], *,
+                      price_preemption: bool = False) -> list[Evaluation | None]:
+        """Evaluate candidate stages (segments simulated in batches, upstream models first).
+        ``price_preemption``: the work a running model loses when the stage stops or
+        re-plans it (done on its unfinished requests, which start over) counts against the
+        stage's FLOPs (the greedy search's "possible preemption costs are considered")."""
         results: list[dict[str, tuple[Segment, float]]] = [{} for _ in stages]
         for level in self._levels():
             jobs: list[Job] = []
@@ -184,6 +197,9 @@ class Planner:
                 out.append(None)
                 continue
             work = sum(seg.work_at(el + t) - seg.work_at(el) for seg, el in segs.values())
+            if price_preemption:
+                work -= sum(r.seg.lost_at(st.now - r.started) for m, r in st.running.items()
+                            if m not in segs or segs[m][0] is not r.seg)
             out.append(Evaluation(segs, t, work / t))
         return out
 
@@ -235,11 +251,28 @@ class Planner:
         return {} if preemptive else {m: r.seg.plan for m, r in st.running.items()}
 
     def greedy_stage(self, st: State, preemptive: bool = True) -> dict[str, Plan]:
-        """Algorithm 1, lines 3-23."""
-        best: dict[str, Plan] = self.locked(st, preemptive)
+        """Algorithm 1, lines 3-23. Preemptive, with ``price_preemption``: the stage grown
+        from nothing (the paper's) is weighed against the stage grown around the running
+        models kept as they are, each charged the work its preemptions throw away; the higher
+        stage throughput wins (a plain greedy stage ignores what stopping a model costs)."""
+        grown = self._grow(st, self.locked(st, preemptive))
+        if not (preemptive and self.price_preemption and st.running):
+            return grown
+        kept = self._grow(st, self.locked(st, False))
+        if kept == grown:
+            return grown
+        ev_g, ev_k = self.evaluate_many(st, [grown, kept], price_preemption=True)
+        if ev_k is not None and (ev_g is None or ev_k.throughput > ev_g.throughput):
+            return kept
+        return grown
+
+    def _grow(self, st: State, seed: Mapping[str, Plan]) -> dict[str, Plan]:
+        """Lines 4-23 from ``seed`` (kept as it is): add or widen the pair of highest
+        throughput gain per added GPU while one raises the stage throughput."""
+        best: dict[str, Plan] = dict(seed)
         fixed = set(best)
         best_t = 0.0
-        if best:
+        if best:  # (the gain rule itself is the paper's: stage throughput, no charge)
             ev0 = self.evaluate_many(st, [best])[0]
             best_t = ev0.throughput if ev0 else 0.0
         while True:
@@ -330,9 +363,11 @@ def plan(app: App, oracle: SegmentOracle, planner: str, *, simulate: Simulate | 
     """Run one planner of :data:`PLANNERS` on ``app``."""
     if planner not in PLANNERS:
         raise ValueError(f"unknown planner {planner!r}; known: {', '.join(PLANNERS)}")
-    pl = Planner(app, oracle, simulate=simulate, progress=progress)
+    pl = Planner(app, oracle, simulate=simulate, progress=progress,
+                 price_preemption=planner != "greedy-plain")
     choose: Callable[[State], dict[str, Plan]] = {
         "greedy": lambda s: pl.greedy_stage(s, True),
+        "greedy-plain": lambda s: pl.greedy_stage(s, True),
         "greedy-nopreempt": lambda s: pl.greedy_stage(s, False),
         "max": pl.max_stage,
         "min": lambda s: pl.min_stage(s, True),
@@ -341,7 +376,7 @@ def plan(app: App, oracle: SegmentOracle, planner: str, *, simulate: Simulate | 
     return pl.run(planner, choose)
 
 
-PLANNERS = ("greedy", "greedy-nopreempt", "max", "min", "min-nopreempt")
+PLANNERS = ("greedy", "greedy-plain", "greedy-nopreempt", "max", "min", "min-nopreempt")
 
 
 def exhaustive(app: App, oracle: SegmentOracle, *, max_stages: int = 8) -> Schedule:
