@@ -40,8 +40,13 @@ def _common(p: argparse.ArgumentParser, *, window: bool) -> None:
     p.add_argument("--mix", default="stratified", choices=("stratified", "random"),
                    help="apps of the runs: stratified (the paper's 72/26/2 class counts "
                         "exactly; default) or random (each run's app drawn independently)")
+    p.add_argument("--workload", default="paper", choices=("paper", "agents", "mixed"),
+                   help="paper (the paper's apps; default), agents (the tool-using agent loops "
+                        "SWE and RES, half each) or mixed (half agents, half the paper's mix)")
     p.add_argument("--trace", default="conversation", help="conversation | synthetic | PATH")
     p.add_argument("--setup", default="llama2-7b-a100", help="llama2-7b-a100 | llama3-70b-h800x8")
+    p.add_argument("--mode", default=None, choices=("vllm-v1", "vllm-0.4"),
+                   help="engine scheduler mode: runs SETUP@MODE (default: the setup's own, v1)")
     p.add_argument("--pdgraphs", default=None, help="knowledge base: a PDGraph directory or redis:// URL (default: $HERMES_KB, else the shipped PDGraphs)")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: cores)")
     p.add_argument("--json", default=None, help="write the rows as a JSON list to FILE")
@@ -62,6 +67,15 @@ def _finish(
     return 0
 
 
+def _setup(args: argparse.Namespace) -> str:
+    """``--setup``, with ``--mode`` as its ``@MODE`` suffix (refused when it already has one)."""
+    if args.mode is None:
+        return args.setup
+    if "@" in args.setup:
+        raise SystemExit(f"--mode {args.mode}: --setup {args.setup!r} already names a mode")
+    return f"{args.setup}@{args.mode}"
+
+
 def _seed_list(args: argparse.Namespace) -> list[int]:
     """``--seeds``, else ``--seed``, else the default seeds."""
     if args.seeds:
@@ -77,18 +91,19 @@ def cmd_sched(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     seeds = _seed_list(args)
     rows, acts = B.bench_sched(
-        args.apps, _floats(args.window), _names(args.policies), seeds[0], args.trace, args.setup,
-        seeds=seeds, mix=args.mix, workers=args.workers, progress=not args.no_progress,
+        args.apps, _floats(args.window), _names(args.policies), seeds[0], args.trace, _setup(args),
+        seeds=seeds, mix=args.mix, workload=args.workload, workers=args.workers,
+        progress=not args.no_progress,
         pdgraph_dir=args.pdgraphs,
     )
     if args.plot:
-        B.plot_act_cdf(acts, args.plot, title=f"{args.setup}, {args.trace}")
+        B.plot_act_cdf(acts, args.plot, title=f"{_setup(args)}, {args.trace}")
     ratios = B.seed_summary(B.ratio_rows(rows), ("window_min", "vs"), "",
                             ("hermes_mean_ratio", "hermes_p95_ratio", "best_mean_ratio"), nd=2)
     extra = (ratios, "hermes ACT / policy ACT, same arrivals (< 1: hermes faster); "
                      "mean (min-max) over seeds")
-    title = (f"sched: mean ACT s, mean (min-max) over {_seeds_text(seeds)} ({args.setup}, "
-             f"{args.trace}, {args.mix} mix)")
+    title = (f"sched: mean ACT s, mean (min-max) over {_seeds_text(seeds)} ({_setup(args)}, "
+             f"{args.trace}, {args.workload} workload, {args.mix} mix)")
     summary = B.seed_summary(rows, ("window_min",), "policy", ("mean_act_s",))
     return _finish(summary, args, title, t0, extra=extra, json_rows=rows)
 
@@ -97,8 +112,9 @@ def cmd_ddl(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     seeds = _seed_list(args)
     rows = B.bench_ddl(
-        args.apps, args.window, _names(args.policies), seeds[0], args.trace, args.setup,
-        seeds=seeds, mix=args.mix, workers=args.workers, progress=not args.no_progress,
+        args.apps, args.window, _names(args.policies), seeds[0], args.trace, _setup(args),
+        seeds=seeds, mix=args.mix, workload=args.workload, workers=args.workers,
+        progress=not args.no_progress,
         pdgraph_dir=args.pdgraphs,
     )
     summary = B.seed_summary(rows, ("policy",), "",
@@ -112,8 +128,9 @@ def cmd_ablation(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     seeds = _seed_list(args)
     rows = B.bench_ablation(
-        args.apps, args.window, _names(args.policies), seeds[0], args.trace, args.setup,
-        seeds=seeds, mix=args.mix, workers=args.workers, progress=not args.no_progress,
+        args.apps, args.window, _names(args.policies), seeds[0], args.trace, _setup(args),
+        seeds=seeds, mix=args.mix, workload=args.workload, workers=args.workers,
+        progress=not args.no_progress,
         pdgraph_dir=args.pdgraphs,
     )
     summary = B.seed_summary(rows, ("policy",), "", ("mean_act_s", "normalized"), nd=3)
@@ -247,7 +264,8 @@ def add_routing_parser(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--engines", type=int, default=4)
     s.add_argument("--routers", default="least-loaded,prefix,session,hermes")
     s.add_argument("--seeds", default="0,1,2,3,4")
-    s.add_argument("--workload", default="paper", help="paper (the agent mix: not yet)")
+    s.add_argument("--workload", default="paper", choices=("paper", "agents"),
+                   help="paper (the paper's apps; default) or agents (SWE and RES agent loops)")
     s.add_argument("--window", type=float, default=10.0, help="submission window, minutes")
     s.add_argument("--apps", type=int, default=None, help="runs per cell (default 150 x engines)")
     s.add_argument("--setup", default="llama2-7b-a100")

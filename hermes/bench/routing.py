@@ -11,9 +11,10 @@ in the chosen engine's cache over those looked up, ACT in model seconds, and the
 engine's share of the LLM requests over the mean share (1.0: even). Seeds run in parallel
 processes with a progress bar.
 
-Scope today: the paper's apps only (their shared prefixes are unit roles; the runs' own
-growing contexts are not in these app models, so there is no per-run history to route by);
-an agent mix with multi-turn conversations is what issue 18's agent workloads will add.
+Workloads (``workload``): ``paper`` (the paper's apps: their shared prefixes are unit roles)
+or ``agents`` (issue 18's tool-using agent loops, SWE and RES: multi-turn runs whose prompts
+grow with their own history; the prefix cache still sees only the named system-prompt
+prefixes, so per-run history reuse is not modelled).
 """
 
 from __future__ import annotations
@@ -23,17 +24,17 @@ from typing import Any
 
 import numpy as np
 
-WORKLOADS = ("paper",)
+WORKLOADS = ("paper", "agents")
 
 
 def _cell(job: tuple) -> dict[str, Any]:
     """Worker: one simulation (module-level for the process pool)."""
-    router, seed, engines, window, apps, setup, pdgraph_dir = job
+    router, seed, engines, window, apps, setup, pdgraph_dir, workload = job
     from hermes.bench.sched import build_arrivals, make_sim_policy
     from hermes.core.warm_models import LRUPrefixCache
     from hermes.sim.simulator import Simulator, setup_engines
 
-    arrivals, _ = build_arrivals(apps, window, seed=seed, setup=setup)
+    arrivals, _ = build_arrivals(apps, window, seed=seed, setup=setup, workload=workload)
     cost, _ = setup_engines(setup)
     pol = make_sim_policy("hermes", setup, seed=seed, pdgraph_dir=pdgraph_dir)
     sim = Simulator(pol, cost=cost, n_engines=engines, record=False,
@@ -71,15 +72,14 @@ def bench_routing(
     from hermes.core.routing import router_names
 
     if workload not in WORKLOADS:
-        raise ValueError(f"--workload must be one of {', '.join(WORKLOADS)} (the agent mix "
-                         f"comes with issue 18's agent workloads), got {workload!r}")
+        raise ValueError(f"--workload must be one of {', '.join(WORKLOADS)}, got {workload!r}")
     bad = [r for r in routers if r not in router_names()]
     if bad or not routers:
         raise ValueError(f"--routers must list {', '.join(router_names())}, got {bad or '[]'}")
     if engines < 1 or not seeds or window_min <= 0:
         raise ValueError("--engines must be >= 1, --seeds non-empty, --window > 0")
     n_apps = apps if apps is not None else 150 * engines
-    jobs = [(r, s, engines, window_min, n_apps, setup, pdgraph_dir) for s in seeds
+    jobs = [(r, s, engines, window_min, n_apps, setup, pdgraph_dir, workload) for s in seeds
             for r in routers]
     return list(map_jobs(_cell, jobs, workers=workers, progress=progress))
 

@@ -9,7 +9,10 @@ arrival times resampled from a Mooncake trace into the submission window
 mix (``mix``): ``stratified`` (the benchmarks' default: the paper's class counts exactly,
 :func:`hermes.workloads.registry.stratified_mix`) or ``random`` (each run's app drawn
 independently, :func:`hermes.workloads.registry.sample_mix`; the number of DM runs then varies
-from seed to seed and with it half the GPU work). VTC's tenants are the apps (fair share among
+from seed to seed and with it half the GPU work). The workload (``workload``, ``--workload``):
+``paper`` (the paper's apps, as above), ``agents`` (the tool-using agent loops SWE and RES,
+half each; :data:`hermes.workloads.registry.AGENT_APPS`) or ``mixed`` (half the runs agents,
+half the paper's mix; :func:`hermes.workloads.registry.draw_workload`). VTC's tenants are the apps (fair share among
 applications). Each benchmark runs every seed of ``seeds``; the simulations of all (seed,
 window, policy) cells run in parallel worker processes with a progress bar
 (:func:`map_jobs`), and :func:`seed_summary` shows each figure as its mean and min-max over
@@ -68,15 +71,18 @@ def build_arrivals(
     deadlines: bool = False,
     setup: str = "llama2-7b-a100",
     mix: str = "random",
+    workload: str = "paper",
 ) -> tuple[list[Arrival], list[str | None]]:
     """The arrivals of one experiment and, with ``deadlines``, each run's tightness class.
     ``mix``: ``random`` (each run's app drawn independently) or ``stratified`` (the paper's
-    class counts exactly); the apps and their seeds do not depend on the window."""
-    from hermes.workloads.registry import draw_mix, get_app
+    class counts exactly); ``workload``: ``paper`` | ``agents`` | ``mixed``
+    (:func:`hermes.workloads.registry.draw_workload`); the apps and their seeds do not depend
+    on the window."""
+    from hermes.workloads.registry import draw_workload, get_app
 
     times = resample_arrivals(n_apps, window_min * 60.0, trace=trace, seed=seed)
     rng = np.random.default_rng([seed, 1])
-    names = draw_mix(rng, n_apps, mix)
+    names = draw_workload(rng, n_apps, mix, workload)
     seeds = rng.integers(0, 2**31 - 1, size=n_apps)
     classes: list[str | None] = [None] * n_apps
     out = []
@@ -106,8 +112,11 @@ def kb_spec(pdgraph_dir: str | Path | None = None) -> str:
 
 
 def load_graphs(pdgraph_dir: str | Path | None = None) -> dict:
-    """Every PDGraph of the knowledge base (:func:`kb_spec`), by app name; cached per process."""
+    """Every PDGraph of the knowledge base (:func:`kb_spec`), by app name; cached per process.
+    Agent apps (``--workload agents|mixed``) the knowledge base has no PDGraph for get the
+    shipped agent PDGraphs (:func:`hermes.workloads.registry.agent_pdgraphs_dir`)."""
     from hermes.kb import open_store
+    from hermes.workloads.registry import agent_pdgraphs_dir
 
     key = kb_spec(pdgraph_dir)
     if key not in _GRAPHS:
@@ -116,6 +125,13 @@ def load_graphs(pdgraph_dir: str | Path | None = None) -> dict:
             graphs = {a: g for a in store.list_apps() if (g := store.get(a)) is not None}
         finally:
             store.close()
+        agents = open_store(str(agent_pdgraphs_dir()))
+        try:
+            for a in agents.list_apps():
+                if a not in graphs and (g := agents.get(a)) is not None:
+                    graphs[a] = g
+        finally:
+            agents.close()
         _GRAPHS[key] = graphs
     return _GRAPHS[key]
 
@@ -237,6 +253,7 @@ def bench_sched(
     *,
     seeds: Sequence[int] | None = None,
     mix: str = "stratified",
+    workload: str = "paper",
     workers: int | None = None,
     progress: bool = True,
     pdgraph_dir: str | None = None,
@@ -249,7 +266,8 @@ def bench_sched(
     for s in seed_list:
         iso = None  # a seed's runs are the same in every window: their isolated ACTs too
         for w in windows:
-            arrivals, _ = build_arrivals(apps, w, seed=s, trace=trace, setup=setup, mix=mix)
+            arrivals, _ = build_arrivals(apps, w, seed=s, trace=trace, setup=setup, mix=mix,
+                                         workload=workload)
             for p in policies:
                 jobs.append(((s, w, p), p, setup, arrivals, s, pdgraph_dir))
             # the same runs, each alone on the engine: a lower bound on any policy's ACT
@@ -295,6 +313,7 @@ def bench_ddl(
     *,
     seeds: Sequence[int] | None = None,
     mix: str = "stratified",
+    workload: str = "paper",
     workers: int | None = None,
     progress: bool = True,
     pdgraph_dir: str | None = None,
@@ -305,7 +324,8 @@ def bench_ddl(
     jobs, classes = [], {}
     for s in seed_list:
         arrivals, classes[s] = build_arrivals(
-            apps, window, seed=s, trace=trace, deadlines=True, setup=setup, mix=mix
+            apps, window, seed=s, trace=trace, deadlines=True, setup=setup, mix=mix,
+            workload=workload,
         )
         jobs += [((s, p), p, setup, arrivals, s, pdgraph_dir) for p in policies]
     results = run_jobs(_order_jobs(jobs), workers=workers, progress=progress)
@@ -332,6 +352,7 @@ def bench_ablation(
     *,
     seeds: Sequence[int] | None = None,
     mix: str = "stratified",
+    workload: str = "paper",
     workers: int | None = None,
     progress: bool = True,
     pdgraph_dir: str | None = None,
@@ -341,7 +362,8 @@ def bench_ablation(
     seed_list = _seeds(seed, seeds)
     jobs = []
     for s in seed_list:
-        arrivals, _ = build_arrivals(apps, window, seed=s, trace=trace, setup=setup, mix=mix)
+        arrivals, _ = build_arrivals(apps, window, seed=s, trace=trace, setup=setup, mix=mix,
+                                     workload=workload)
         jobs += [((s, p), p, setup, arrivals, s, pdgraph_dir) for p in policies]
     results = run_jobs(_order_jobs(jobs), workers=workers, progress=progress)
     ref = "oracle" if "oracle" in policies else policies[0]

@@ -5,19 +5,29 @@
 the mix (the paper's mix lists it in no class). :func:`sample_mix` draws each run's app
 independently (so class counts vary from draw to draw); :func:`stratified_mix` gives exact class
 counts (the benchmarks' ``--mix stratified``).
+
+The agent family (issue 18 item 5: SWE, RES; heavy-tailed tool-using loops) is registered
+apart in ``AGENT_APPS`` so that ``APPS`` stays the paper's ten (what the gateway hosts and
+``hermes/data/pdgraphs`` ships); their PDGraphs ship in ``hermes/data/pdgraphs_agents``
+(:func:`agent_pdgraphs_dir`). :func:`draw_workload` draws the runs of a benchmark workload
+(``--workload paper|agents|mixed``).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from hermes.workloads.apps.codegen import CodeGeneration
+from hermes.workloads.apps.coding_agent import CodingAgent
 from hermes.workloads.apps.factool import FactoolCode, FactoolKBQA, FactoolMath
 from hermes.workloads.apps.got_docmerge import GotDocMerge
 from hermes.workloads.apps.mapreduce import LangchainMapReduce
 from hermes.workloads.apps.plan_execute import PlanExecute
 from hermes.workloads.apps.react import ReactAlfworld, ReactFever
 from hermes.workloads.apps.reasoning import LLMReasoning
+from hermes.workloads.apps.research_agent import ResearchAgent
 from hermes.workloads.base import AppModel
 
 APPS: dict[str, type[AppModel]] = {
@@ -36,6 +46,9 @@ APPS: dict[str, type[AppModel]] = {
     )
 }
 
+#: tool-using agent loops (not in the paper's mix): ``--workload agents|mixed``
+AGENT_APPS: dict[str, type[AppModel]] = {cls.name: cls for cls in (CodingAgent, ResearchAgent)}
+
 _CLASS_SHARES = {
     "small": (0.72, ("factool_math", "react_fever", "factool_code", "react_alfw", "factool_kbqa")),
     "medium": (0.26, ("code_generation", "plan_execute")),
@@ -49,10 +62,18 @@ MIX: dict[str, float] = {
 
 def get_app(name: str) -> AppModel:
     """An instance of the app model called ``name``."""
-    try:
-        return APPS[name]()
-    except KeyError:
-        raise ValueError(f"unknown app {name!r}; known: {', '.join(sorted(APPS))}") from None
+    cls = APPS.get(name) or AGENT_APPS.get(name)
+    if cls is None:
+        known = ", ".join(sorted({**APPS, **AGENT_APPS}))
+        raise ValueError(f"unknown app {name!r}; known: {known}")
+    return cls()
+
+
+def agent_pdgraphs_dir() -> Path:
+    """The shipped PDGraphs of the agent apps (package data, apart from the paper's ten)."""
+    from importlib import resources
+
+    return Path(str(resources.files("hermes") / "data" / "pdgraphs_agents"))
 
 
 def sample_mix(rng: np.random.Generator, n: int, mix: dict[str, float] | None = None) -> list[str]:
@@ -106,3 +127,36 @@ def draw_mix(rng: np.random.Generator, n: int, how: str = "random") -> list[str]
     if how == "random":
         return sample_mix(rng, n)
     raise ValueError(f"unknown mix {how!r}; known: {', '.join(MIXES)}")
+
+
+#: the benchmark workloads (``--workload``): the paper's apps, the agent family, or both
+WORKLOADS = ("paper", "agents", "mixed")
+#: ``mixed``: this share of the runs are agent runs, the rest the paper's mix
+MIXED_AGENT_SHARE = 0.5
+
+
+def _agent_runs(rng: np.random.Generator, n: int, how: str) -> list[str]:
+    names = sorted(AGENT_APPS)
+    if how == "stratified":  # equal counts (largest remainders), random order
+        counts = _apportion(rng, n, [1.0] * len(names))
+        out = [a for a, m in zip(names, counts, strict=True) for _ in range(m)]
+        return [out[i] for i in rng.permutation(len(out))]
+    if how == "random":
+        return [names[i] for i in rng.integers(0, len(names), size=n)]
+    raise ValueError(f"unknown mix {how!r}; known: {', '.join(MIXES)}")
+
+
+def draw_workload(rng: np.random.Generator, n: int, how: str = "random",
+                  workload: str = "paper") -> list[str]:
+    """``n`` app names of a benchmark ``workload``: ``paper`` (:func:`draw_mix`), ``agents``
+    (SWE and RES, half each under ``stratified``) or ``mixed`` (``MIXED_AGENT_SHARE`` of the
+    runs agents, the rest the paper's mix, shuffled together). ``how`` is the ``--mix``."""
+    if workload == "paper":
+        return draw_mix(rng, n, how)
+    if workload == "agents":
+        return _agent_runs(rng, n, how)
+    if workload == "mixed":
+        k = int(round(n * MIXED_AGENT_SHARE))
+        names = draw_mix(rng, n - k, how) + _agent_runs(rng, k, how)
+        return [names[i] for i in rng.permutation(len(names))]
+    raise ValueError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")

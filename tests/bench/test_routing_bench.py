@@ -35,5 +35,5 @@ def test_bench_routing_rows(tmp_path) -> None:  # noqa: ANN001
 def test_bench_routing_refuses_unknown_routers_and_workloads() -> None:
     with pytest.raises(ValueError, match="least-loaded, prefix, session, hermes"):
         bench_routing(["random"], [0], progress=False)
-    with pytest.raises(ValueError, match="agent"):
-        bench_routing(["prefix"], [0], workload="agents", progress=False)
+    with pytest.raises(ValueError, match="paper, agents"):
+        bench_routing(["prefix"], [0], workload="mixed", progress=False)

@@ -1,0 +1,55 @@
+"""``--workload`` and ``--mode`` of ``hermes bench sched`` (and ``routing --workload``): the
+agent workload produces the interface's rows; a mode is the setup's ``@MODE`` suffix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hermes.bench import sched as B
+from hermes.cli import main
+from hermes.workloads.registry import AGENT_APPS, APPS
+
+
+def test_sched_agents_workload_rows(tmp_path) -> None:  # noqa: ANN001
+    out = tmp_path / "rows.json"
+    assert main(["bench", "sched", "--workload", "agents", "--mode", "vllm-0.4", "--apps", "6",
+                 "--window", "1", "--seeds", "0,1", "--policies", "vllm,srpt", "--workers", "1",
+                 "--json", str(out), "--no-progress"]) == 0
+    rows = json.loads(out.read_text())
+    assert sorted((r["policy"], r["seed"]) for r in rows) == [
+        ("isolated", 0), ("isolated", 1), ("srpt", 0), ("srpt", 1), ("vllm", 0), ("vllm", 1)]
+    for r in rows:
+        assert r["window_min"] == 1 and r["runs"] == 6
+        assert 0 < r["mean_act_s"] and 0 < r["p50_act_s"] <= r["p95_act_s"]
+
+
+def test_workloads_draw_their_apps() -> None:
+    agents, _ = B.build_arrivals(10, 1, seed=0, workload="agents")
+    assert {a.app for a in agents} == set(AGENT_APPS)
+    mixed, _ = B.build_arrivals(10, 1, seed=0, workload="mixed")
+    assert sum(a.app in AGENT_APPS for a in mixed) == 5
+    assert sum(a.app in APPS for a in mixed) == 5
+    paper, _ = B.build_arrivals(10, 1, seed=0)
+    assert all(a.app in APPS for a in paper)
+    # srpt / hermes find PDGraphs for the agent apps next to the knowledge base's
+    assert set(AGENT_APPS) <= set(B.load_graphs())
+
+
+def test_mode_is_the_setup_suffix(capsys) -> None:  # noqa: ANN001
+    with pytest.raises(SystemExit, match="already names a mode"):
+        main(["bench", "sched", "--setup", "llama2-7b-a100@vllm-v1", "--mode", "vllm-0.4",
+              "--apps", "2", "--window", "1", "--seeds", "0", "--policies", "vllm"])
+    with pytest.raises(SystemExit):
+        main(["bench", "sched", "--workload", "everything"])
+    assert "invalid choice: 'everything'" in capsys.readouterr().err
+
+
+def test_routing_agents_workload(tmp_path) -> None:  # noqa: ANN001
+    out = tmp_path / "rt.json"
+    assert main(["bench", "routing", "--workload", "agents", "--engines", "2", "--seeds", "0",
+                 "--apps", "6", "--window", "1", "--routers", "least-loaded", "--workers", "1",
+                 "--json", str(out), "--no-progress"]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["apps"] == 6 and 0 < row["mean_act_s"] <= row["p95_act_s"]
