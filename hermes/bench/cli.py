@@ -374,3 +374,7 @@ def add_gateway_parser(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", default=None)
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=cmd_gateway)
+
+    from hermes.bench.seallm import add_parser as add_seallm_parser
+
+    add_seallm_parser(bsub)

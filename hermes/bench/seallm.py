@@ -1,0 +1,568 @@
+"""``hermes bench seallm``: several LLM services on shared GPUs (SeaLLM, Table 2 / Fig. 6).
+
+A discrete-event simulator of sharing groups (:mod:`hermes.core.multillm`): each group runs
+one iteration at a time, batching only requests of one service and one phase (prefill or
+decode), as the paper does; the ordering is re-evaluated every iteration (per-iteration
+preemption); the group's KV pool is shared by its services (``unified``) or split evenly
+(``split``); a request that does not get KV room waits, and when a decode step has no room
+the lowest-priority running request of the group is evicted (recomputed later).
+Requests go to the replica group with the fewest requests.
+
+Systems (rows): ``vllm`` (GPUs split evenly, one service per group, FCFS), ``alpaserve``
+(SeaLLM's placement search with FCFS inside, unified KV, placed once), ``muxserve``
+(same placement, round-robin between a group's services with fixed quotas from the rates
+seen at placement, FCFS within, split KV, placed once), ``seallm`` (placement + DB ordering +
+adaptive replacement + unified KV), and the ablations ``seallm-fcfs``, ``seallm-mlfq``,
+``seallm-norepl``, ``seallm-split`` (``--ablations``). Hermes' own placement from PDGraph
+forecasts (issue 22 item 3) is not built: there is no ``hermes`` row yet.
+
+Workload (differs from the paper, which used clustered ShareGPT/LongBench lengths, Llama2-7B/
+13B/70B and OPT-6.7B, the Azure Functions trace and 32 A800s): arrival instants are the Mooncake
+conversation trace's (bursty), time-compressed to ``--rate``; lengths are Mooncake's (input
+tokens / 8, clipped to [16, 3072]; output clipped to [1, 1024]) clustered into three groups by
+k-means on log lengths; each cluster with Llama-2-7B and Llama-2-13B is a service (six);
+each request goes to a service drawn from weights that random-walk every 60 s (shifting
+popularity). The cluster is ``--gpus`` A100-80s in one node.
+
+Defaults the paper leaves open (ours): starvation threshold 10 x L̂_s; first interval
+I_0 = 60 s, bounds [10, 600] s; the metric compared for replacement is L_N; placement is
+evaluated by simulating the last ``history_s`` = 30 s of requests (plus 10 s to drain) on the
+candidate plan; TP sizes tried 1, 2, 4; α = 1e-4 (the paper's); a re-placement pauses the new
+groups ``SWITCH_S`` = 2 s and drops KV (requests recompute); the first placement sees the first
+60 s of traffic; the reference execution time is alone on one GPU, batch one; L_N is the mean
+over requests of latency / L̂_s (the service's mean execution time); requests still running
+600 s after the last arrival count with their latency so far. Default load: 4 req/s for 300 s
+on 8 A100-80s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+from scipy.cluster.vq import kmeans2  # type: ignore[import-untyped]
+
+from hermes.core.multillm.budget import DoublingBudget
+from hermes.core.multillm.ordering import Ordering, make_ordering
+from hermes.core.multillm.placement import PlacementPlan, ServiceScore, even_split, seallm_place
+from hermes.core.multillm.replacement import AdaptiveInterval
+from hermes.core.multillm.service import (
+    Service,
+    ServiceStats,
+    cost_model,
+    exec_times,
+    group_fits,
+    group_kv_bytes,
+    kv_bytes_per_token,
+)
+
+TRACE = Path("/work/shared/traces/mooncake_conversation_trace.jsonl")
+DEVICE = "A100-80"
+MODELS = ("llama-2-7b", "llama-2-13b")
+SWITCH_S = 2.0
+#: starvation threshold, in multiples of the service's mean execution time (ours)
+STARVATION_FACTOR: float | None = 10.0
+SLO_FACTOR = 5.0
+MAX_BATCHED_TOKENS = 8192
+MAX_NUM_SEQS = 256
+#: the paper's simulated L_N (Table 2)
+PAPER_L_N = {"vllm": 13.05, "alpaserve": 11.18, "muxserve": 19.39, "seallm": 1.60}
+
+DEFAULT_RATE = 4.0
+DEFAULT_DURATION_S = 300.0
+DEFAULT_GPUS = 8
+
+SYSTEMS = ("vllm", "alpaserve", "muxserve", "seallm")
+ABLATIONS = ("seallm-fcfs", "seallm-mlfq", "seallm-norepl", "seallm-split")
+
+
+# ----------------------------------------------------------------------------- workload
+@dataclass
+class Workload:
+    """Requests (arrays, arrival order) and the services they belong to."""
+
+    services: list[Service]
+    svc: np.ndarray
+    arrival: np.ndarray
+    inp: np.ndarray
+    out: np.ndarray
+    ref: np.ndarray  # reference execution time of each request
+    mean_ref: np.ndarray  # L̂_s per service index
+    stats: list[ServiceStats] = field(default_factory=list)
+
+
+def _trace_lengths() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ts, i, o = [], [], []
+    with TRACE.open() as f:
+        for line in f:
+            r = json.loads(line)
+            ts.append(r["timestamp"] / 1000.0)
+            i.append(r["input_length"])
+            o.append(r["output_length"])
+    return np.asarray(ts), np.asarray(i), np.asarray(o)
+
+
+def make_workload(seed: int, *, rate: float, duration_s: float) -> Workload:
+    """The workload of one seed (module doc)."""
+    rng = np.random.default_rng(seed)
+    ts, inp, out = _trace_lengths()
+    inp = np.clip(inp // 8, 16, 3072)
+    out = np.clip(out, 1, 1024)
+    feats = np.column_stack([np.log(inp), np.log(out)])
+    _, label = kmeans2(feats, 3, seed=7, minit="++")
+    services: list[Service] = []
+    for c in range(3):
+        m = label == c
+        for model in MODELS:
+            services.append(Service(f"c{c}-{model.split('-')[-1]}", model, inp[m], out[m]))
+    # arrival instants: a random window of the trace, compressed to the target rate
+    n = int(rate * duration_s)
+    start = int(rng.integers(0, max(1, len(ts) - n)))
+    t = ts[start:start + n] - ts[start]
+    t = t * (duration_s / max(t[-1], 1e-9))
+    n = len(t)
+    # shifting popularity: per-60 s block weights from a log-space random walk
+    blocks = int(np.ceil(duration_s / 60.0)) + 1
+    logw = np.cumsum(rng.normal(0.0, 0.8, size=(blocks, len(services))), axis=0)
+    w = np.exp(logw - logw.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
+    blk = np.minimum((t // 60.0).astype(int), blocks - 1)
+    u = rng.random(n)
+    svc = (u[:, None] > np.cumsum(w[blk], axis=1)).sum(axis=1)
+    svc = np.minimum(svc, len(services) - 1)
+    ri = np.empty(n, dtype=int)
+    ro = np.empty(n, dtype=int)
+    for s, sv in enumerate(services):
+        m = svc == s
+        k = rng.integers(0, len(sv.input_lengths), size=int(m.sum()))
+        ri[m] = sv.input_lengths[k]
+        ro[m] = sv.output_lengths[k]
+    ref = np.empty(n)
+    stats = [ServiceStats.of(sv, DEVICE, 1) for sv in services]
+    for s, sv in enumerate(services):
+        m = svc == s
+        if m.any():
+            ref[m] = exec_times(sv.model, DEVICE, 1, ri[m], ro[m])
+    mean_ref = np.array([st.mean_s for st in stats])
+    return Workload(services, svc, t, ri, ro, ref, mean_ref, stats)
+
+
+# ----------------------------------------------------------------------------- simulator
+class _Req:
+    __slots__ = ("i", "svc", "arr", "inp", "out", "gen", "exe", "kv", "first", "done")
+
+    def __init__(self, i: int, svc: int, arr: float, inp: int, out: int) -> None:
+        self.i, self.svc, self.arr, self.inp, self.out = i, svc, arr, inp, out
+        self.gen = 0
+        self.exe = 0.0
+        self.kv = 0  # tokens held in KV
+        self.first = -1.0
+        self.done = -1.0
+
+
+class _Group:
+    def __init__(self, services: tuple[int, ...], names: list[str], models: list[str], tp: int,
+                 kv_mode: str) -> None:
+        self.svcs = services
+        self.names = names
+        self.tp = tp
+        self.cms = {s: cost_model(models[s], DEVICE, tp) for s in services}
+        self.kvb = {s: kv_bytes_per_token(models[s]) for s in services}
+        pool = group_kv_bytes(tuple(models[s] for s in services), DEVICE, tp)
+        self.unified = kv_mode == "unified"
+        self.cap = {s: pool // max(1, len(services)) for s in services}
+        self.pool = pool
+        self.used = {s: 0 for s in services}
+        self.waiting: list[_Req] = []
+        self.running: list[_Req] = []
+        self.t = 0.0
+        self.turns: dict[str, int] = {}
+
+    def n(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def room(self, s: int, tokens: int) -> bool:
+        need = tokens * self.kvb[s]
+        if self.unified:
+            return sum(self.used.values()) + need <= self.pool
+        return self.used[s] + need <= self.cap[s]
+
+    def take(self, r: _Req, tokens: int) -> None:
+        r.kv += tokens
+        self.used[r.svc] += tokens * self.kvb[r.svc]
+
+    def free(self, r: _Req) -> None:
+        self.used[r.svc] -= r.kv * self.kvb[r.svc]
+        r.kv = 0
+
+
+class Sim:
+    """One plan's groups over a stretch of time (requests may carry over between plans)."""
+
+    def __init__(self, wl: Workload, plan: PlacementPlan, ordering: Ordering, kv_mode: str,
+                 t0: float = 0.0) -> None:
+        self.wl = wl
+        self.ordering = ordering
+        names = [s.name for s in wl.services]
+        models = [s.model for s in wl.services]
+        idx = {n: k for k, n in enumerate(names)}
+        self.names = names
+        self.svc_index = idx
+        self.groups = [_Group(tuple(idx[s] for s in g.services), names, models, g.tp, kv_mode)
+                       for g in plan.groups]
+        for g in self.groups:
+            g.t = t0
+        self.replicas = {k: [gi for gi, g in enumerate(self.groups) if k in g.svcs]
+                         for k in range(len(names))}
+        self.finished: list[_Req] = []
+        self.dropped: list[_Req] = []  # requests of services with no group
+
+    def dispatch(self, r: _Req, now: float) -> None:
+        reps = self.replicas[r.svc]
+        if not reps:
+            self.dropped.append(r)
+            return
+        g = self.groups[min(reps, key=lambda k: (self.groups[k].n(), k))]
+        if g.n() == 0:
+            g.t = max(g.t, now)
+        g.waiting.append(r)
+
+    def _key(self, r: _Req, now: float) -> tuple[float, float]:
+        return self.ordering.key(self.wl.services[r.svc].name, r.arr, r.exe, now)
+
+    def step(self, g: _Group) -> None:
+        now = g.t
+        everyone = g.waiting + g.running
+        kc = {r: self._key(r, now) for r in everyone}  # keys once per iteration
+        if self.ordering.rotate:
+            have = sorted({r.svc for r in everyone})
+            s = have[0] if len(have) == 1 else self.svc_index[
+                self.ordering.next_turn([self.names[k] for k in have], g.turns)]
+            g.turns[self.names[s]] = g.turns.get(self.names[s], 0) + 1
+            best = min((r for r in everyone if r.svc == s), key=lambda r: r.arr)
+        else:
+            best = min(everyone, key=lambda r: kc[r])
+        s = best.svc
+        cm = g.cms[s]
+        dur = 0.0
+        if best in g.waiting:  # prefill batch of service s
+            cands = sorted((r for r in g.waiting if r.svc == s), key=lambda r: kc[r])
+            batch: list[_Req] = []
+            tokens = 0
+            for r in cands:
+                need = r.inp + r.gen
+                if batch and tokens + need > MAX_BATCHED_TOKENS:
+                    break
+                if not g.room(s, need + 1):
+                    # per-iteration preemption: evict lower-priority running requests
+                    kr = kc[r]
+                    victims = sorted((v for v in g.running if kc[v] > kr),
+                                     key=lambda v: kc[v], reverse=True)
+                    for v in victims:
+                        if g.room(s, need + 1):
+                            break
+                        g.free(v)
+                        g.running.remove(v)
+                        g.waiting.append(v)
+                    if not g.room(s, need + 1):
+                        break
+                batch.append(r)
+                tokens += need
+                g.take(r, need)
+            if batch:
+                pairs = float(sum(0.5 * (r.inp + r.gen) ** 2 for r in batch))
+                dur = cm.iteration_s(tokens, 0, 0, prefill_seqs=len(batch), prefill_pairs=pairs)
+                end = now + dur
+                for r in batch:
+                    g.waiting.remove(r)
+                    r.exe += dur
+                    r.gen += 1
+                    if r.first < 0:
+                        r.first = end
+                    if r.gen >= r.out:
+                        r.done = end
+                        g.free(r)
+                        self.finished.append(r)
+                    else:
+                        g.running.append(r)
+                g.t = end
+                return
+            if not any(r.svc == s for r in g.running):
+                # nothing of s can run; run the best decode batch instead, else wait
+                if not g.running:
+                    g.t = now + 0.01
+                    return
+                s = min(g.running, key=lambda r: kc[r]).svc
+                cm = g.cms[s]
+        batch = sorted((r for r in g.running if r.svc == s), key=lambda r: kc[r])
+        batch = batch[:MAX_NUM_SEQS]
+        while batch and not g.room(s, len(batch)):
+            v = max(g.running, key=lambda r: kc[r])
+            g.free(v)
+            g.running.remove(v)
+            g.waiting.append(v)
+            if v in batch:
+                batch.remove(v)
+        if not batch:
+            g.t = now + 0.01
+            return
+        ctx = sum(r.kv for r in batch)
+        dur = cm.iteration_s(0, len(batch), ctx)
+        end = now + dur
+        for r in batch:
+            g.take(r, 1)
+            r.exe += dur
+            r.gen += 1
+            if r.gen >= r.out:
+                r.done = end
+                g.free(r)
+                g.running.remove(r)
+                self.finished.append(r)
+        g.t = end
+
+    def run(self, arrivals: list[_Req], t_end: float) -> None:
+        """Dispatch ``arrivals`` (by arrival time) and run groups until ``t_end``."""
+        ai = 0
+        heap: list[tuple[float, int]] = []
+        while True:
+            heap = [(g.t, k) for k, g in enumerate(self.groups) if g.n()]
+            tg = min(heap)[0] if heap else np.inf
+            ta = arrivals[ai].arr if ai < len(arrivals) else np.inf
+            if min(ta, tg) >= t_end:
+                return
+            if ta <= tg:
+                self.dispatch(arrivals[ai], ta)
+                ai += 1
+            else:
+                self.step(self.groups[min(heap)[1]])
+
+    def unfinished(self) -> list[_Req]:
+        out = []
+        for g in self.groups:
+            for r in g.waiting + g.running:
+                g.free(r)
+                out.append(r)
+        return out
+
+
+def _reqs(wl: Workload, idx: np.ndarray, shift: float = 0.0) -> list[_Req]:
+    return [_Req(int(i), int(wl.svc[i]), float(wl.arrival[i]) - shift, int(wl.inp[i]), int(wl.out[i]))
+            for i in idx]
+
+
+def scores(wl: Workload, done: list[_Req], dropped: list[_Req], left: list[_Req],
+           t_end: float) -> dict[str, ServiceScore]:
+    """Per service: requests over SLO (dropped and unfinished count), sum of L_r / L̂_s."""
+    acc = {s.name: [0.0, 0.0, 0] for s in wl.services}
+    for r in done:
+        a = acc[wl.services[r.svc].name]
+        lat = r.done - r.arr
+        a[0] += lat > SLO_FACTOR * wl.ref[r.i]
+        a[1] += lat / wl.mean_ref[r.svc]
+        a[2] += 1
+    for r in left:
+        a = acc[wl.services[r.svc].name]
+        lat = max(t_end - r.arr, 0.0)
+        a[0] += lat > SLO_FACTOR * wl.ref[r.i]
+        a[1] += lat / wl.mean_ref[r.svc]
+        a[2] += 1
+    for r in dropped:
+        acc[wl.services[r.svc].name][0] += 1
+    return {k: ServiceScore(v[0], v[1], int(v[2])) for k, v in acc.items()}
+
+
+# ----------------------------------------------------------------------------- systems
+@dataclass(frozen=True)
+class SystemSpec:
+    ordering: str
+    kv_mode: str
+    placement: str  # even | search
+    replace: bool
+
+
+SPECS = {
+    "vllm": SystemSpec("fcfs", "unified", "even", False),
+    "alpaserve": SystemSpec("fcfs", "unified", "search", False),
+    "muxserve": SystemSpec("rr", "split", "search", False),
+    "seallm": SystemSpec("db", "unified", "search", True),
+    "seallm-fcfs": SystemSpec("fcfs", "unified", "search", True),
+    "seallm-mlfq": SystemSpec("mlfq", "unified", "search", True),
+    "seallm-norepl": SystemSpec("db", "unified", "search", False),
+    "seallm-split": SystemSpec("db", "split", "search", True),
+}
+
+
+def run_system(name: str, wl: Workload, *, n_gpus: int, duration_s: float, i0_s: float = 60.0,
+               history_s: float = 30.0, drain_s: float = 600.0) -> dict[str, float]:
+    """Simulate system ``name`` on ``wl``; returns its metrics."""
+    spec = SPECS[name]
+    names = [s.name for s in wl.services]
+    budgets = {s.name: DoublingBudget(st.mean_s + st.std_s, st.mean_s)
+               for s, st in zip(wl.services, wl.stats, strict=True)}
+    ordering = make_ordering(spec.ordering, budgets, starvation_factor=STARVATION_FACTOR)
+    models = {s.name: s.model for s in wl.services}
+    order = np.argsort(wl.arrival, kind="stable")
+
+    def fits(members: tuple[str, ...], tp: int) -> bool:
+        return group_fits(tuple(models[m] for m in members), DEVICE, tp)
+
+    def place(t0: float, t1: float) -> tuple[PlacementPlan, float]:
+        idx = order[(wl.arrival[order] >= t0) & (wl.arrival[order] < t1)]
+        span = max(t1 - t0, 1e-9)
+        rates = {n: float((wl.svc[idx] == k).sum()) / span for k, n in enumerate(names)}
+
+        def evaluate(plan: PlacementPlan) -> dict[str, ServiceScore]:
+            sim = Sim(wl, plan, ordering, spec.kv_mode, 0.0)
+            sim.run(_reqs(wl, idx, t0), span + 10.0)
+            return scores(wl, sim.finished, sim.dropped, sim.unfinished(), span + 10.0)
+
+        plan, _ = seallm_place(names, rates, n_gpus, fits, evaluate, tps=(1, 2, 4))
+        est = evaluate(plan)
+        n = sum(s.n for s in est.values())
+        if spec.ordering == "rr" and ordering.quotas is None:
+            # MuxServe: fixed compute quotas from the rates seen at (first) placement
+            nonlocal_ordering[0] = replace(ordering, quotas={k: max(v, 1e-3) for k, v in rates.items()})
+        return plan, sum(s.sum_norm for s in est.values()) / max(n, 1)
+
+    nonlocal_ordering = [ordering]
+    if spec.placement == "even":
+        plan = even_split(names, n_gpus, 1)
+        est = 0.0
+    else:
+        # the first plan sees the first interval's traffic (a profiling window)
+        plan, est = place(0.0, min(i0_s, duration_s))
+    ordering = nonlocal_ordering[0]
+    rule = AdaptiveInterval(beta=0.1, min_s=10.0, max_s=600.0)
+    interval = i0_s
+    sim = Sim(wl, plan, ordering, spec.kv_mode, 0.0)
+    pending = _reqs(wl, order)
+    done: list[_Req] = []
+    dropped: list[_Req] = []
+    t = 0.0
+    n_repl = 0
+    while True:
+        t_next = t + interval if spec.replace else np.inf
+        t_stop = min(t_next, duration_s + drain_s)
+        cut = next((k for k, r in enumerate(pending) if r.arr >= t_stop), len(pending))
+        sim.run(pending[:cut], t_stop)
+        pending = pending[cut:]
+        if t_stop >= duration_s + drain_s or t_next >= duration_s:
+            if t_stop < duration_s + drain_s:
+                sim.run(pending, duration_s + drain_s)
+                pending = []
+            break
+        # adaptive replacement: compare the interval's real L_N with the estimate
+        done_now = [r for r in sim.finished if t <= r.arr < t_next]
+        real = (float(np.mean([(r.done - r.arr) / wl.mean_ref[r.svc] for r in done_now]))
+                if done_now else est)
+        interval = rule.next(interval, est, real)
+        new_plan, est = place(max(0.0, t_next - history_s), t_next)
+        n_repl += 1
+        if new_plan != plan:
+            left = sim.unfinished()
+            done += sim.finished
+            dropped += sim.dropped
+            sim = Sim(wl, new_plan, ordering, spec.kv_mode, t_next + SWITCH_S)
+            for r in left:
+                r.kv = 0
+            sim.run(sorted(left, key=lambda r: r.arr), t_next)
+            plan = new_plan
+        t = t_next
+    done += sim.finished
+    dropped += sim.dropped
+    left = sim.unfinished()
+    end = duration_s + drain_s
+    lat = np.array([r.done - r.arr for r in done] + [end - r.arr for r in left] + [end - r.arr for r in dropped])
+    norm = np.array([(r.done - r.arr) / wl.mean_ref[r.svc] for r in done]
+                    + [(end - r.arr) / wl.mean_ref[r.svc] for r in left + dropped])
+    slo_ok = sum((r.done - r.arr) <= SLO_FACTOR * wl.ref[r.i] for r in done)
+    ttft = np.array([r.first - r.arr for r in done])
+    return {"l_n": float(norm.mean()), "p99_s": float(np.percentile(lat, 99)),
+            "slo_attainment": float(slo_ok / len(lat)), "ttft_s": float(ttft.mean()),
+            "unfinished": float(len(left) + len(dropped)), "replacements": float(n_repl),
+            "plan": plan.describe()}  # type: ignore[dict-item]
+
+
+def _one(job: tuple[int, str, float, float, int]) -> dict[str, object]:
+    seed, name, rate, duration_s, n_gpus = job
+    t0 = time.perf_counter()
+    wl = make_workload(seed, rate=rate, duration_s=duration_s)
+    m = run_system(name, wl, n_gpus=n_gpus, duration_s=duration_s)
+    print(f"seed {seed} {name:14s} L_N {m['l_n']:7.2f}  P99 {m['p99_s']:7.1f}s  "
+          f"SLO {m['slo_attainment']:.3f}  TTFT {m['ttft_s']:6.2f}s  "
+          f"({time.perf_counter() - t0:.1f}s) {m['plan']}", file=sys.stderr, flush=True)
+    return {"system": name, "seed": seed, **m}
+
+
+def main(seeds: list[int], *, systems: list[str], rate: float, duration_s: float, n_gpus: int,
+         json_path: str | None, workers: int = 2) -> list[dict[str, object]]:
+    """Run every (seed, system) (``workers`` processes), print the table, write the JSON."""
+    jobs = [(seed, name, rate, duration_s, n_gpus) for seed in seeds for name in systems]
+    # the slow systems (placement searches) first, for a better spread over the workers
+    jobs.sort(key=lambda j: (SPECS[j[1]].placement != "search" or not SPECS[j[1]].replace, j[0]))
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            rows = list(pool.map(_one, jobs))
+    else:
+        rows = [_one(j) for j in jobs]
+    rows.sort(key=lambda r: (systems.index(str(r["system"])), int(r["seed"])))  # type: ignore[call-overload]
+    if json_path:
+        Path(json_path).write_text(json.dumps(rows, indent=1))
+    print(table(rows))
+    return rows
+
+
+def table(rows: list[dict[str, object]]) -> str:
+    """Mean and [min, max] over seeds per system, beside the paper's simulated L_N."""
+    out = [f"{'system':14s} {'L_N mean [min-max]':>24s} {'paper L_N':>9s} {'P99 s':>8s} "
+           f"{'SLO att.':>8s} {'TTFT s':>7s}"]
+    names = list(dict.fromkeys(str(r["system"]) for r in rows))
+    for n in names:
+        rs = [r for r in rows if r["system"] == n]
+        ln = np.array([float(r["l_n"]) for r in rs])  # type: ignore[arg-type]
+        p = np.mean([float(r["p99_s"]) for r in rs])  # type: ignore[arg-type]
+        slo = np.mean([float(r["slo_attainment"]) for r in rs])  # type: ignore[arg-type]
+        tt = np.mean([float(r["ttft_s"]) for r in rs])  # type: ignore[arg-type]
+        paper = PAPER_L_N.get(n)
+        out.append(f"{n:14s} {ln.mean():8.2f} [{ln.min():6.2f}-{ln.max():6.2f}] "
+                   f"{(f'{paper:.2f}' if paper else '-'):>9s} {p:8.1f} {slo:8.3f} {tt:7.2f}")
+    return "\n".join(out)
+
+
+def add_parser(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``hermes bench seallm``."""
+    s = bsub.add_parser("seallm", help="several LLMs on shared GPUs: SeaLLM vs vLLM / AlpaServe / "
+                                       "MuxServe (paper Table 2 / Fig. 6)")
+    s.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (default 0..4)")
+    s.add_argument("--systems", default=",".join(SYSTEMS),
+                   help=f"comma-separated, of {', '.join(SPECS)} (default {','.join(SYSTEMS)})")
+    s.add_argument("--ablations", action="store_true", help="add the SeaLLM ablations")
+    s.add_argument("--rate", type=float, default=DEFAULT_RATE, help="requests/s (default %(default)g)")
+    s.add_argument("--duration", type=float, default=DEFAULT_DURATION_S,
+                   help="seconds of arrivals (default %(default)g)")
+    s.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help="A100-80 GPUs (default %(default)d)")
+    s.add_argument("--workers", type=int, default=2, help="processes (default %(default)d)")
+    s.add_argument("--json", default=None, help="write the rows as a JSON list to FILE")
+    s.set_defaults(func=cmd_seallm)
+
+
+def cmd_seallm(args: argparse.Namespace) -> int:
+    try:
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
+    systems = [x.strip() for x in args.systems.split(",") if x.strip()]
+    if args.ablations:
+        systems += [a for a in ABLATIONS if a not in systems]
+    bad = [x for x in systems if x not in SPECS]
+    if bad or not seeds:
+        raise SystemExit(f"unknown systems {bad}; known: {', '.join(SPECS)}" if bad else "no seeds")
+    main(seeds, systems=systems, rate=args.rate, duration_s=args.duration, n_gpus=args.gpus,
+         json_path=args.json, workers=max(1, args.workers))
+    return 0

@@ -1,0 +1,135 @@
+"""GPU groups and SeaLLM's two-stage placement (§4.1).
+
+Stage 1 (group partition): the cluster is cut into equal groups of ``tp`` GPUs, ``tp`` a power
+of two not above the node size (the paper's two heuristics). Stage 2 (service allocation):
+repeatedly (services not yet placed first: an unplaced service with no recent requests would
+otherwise score zero), the service with the largest unsatisfaction index
+``UI_s = #(requests over SLO) + α·L_N^s`` (an unplaced service has all its requests unserved)
+goes to the group with the lowest request rate that does not hold it yet, holds fewer than
+``max_per_group`` services and has memory for it; a service may be placed on several groups
+(replicas). Each ``tp`` ends with a plan, scored by the same evaluation; the best plan wins
+("TP by simulation"). The evaluation is a callable (the simulator), so this module has no
+I/O and no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Group:
+    """One sharing group: GPU indices, its TP size (= len(gpus)) and its services."""
+
+    gpus: tuple[int, ...]
+    services: tuple[str, ...] = ()
+
+    @property
+    def tp(self) -> int:
+        return len(self.gpus)
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    """A set of sharing groups."""
+
+    groups: tuple[Group, ...]
+
+    def replicas(self, service: str) -> list[int]:
+        """Indices of the groups serving ``service``."""
+        return [i for i, g in enumerate(self.groups) if service in g.services]
+
+    def describe(self) -> str:
+        return " | ".join(f"tp{g.tp}:{'+'.join(g.services) or '-'}" for g in self.groups)
+
+
+@dataclass(frozen=True)
+class ServiceScore:
+    """A service's evaluation: requests over SLO, sum of normalised latencies, request count."""
+
+    unserved: float
+    sum_norm: float
+    n: int
+
+    @property
+    def l_n(self) -> float:
+        return self.sum_norm / self.n if self.n else 0.0
+
+
+Evaluate = Callable[[PlacementPlan], Mapping[str, ServiceScore]]
+Fits = Callable[[tuple[str, ...], int], bool]
+
+
+def partition(n_gpus: int, tp: int) -> list[tuple[int, ...]]:
+    """``n_gpus`` cut into groups of ``tp`` consecutive GPUs."""
+    if tp < 1 or tp & (tp - 1) or n_gpus % tp:
+        raise ValueError(f"tp must be a power of two dividing the GPU count (tp={tp}, gpus={n_gpus})")
+    return [tuple(range(i, i + tp)) for i in range(0, n_gpus, tp)]
+
+
+def even_split(services: Sequence[str], n_gpus: int, tp: int = 1) -> PlacementPlan:
+    """vLLM's setup: GPUs split evenly, one service per group, groups dealt round-robin."""
+    parts = partition(n_gpus, tp)
+    if len(parts) < len(services):
+        raise ValueError(f"{len(services)} services need at least {len(services)} groups of {tp} GPUs")
+    return PlacementPlan(tuple(Group(p, (services[i % len(services)],)) for i, p in enumerate(parts)))
+
+
+def plan_score(scores: Mapping[str, ServiceScore], alpha: float) -> float:
+    """Total unserved requests plus ``alpha`` times the overall normalised latency."""
+    n = sum(s.n for s in scores.values())
+    l_n = sum(s.sum_norm for s in scores.values()) / n if n else 0.0
+    return sum(s.unserved for s in scores.values()) + alpha * l_n
+
+
+def allocate(services: Sequence[str], rates: Mapping[str, float], parts: Sequence[tuple[int, ...]],
+             fits: Fits, evaluate: Evaluate, *, alpha: float = 1e-4,
+             max_per_group: int = 2) -> PlacementPlan:
+    """Stage 2 on one partition: greedy by unsatisfaction index, lowest-rate group first."""
+    members: list[list[str]] = [[] for _ in parts]
+
+    def plan() -> PlacementPlan:
+        return PlacementPlan(tuple(Group(p, tuple(m)) for p, m in zip(parts, members, strict=True)))
+
+    def group_rate(i: int) -> float:
+        return sum(rates.get(s, 0.0) / sum(s in m for m in members) for s in members[i])
+
+    for _ in range(len(parts) * max_per_group):
+        scores = evaluate(plan())
+        ui = {s: scores[s].unserved + alpha * scores[s].l_n for s in services}
+        placed = False
+        for s in sorted(services, key=lambda s: (any(s in m for m in members), -ui[s], s)):
+            cands = [i for i, m in enumerate(members)
+                     if s not in m and len(m) < max_per_group
+                     and fits((*m, s), len(parts[i]))]
+            if not cands:
+                continue
+            best = min(cands, key=lambda i: (group_rate(i), len(members[i]), i))
+            members[best].append(s)
+            placed = True
+            break
+        if not placed:
+            break
+    return plan()
+
+
+def seallm_place(services: Sequence[str], rates: Mapping[str, float], n_gpus: int, fits: Fits,
+                 evaluate: Evaluate, *, tps: Sequence[int] = (1, 2, 4, 8), node_gpus: int = 8,
+                 alpha: float = 1e-4, max_per_group: int = 2) -> tuple[PlacementPlan, float]:
+    """The best plan over TP sizes and its score (:func:`plan_score`). Raises ``ValueError``
+    when no TP size places every service."""
+    best: tuple[float, PlacementPlan] | None = None
+    for tp in tps:
+        if tp > node_gpus or n_gpus % tp or tp & (tp - 1) or (n_gpus // tp) * max_per_group < len(services):
+            continue
+        p = allocate(services, rates, partition(n_gpus, tp), fits, evaluate, alpha=alpha,
+                     max_per_group=max_per_group)
+        if any(not p.replicas(s) for s in services):
+            continue
+        score = plan_score(evaluate(p), alpha)
+        if best is None or score < best[0]:
+            best = (score, p)
+    if best is None:
+        raise ValueError(f"no TP size in {tuple(tps)} places all of {list(services)} on {n_gpus} GPUs")
+    return best[1], best[0]
