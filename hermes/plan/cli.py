@@ -222,3 +222,6 @@ def add_plan_parser(sub: Any) -> None:
                    help="processes simulating candidate plans")
     s.set_defaults(func=cmd_batch)
     add_calibrate_parser(psub)
+    from hermes.plan.hetero import add_hetero_parser
+
+    add_hetero_parser(psub)
