@@ -44,7 +44,10 @@ def _common(p: argparse.ArgumentParser, *, window: bool) -> None:
                    help="paper (the paper's apps; default), agents (the tool-using agent loops "
                         "SWE and RES, half each) or mixed (half agents, half the paper's mix)")
     p.add_argument("--trace", default="conversation", help="conversation | synthetic | PATH")
-    p.add_argument("--setup", default="llama2-7b-a100", help="llama2-7b-a100 | llama3-70b-h800x8")
+    p.add_argument("--setup", default="llama2-7b-a100-cal",
+                   help="llama2-7b-a100-cal (default: LLaMA-2-7B on one A100-40GB, calibrated "
+                        "on Vidur's profiles) | llama2-7b-a100 (the idealised model) | "
+                        "llama3-70b-h800x8")
     p.add_argument("--mode", default=None, choices=("vllm-v1", "vllm-0.4"),
                    help="engine scheduler mode: runs SETUP@MODE (default: the setup's own, v1)")
     p.add_argument("--pdgraphs", default=None, help="knowledge base: a PDGraph directory or redis:// URL (default: $HERMES_KB, else the shipped PDGraphs)")
