@@ -254,7 +254,8 @@ def cmd_routing(args: argparse.Namespace) -> int:
     rows = bench_routing(_names(args.routers), _ints(args.seeds), engines=args.engines,
                          window_min=args.window, apps=args.apps, workload=args.workload,
                          setup=args.setup, pdgraph_dir=args.pdgraphs, workers=args.workers,
-                         progress=not args.no_progress)
+                         progress=not args.no_progress, retention=_names(args.retention),
+                         cache_gb=args.cache_gb, cpu_cache_gb=args.cpu_cache_gb)
     title = (f"routing ({args.engines} engines, {args.workload} mix, {rows[0]['apps']} apps in "
              f"{args.window:g} min, hermes policy; mean (min-max) over seeds)")
     return _finish(summary_rows(rows), args, title, t0, json_rows=rows)
@@ -271,6 +272,12 @@ def add_routing_parser(bsub: argparse._SubParsersAction) -> None:
                    help="paper (the paper's apps; default) or agents (SWE and RES agent loops)")
     s.add_argument("--window", type=float, default=10.0, help="submission window, minutes")
     s.add_argument("--apps", type=int, default=None, help="runs per cell (default 150 x engines)")
+    s.add_argument("--retention", default="lru",
+                   help="KV retention through tool calls, agents only: lru,ttl,hermes")
+    s.add_argument("--cache-gb", dest="cache_gb", type=float, default=16.0,
+                   help="GPU KV prefix cache per engine, GiB (agents)")
+    s.add_argument("--cpu-cache-gb", dest="cpu_cache_gb", type=float, default=64.0,
+                   help="host-memory KV tier per engine, GiB (agents)")
     s.add_argument("--setup", default="llama2-7b-a100")
     s.add_argument("--pdgraphs", default=None)
     s.add_argument("--workers", type=int, default=None)

@@ -629,3 +629,121 @@ class BlockPoolPrefixCache(PrefixCacheModel):
         self.gpu_used += tokens
         if pins:
             self.held_tokens += tokens
+
+
+class RetainingPrefixCache(PrefixCacheModel):
+    """:class:`PrefixCacheModel` with the mechanisms of KV retention through tool calls
+    (:mod:`hermes.core.kv_retention`; issue 19): an entry grows with its run's history (a
+    longer prefix computed under the same key replaces the shorter one), a TTL pin
+    (:meth:`pin_until`: held until it expires, at most ``max_pinned_fraction`` of the GPU
+    tier pinned, a pin over that is refused), an explicit :meth:`offload` to the host tier
+    (reloaded asynchronously by :meth:`prefetch`), and :meth:`drop`. TTL pins expire lazily at
+    the next lookup or store (``now`` is passed in). ``queries``/``hits``/``cpu_hit_tokens``
+    count prefix tokens looked up, found on the GPU (ready or loading) and found in host
+    memory."""
+
+    def __init__(self, capacity_tokens: int, *, max_pinned_fraction: float = 0.5,
+                 **kw: object) -> None:
+        super().__init__(capacity_tokens, **kw)  # type: ignore[arg-type]
+        if not 0.0 <= max_pinned_fraction <= 1.0:
+            raise ValueError(f"max_pinned_fraction must be in [0, 1], got {max_pinned_fraction}")
+        self.max_pinned_fraction = max_pinned_fraction
+        self.ttl: dict[str, float] = {}  # prefix -> when its TTL pin expires
+        self.queries = 0
+        self.hits = 0
+        self.cpu_hit_tokens = 0
+        self.pins_refused = 0
+        self.offloads = 0
+        self.drops = 0
+
+    @property
+    def pressure(self) -> float:
+        """GPU tier use over its capacity."""
+        return self.gpu_used / self.capacity if self.capacity else 1.0
+
+    def tokens(self, prefix: str) -> int:
+        """Tokens of ``prefix`` on either tier (0: not cached)."""
+        e = self.gpu.get(prefix)
+        return e.tokens if e is not None else self.cpu.get(prefix, 0)
+
+    # ------------------------------------------------------------------ engine hook
+    def cached_tokens(self, prefix: str, prefix_tokens: int, now: float) -> int:
+        self.expire(now)
+        counted = not prefix.startswith(UNCOUNTED)
+        where = self.where(prefix.removeprefix(UNCOUNTED))
+        got = super().cached_tokens(prefix, prefix_tokens, now)
+        if counted:
+            self.queries += prefix_tokens
+            if where == "gpu":
+                self.hits += got
+            elif where == "cpu":
+                self.cpu_hit_tokens += got
+        return got
+
+    def on_prefilled(self, prefix: str, prefix_tokens: int, now: float) -> None:
+        self.expire(now)
+        key = prefix.removeprefix(UNCOUNTED)
+        e = self.gpu.get(key)
+        if e is not None and prefix_tokens > e.tokens and self.enabled:
+            # the run's history grew: the longer prefix replaces the shorter one
+            pins = e.pins
+            del self.gpu[key]
+            self.gpu_used -= e.tokens
+            self._pending_pins[key] = self._pending_pins.get(key, 0) + pins
+            self._put(key, prefix_tokens, now)
+            return
+        if e is None and key in self.cpu and prefix_tokens > self.cpu[key]:
+            self.cpu_used -= self.cpu.pop(key)
+        super().on_prefilled(prefix, prefix_tokens, now)
+
+    # ------------------------------------------------------------------ retention
+    def pin_until(self, prefix: str, expires_at: float) -> bool:
+        """Hold ``prefix`` on the GPU until ``expires_at`` (extends a pin already there).
+        ``False`` when it is not on the GPU or pinning it would exceed the cap."""
+        e = self.gpu.get(prefix)
+        if e is None:
+            return False
+        if prefix in self.ttl:
+            self.ttl[prefix] = max(self.ttl[prefix], expires_at)
+            return True
+        pinned = sum(self.gpu[k].tokens for k in self.ttl if k in self.gpu)
+        if pinned + e.tokens > self.max_pinned_fraction * self.capacity:
+            self.pins_refused += 1
+            return False
+        self.ttl[prefix] = expires_at
+        self.pin(prefix)
+        return True
+
+    def unpin(self, prefix: str) -> None:
+        """End the TTL pin of ``prefix`` now (its run came back, or ended)."""
+        if self.ttl.pop(prefix, None) is not None:
+            self.release(prefix)
+
+    def expire(self, now: float) -> None:
+        """Release the TTL pins that expired by ``now``."""
+        for k in [k for k, t in self.ttl.items() if t <= now]:
+            self.unpin(k)
+
+    def offload(self, prefix: str) -> bool:
+        """Move ``prefix`` from the GPU to the host tier now (``False``: not on the GPU, or
+        pinned)."""
+        e = self.gpu.get(prefix)
+        if e is None or e.pins > 0:
+            return False
+        del self.gpu[prefix]
+        self.gpu_used -= e.tokens
+        self._to_cpu(prefix, e.tokens)
+        self.offloads += 1
+        return True
+
+    def drop(self, prefix: str) -> None:
+        """Forget ``prefix`` on both tiers (its TTL pin too)."""
+        self.unpin(prefix)
+        e = self.gpu.get(prefix)
+        if e is not None and e.pins == 0:
+            del self.gpu[prefix]
+            self.gpu_used -= e.tokens
+            self.drops += 1
+        if prefix in self.cpu:
+            self.cpu_used -= self.cpu.pop(prefix)
+            self.drops += 1

@@ -36,11 +36,12 @@ default, as the gateway).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -198,6 +199,8 @@ class Simulator:
         warm: object | None = None,
         prefix_cache: Callable[[], PrefixCache] | None = None,
         router: str = "least-loaded",
+        retention: object | None = None,
+        history_apps: Collection[str] = (),
     ) -> None:
         self.policy = policy
         self.cost = cost
@@ -222,6 +225,14 @@ class Simulator:
         self.warm = warm
         if warm is not None:
             warm.bind(self)
+        # history_apps: apps whose LLM prompts grow with the run's own history (agent loops):
+        # their requests' prefix key is the run's conversation (as the gateway's rolling
+        # message digests), so the run's earlier turns are a cached prefix of its next one
+        self.history_apps = frozenset(history_apps)
+        # KV retention through tool calls (hermes.sim.retention.SimRetention), optional
+        self.retention = retention
+        if retention is not None:
+            retention.bind(self.engines)
 
     # ------------------------------------------------------------------ setup helpers
     def app(self, name: str) -> AppModel:
@@ -377,6 +388,10 @@ class Simulator:
             touched: set[int] = set()
             for j, call in enumerate(step.requests):
                 rid = f"{st.run_id}/{run.index}/{j}"
+                shared = call
+                if st.app in self.history_apps:
+                    call = dataclasses.replace(call, prefix=f"{st.run_id}#{call.prefix}",
+                                               prefix_tokens=call.input_tokens)
                 view = RequestView(
                     request_id=rid,
                     run_id=st.run_id,
@@ -396,7 +411,9 @@ class Simulator:
                 )
                 if self.warm is not None:
                     self.warm.on_request(st, step, call, req)
-                ei = self._route(st.run_id, call, now)
+                ei = self._route(st.run_id, call, now, shared)
+                if self.retention is not None:
+                    self.retention.on_route(st.run_id, call.prefix, ei)
                 self.engines[ei].add(req, now)
                 run.llm_reqs.append(req)
                 run.views[rid] = (view, ei)
@@ -416,6 +433,8 @@ class Simulator:
             server = self.tools.server(step.backend)
             if self.warm is not None:
                 self.warm.on_enqueue(st, step, now)
+            if self.retention is not None:
+                self.retention.on_tool_start(st, step, now)
             self._tool_starts(server.submit(call, now), step.backend)
 
     def _finish_unit(self, run: _Run, now: float) -> None:
@@ -473,6 +492,8 @@ class Simulator:
         st = run.state
         st.finished = now
         self.policy.on_finish(st, now)
+        if self.retention is not None:
+            self.retention.on_run_finish(st.run_id)
         if self.warm is not None:
             self.warm.on_run_finish(st, now)
         del self._runs[st.run_id]
@@ -538,7 +559,7 @@ class Simulator:
             eng.update_key(req.request_id, policy_key(self.policy, run.state, view, now))
 
     # ------------------------------------------------------------------ engines
-    def _route(self, run_id: str, call: LLMCall, now: float) -> int:
+    def _route(self, run_id: str, call: LLMCall, now: float, shared: LLMCall | None = None) -> int:
         """The engine of an LLM call: the router's choice, each engine described as the
         gateway describes it (requests outstanding over the gateway's default in-flight
         window, :data:`ROUTE_WINDOW`; then prompt tokens still to prefill), the call's shared
@@ -549,8 +570,10 @@ class Simulator:
         cap = float(ROUTE_WINDOW)
         states = [EngineState(str(i), n / cap, todo)
                   for i, (n, todo) in enumerate(e.outstanding() for e in self.engines)]
-        route = RouteRequest(run_id, [(call.prefix, call.prefix_tokens)] if call.prefix else (),
-                             call.input_tokens)
+        keys = [(call.prefix, call.prefix_tokens)] if call.prefix else []
+        if shared is not None and shared.prefix and shared.prefix != call.prefix:
+            keys.insert(0, (shared.prefix, shared.prefix_tokens))  # the shared system prompt
+        route = RouteRequest(run_id, keys, call.input_tokens)
         chosen = self.router.pick(route, states, now).engine
         self.route_stats.note(chosen, call.input_tokens,
                               self.router.index.matched_tokens(chosen, route.prefixes))
@@ -634,6 +657,8 @@ class Simulator:
         step = run.step
         assert step is not None
         del run.views[cid]
+        if self.retention is not None:
+            self.retention.on_tool_done(run_id, now)
         dur = float(step.duration_s or 0.0)
         run.unit_attained = dur
         st = run.state

@@ -37,3 +37,22 @@ def test_bench_routing_refuses_unknown_routers_and_workloads() -> None:
         bench_routing(["random"], [0], progress=False)
     with pytest.raises(ValueError, match="paper, agents"):
         bench_routing(["prefix"], [0], workload="mixed", progress=False)
+
+
+def test_bench_routing_agents_retention_rows() -> None:
+    """On agent loops each run's history is its own prefix key: the cache finds the previous
+    turn's KV, and the retention rules act at tool hand-overs (hermes: keep/offload/drop)."""
+    rows = bench_routing(["least-loaded"], [0], engines=2, window_min=1.0, apps=6,
+                         workload="agents", retention=["lru", "hermes"], cache_gb=16.0,
+                         cpu_cache_gb=64.0, workers=1, progress=False)
+    assert [(r["router"], r["retention"]) for r in rows] == [
+        ("least-loaded", "lru"), ("least-loaded", "hermes")]
+    lru, her = rows
+    assert set(lru["decisions"]) == {"none"}
+    assert sum(n for a, n in her["decisions"].items() if a != "none") > 0
+    assert set(her["decisions"]) <= {"keep", "offload", "drop", "none"}
+    for r in rows:
+        # history reuse: later turns find most of their prompt cached on some tier
+        assert 0.2 < r["prefix_hit_ratio"] + r["cpu_hit_ratio"] <= 1.0
+    with pytest.raises(ValueError, match="--retention must list lru, ttl, hermes"):
+        bench_routing(["prefix"], [0], workload="agents", retention=["fifo"], progress=False)
