@@ -13,16 +13,35 @@ Systems (rows): ``vllm`` (GPUs split evenly, one service per group, FCFS), ``alp
 (same placement, round-robin between a group's services with fixed quotas from the rates
 seen at placement, FCFS within, split KV, placed once), ``seallm`` (placement + DB ordering +
 adaptive replacement + unified KV), and the ablations ``seallm-fcfs``, ``seallm-mlfq``,
-``seallm-norepl``, ``seallm-split`` (``--ablations``). Hermes' own placement from PDGraph
-forecasts (issue 22 item 3) is not built: there is no ``hermes`` row yet.
+``seallm-norepl``, ``seallm-split`` (``--ablations``). ``hermes`` (issue 22 item 3) is SeaLLM's
+placement, replacement and DB ordering fed by the PDGraph forecast of per-service demand
+(:mod:`hermes.core.multillm.forecast`) instead of the recent window's requests: at each
+re-placement the forecast of the next ``history_s`` (runs in flight: their current unit, next-unit
+probabilities and step times; plus each app's recent run arrival rate) sets the services' rates
+and the request counts of the simulated set (the window's own requests thinned, or topped up with
+copies of the service's earlier requests). The app tables are learned from the calls seen so far
+(a PDGraph's next-unit frequencies); ablations ``hermes-oracle`` (the generating tables) and
+``hermes-norun`` (no runs in flight: new runs only), and two look-ahead upper bounds (diagnostics,
+not systems): ``hermes-perfect`` (the real next-window counts through Hermes' pipeline) and
+``seallm-future`` (SeaLLM evaluating plans on the real next-window requests). Every row of a replacing system records
+``rate_err`` / ``forecast_err``: the mean over re-placements of the relative L1 error of the
+recent-window counts and of the forecast (the row's mode; learned for non-Hermes rows) against
+the real per-service calls of the next ``history_s`` (windows past ``--duration`` skipped). With
+:data:`FORECAST_INTERVAL` the forecast covers the whole next replacement interval instead
+(measured no better: off).
 
 Workload (differs from the paper, which used clustered ShareGPT/LongBench lengths, Llama2-7B/
-13B/70B and OPT-6.7B, the Azure Functions trace and 32 A800s): arrival instants are the Mooncake
-conversation trace's (bursty), time-compressed to ``--rate``; lengths are Mooncake's (input
+13B/70B and OPT-6.7B, the Azure Functions trace and 32 A800s): lengths are Mooncake's (input
 tokens / 8, clipped to [16, 3072]; output clipped to [1, 1024]) clustered into three groups by
-k-means on log lengths; each cluster with Llama-2-7B and Llama-2-13B is a service (six);
-each request goes to a service drawn from weights that random-walk every 60 s (shifting
-popularity). The cluster is ``--gpus`` A100-80s in one node.
+k-means on log lengths; each cluster with Llama-2-7B and Llama-2-13B is a service (six).
+``--workload apps`` (default): arrival instants of the Mooncake conversation trace (bursty),
+time-compressed so that the runs' calls average ``--rate``, start *app runs* of the four apps of
+:data:`APPS` (drawn from weights that random-walk every 60 s: shifting popularity); each run walks
+its app's next-unit table, one call per unit, the next call issued after the previous one's
+reference execution time plus an exponential gap (open loop: every system sees the same
+requests; calls after ``--duration`` are dropped). ``--workload independent`` (the earlier one):
+each arrival is one request to a service drawn from random-walk weights. The cluster is
+``--gpus`` A100-80s in one node.
 
 Defaults the paper leaves open (ours): starvation threshold 10 x L̂_s; first interval
 I_0 = 60 s, bounds [10, 600] s; the metric compared for replacement is L_N; placement is
@@ -49,6 +68,15 @@ import numpy as np
 from scipy.cluster.vq import kmeans2  # type: ignore[import-untyped]
 
 from hermes.core.multillm.budget import DoublingBudget
+from hermes.core.multillm.forecast import (
+    AppTable,
+    Forecast,
+    ObservedCall,
+    RunInFlight,
+    Unit,
+    forecast_demand,
+    learn_table,
+)
 from hermes.core.multillm.ordering import Ordering, make_ordering
 from hermes.core.multillm.placement import PlacementPlan, ServiceScore, even_split, seallm_place
 from hermes.core.multillm.replacement import AdaptiveInterval
@@ -78,8 +106,13 @@ DEFAULT_RATE = 4.0
 DEFAULT_DURATION_S = 300.0
 DEFAULT_GPUS = 8
 
-SYSTEMS = ("vllm", "alpaserve", "muxserve", "seallm")
-ABLATIONS = ("seallm-fcfs", "seallm-mlfq", "seallm-norepl", "seallm-split")
+#: Hermes forecasts the demand of the whole next replacement interval (ours; else the next
+#: ``history_s``, the span SeaLLM's recent window covers)
+FORECAST_INTERVAL = False
+
+SYSTEMS = ("vllm", "alpaserve", "muxserve", "seallm", "hermes")
+ABLATIONS = ("seallm-fcfs", "seallm-mlfq", "seallm-norepl", "seallm-split", "hermes-oracle",
+             "hermes-norun", "hermes-perfect", "seallm-future")
 
 
 # ----------------------------------------------------------------------------- workload
@@ -95,6 +128,9 @@ class Workload:
     ref: np.ndarray  # reference execution time of each request
     mean_ref: np.ndarray  # L̂_s per service index
     stats: list[ServiceStats] = field(default_factory=list)
+    run: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))  # run id, -1: none
+    run_app: list[str] = field(default_factory=list)  # app of each run
+    tables: dict[str, AppTable] = field(default_factory=dict)  # app -> transition table
 
 
 def _trace_lengths() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -108,10 +144,37 @@ def _trace_lengths() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.asarray(ts), np.asarray(i), np.asarray(o)
 
 
-def make_workload(seed: int, *, rate: float, duration_s: float) -> Workload:
-    """The workload of one seed (module doc)."""
-    rng = np.random.default_rng(seed)
-    ts, inp, out = _trace_lengths()
+#: the apps of the ``apps`` workload (ours): per app, the entry unit, the next-unit table over
+#: the six services (``""`` ends the run) and the mean gap (think / tool time) between a call's
+#: end and the run's next call. A chat (turns on c0-13b), an agent (a long plan on c2-13b, then a
+#: loop of short reads on c1-7b that may re-plan), a RAG pipeline (read on c1-13b, answer on
+#: c0-7b) and a coder (draft on c0-7b, long edits on c2-7b, back to drafting).
+APPS: dict[str, tuple[dict[str, float], dict[str, dict[str, float]], float]] = {
+    "chat": ({"c0-13b": 1.0}, {"c0-13b": {"c0-13b": 0.6, "": 0.4}}, 5.0),
+    "agent": ({"c2-13b": 1.0}, {"c2-13b": {"c1-7b": 1.0},
+                                "c1-7b": {"c1-7b": 0.6, "c2-13b": 0.25, "": 0.15}}, 3.0),
+    "rag": ({"c1-13b": 1.0}, {"c1-13b": {"c0-7b": 1.0}, "c0-7b": {"": 1.0}}, 1.0),
+    "code": ({"c0-7b": 1.0}, {"c0-7b": {"c2-7b": 0.8, "": 0.2},
+                              "c2-7b": {"c0-7b": 0.5, "": 0.5}}, 2.0),
+}
+WORKLOADS = ("apps", "independent")
+
+
+def app_tables(services: list[Service], mean_ref: np.ndarray) -> dict[str, AppTable]:
+    """The apps' transition tables (what a PDGraph learned from past runs holds), with each
+    unit's step = its service's mean reference time + the app's mean gap."""
+    names = [s.name for s in services]
+    tok = {s.name: float(np.mean(s.input_lengths) + np.mean(s.output_lengths)) for s in services}
+    out = {}
+    for app, (entry, nxt, gap) in APPS.items():
+        units = {u: Unit(u, tok[u], float(mean_ref[names.index(u)]) + gap)
+                 for u in {*entry, *nxt, *(v for p in nxt.values() for v in p if v)}}
+        out[app] = AppTable(app, units, entry, nxt)
+    return out
+
+
+def _services() -> list[Service]:
+    _, inp, out = _trace_lengths()
     inp = np.clip(inp // 8, 16, 3072)
     out = np.clip(out, 1, 1024)
     feats = np.column_stack([np.log(inp), np.log(out)])
@@ -121,21 +184,65 @@ def make_workload(seed: int, *, rate: float, duration_s: float) -> Workload:
         m = label == c
         for model in MODELS:
             services.append(Service(f"c{c}-{model.split('-')[-1]}", model, inp[m], out[m]))
-    # arrival instants: a random window of the trace, compressed to the target rate
-    n = int(rate * duration_s)
+    return services
+
+
+def make_workload(seed: int, *, rate: float, duration_s: float, kind: str = "apps") -> Workload:
+    """The workload of one seed (module doc): ``apps`` (runs of :data:`APPS`) or
+    ``independent`` (one request per arrival, to a service drawn by popularity)."""
+    if kind not in WORKLOADS:
+        raise ValueError(f"unknown workload {kind!r}; known: {', '.join(WORKLOADS)}")
+    rng = np.random.default_rng(seed)
+    ts, _, _ = _trace_lengths()
+    services = _services()
+    stats = [ServiceStats.of(sv, DEVICE, 1) for sv in services]
+    mean_ref = np.array([st.mean_s for st in stats])
+    names = [s.name for s in services]
+    tables: dict[str, AppTable] = {}
+    kinds = names
+    if kind == "apps":
+        tables = app_tables(services, mean_ref)
+        kinds = list(APPS)
+        per_run = float(np.mean([t.calls_per_run() for t in tables.values()]))
+    # arrival instants (requests, or app runs): a random window of the trace, compressed
+    n = int(rate * duration_s / (per_run if kind == "apps" else 1.0))
     start = int(rng.integers(0, max(1, len(ts) - n)))
     t = ts[start:start + n] - ts[start]
     t = t * (duration_s / max(t[-1], 1e-9))
     n = len(t)
-    # shifting popularity: per-60 s block weights from a log-space random walk
+    # shifting popularity (of services, or apps): per-60 s block weights, log-space random walk
     blocks = int(np.ceil(duration_s / 60.0)) + 1
-    logw = np.cumsum(rng.normal(0.0, 0.8, size=(blocks, len(services))), axis=0)
+    logw = np.cumsum(rng.normal(0.0, 0.8, size=(blocks, len(kinds))), axis=0)
     w = np.exp(logw - logw.max(axis=1, keepdims=True))
     w /= w.sum(axis=1, keepdims=True)
     blk = np.minimum((t // 60.0).astype(int), blocks - 1)
     u = rng.random(n)
-    svc = (u[:, None] > np.cumsum(w[blk], axis=1)).sum(axis=1)
-    svc = np.minimum(svc, len(services) - 1)
+    pick = np.minimum((u[:, None] > np.cumsum(w[blk], axis=1)).sum(axis=1), len(kinds) - 1)
+    if kind == "apps":
+        rows: list[tuple[float, int, int, int, int, float]] = []  # arrival, svc, run, in, out, ref
+        run_app = [kinds[int(j)] for j in pick]
+        for r, (t0, app) in enumerate(zip(t, run_app, strict=True)):
+            entry, nxt, gap = APPS[app]
+            unit = _draw(rng, entry)
+            at = float(t0)
+            while unit and at < duration_s:
+                sv = services[names.index(unit)]
+                j = int(rng.integers(0, len(sv.input_lengths)))
+                i_, o_ = int(sv.input_lengths[j]), int(sv.output_lengths[j])
+                ref1 = float(exec_times(sv.model, DEVICE, 1, np.array([i_]), np.array([o_]))[0])
+                rows.append((at, names.index(unit), r, i_, o_, ref1))
+                # the next call: after this one's execution alone (open loop) and the app's gap
+                at += ref1 + float(rng.exponential(gap))
+                unit = _draw(rng, nxt.get(unit, {"": 1.0}))
+        rows.sort(key=lambda x: x[0])
+        t = np.array([x[0] for x in rows])
+        svc = np.array([x[1] for x in rows], dtype=int)
+        run = np.array([x[2] for x in rows], dtype=int)
+        ri = np.array([x[3] for x in rows], dtype=int)
+        ro = np.array([x[4] for x in rows], dtype=int)
+        ref = np.array([x[5] for x in rows])
+        return Workload(services, svc, t, ri, ro, ref, mean_ref, stats, run, run_app, tables)
+    svc = pick
     ri = np.empty(n, dtype=int)
     ro = np.empty(n, dtype=int)
     for s, sv in enumerate(services):
@@ -144,13 +251,16 @@ def make_workload(seed: int, *, rate: float, duration_s: float) -> Workload:
         ri[m] = sv.input_lengths[k]
         ro[m] = sv.output_lengths[k]
     ref = np.empty(n)
-    stats = [ServiceStats.of(sv, DEVICE, 1) for sv in services]
     for s, sv in enumerate(services):
         m = svc == s
         if m.any():
             ref[m] = exec_times(sv.model, DEVICE, 1, ri[m], ro[m])
-    mean_ref = np.array([st.mean_s for st in stats])
-    return Workload(services, svc, t, ri, ro, ref, mean_ref, stats)
+    return Workload(services, svc, t, ri, ro, ref, mean_ref, stats, np.full(n, -1), [], tables)
+
+
+def _draw(rng: np.random.Generator, probs: dict[str, float]) -> str:
+    keys = list(probs)
+    return keys[int(rng.choice(len(keys), p=np.asarray([probs[k] for k in keys])))]
 
 
 # ----------------------------------------------------------------------------- simulator
@@ -377,6 +487,116 @@ def scores(wl: Workload, done: list[_Req], dropped: list[_Req], left: list[_Req]
     return {k: ServiceScore(v[0], v[1], int(v[2])) for k, v in acc.items()}
 
 
+# ----------------------------------------------------------------------------- forecast
+def forecast_at(wl: Workload, order: np.ndarray, t: float, window_s: float,
+                mode: str = "forecast", horizon_s: float | None = None) -> Forecast:
+    """The PDGraph forecast of per-service demand over ``[t, t + horizon_s)`` (default
+    ``window_s``), scaled to calls per ``window_s``, from what is known at ``t``: the runs in
+    flight and each app's run arrival rate over the last ``window_s``
+    (:func:`runs_at`), with the apps' tables learned from the calls seen before ``t``
+    (``forecast``), the generating tables (``forecast-oracle``), or learned tables and no runs
+    in flight (``forecast-norun``: new runs only, an ablation); ``forecast-perfect`` is the real
+    calls of the horizon (it looks ahead: an upper bound, not a forecast)."""
+    h = window_s if horizon_s is None else horizon_s
+    if mode == "forecast-perfect":
+        a = wl.arrival
+        real = np.bincount(wl.svc[(a >= t) & (a < t + h)], minlength=len(wl.services))
+        calls = {sv.name: float(c) * window_s / h for sv, c in zip(wl.services, real, strict=True)}
+        return Forecast(calls, {})
+    runs, rates, tables = runs_at(wl, order, t, window_s)
+    if mode == "forecast-oracle":
+        tables = wl.tables
+    elif mode == "forecast-norun":
+        runs = []
+    elif mode != "forecast":
+        raise ValueError(f"unknown forecast mode {mode!r}")
+    fc = forecast_demand(tables, [r for r in runs if r.app in tables],
+                         {a: v for a, v in rates.items() if a in tables}, h)
+    k = window_s / h
+    return Forecast({s: v * k for s, v in fc.calls.items()}, {s: v * k for s, v in fc.tokens.items()})
+
+
+def runs_at(wl: Workload, order: np.ndarray, t: float, window_s: float
+            ) -> tuple[list[RunInFlight], dict[str, float], dict[str, AppTable]]:
+    """What the gateway knows at ``t``: the runs in flight (latest call issued before ``t``;
+    a run is over once its last call would have finished alone), per app the runs started
+    over the last ``window_s`` per second, and the app tables learned from the calls so far."""
+    names = [s.name for s in wl.services]
+    seen: dict[int, list[int]] = {}
+    for i in order[wl.arrival[order] < t]:
+        seen.setdefault(int(wl.run[i]), []).append(int(i))
+    last = _last_call(wl)
+    runs = []
+    obs: dict[str, list[tuple[list[ObservedCall], bool]]] = {}
+    rates = dict.fromkeys(wl.tables, 0.0)
+    for r, calls in seen.items():
+        i = calls[-1]
+        over = last[r] == i and wl.arrival[i] + wl.ref[i] <= t
+        if not over:
+            runs.append(RunInFlight(wl.run_app[r], names[int(wl.svc[i])], t - float(wl.arrival[i])))
+        if wl.arrival[calls[0]] >= t - window_s:
+            rates[wl.run_app[r]] += 1.0 / window_s
+        obs.setdefault(wl.run_app[r], []).append(
+            ([ObservedCall(names[int(wl.svc[j])], names[int(wl.svc[j])], float(wl.arrival[j]),
+                           float(wl.inp[j] + wl.out[j])) for j in calls], bool(over)))
+    step = {n: float(m) for n, m in zip(names, wl.mean_ref, strict=True)}
+    tables = {a: tb for a, o in obs.items() if (tb := learn_table(a, o, step)) is not None}
+    return runs, rates, tables
+
+
+def _last_call(wl: Workload) -> dict[int, int]:
+    last: dict[int, int] = {}
+    for i in np.argsort(wl.arrival, kind="stable"):
+        last[int(wl.run[i])] = int(i)
+    return last
+
+
+def _demand_errors(wl: Workload, t: float, window_s: float, horizon_s: float,
+                   fc: Forecast) -> tuple[float, float]:
+    """Relative L1 errors (sum over services |estimate - actual| / actual) of the recent-rate
+    estimate (the last ``window_s``'s counts) and of the forecast (calls per ``window_s``),
+    against the real calls over ``[t, t + horizon_s)`` scaled to ``window_s``."""
+    a = wl.arrival
+    nxt = np.bincount(wl.svc[(a >= t) & (a < t + horizon_s)],
+                      minlength=len(wl.services)) * (window_s / horizon_s)
+    past = np.bincount(wl.svc[(a >= t - window_s) & (a < t)], minlength=len(wl.services))
+    f = np.array([fc.calls.get(s.name, 0.0) for s in wl.services])
+    tot = max(float(nxt.sum()), 1.0)
+    return float(np.abs(past - nxt).sum()) / tot, float(np.abs(f - nxt).sum()) / tot
+
+
+def _forecast_reqs(wl: Workload, order: np.ndarray, t0: float, t1: float,
+                   calls: dict[str, float], rng: np.random.Generator) -> list[_Req]:
+    """A request set for ``[t0, t1)`` (shifted to 0) with ``calls[service]`` requests per
+    service (randomised rounding): the window's own requests of the service, a random subset
+    when fewer are forecast, topped up with copies of the service's earlier requests (arrival
+    instants drawn from the window's, keeping its burstiness) when more are."""
+    a = wl.arrival[order]
+    hist = order[(a >= t0) & (a < t1)]
+    past = order[a < t1]
+    times = wl.arrival[hist] - t0
+    span = t1 - t0
+    out: list[_Req] = []
+    for k, sv in enumerate(wl.services):
+        want = max(calls.get(sv.name, 0.0), 0.0)
+        n = int(np.floor(want)) + int(rng.random() < want - np.floor(want))
+        mine = hist[wl.svc[hist] == k]
+        if n <= len(mine):
+            out += _reqs(wl, mine[np.sort(rng.choice(len(mine), size=n, replace=False))], t0)
+            continue
+        out += _reqs(wl, mine, t0)
+        pool = past[wl.svc[past] == k]
+        if not len(pool):
+            continue
+        extra = rng.choice(pool, size=n - len(mine))
+        at = (np.clip(rng.choice(times, size=len(extra)) + rng.uniform(-0.5, 0.5, len(extra)), 0.0,
+                      span - 1e-6) if len(times) else rng.uniform(0.0, span, len(extra)))
+        out += [_Req(int(i), k, float(x), int(wl.inp[i]), int(wl.out[i]))
+                for i, x in zip(extra, at, strict=True)]
+    out.sort(key=lambda r: r.arr)
+    return out
+
+
 # ----------------------------------------------------------------------------- systems
 @dataclass(frozen=True)
 class SystemSpec:
@@ -384,6 +604,7 @@ class SystemSpec:
     kv_mode: str
     placement: str  # even | search
     replace: bool
+    demand: str = "rates"  # placement input: recent requests | a forecast mode (forecast_at)
 
 
 SPECS = {
@@ -391,6 +612,13 @@ SPECS = {
     "alpaserve": SystemSpec("fcfs", "unified", "search", False),
     "muxserve": SystemSpec("rr", "split", "search", False),
     "seallm": SystemSpec("db", "unified", "search", True),
+    "hermes": SystemSpec("db", "unified", "search", True, "forecast"),
+    "hermes-oracle": SystemSpec("db", "unified", "search", True, "forecast-oracle"),
+    "hermes-norun": SystemSpec("db", "unified", "search", True, "forecast-norun"),
+    # upper bounds that look ahead (diagnostics, not systems): the real next-window counts
+    # through Hermes' pipeline, and SeaLLM evaluating on the real next-window requests
+    "hermes-perfect": SystemSpec("db", "unified", "search", True, "forecast-perfect"),
+    "seallm-future": SystemSpec("db", "unified", "search", True, "future"),
     "seallm-fcfs": SystemSpec("fcfs", "unified", "search", True),
     "seallm-mlfq": SystemSpec("mlfq", "unified", "search", True),
     "seallm-norepl": SystemSpec("db", "unified", "search", False),
@@ -399,8 +627,10 @@ SPECS = {
 
 
 def run_system(name: str, wl: Workload, *, n_gpus: int, duration_s: float, i0_s: float = 60.0,
-               history_s: float = 30.0, drain_s: float = 600.0) -> dict[str, float]:
-    """Simulate system ``name`` on ``wl``; returns its metrics."""
+               history_s: float = 30.0, drain_s: float = 600.0,
+               forecast_interval: bool = FORECAST_INTERVAL) -> dict[str, float]:
+    """Simulate system ``name`` on ``wl``; returns its metrics. ``forecast_interval``: the
+    forecast covers the next replacement interval (else the next ``history_s``)."""
     spec = SPECS[name]
     names = [s.name for s in wl.services]
     budgets = {s.name: DoublingBudget(st.mean_s + st.std_s, st.mean_s)
@@ -412,14 +642,20 @@ def run_system(name: str, wl: Workload, *, n_gpus: int, duration_s: float, i0_s:
     def fits(members: tuple[str, ...], tp: int) -> bool:
         return group_fits(tuple(models[m] for m in members), DEVICE, tp)
 
-    def place(t0: float, t1: float) -> tuple[PlacementPlan, float]:
+    def place(t0: float, t1: float, demand: Forecast | None = None) -> tuple[PlacementPlan, float]:
         idx = order[(wl.arrival[order] >= t0) & (wl.arrival[order] < t1)]
         span = max(t1 - t0, 1e-9)
         rates = {n: float((wl.svc[idx] == k).sum()) / span for k, n in enumerate(names)}
+        reqs = _reqs(wl, idx, t0)
+        if demand is not None:
+            # Hermes: the forecast's per-service calls over the next ``span`` replace the counts
+            # of the recent window (its requests thinned, or topped up from the service's past)
+            rates = demand.rates(span)
+            reqs = _forecast_reqs(wl, order, t0, t1, demand.calls, np.random.default_rng(int(t1 * 1000)))
 
         def evaluate(plan: PlacementPlan) -> dict[str, ServiceScore]:
             sim = Sim(wl, plan, ordering, spec.kv_mode, 0.0)
-            sim.run(_reqs(wl, idx, t0), span + 10.0)
+            sim.run([_Req(r.i, r.svc, r.arr, r.inp, r.out) for r in reqs], span + 10.0)
             return scores(wl, sim.finished, sim.dropped, sim.unfinished(), span + 10.0)
 
         plan, _ = seallm_place(names, rates, n_gpus, fits, evaluate, tps=(1, 2, 4))
@@ -446,6 +682,7 @@ def run_system(name: str, wl: Workload, *, n_gpus: int, duration_s: float, i0_s:
     dropped: list[_Req] = []
     t = 0.0
     n_repl = 0
+    errs: list[tuple[float, float]] = []  # (rate estimate, forecast) relative error per interval
     while True:
         t_next = t + interval if spec.replace else np.inf
         t_stop = min(t_next, duration_s + drain_s)
@@ -462,7 +699,19 @@ def run_system(name: str, wl: Workload, *, n_gpus: int, duration_s: float, i0_s:
         real = (float(np.mean([(r.done - r.arr) / wl.mean_ref[r.svc] for r in done_now]))
                 if done_now else est)
         interval = rule.next(interval, est, real)
-        new_plan, est = place(max(0.0, t_next - history_s), t_next)
+        fc = None
+        if wl.tables:
+            horizon = interval if forecast_interval else history_s
+            fc = forecast_at(wl, order, t_next, history_s,
+                             spec.demand if spec.demand.startswith("forecast") else "forecast",
+                             horizon)
+            if t_next + horizon <= duration_s:  # calls after the duration are not generated
+                errs.append(_demand_errors(wl, t_next, history_s, horizon, fc))
+        if spec.demand == "future":
+            new_plan, est = place(t_next, t_next + history_s)
+        else:
+            new_plan, est = place(max(0.0, t_next - history_s), t_next,
+                                  fc if spec.demand != "rates" else None)
         n_repl += 1
         if new_plan != plan:
             left = sim.unfinished()
@@ -486,13 +735,15 @@ def run_system(name: str, wl: Workload, *, n_gpus: int, duration_s: float, i0_s:
     return {"l_n": float(norm.mean()), "p99_s": float(np.percentile(lat, 99)),
             "slo_attainment": float(slo_ok / len(lat)), "ttft_s": float(ttft.mean()),
             "unfinished": float(len(left) + len(dropped)), "replacements": float(n_repl),
+            **({"rate_err": float(np.mean([e[0] for e in errs])),
+                "forecast_err": float(np.mean([e[1] for e in errs]))} if errs else {}),
             "plan": plan.describe()}  # type: ignore[dict-item]
 
 
-def _one(job: tuple[int, str, float, float, int]) -> dict[str, object]:
-    seed, name, rate, duration_s, n_gpus = job
+def _one(job: tuple[int, str, float, float, int, str]) -> dict[str, object]:
+    seed, name, rate, duration_s, n_gpus, workload = job
     t0 = time.perf_counter()
-    wl = make_workload(seed, rate=rate, duration_s=duration_s)
+    wl = make_workload(seed, rate=rate, duration_s=duration_s, kind=workload)
     m = run_system(name, wl, n_gpus=n_gpus, duration_s=duration_s)
     print(f"seed {seed} {name:14s} L_N {m['l_n']:7.2f}  P99 {m['p99_s']:7.1f}s  "
           f"SLO {m['slo_attainment']:.3f}  TTFT {m['ttft_s']:6.2f}s  "
@@ -501,9 +752,9 @@ def _one(job: tuple[int, str, float, float, int]) -> dict[str, object]:
 
 
 def main(seeds: list[int], *, systems: list[str], rate: float, duration_s: float, n_gpus: int,
-         json_path: str | None, workers: int = 2) -> list[dict[str, object]]:
+         json_path: str | None, workers: int = 2, workload: str = "apps") -> list[dict[str, object]]:
     """Run every (seed, system) (``workers`` processes), print the table, write the JSON."""
-    jobs = [(seed, name, rate, duration_s, n_gpus) for seed in seeds for name in systems]
+    jobs = [(seed, name, rate, duration_s, n_gpus, workload) for seed in seeds for name in systems]
     # the slow systems (placement searches) first, for a better spread over the workers
     jobs.sort(key=lambda j: (SPECS[j[1]].placement != "search" or not SPECS[j[1]].replace, j[0]))
     if workers > 1:
@@ -519,9 +770,10 @@ def main(seeds: list[int], *, systems: list[str], rate: float, duration_s: float
 
 
 def table(rows: list[dict[str, object]]) -> str:
-    """Mean and [min, max] over seeds per system, beside the paper's simulated L_N."""
+    """Mean and [min, max] over seeds per system, beside the paper's simulated L_N; for the
+    replacing systems on the apps workload, the mean demand-estimate errors (module doc)."""
     out = [f"{'system':14s} {'L_N mean [min-max]':>24s} {'paper L_N':>9s} {'P99 s':>8s} "
-           f"{'SLO att.':>8s} {'TTFT s':>7s}"]
+           f"{'SLO att.':>8s} {'TTFT s':>7s} {'rate err':>8s} {'fcst err':>8s}"]
     names = list(dict.fromkeys(str(r["system"]) for r in rows))
     for n in names:
         rs = [r for r in rows if r["system"] == n]
@@ -530,8 +782,11 @@ def table(rows: list[dict[str, object]]) -> str:
         slo = np.mean([float(r["slo_attainment"]) for r in rs])  # type: ignore[arg-type]
         tt = np.mean([float(r["ttft_s"]) for r in rs])  # type: ignore[arg-type]
         paper = PAPER_L_N.get(n)
+        errs = [f"{np.mean([float(r[k]) for r in rs]):8.3f}"  # type: ignore[arg-type]
+                if all(k in r for r in rs) else f"{'-':>8s}" for k in ("rate_err", "forecast_err")]
         out.append(f"{n:14s} {ln.mean():8.2f} [{ln.min():6.2f}-{ln.max():6.2f}] "
-                   f"{(f'{paper:.2f}' if paper else '-'):>9s} {p:8.1f} {slo:8.3f} {tt:7.2f}")
+                   f"{(f'{paper:.2f}' if paper else '-'):>9s} {p:8.1f} {slo:8.3f} {tt:7.2f} "
+                   + " ".join(errs))
     return "\n".join(out)
 
 
@@ -542,12 +797,14 @@ def add_parser(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     s.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (default 0..4)")
     s.add_argument("--systems", default=",".join(SYSTEMS),
                    help=f"comma-separated, of {', '.join(SPECS)} (default {','.join(SYSTEMS)})")
-    s.add_argument("--ablations", action="store_true", help="add the SeaLLM ablations")
+    s.add_argument("--ablations", action="store_true", help="add the SeaLLM and Hermes ablations")
     s.add_argument("--rate", type=float, default=DEFAULT_RATE, help="requests/s (default %(default)g)")
     s.add_argument("--duration", type=float, default=DEFAULT_DURATION_S,
                    help="seconds of arrivals (default %(default)g)")
     s.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help="A100-80 GPUs (default %(default)d)")
     s.add_argument("--workers", type=int, default=2, help="processes (default %(default)d)")
+    s.add_argument("--workload", choices=WORKLOADS, default="apps",
+                   help="app runs (default) or independent requests (the earlier workload)")
     s.add_argument("--json", default=None, help="write the rows as a JSON list to FILE")
     s.set_defaults(func=cmd_seallm)
 
@@ -564,5 +821,5 @@ def cmd_seallm(args: argparse.Namespace) -> int:
     if bad or not seeds:
         raise SystemExit(f"unknown systems {bad}; known: {', '.join(SPECS)}" if bad else "no seeds")
     main(seeds, systems=systems, rate=args.rate, duration_s=args.duration, n_gpus=args.gpus,
-         json_path=args.json, workers=max(1, args.workers))
+         json_path=args.json, workers=max(1, args.workers), workload=args.workload)
     return 0

@@ -7,4 +7,7 @@
 - :mod:`.placement`: GPU groups (TP a power of two, at most two services each, replicas) and
   SeaLLM's two-stage placement (largest unsatisfaction index → lowest-rate group with memory).
 - :mod:`.ordering`: request orderings inside one group (``fcfs``, ``db``, ``mlfq``, ``rr``).
+- :mod:`.forecast`: Hermes' per-service demand forecast from app runs in flight (their
+  current unit, next-unit probabilities, step times, tokens) plus new-run rates; tables learned
+  from observed runs (issue 22 item 3).
 """
