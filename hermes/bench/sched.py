@@ -19,8 +19,11 @@ window, policy) cells run in parallel worker processes with a progress bar
 seeds.
 
 - ``sched``: rows ``{window_min, policy, seed, mean_act_s, p50_act_s, p95_act_s, p99_act_s,
-  runs}``, one per window, policy and seed, plus a pseudo-policy ``isolated``: each run alone
-  on the engine, the bound no policy beats.
+  runs, mean_wait_s, p99_wait_s, max_wait_s}``, one per window, policy and seed, plus a
+  pseudo-policy ``isolated``: each run alone on the engine, the bound no policy beats. A run's
+  wait is its time in engine waiting queues (``RunResult.wait_s``: per LLM unit, the longest
+  wait of its requests, summed over units): the starvation a policy's order causes, which
+  ``hermes``'s wait guard bounds.
 - ``ddl``: deadline = submit + isolated run time (``hermes.workloads.isolated.run_isolated`` on the
   setup's cost model) x a factor drawn from 1.2 / 1.5 / 2.0 (tight / modest / loose); rows
   ``{policy, seed, dsr, dsr_tight, dsr_modest, dsr_loose}``.
@@ -47,13 +50,13 @@ from hermes import cliout
 from hermes.core.engine_model import PrefixCache
 from hermes.core.tools_model import ToolPool
 from hermes.sim.arrivals import resample_arrivals
-from hermes.sim.simulator import Arrival, Simulator, setup_engines
+from hermes.sim.simulator import Arrival, RunResult, Simulator, setup_engines
 
 #: Fig. 9/10: Hermes against the systems users would otherwise run; the ablations (srpt,
 #: oracle, hermes-no-refine) are ``bench ablation``'s (``--policies all`` runs every one here)
 DEFAULT_POLICIES = ("hermes", "vllm", "parrot", "vtc", "llmsched", "seallm")
-ALL_POLICIES = (*DEFAULT_POLICIES, "srpt", "sjf", "autellix-plas", "autellix-atlas", "oracle",
-                "hermes-no-refine")
+ALL_POLICIES = (*DEFAULT_POLICIES, "llmsched-lite", "srpt", "sjf", "autellix-plas",
+                "autellix-atlas", "oracle", "hermes-no-refine", "hermes-noguard")
 DDL_POLICIES = ("hermes-ddl", "edf", "hermes", "srpt", "parrot", "vllm")
 ABLATION_POLICIES = ("hermes", "hermes-no-refine", "srpt", "oracle")
 DEADLINE_FACTORS = {"tight": 1.2, "modest": 1.5, "loose": 2.0}
@@ -158,6 +161,19 @@ def make_sim_policy(name: str, setup: str, *, seed: int = 0, pdgraph_dir: str | 
         return make_policy(name, **kw)
 
 
+def simulate_runs(policy: str, setup: str, arrivals: list[Arrival], seed: int,
+                  pdgraph_dir: str | None = None, *, tools: ToolPool | None = None,
+                  prefix_cache: Callable[[], PrefixCache] | None = None,
+                  ) -> tuple[list[RunResult], float]:
+    """:func:`simulate`'s simulation: each run's result in arrival order, and the wall s."""
+    cost, n_engines = setup_engines(setup)
+    pol = make_sim_policy(policy, setup, seed=seed, pdgraph_dir=pdgraph_dir)
+    res = Simulator(pol, cost=cost, n_engines=n_engines, tools=tools, record=False,
+                    prefix_cache=prefix_cache).run(arrivals)
+    by_id = {r.run_id: r for r in res.runs}
+    return [by_id[a.run_id] for a in arrivals], res.wall_s
+
+
 def simulate(policy: str, setup: str, arrivals: list[Arrival], seed: int,
              pdgraph_dir: str | None = None, *, tools: ToolPool | None = None,
              prefix_cache: Callable[[], PrefixCache] | None = None,
@@ -168,21 +184,21 @@ def simulate(policy: str, setup: str, arrivals: list[Arrival], seed: int,
     the default tool servers (e.g. :meth:`ToolPool.client_side` when the clients run their
     tools themselves, as ``hermes load --tools events`` does); ``prefix_cache`` gives each
     engine a prompt-prefix cache (default: none, every prompt is prefilled)."""
-    cost, n_engines = setup_engines(setup)
-    pol = make_sim_policy(policy, setup, seed=seed, pdgraph_dir=pdgraph_dir)
-    res = Simulator(pol, cost=cost, n_engines=n_engines, tools=tools, record=False,
-                    prefix_cache=prefix_cache).run(arrivals)
-    by_id = {r.run_id: r for r in res.runs}
-    ordered = [by_id[a.run_id] for a in arrivals]
+    ordered, wall = simulate_runs(policy, setup, arrivals, seed, pdgraph_dir, tools=tools,
+                                  prefix_cache=prefix_cache)
     acts = np.array([r.act_s for r in ordered])
     met = np.array([np.nan if r.met is None else float(r.met) for r in ordered])
-    return acts, met, res.wall_s
+    return acts, met, wall
 
 
-def _simulate(job: tuple) -> tuple[tuple, np.ndarray, np.ndarray, float]:
-    """Worker: one simulation. Returns (tag, ACTs, met flags (nan: no deadline), wall)."""
+def _simulate(job: tuple) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray, float]:
+    """Worker: one simulation. Returns (tag, ACTs, met flags (nan: no deadline), engine-queue
+    waits (``RunResult.wait_s``), wall), per run in arrival order."""
     tag, policy, setup, arrivals, seed, pdgraph_dir = job
-    return (tag, *simulate(policy, setup, arrivals, seed, pdgraph_dir))
+    ordered, wall = simulate_runs(policy, setup, arrivals, seed, pdgraph_dir)
+    acts = np.array([r.act_s for r in ordered])
+    met = np.array([np.nan if r.met is None else float(r.met) for r in ordered])
+    return tag, acts, met, np.array([r.wait_s for r in ordered]), wall
 
 
 def map_jobs(fn: Callable, jobs: Sequence, *, workers: int | None = None,
@@ -208,19 +224,30 @@ def map_jobs(fn: Callable, jobs: Sequence, *, workers: int | None = None,
         bar.close()
 
 
+def check_extras(policies: Sequence[str]) -> None:
+    """Refuse, before any worker starts, a policy whose optional extra is not installed
+    (``llmsched``: pgmpy, ``hermes-gateway[baselines]``; ``llmsched-lite`` needs nothing)."""
+    from hermes.extras import require
+
+    if "llmsched" in policies:
+        require("baselines")
+
+
 def run_jobs(jobs: list[tuple], *, workers: int | None = None, progress: bool = True) -> dict:
-    """Run simulation jobs (in parallel processes); returns ``{tag: (acts, met)}``."""
+    """Run simulation jobs (in parallel processes); returns ``{tag: (acts, met, waits)}``."""
+    check_extras(sorted({j[1] for j in jobs}))
     return {
-        tag: (acts, met)
-        for tag, acts, met, _ in map_jobs(_simulate, jobs, workers=workers, progress=progress)
+        tag: (acts, met, waits)
+        for tag, acts, met, waits, _ in map_jobs(_simulate, jobs, workers=workers,
+                                                 progress=progress)
     }
 
 
 def _order_jobs(jobs: list[tuple]) -> list[tuple]:
     # slow policies first so that the parallel tail is short
-    slow = {"hermes": 0, "hermes-no-refine": 0, "hermes-ddl": 0, "srpt": 1, "llmsched": 1,
-            "seallm": 1, "sjf": 1}
-    return sorted(jobs, key=lambda j: slow.get(j[1], 2))
+    slow = {"hermes": 0, "hermes-no-refine": 0, "hermes-ddl": 0, "srpt": 1, "llmsched": 0,
+            "llmsched-lite": 1, "seallm": 1, "sjf": 1}
+    return sorted(jobs, key=lambda j: slow.get(j[1], 0 if j[1].startswith("hermes") else 2))
 
 
 # ---------------------------------------------------------------------------- benchmarks
@@ -240,6 +267,15 @@ def act_row(a: np.ndarray) -> dict:
         "p95_act_s": float(np.percentile(a, 95)),
         "p99_act_s": float(np.percentile(a, 99)),
         "runs": int(a.size),
+    }
+
+
+def wait_row(w: np.ndarray) -> dict:
+    """Mean, P99 and maximum of the runs' engine-queue waits (``RunResult.wait_s``)."""
+    return {
+        "mean_wait_s": float(w.mean()),
+        "p99_wait_s": float(np.percentile(w, 99)),
+        "max_wait_s": float(w.max()),
     }
 
 
@@ -278,9 +314,12 @@ def bench_sched(
         for p in (*policies, ISOLATED):
             per_seed = [alone[(s, w)] if p == ISOLATED else results[(s, w, p)][0]
                         for s in seed_list]
+            waits = [np.zeros_like(alone[(s, w)]) if p == ISOLATED else results[(s, w, p)][2]
+                     for s in seed_list]
             acts[(w, p)] = np.concatenate(per_seed)
-            for s, a in zip(seed_list, per_seed, strict=True):
-                rows.append({"window_min": w, "policy": p, "seed": s, **act_row(a)})
+            for s, a, wt in zip(seed_list, per_seed, waits, strict=True):
+                rows.append({"window_min": w, "policy": p, "seed": s, **act_row(a),
+                             **wait_row(wt)})
     return rows, acts
 
 

@@ -109,6 +109,10 @@ class RunResult:
     llm_requests: int
     input_tokens: int
     output_tokens: int
+    #: time it spent waiting in engine queues: over its LLM units, the longest wait of a unit's
+    #: requests (parallel requests wait side by side), each request's wait being from queued
+    #: (or preempted) to the start of the engine step that served it again
+    wait_s: float = 0.0
 
     @property
     def act_s(self) -> float:
@@ -182,6 +186,9 @@ class _Run:
     n_requests: int = 0
     in_tokens: int = 0
     out_tokens: int = 0
+    queued_at: dict[str, float] = field(default_factory=dict)  # waiting request id -> since
+    unit_waits: dict[str, float] = field(default_factory=dict)  # this unit's request waits
+    wait_s: float = 0.0  # engine-queue wait of its finished units (RunResult.wait_s)
 
 
 class Simulator:
@@ -220,7 +227,8 @@ class Simulator:
         self._app_cache: dict[str, AppModel] = {}
         self.uses_truth = bool(getattr(policy, "uses_truth", False))
         # policies whose request keys read state other than the run (VTC's tenant counters)
-        self.dynamic_keys = policy.dynamic_keys
+        # or the clock (a bounded-wait guard's promotion: ``aging_keys``)
+        self.dynamic_keys = policy.dynamic_keys or bool(getattr(policy, "aging_keys", False))
         # backend warm state and prewarming (hermes.sim.warm.SimWarmState), optional
         self.warm = warm
         if warm is not None:
@@ -415,6 +423,7 @@ class Simulator:
                 if self.retention is not None:
                     self.retention.on_route(st.run_id, call.prefix, ei)
                 self.engines[ei].add(req, now)
+                run.queued_at[rid] = now
                 run.llm_reqs.append(req)
                 run.views[rid] = (view, ei)
                 touched.add(ei)
@@ -446,6 +455,8 @@ class Simulator:
             o_tok = sum(r.output_tokens for r in step.requests)
             par = max(1, len(step.requests))
             dur = now - run.unit_started
+            run.wait_s += max(run.unit_waits.values(), default=0.0)
+            run.unit_waits.clear()
             run.n_requests += len(step.requests)
             run.in_tokens += i_tok
             run.out_tokens += o_tok
@@ -508,6 +519,7 @@ class Simulator:
                 llm_requests=run.n_requests,
                 input_tokens=run.in_tokens,
                 output_tokens=run.out_tokens,
+                wait_s=run.wait_s,
             )
         )
         if self.record:
@@ -612,10 +624,11 @@ class Simulator:
         self._push(now + res.duration_s, _ENGINE, (ei, self._engine_version[ei]))
 
     def _engine_done(self, ei: int, now: float) -> None:
-        _, res, _ = self._inflight.pop(ei)
+        t0, res, _ = self._inflight.pop(ei)
         self._iters += res.iterations
         self._preempt += len(res.preempted)
         runs = self._runs
+        self._note_waits(ei, res, t0, now)
         # in a deterministic order (dicts keep insertion order; sets of str do not)
         touched = dict.fromkeys(rid.rsplit("/", 2)[0] for rid in res.emitted)
         touched.update(dict.fromkeys(rid.rsplit("/", 2)[0] for rid in res.prefilled))
@@ -644,6 +657,23 @@ class Simulator:
             if run.pending == 0:
                 self._finish_unit(run, now)
         self._kick(ei, now)
+
+    def _note_waits(self, ei: int, res: StepResult, t0: float, now: float) -> None:
+        """Queue-wait accounting (``RunResult.wait_s``): a waiting request that the step
+        started at ``t0`` served stops waiting at ``t0``; a preempted one waits again from
+        ``now`` (when it is back in engine ``ei``'s waiting queue)."""
+        runs = self._runs
+        waiting = self.engines[ei].waiting
+        for rid in itertools.chain(res.prefilled, res.emitted):
+            run = runs.get(rid.rsplit("/", 2)[0])
+            if run is not None:
+                since = run.queued_at.pop(rid, None)
+                if since is not None:
+                    run.unit_waits[rid] = run.unit_waits.get(rid, 0.0) + max(0.0, t0 - since)
+        for rid in res.preempted:
+            run = runs.get(rid.rsplit("/", 2)[0])
+            if run is not None and rid in waiting:
+                run.queued_at[rid] = now
 
     # ------------------------------------------------------------------ tools
     def _tool_starts(self, starts: list[ToolStart], backend: str) -> None:

@@ -42,6 +42,12 @@ class SchedulingPolicy(ABC):
     #: state, e.g. VTC's counters) or ``"all"``; a live driver re-keys just those. A policy
     #: with ``dynamic_keys`` must say which (checked when the class is defined)
     key_scope: ClassVar[str] = "run"
+    #: whether a queued request's key changes with the clock alone (its own waiting time, as
+    #: :mod:`hermes.core.policies.starvation`'s promotion), not with any run's state: a driver
+    #: re-keys waiting queues before each dispatch (the simulator) or periodically (the live
+    #: gateway's sweep), while a run's events still change only ``key_scope``'s keys. An
+    #: instance attribute, since a constructor option can turn the aging on or off
+    aging_keys: bool = False
 
     def __init_subclass__(cls, **kw: object) -> None:
         super().__init_subclass__(**kw)
