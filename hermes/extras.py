@@ -7,9 +7,12 @@ one clear error naming the extra:
 - ``plot`` (matplotlib): the ``--plot`` figures of ``hermes bench sched|knob|soak``;
 - ``docker`` (the Docker SDK): ``hermeslet run --docker`` / ``--container-pool`` (the tool
   runner's Docker sandbox and its pre-started containers);
-- ``load`` (the OpenAI SDK): ``hermes load``, whose clients are OpenAI-SDK agents.
+- ``load`` (the OpenAI SDK): ``hermes load``, whose clients are OpenAI-SDK agents;
+- ``baselines`` (pgmpy): the Bayesian networks of the faithful ``llmsched`` baseline
+  (``hermes.core.policies.llmsched_bn``, which checks for it itself: the core imports nothing
+  above it).
 
-``pip install 'hermes-gateway[plot,docker,load]'`` (or ``[all]``) installs every one of them.
+``pip install 'hermes-gateway[plot,docker,load,baselines]'`` (or ``[all]``) installs every one of them.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ EXTRAS: dict[str, tuple[str, str, str]] = {
     "plot": ("matplotlib", "matplotlib", "plotting (--plot)"),
     "docker": ("docker", "docker", "the Docker tool sandbox and container pool"),
     "load": ("openai", "openai", "hermes load (OpenAI-SDK clients)"),
+    "baselines": ("pgmpy", "pgmpy", "the llmsched baseline (Bayesian networks)"),
 }
 
 

@@ -1,8 +1,9 @@
 """Scheduling policies. Importing this package registers every built-in policy.
 
 Contract names: ``hermes``, ``hermes-no-refine``, ``hermes-ddl``, ``vllm``, ``parrot``, ``vtc``,
-``edf``, ``srpt``, ``sjf``, ``llmsched``, ``seallm``, ``autellix-plas``, ``autellix-atlas``,
-``oracle``. Build one with
+``edf``, ``srpt``, ``sjf``, ``llmsched`` (the paper's Bayesian network and Algorithm 1),
+``llmsched-lite`` (its approximation on the PDGraph estimator), ``seallm``,
+``autellix-plas``, ``autellix-atlas``, ``oracle``. Build one with
 :func:`~hermes.core.policies.base.make_policy`.
 """
 
@@ -14,6 +15,7 @@ from hermes.core.policies import (  # noqa: F401  (modules register their polici
     fcfs,
     hermes_policy,
     llmsched,
+    llmsched_bn,
     seallm,
     sjf,
     srpt,

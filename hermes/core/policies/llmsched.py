@@ -1,4 +1,7 @@
-"""LLMSched: uncertainty-aware scheduling of compound LLM applications (Zhu et al., 2025).
+"""LLMSched-lite: an approximation of LLMSched (Zhu et al., 2025) on the PDGraph estimator.
+
+Registered as ``llmsched-lite``; the paper's own design (a Bayesian network per app,
+``R(X)`` and Algorithm 1) is ``llmsched`` in :mod:`hermes.core.policies.llmsched_bn`.
 
 LLMSched estimates each job's remaining duration with a Bayesian network over its stages and
 schedules by a mix of shortest-expected-remaining-first and *uncertainty reduction*: running a
@@ -67,11 +70,11 @@ def mutual_information(r_bins: np.ndarray, u: np.ndarray, u_bins: int) -> float:
     return max(0.0, i)
 
 
-@register("llmsched")
-class LLMSchedPolicy(EstimatedPolicy):
+@register("llmsched-lite")
+class LLMSchedLitePolicy(EstimatedPolicy):
     """ε-greedy between uncertainty reduction and shortest posterior mean (see module doc)."""
 
-    name: ClassVar[str] = "llmsched"
+    name: ClassVar[str] = "llmsched-lite"
 
     def __init__(
         self,

@@ -31,7 +31,7 @@ def arrive(policy, runs: list[RunState], now: float = 0.0) -> None:
 def test_contract_names_and_driver_options() -> None:
     assert set(policy_names()) >= {
         "hermes", "hermes-no-refine", "hermes-ddl", "vllm", "parrot", "vtc", "edf", "srpt",
-        "llmsched", "seallm", "oracle", "sjf", "autellix-plas", "autellix-atlas",
+        "llmsched", "llmsched-lite", "seallm", "oracle", "sjf", "autellix-plas", "autellix-atlas",
     }
     for name in policy_names():  # the driver passes these two to every policy
         make_policy(name, estimators=None, seed=1)
@@ -280,7 +280,7 @@ def test_seallm_uses_estimator_unit_samples_before_history() -> None:
     assert runs[0].rank == pytest.approx((20.0 + std) * 20.0)
 
 
-# -- LLMSched -----------------------------------------------------------------------------
+# -- LLMSched-lite --------------------------------------------------------------------------
 def _llmsched_pool() -> TablePool:
     rng = np.random.default_rng(0)
     u = rng.exponential(4.0, 2000)
@@ -292,10 +292,10 @@ def _llmsched_pool() -> TablePool:
     })
 
 
-def test_llmsched_prefers_informative_run_despite_higher_mean() -> None:
+def test_llmsched_lite_prefers_informative_run_despite_higher_mean() -> None:
     pool = _llmsched_pool()
     runs = [run("blind", "blind"), run("inf", "inf")]
-    pol = make_policy("llmsched", estimators=pool, epsilon=0.0, r=0.5)
+    pol = make_policy("llmsched-lite", estimators=pool, epsilon=0.0, r=0.5)
     arrive(pol, runs)
     gain_inf = runs[1].policy_state["llmsched_info"] / runs[1].policy_state["llmsched_entropy"]
     gain_blind = runs[0].policy_state["llmsched_info"] / runs[0].policy_state["llmsched_entropy"]
@@ -304,16 +304,16 @@ def test_llmsched_prefers_informative_run_despite_higher_mean() -> None:
     srpt = make_policy("srpt", estimators=pool)
     arrive(srpt, runs)
     assert order(srpt, runs) == ["blind", "inf"]
-    explore = make_policy("llmsched", estimators=pool, epsilon=1.0)
+    explore = make_policy("llmsched-lite", estimators=pool, epsilon=1.0)
     arrive(explore, runs)
     assert runs[1].rank == pytest.approx(-runs[1].policy_state["llmsched_info"])
 
 
-def test_llmsched_is_deterministic_by_seed() -> None:
+def test_llmsched_lite_is_deterministic_by_seed() -> None:
     pool = _llmsched_pool()
 
     def ranks(seed: int) -> list[float]:
-        pol = make_policy("llmsched", estimators=pool, seed=seed, epsilon=0.3)
+        pol = make_policy("llmsched-lite", estimators=pool, seed=seed, epsilon=0.3)
         out = []
         for i in range(40):
             r = run(str(i), "inf" if i % 2 else "blind")
