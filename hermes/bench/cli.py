@@ -90,8 +90,24 @@ def _seeds_text(seeds: list[int]) -> str:
     return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {','.join(map(str, seeds))}"
 
 
+def _default_policies() -> str:
+    """The default ``bench sched`` policies; without pgmpy (the ``baselines`` extra) the
+    faithful ``llmsched`` gives way to ``llmsched-lite``, said on stderr (asked for by name,
+    ``llmsched`` is refused with the extra to install instead)."""
+    import importlib.util
+
+    names = list(B.DEFAULT_POLICIES)
+    if "llmsched" in names and importlib.util.find_spec("pgmpy") is None:
+        names[names.index("llmsched")] = "llmsched-lite"
+        print("note: pgmpy is not installed (pip install 'hermes-gateway[baselines]'): "
+              "running llmsched-lite in place of llmsched", file=sys.stderr)
+    return ",".join(names)
+
+
 def cmd_sched(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
+    if args.policies is None:
+        args.policies = _default_policies()
     seeds = _seed_list(args)
     rows, acts = B.bench_sched(
         args.apps, _floats(args.window), _names(args.policies), seeds[0], args.trace, _setup(args),
@@ -216,9 +232,11 @@ def add_bench_parsers(bsub: argparse._SubParsersAction) -> None:
     s = bsub.add_parser("sched", help="ACT per policy and window (paper Fig. 9/10)")
     _common(s, window=False)
     s.add_argument("--window", default="10,15,30", help="submission windows, minutes")
-    s.add_argument("--policies", default=",".join(B.DEFAULT_POLICIES),
+    s.add_argument("--policies", default=None,
                    help="comma-separated policy names, or 'all' (adds the ablations and the other "
-                        "baselines: srpt, sjf, autellix-plas, autellix-atlas)")
+                        f"baselines: srpt, sjf, autellix-plas, autellix-atlas); default "
+                        f"{','.join(B.DEFAULT_POLICIES)} (llmsched-lite for llmsched when the "
+                        "'baselines' extra is not installed, said on stderr)")
     s.add_argument("--plot", default=None, help="write the ACT CDF per policy to FILE.png")
     s.set_defaults(func=cmd_sched)
 

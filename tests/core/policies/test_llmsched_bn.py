@@ -268,3 +268,19 @@ def test_missing_pgmpy_is_named_with_its_extra(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(MissingExtraError, match=r"hermes-gateway\[baselines\]"):
         check_extras(["hermes", "llmsched"])
     check_extras(["hermes", "llmsched-lite"])  # nothing missing
+
+
+def test_bench_sched_default_runs_without_the_extra(monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A core install's default `hermes bench sched` swaps in llmsched-lite and says so."""
+    import importlib.util
+
+    from hermes.bench.cli import _default_policies
+
+    assert "llmsched," in _default_policies() + ","  # pgmpy here (the dev extra)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "pgmpy" else real(name, *a))
+    names = _default_policies().split(",")
+    assert "llmsched-lite" in names and "llmsched" not in names
+    assert "hermes-gateway[baselines]" in capsys.readouterr().err
