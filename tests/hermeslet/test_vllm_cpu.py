@@ -88,7 +88,7 @@ async def test_vllm_launched_by_hermeslet_serves_and_honours_priority(tiny_llama
     log = tmp_path / "vllm.log"
     engine = VLLMEngine(
         model=tiny_llama, served_model_name="tiny", python=VLLM_PY, max_inflight=8,
-        extra_args=["--max-model-len", "512", "--max-num-seqs", "1",
+        extra_args=["--max-model-len", "2048", "--max-num-seqs", "1",
                     # on the CPU backend this is the share of host memory it reserves
                     "--gpu-memory-utilization", "0.1"],
         startup_timeout_s=600, log_path=str(log),
@@ -115,8 +115,10 @@ async def test_vllm_launched_by_hermeslet_serves_and_honours_priority(tiny_llama
             assert tokens, "the streamed request produced no token messages"
 
             # priority pass-through: a long request holds vLLM's only sequence slot ...
-            blocker = submit("p-block", [0.0], model="tiny", prompt="the quick", max_tokens=400)
-            blocker.body.update(ignore_eos=True, min_tokens=400)
+            # (long enough that the three below reach vLLM before it ends, even on a machine
+            # busy with other work: at 400 tokens they once arrived one by one)
+            blocker = submit("p-block", [0.0], model="tiny", prompt="the quick", max_tokens=1600)
+            blocker.body.update(ignore_eos=True, min_tokens=1600)
             await sched.send(blocker)
             while "p-block" not in released:
                 await asyncio.sleep(0.01)
@@ -129,7 +131,7 @@ async def test_vllm_launched_by_hermeslet_serves_and_honours_priority(tiny_llama
             done = await sched.collect({"done", "failed"}, 4, 300)
             assert all(m.type == "done" for m in done), done
             assert done[0].request_id == "p-block", [m.request_id for m in done]
-            assert done[0].output_tokens == 400
+            assert done[0].output_tokens == 1600
             # all four were inside vLLM together; it served them by the priority we passed
             assert [m.request_id for m in done[1:]] == ["p1", "p2", "p3"]
             assert released.index("p3") < released.index("p1")  # released in arrival order
