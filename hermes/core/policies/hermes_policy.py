@@ -18,6 +18,7 @@ it, ``hermes-wait<N>`` with a bound of ``N`` seconds.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, ClassVar
 
 from hermes.core.policies.base import RequestKey, register
@@ -91,19 +92,16 @@ def _bounded(name: str, max_wait_s: float | None, doc: str) -> type[HermesPolicy
     """Register ``name``: Hermes whose wait guard defaults to ``max_wait_s``."""
 
     class Bounded(HermesPolicy):
-        def __init__(self, *, estimators: EstimatorPool | None = None, buckets: int = 10,
-                     n_walks: int | None = None, las_quantum_s: float = 1.0,
-                     min_keep: int = 32, seed: int = 0,
-                     max_wait_s: float | None = max_wait_s) -> None:
-            super().__init__(estimators=estimators, buckets=buckets, n_walks=n_walks,
-                             las_quantum_s=las_quantum_s, min_keep=min_keep, seed=seed,
-                             max_wait_s=max_wait_s)
+        # HermesPolicy's constructor with another default bound: one signature to keep, and
+        # make_policy still sees the named parameters (inspect follows partialmethod)
+        __init__ = functools.partialmethod(HermesPolicy.__init__, max_wait_s=max_wait_s)
 
     Bounded.name = name
     Bounded.__name__ = Bounded.__qualname__ = f"Hermes_{name.replace('-', '_')}"
     Bounded.__doc__ = doc
-    register(name)(Bounded)
-    return Bounded
+    cls: type[HermesPolicy] = Bounded
+    register(name)(cls)
+    return cls
 
 
 #: Hermes without the wait guard (the policy as in the paper), and with other bounds: the
