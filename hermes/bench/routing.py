@@ -57,7 +57,8 @@ def _cell(job: tuple) -> dict[str, Any]:
         keeper = SimRetention(make_retention(retention), caches, load_graphs(pdgraph_dir))
     sim = Simulator(pol, cost=cost, n_engines=engines, record=False,
                     prefix_cache=LRUPrefixCache if keeper is None else None, router=router,
-                    retention=keeper, history_apps=AGENT_APPS if keeper is not None else ())
+                    retention=keeper, history_apps=AGENT_APPS if keeper is not None else (),
+                    route_graphs=load_graphs(pdgraph_dir) if router == "hermes" else None)
     res = sim.run(arrivals)
     acts = np.array([r.act_s for r in res.runs])
     caches_ = [e.prefix_cache for e in sim.engines]

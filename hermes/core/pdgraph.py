@@ -217,6 +217,28 @@ class PDGraph(BaseModel):
             return node.next_by_visit[visit - 1]
         return node.next
 
+    def llm_follow_p(self, unit: str, hops: int = 2) -> float:
+        """Probability that an LLM unit is among the next ``hops`` units after ``unit``
+        (through tool units; the run's end stops a walk). With ``hops = 2`` it is what a
+        router and a KV keeper ask at an LLM unit: will this run prompt an engine again
+        after its tool call? 0.0 for a unit the graph does not have."""
+        if unit not in self.units:
+            return 0.0
+        frontier, p = {unit: 1.0}, 0.0
+        for _ in range(max(0, hops)):
+            nxt: dict[str, float] = {}
+            for u, q in frontier.items():
+                for v, r in self.next_probs(u).items():
+                    node = self.units.get(v)
+                    if node is None:  # END
+                        continue
+                    if node.is_llm:
+                        p += q * r
+                    else:
+                        nxt[v] = nxt.get(v, 0.0) + q * r
+            frontier = nxt
+        return min(1.0, p)
+
     def summary(self) -> dict[str, Any]:
         """A compact description for APIs and the CLI."""
         return {

@@ -22,7 +22,8 @@ Routers (``scheduler.router``; :func:`make_router`):
   ahead of it (in-flight fraction of the window, times the engine's per-request service
   scale) plus the prefill of the tokens the engine does not hold, in units of a prefill token,
   with the run's affinity counted as the prefix the engine will hold for the run's next units
-  (``next_llm_p``: the probability, from the run's PDGraph, that an LLM unit follows). It
+  (``next_llm_p``: the probability, from the run's PDGraph, that an LLM unit follows), and
+  the run's affinity (its previous request's engine holds that prompt) as a prefix held. It
   trades a hit against a queue, where ``prefix`` adds their scores.
 """
 
@@ -216,24 +217,57 @@ class HermesRouter(Router):
     Cost of engine ``e``, in prefill-token units: ``queue_tokens x load(e)`` (the work ahead
     of the request: a full window is worth ``queue_tokens`` tokens of prefill) ``+ (1 +
     next_llm_p) x`` the prompt tokens ``e`` does not hold (this request's prefill, and the
-    share of it the run's next LLM unit saves by finding its context where this one ran)."""
+    share of it the run's next LLM unit saves by finding its context where this one ran).
+
+    What ``e`` holds of the prompt is the larger of the prefix index's match and the run's
+    **affinity**: the prompt tokens of the run's previous request, if it went to ``e`` less
+    than ``ttl_s`` ago (an agent's next turn begins with its previous prompt, and its tool
+    call may outlast the index's memory of it: the approximate index forgets a prefix once
+    ``capacity_tokens`` of other prompts were sent after it, which a long tool call of a busy
+    engine exceeds). An engine that reports its cache exactly (``cached_tokens``) is taken at
+    its word."""
 
     name = "hermes"
 
-    def __init__(self, index: PrefixIndex | None = None, *, queue_tokens: float = 4096.0) -> None:
+    def __init__(self, index: PrefixIndex | None = None, *, queue_tokens: float = 4096.0,
+                 ttl_s: float = 300.0, max_runs: int = 100_000) -> None:
         super().__init__(index)
         self.queue_tokens = queue_tokens
+        self.ttl_s = ttl_s
+        self.max_runs = max_runs
+        #: run -> (engine, prompt tokens, when) of its last request, least recent first
+        self._last: OrderedDict[str, tuple[str, int, float]] = OrderedDict()
+
+    def affinity(self, req: RouteRequest, now: float) -> tuple[str, int] | None:
+        """The engine of the run's previous request and that request's prompt tokens, while
+        it is less than ``ttl_s`` old (``None`` otherwise)."""
+        last = self._last.get(req.run_id)
+        if last is None or now - last[2] > self.ttl_s:
+            return None
+        return last[0], last[1]
 
     def pick(self, req: RouteRequest, engines: Sequence[EngineState], now: float) -> EngineState:
         total = req.input_tokens or (req.prefixes[-1][1] if req.prefixes else 0)
         future = 1.0 + max(0.0, min(1.0, req.next_llm_p))
+        aff = self.affinity(req, now)
 
         def cost(e: EngineState) -> tuple[float, int]:
-            miss = max(0, total - self.matched_tokens(req, e))
+            held = self.matched_tokens(req, e)
+            if aff is not None and e.cached_tokens is None and aff[0] == e.engine:
+                held = max(held, min(aff[1], total))
+            miss = max(0, total - held)
             kv = e.kv_usage if e.kv_usage is not None else 0.0
             return (self.queue_tokens * (e.load + 0.25 * kv) + future * miss, e.queued)
 
         return min(engines, key=cost)
+
+    def sent(self, req: RouteRequest, engine: str, now: float) -> None:
+        super().sent(req, engine, now)
+        tokens = req.input_tokens or (req.prefixes[-1][1] if req.prefixes else 0)
+        self._last[req.run_id] = (engine, tokens, now)
+        self._last.move_to_end(req.run_id)
+        while len(self._last) > self.max_runs:
+            self._last.popitem(last=False)
 
 
 ROUTERS: dict[str, type[Router]] = {

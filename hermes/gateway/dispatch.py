@@ -52,11 +52,14 @@ class Dispatcher(RunObserver):
     """Pending requests: submission, sending, results, re-keying, failover (module doc)."""
 
     def __init__(self, ctx: SchedulerContext, runs: RunRegistry, nodes: NodeTable,
-                 prewarm: GatewayPrewarmer) -> None:
+                 prewarm: GatewayPrewarmer,
+                 graphs: Callable[[str], Any | None] | None = None) -> None:
         self.ctx = ctx
         self.runs = runs
         self.nodes = nodes
         self.prewarm = prewarm
+        #: app -> its current PDGraph (learning's), for the router's ``next_llm_p``
+        self.graphs = graphs
         self.requests: dict[str, PendingRequest] = {}
         #: the same requests by tenant (policies whose keys read per-tenant state: key_scope)
         self._by_tenant: dict[str, dict[str, PendingRequest]] = {}
@@ -174,7 +177,16 @@ class Dispatcher(RunObserver):
             return RouteRequest(req.run.run_id)
         prefixes = prompt_prefixes(msg.endpoint, msg.body)
         return RouteRequest(req.run.run_id, prefixes,
-                            prefixes[-1][1] if prefixes else 0)
+                            prefixes[-1][1] if prefixes else 0,
+                            self._next_llm_p(req.run.app, req.inv.unit))
+
+    def _next_llm_p(self, app: str, unit: str) -> float:
+        """Will the run prompt an engine again after this unit? ``llm_follow_p`` of the unit
+        in its app's PDGraph (0.5: no graph, or the graph lacks the unit)."""
+        graph = self.graphs(app) if self.graphs is not None else None
+        if graph is None or unit not in graph.units:
+            return 0.5
+        return float(graph.llm_follow_p(unit))
 
     def send_tool(self, req: PendingRequest, exclude: Set[str] = frozenset()) -> None:
         assert isinstance(req.msg, Tool)

@@ -104,7 +104,8 @@ class LiveScheduler:
         self.learner = Learner(ctx, self.kb, self.records_path)
         self.prewarm = GatewayPrewarmer.build(ctx, self.node_table, self.registry,
                                               self.learner.app_graph)  # issue 5
-        self.dispatch = Dispatcher(ctx, self.registry, self.node_table, self.prewarm)
+        self.dispatch = Dispatcher(ctx, self.registry, self.node_table, self.prewarm,
+                                   self.learner.app_graph)
         self.node_table.handler = self.dispatch.handle
         # durable run state, recovery (issue 7)
         self.durable = DurableState(open_run_store(config), ctx)

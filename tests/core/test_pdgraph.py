@@ -98,3 +98,14 @@ def test_sample_lists_capped(doc: dict, tmp_path) -> None:
 def test_missing_file(tmp_path) -> None:
     with pytest.raises(PDGraphError, match=r"nope\.json: cannot read"):
         PDGraph.load(tmp_path / "nope.json")
+
+
+def test_llm_follow_p_looks_through_tool_units(graph: PDGraph, doc: dict, tmp_path) -> None:
+    """extract -> query (LLM); query -> search (tool) -> verify (LLM); verify -> the end."""
+    assert graph.llm_follow_p("extract") == 1.0
+    assert graph.llm_follow_p("query") == 1.0  # through the search tool
+    assert graph.llm_follow_p("query", hops=1) == 0.0  # the tool is next
+    assert graph.llm_follow_p("verify") == 0.0  # the run ends
+    assert graph.llm_follow_p("nope") == 0.0
+    doc["units"]["search"]["next"] = {"verify": 0.6, "": 0.4}
+    assert load(doc, tmp_path).llm_follow_p("query") == pytest.approx(0.6)

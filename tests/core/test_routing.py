@@ -98,3 +98,37 @@ def test_hermes_router_trades_a_hit_against_the_queue() -> None:
     # prefix routing adds scores instead: the same state goes to b only past 1.9 + 0
     p = make_router("prefix", index=r.index)
     assert p.pick(nxt, [EngineState("a", 1.0), EngineState("b", 0.0)], 1.0).engine == "a"
+
+
+def test_hermes_router_keeps_a_run_where_its_last_prompt_went_after_the_index_forgot() -> None:
+    """An agent's tool call outlasts the approximate index's memory: other prompts pushed the
+    run's prefix out, yet its next turn still goes where its previous prompt ran (affinity),
+    until the affinity's TTL has passed; an engine that reports its cache exactly wins over
+    the affinity."""
+    r = HermesRouter(PrefixIndex(capacity_tokens=5000), queue_tokens=4096.0, ttl_s=300.0)
+    first = RouteRequest("r1", conv(100, 3000), input_tokens=3000)
+    r.sent(first, "a", 0.0)
+    r.sent(RouteRequest("other", [("big", 5000)], input_tokens=5000), "a", 1.0)
+    nxt = RouteRequest("r1", conv(100, 3000, 3100), input_tokens=3100, next_llm_p=1.0)
+    assert r.index.matched_tokens("a", nxt.prefixes) == 0  # the index forgot r1
+    engines = [EngineState("a", 0.5), EngineState("b", 0.0)]
+    # affinity: a holds 3000: 4096 x 0.5 + 2 x 100 = 2248 < b's 2 x 3100 = 6200
+    assert r.affinity(nxt, 60.0) == ("a", 3000)
+    assert r.pick(nxt, engines, 60.0).engine == "a"
+    # the same without affinity (TTL passed): b
+    assert r.affinity(nxt, 400.0) is None
+    assert r.pick(nxt, engines, 400.0).engine == "b"
+    # a reports its cache exactly and holds nothing of r1 (evicted): b
+    exact = [EngineState("a", 0.5, cached_tokens=0), EngineState("b", 0.0, cached_tokens=0)]
+    assert r.pick(nxt, exact, 60.0).engine == "b"
+    # sent() moves the affinity to the new engine with the new prompt's length
+    r.sent(nxt, "b", 61.0)
+    assert r.affinity(nxt, 62.0) == ("b", 3100)
+
+
+def test_hermes_router_affinity_memory_is_bounded() -> None:
+    r = HermesRouter(max_runs=3)
+    for i in range(10):
+        r.sent(RouteRequest(f"r{i}", [("k", 10)], input_tokens=10), "a", float(i))
+    assert [r.affinity(RouteRequest(f"r{i}"), 10.0) is not None for i in range(10)] == \
+        [False] * 7 + [True] * 3
