@@ -90,6 +90,21 @@ def _seeds_text(seeds: list[int]) -> str:
     return f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {','.join(map(str, seeds))}"
 
 
+def _tool_instances(text: str | None) -> dict[str, int]:
+    """``--tool-instances docker=4,dnn=1`` as ``{"docker": 4, "dnn": 1}`` (``SystemExit``
+    naming a malformed item)."""
+    out: dict[str, int] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        kind, sep, n = item.partition("=")
+        if not sep or not n.strip().isdigit():
+            raise SystemExit(f"--tool-instances: {item.strip()!r} is not KIND=N "
+                             "(e.g. docker=4,dnn=1)")
+        out[kind.strip()] = int(n)
+    return out
+
+
 def _default_policies() -> str:
     """The default ``bench sched`` policies; without pgmpy (the ``baselines`` extra) the
     faithful ``llmsched`` gives way to ``llmsched-lite``, said on stderr (asked for by name,
@@ -113,7 +128,7 @@ def cmd_sched(args: argparse.Namespace) -> int:
         args.apps, _floats(args.window), _names(args.policies), seeds[0], args.trace, _setup(args),
         seeds=seeds, mix=args.mix, workload=args.workload, workers=args.workers,
         progress=not args.no_progress,
-        pdgraph_dir=args.pdgraphs,
+        pdgraph_dir=args.pdgraphs, tool_instances=_tool_instances(args.tool_instances),
     )
     if args.plot:
         B.plot_act_cdf(acts, args.plot, title=f"{_setup(args)}, {args.trace}")
@@ -238,6 +253,10 @@ def add_bench_parsers(bsub: argparse._SubParsersAction) -> None:
                         f"{','.join(B.DEFAULT_POLICIES)} (llmsched-lite for llmsched when the "
                         "'baselines' extra is not installed, said on stderr)")
     s.add_argument("--plot", default=None, help="write the ACT CDF per policy to FILE.png")
+    s.add_argument("--tool-instances", dest="tool_instances", default=None,
+                   help="tool capacity per backend, KIND=N,... (kinds docker, dnn, api; "
+                        "default docker=16,dnn=4,api=64: hermes/core/tools_model.py "
+                        "TOOL_DEFAULTS), for the sensitivity of a table to the tool testbed")
     s.set_defaults(func=cmd_sched)
 
     s = bsub.add_parser("ddl", help="deadline satisfaction ratio (paper Fig. 11)")

@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -194,11 +194,26 @@ def simulate(policy: str, setup: str, arrivals: list[Arrival], seed: int,
 def _simulate(job: tuple) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray, float]:
     """Worker: one simulation. Returns (tag, ACTs, met flags (nan: no deadline), engine-queue
     waits (``RunResult.wait_s``), wall), per run in arrival order."""
-    tag, policy, setup, arrivals, seed, pdgraph_dir = job
-    ordered, wall = simulate_runs(policy, setup, arrivals, seed, pdgraph_dir)
+    tag, policy, setup, arrivals, seed, pdgraph_dir, *rest = job
+    tools = tool_pool(rest[0]) if rest and rest[0] else None
+    ordered, wall = simulate_runs(policy, setup, arrivals, seed, pdgraph_dir, tools=tools)
     acts = np.array([r.act_s for r in ordered])
     met = np.array([np.nan if r.met is None else float(r.met) for r in ordered])
     return tag, acts, met, np.array([r.wait_s for r in ordered]), wall
+
+
+def tool_pool(instances: Mapping[str, int]) -> ToolPool:
+    """The default tool servers (:data:`hermes.core.tools_model.TOOL_DEFAULTS`) with
+    ``instances`` per backend of each named kind (``{"dnn": 1}``: one replica per DNN
+    model); ``ValueError`` naming an unknown kind or a count below 1."""
+    from hermes.core.tools_model import TOOL_DEFAULTS
+
+    for kind, n in instances.items():
+        if kind not in TOOL_DEFAULTS:
+            raise ValueError(f"unknown tool kind {kind!r}; known: {', '.join(TOOL_DEFAULTS)}")
+        if int(n) < 1:
+            raise ValueError(f"tool instances for {kind!r} must be >= 1, got {n}")
+    return ToolPool(**{k: {"instances": int(n)} for k, n in instances.items()})
 
 
 def map_jobs(fn: Callable, jobs: Sequence, *, workers: int | None = None,
@@ -293,11 +308,16 @@ def bench_sched(
     workers: int | None = None,
     progress: bool = True,
     pdgraph_dir: str | None = None,
+    tool_instances: Mapping[str, int] | None = None,
 ) -> tuple[list[dict], dict]:
     """Fig. 9/10, at every seed of ``seeds`` (default: ``seed`` alone). Returns the rows (one
     per window, policy and seed) and ``{(window_min, policy): ACT array}`` for plotting (the
-    ACTs of every seed, pooled)."""
+    ACTs of every seed, pooled). ``tool_instances`` overrides the tool servers' capacity
+    per kind (:func:`tool_pool`; the tool-capacity sensitivity study)."""
     seed_list = _seeds(seed, seeds)
+    tools = dict(tool_instances or {})
+    if tools:
+        tool_pool(tools)  # refuse bad counts before any worker starts
     jobs, alone = [], {}
     for s in seed_list:
         iso = None  # a seed's runs are the same in every window: their isolated ACTs too
@@ -305,7 +325,7 @@ def bench_sched(
             arrivals, _ = build_arrivals(apps, w, seed=s, trace=trace, setup=setup, mix=mix,
                                          workload=workload)
             for p in policies:
-                jobs.append(((s, w, p), p, setup, arrivals, s, pdgraph_dir))
+                jobs.append(((s, w, p), p, setup, arrivals, s, pdgraph_dir, tools))
             # the same runs, each alone on the engine: a lower bound on any policy's ACT
             alone[(s, w)] = iso = isolated_acts(arrivals, setup) if iso is None else iso
     results = run_jobs(_order_jobs(jobs), workers=workers, progress=progress)

@@ -124,3 +124,18 @@ def test_cli_parsers_are_wired():
         assert args.seeds == "3,4"
     args = p.parse_args(["overhead", "--active-runs", "10", "--buckets", "5"])
     assert args.active_runs == "10"
+
+
+def test_tool_capacity_override_changes_only_the_tool_queues():
+    """``--tool-instances``: with one container and one replica per DNN model, the runs that
+    call tools queue for them (mean ACT up); the runs without tools are unaffected in the
+    isolated bound; bad kinds and counts are refused before anything runs."""
+    kw = dict(windows=(1,), policies=("vllm",), seed=0, workers=1, progress=False)
+    base, acts = B.bench_sched(40, **kw)
+    tight, acts_t = B.bench_sched(40, tool_instances={"docker": 1, "dnn": 1}, **kw)
+    assert tight[0]["mean_act_s"] > base[0]["mean_act_s"] * 1.05
+    assert np.array_equal(acts_t[(1, "isolated")], acts[(1, "isolated")])
+    with pytest.raises(ValueError, match="unknown tool kind 'gpu'"):
+        B.bench_sched(5, tool_instances={"gpu": 1}, **kw)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        B.bench_sched(5, tool_instances={"dnn": 0}, **kw)
