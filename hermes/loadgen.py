@@ -344,10 +344,24 @@ def _cmd_identity(args: argparse.Namespace) -> int:
     arrivals, _ = build_arrivals(args.apps, args.window, seed=args.seed, trace=args.trace,
                                  setup=args.setup)
 
+    if args.warmup_apps < 0:
+        raise ValueError(f"--warmup-apps must be >= 0, got {args.warmup_apps}")
+    warm_window = args.window * args.warmup_apps / args.apps  # the measured arrival rate
+    warm_arrivals = (build_arrivals(args.warmup_apps, warm_window, seed=args.seed + 1000,
+                                    trace=args.trace, setup=args.setup)[0]
+                     if args.warmup_apps else [])
+    warm: list = []
+
     async def go() -> tuple[list, str, float]:
         driver = IdentityDriver(args.url, args.identity, time_scale=args.time_scale)
         try:
             health = (await driver.http.get("/healthz")).json()
+            if warm_arrivals:
+                print(f"warm-up: {len(warm_arrivals)} runs (seed {args.seed + 1000}, "
+                      f"{warm_window:g}-min window), not measured", file=sys.stderr)
+                warm.extend(await driver.run(warm_arrivals, progress=not args.no_progress))
+                waited = await driver.settle()
+                print(f"warm-up done; the gateway settled in {waited:.0f} s", file=sys.stderr)
             t0 = time.perf_counter()
             outcomes = await driver.run(arrivals, progress=not args.no_progress)
             return outcomes, str(health.get("policy", "?")), time.perf_counter() - t0
@@ -356,7 +370,17 @@ def _cmd_identity(args: argparse.Namespace) -> int:
 
     outcomes, policy, wall = asyncio.run(go())
     row = summarize(outcomes, args.identity, window_min=args.window, policy=policy, wall_s=wall)
-    flat = {k: v for k, v in row.items() if k not in ("identity", "apps")}
+    if warm:
+        w = summarize(warm, args.identity, window_min=warm_window, policy=policy, wall_s=0.0)
+        row["warmup"] = {k: w[k] for k in ("runs", "failed", "mean_act_s", "p95_act_s",
+                                           "identity") if k in w}
+        if "identity" in w:
+            wi = w["identity"]
+            print(f"warm-up (cold start) grouping precision {wi['grouping_precision']:.3f} "
+                  f"recall {wi['grouping_recall']:.3f}, unit accuracy "
+                  f"{wi['unit_accuracy']:.3f}, mean ACT {w['mean_act_s']:.1f} s",
+                  file=sys.stderr)
+    flat = {k: v for k, v in row.items() if k not in ("identity", "apps", "warmup")}
     print_table([flat], title=f"load --identity {args.identity} ({args.url}, {args.apps} apps, "
                 f"{args.window:g}-min window, seed {args.seed}; ACT in model seconds)")
     print_table(app_rows(row), title="per app (* conversation; prompt/model, output/model: "
@@ -396,6 +420,10 @@ def add_load_parser(sub: argparse._SubParsersAction) -> None:
                         "Hermes headers, none at all (the gateway infers runs, apps, units: "
                         "scored against the truth), or none with X-Hermes-Run: none "
                         "(per-request baseline); --json then writes one object")
+    s.add_argument("--warmup-apps", dest="warmup_apps", type=int, default=0,
+                   help="--identity: first send this many runs of other arrivals (seed + 1000, "
+                        "the same rate), unmeasured, and wait until the gateway has closed "
+                        "them: apps measured after their PDGraphs are learned (steady state)")
     s.add_argument("--json", default=None, help="write the rows as a JSON list to FILE")
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=cmd_load)

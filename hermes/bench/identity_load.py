@@ -186,6 +186,26 @@ class IdentityDriver:
             (await self.http.post(f"/v1/runs/{run_id}/events", json={
                 "unit": unit, "event": "finish"})).raise_for_status()
 
+    async def settle(self, timeout_s: float = 900.0, poll_s: float = 1.0) -> float:
+        """Wait until the gateway has no queued or running run (an inferred run closes by
+        itself once idle past its app's gaps) and one more learning interval has passed, so
+        that what the runs taught is in the apps' PDGraphs. Returns the wall seconds waited;
+        raises :class:`TimeoutError` after ``timeout_s``."""
+        t0 = time.monotonic()
+        while True:
+            active = 0
+            for state in ("queued", "running"):
+                r = await self.http.get("/v1/runs", params={"state": state, "limit": 1})
+                r.raise_for_status()
+                active += len(r.json().get("runs", []))
+            if not active:
+                break
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(f"the gateway still had active runs after {timeout_s:g} s")
+            await asyncio.sleep(poll_s)
+        await asyncio.sleep(2.0)  # stores.learn_interval_s (1 s) and then some
+        return time.monotonic() - t0
+
     async def run(self, arrivals: Sequence[Any], *, progress: bool = True) -> list[Outcome]:
         """Every arrival (``hermes.sim.simulator.Arrival``) as its own client task."""
         from tqdm import tqdm  # type: ignore[import-untyped]

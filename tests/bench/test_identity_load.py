@@ -191,3 +191,34 @@ def test_identity_modes_against_a_gateway(tmp_path) -> None:  # noqa: ANN001
     # new app's runs are closed after; the README's figures are taken at time scale 1.)
     for app in ("react_fever", "react_alfw"):
         assert ident["per_app"][app]["grouping_recall"] == 1.0, ident["per_app"][app]
+
+
+def test_identity_warm_up_is_sent_settled_and_reported_apart(tmp_path, capsys) -> None:  # noqa: ANN001
+    """``--warmup-apps``: other arrivals first (unmeasured), then the gateway is waited for
+    until it has closed every inferred run, then the measured arrivals; the JSON keeps the
+    warm-up's figures apart, and the measured runs are the same eight as without it."""
+    from hermes.cli import main
+    from hermes.gateway.config import load_config
+    from hermes.gateway.server import start_background
+
+    srv = start_background(load_config(
+        None, environ={}, port=0, bind="", kb=str(tmp_path / "kb"),
+        state_dir=str(tmp_path / "st"), time_scale=50.0, log_level="warning"))
+    try:
+        out = tmp_path / "infer.json"
+        assert main(["load", "--url", srv.url, "--identity", "infer", "--apps", "8",
+                     "--window", "0.2", "--time-scale", "50", "--seed", "3",
+                     "--warmup-apps", "6", "--no-progress", "--json", str(out)]) == 0
+        row = json.loads(out.read_text())
+        capsys.readouterr()
+        assert main(["load", "--url", srv.url, "--identity", "infer",
+                     "--warmup-apps", "-1"]) != 0
+        assert "--warmup-apps must be >= 0, got -1" in capsys.readouterr().err
+    finally:
+        srv.stop()
+    assert row["runs"] == 8 and row["failed"] == 0
+    warm = row["warmup"]
+    assert warm["runs"] == 6 and warm["failed"] == 0 and warm["mean_act_s"] > 0
+    assert 0.0 <= warm["identity"]["grouping_precision"] <= 1.0
+    # the measured phase's scoring covers only its own eight runs
+    assert sum(a["runs"] for a in row["identity"]["per_app"].values()) == 8
