@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from hermes import __version__
 from hermes.cliout import print_json, print_table, write_json
@@ -71,8 +72,31 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- bench estimator
+def _graph_or_agent(store: Any, app: str) -> Any:
+    """``app``'s PDGraph from ``store``, else from the shipped agent PDGraphs (SWE, RES);
+    ``SystemExit`` naming the app when neither has it."""
+    from hermes.kb import open_store
+    from hermes.workloads.registry import agent_pdgraphs_dir
+
+    graph = store.get(app)
+    if graph is None:
+        agents = open_store(str(agent_pdgraphs_dir()))
+        try:
+            graph = agents.get(app)
+        finally:
+            agents.close()
+    if graph is None:
+        raise SystemExit(f"no PDGraph for {app!r} in {store.describe()} or the agent PDGraphs")
+    return graph
+
+
 def cmd_bench_estimator(args: argparse.Namespace) -> int:
-    from hermes.bench.estimator import REFINE_APPS, refinement_accuracy, walks_per_second
+    from hermes.bench.estimator import (
+        REFINE_APPS,
+        rank_agreement,
+        refinement_accuracy,
+        walks_per_second,
+    )
     from hermes.core.costmodel import get_cost_model
     from hermes.kb import open_store
     from hermes.workloads.isolated import profile_app
@@ -91,7 +115,20 @@ def cmd_bench_estimator(args: argparse.Namespace) -> int:
             recs = profile_app(app, args.runs, args.seed, cost)
             rows.append(refinement_accuracy(graph, recs, cost, n_walks=args.walks, progress=bar.update))
     print_table(rows, title="Remaining-service MAE when the first unit finishes")
-    write_json(args.json, [dict(r, table="walks") for r in speed] + [dict(r, table="refinement") for r in rows])
+    agree = []
+    for app in (args.rank_apps.split(",") if args.rank_apps else []):
+        graph = _graph_or_agent(store, app)
+        with _progress(args.rank_runs, f"rank agreement, runs of {app}") as bar:
+            recs = profile_app(app, args.rank_runs, args.seed, cost)
+            agree.append(rank_agreement(graph, recs, cost, n_walks=args.walks,
+                                        progress=bar.update)[0])
+    if agree:
+        print_table(agree, title="Gittins vs SRPT-on-the-mean at every unit boundary "
+                    "(Kendall tau over all pairs of states; discordant: pairs ordered "
+                    "differently)")
+    write_json(args.json, [dict(r, table="walks") for r in speed]
+               + [dict(r, table="refinement") for r in rows]
+               + [dict(r, table="rank_agreement") for r in agree])
     assert REFINE_APPS
     return 0
 
@@ -203,6 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--runs", type=int, default=1000)
     s.add_argument("--seed", type=int, default=12345, help="seed of the fresh runs (shipped graphs use 0)")
     s.add_argument("--walks", type=int, default=1000)
+    s.add_argument("--rank-apps", dest="rank_apps", default="",
+                   help="apps for the Gittins-vs-mean rank agreement table, e.g. "
+                        "swe_agent,research_agent,got_docmerge (default: none)")
+    s.add_argument("--rank-runs", dest="rank_runs", type=int, default=200,
+                   help="fresh runs per app for the rank agreement table")
     s.add_argument("--setup", default="llama2-7b-a100")
     s.add_argument("--json")
     s.set_defaults(func=cmd_bench_estimator)
