@@ -218,6 +218,13 @@ class HermesRouter(Router):
     of the request: a full window is worth ``queue_tokens`` tokens of prefill) ``+ (1 +
     next_llm_p) x`` the prompt tokens ``e`` does not hold (this request's prefill, and the
     share of it the run's next LLM unit saves by finding its context where this one ran).
+    ``queue_tokens`` = 65,536: a full window of 32 requests ahead is worth ~5.6 s of
+    LLaMA-2-7B prefill on an A100, about the time such a window takes to drain; chosen on the
+    agent mix at seeds 5 and 6, not the seeds the README reports, from 4,096 / 16,384 / 65,536
+    / 131,072 (mean ACT 249.0 / 172.6 / 168.4 / 171.1 s at seed 5, 154.3 / 123.1 / 116.9 /
+    118.5 s at seed 6). Load counts below a full window too: a batch of long agent contexts
+    slows every iteration of the engine (a separate term for waiting beyond a full window
+    changed nothing there: the engines' outstanding requests stayed under the window).
 
     What ``e`` holds of the prompt is the larger of the prefix index's match and the run's
     **affinity**: the prompt tokens of the run's previous request, if it went to ``e`` less
@@ -229,7 +236,7 @@ class HermesRouter(Router):
 
     name = "hermes"
 
-    def __init__(self, index: PrefixIndex | None = None, *, queue_tokens: float = 4096.0,
+    def __init__(self, index: PrefixIndex | None = None, *, queue_tokens: float = 65536.0,
                  ttl_s: float = 300.0, max_runs: int = 100_000) -> None:
         super().__init__(index)
         self.queue_tokens = queue_tokens

@@ -132,3 +132,4 @@ def test_hermes_router_affinity_memory_is_bounded() -> None:
         r.sent(RouteRequest(f"r{i}", [("k", 10)], input_tokens=10), "a", float(i))
     assert [r.affinity(RouteRequest(f"r{i}"), 10.0) is not None for i in range(10)] == \
         [False] * 7 + [True] * 3
+

@@ -25,8 +25,10 @@ def _engine_of(http: httpx.Client, run_id: str, turn: int) -> str:
 def test_second_turn_routing(make_gateway, router: str, follows_prefix: bool) -> None:  # noqa: ANN001
     gw = make_gateway(engines=ENGINES, router=router, time_scale=2.0)
     with httpx.Client(base_url=gw.url, timeout=60) as http:
+        # a conversation of a few thousand tokens: under `hermes` its held prefix outweighs
+        # the one request in flight on its engine (queue_tokens x 1/8 of the window)
         msgs: list[dict[str, Any]] = [
-            {"role": "system", "content": "You plan trips. " * 40},
+            {"role": "system", "content": "You plan trips. " * 1000},
             {"role": "user", "content": "Plan three days in Porto. " * 30}]
         r1 = http.post("/v1/chat/completions", json={"model": MODEL, "messages": msgs,
                                                       "max_tokens": 4, "ignore_eos": True})
