@@ -41,6 +41,7 @@ from hermes.core.ordering import KeyedQueue
 from hermes.core.prewarm import resource_kind, resource_model
 from hermeslet.engines.base import EngineAdapter, EngineError, GenChunk, GenResult
 from hermeslet.kv_events import EngineKVFollower
+from hermeslet.placement import PlacementChange, plan_change
 from hermeslet.tools import ToolRunner
 
 if TYPE_CHECKING:
@@ -67,6 +68,8 @@ class _EngineSlot:
     queue: KeyedQueue[_Queued] = field(default_factory=KeyedQueue)
     inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     models: dict[str, str] = field(default_factory=dict)  # in flight: request id -> model
+    #: a new engine of a placement change, not started yet: its requests wait in its queue
+    starting: bool = False
 
 
 class HermesLet:
@@ -125,6 +128,10 @@ class HermesLet:
         self._prewarm_tasks: set[asyncio.Task[None]] = set()
         #: engines publishing KV events: their block indexes, summarised with heartbeats
         self.kv_followers: dict[str, EngineKVFollower] = {}
+        #: engines a placement change drains (no new work; stopped once idle): name -> slot
+        self.draining: dict[str, _EngineSlot] = {}
+        self._placement_lock = asyncio.Lock()
+        self._kv_tasks: dict[str, asyncio.Task[None]] = {}  # followers of placed engines
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -179,7 +186,7 @@ class HermesLet:
         """Request ids this node holds, queued or in flight (so that a restarted scheduler, or
         one deciding what to re-dispatch, knows what is where)."""
         held: dict[str, str] = {}
-        for s in self.slots.values():
+        for s in self._all_slots():
             for q in s.queue.items():
                 if q.outcome is None:  # not a node-internal prewarm
                     held[q.msg.request_id] = "queued"
@@ -262,14 +269,15 @@ class HermesLet:
         """Cancel the loops and all queued work, close the engines."""
         for t in tasks:
             t.cancel()
-        work = [t for s in self.slots.values() for t in s.inflight.values()]
+        work = [t for s in self._all_slots() for t in s.inflight.values()]
         work += list(self.tool_tasks.values()) + list(self._prewarm_tasks)
+        work += list(self._kv_tasks.values())
         for t in work:
             t.cancel()
         for t in tasks + work:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        for s in self.slots.values():
+        for s in self._all_slots():
             with contextlib.suppress(Exception):
                 await s.engine.close()
 
@@ -433,11 +441,15 @@ class HermesLet:
         await self._send(P.PrewarmAck(backend=msg.backend, action="start", ok=ok, detail=detail))
 
     def _pick(self, msg: P.Submit) -> _EngineSlot | None:
-        if msg.engine is not None:
-            return self.slots.get(msg.engine)
+        if msg.engine is not None and msg.engine in self.slots:
+            return self.slots[msg.engine]
+        # (an engine unknown here or being drained: the gateway chose it before our hello
+        # after a placement change reached it; one of the model here, else the drained one)
         for s in self.slots.values():
             if s.engine.serves(msg.model):
                 return s
+        if msg.engine is not None:
+            return self.draining.get(msg.engine)
         if self.prewarmer is not None:
             for s in self.slots.values():
                 pw = self.prewarmer.loras.get(s.engine.model)
@@ -462,21 +474,22 @@ class HermesLet:
         moved: set[str] = set()
         for rid, key in msg.keys.items():
             k = tuple(key)
-            for name, s in self.slots.items():
+            for s in self._all_slots():
                 if rid in s.queue:
                     s.queue.rekey(rid, k)
-                    moved.add(name)
+                    moved.add(s.engine.name)
                     break
             else:
                 if rid in self.tool_queue:
                     self.tool_queue.rekey(rid, k)
-        for name in moved:  # the release order changed: so may the adapters to have loaded
-            self._adapters_changed(self.slots[name])
+        for s in self._all_slots():  # the release order changed: so may the adapters to load
+            if s.engine.name in moved:
+                self._adapters_changed(s)
 
     async def _on_cancel(self, msg: P.Cancel) -> None:
         for rid in msg.request_ids:
             dropped = self.tool_queue.remove(rid) is not None  # queued: report here
-            for s in self.slots.values():
+            for s in self._all_slots():
                 if s.queue.remove(rid) is not None:
                     dropped = True
                     self._adapters_changed(s)
@@ -494,6 +507,8 @@ class HermesLet:
     # ------------------------------------------------------------------ engine window
     def _pump(self, slot: _EngineSlot) -> None:
         """Release queued requests while the engine's window has room (lowest key first)."""
+        if slot.starting:
+            return
         while slot.queue and len(slot.inflight) < slot.engine.max_inflight:
             key = slot.queue.peek_key() or ()
             item = slot.queue.pop()
@@ -620,6 +635,99 @@ class HermesLet:
                 outcome.set_exception(e)
         finally:
             self._left_engine(slot, sub.request_id)
+
+    # ------------------------------------------------------------------ placement (issue 22)
+    def _all_slots(self) -> list[_EngineSlot]:
+        """The engines serving and those being drained."""
+        return [*self.slots.values(), *self.draining.values()]
+
+    async def apply_placement(self, engines: Sequence[EngineAdapter]) -> PlacementChange:
+        """Change this node's engines to ``engines`` (not started; a placement plan's,
+        :mod:`hermeslet.placement`), while it runs: keep those with the same name and model,
+        drain the others (re-announced without them at once; their queued requests move to
+        an engine of the same model, else wait; in-flight ones finish), stop them, start the
+        new ones (their requests wait at the node meanwhile), and announce the engines again.
+        One change at a time; returns what it did."""
+        if not self._started.is_set() or self._stop.is_set():
+            raise RuntimeError(f"hermeslet {self.node}: apply_placement needs a running node")
+        async with self._placement_lock:
+            change = plan_change({n: s.engine.model for n, s in self.slots.items()},
+                                 [(e.name, e.model) for e in engines])
+            old = {n: self.slots[n] for n in change.drained}
+            self.slots = {e.name: self.slots[e.name] if e.name in change.kept
+                          else _EngineSlot(e, starting=True) for e in engines}
+            self.draining.update(old)
+            moved = sum(self._move_queued(s) for s in old.values())
+            await self._send(self.hello())  # no new work for the drained engines
+            while any(s.queue or s.inflight for s in old.values()) and not self._stop.is_set():
+                await asyncio.sleep(0.02)
+            for name, s in old.items():
+                self._unfollow_kv(name)
+                with contextlib.suppress(Exception):
+                    await s.engine.close()
+                if self.draining.get(name) is s:
+                    del self.draining[name]
+            failed: dict[str, str] = {}
+            for name in change.started:
+                slot = self.slots[name]
+                try:
+                    await slot.engine.start()
+                except Exception as e:
+                    failed[name] = f"{type(e).__name__}: {e}"
+                    await self._fail_start(slot, failed[name])
+                    continue
+                slot.starting = False
+                if slot.engine.kv_events is not None:
+                    f = self.kv_followers[name] = EngineKVFollower(
+                        self.node, name, slot.engine.kv_events, ctx=self.ctx)
+                    self._kv_tasks[name] = asyncio.create_task(
+                        f.subscriber.run(), name=f"hermeslet-{self.node}-kv-{name}")
+                self._pump(slot)
+            await self._send(self.hello())
+            log.info("hermeslet %s: placement kept %s, drained %s, started %s (%d queued "
+                     "requests moved)%s", self.node, change.kept, change.drained, change.started,
+                     moved, f"; failed to start {failed}" if failed else "")
+            return PlacementChange(change.kept, change.drained, change.started, moved, failed)
+
+    def _move_queued(self, slot: _EngineSlot) -> int:
+        """Move a drained engine's queued requests to a serving engine of its model (their
+        keys and runs kept); how many moved (0: none serves it, they wait on the engine)."""
+        target = next((s for s in self.slots.values() if s.engine.model == slot.engine.model),
+                      None)
+        if target is None:
+            return 0
+        n = 0
+        while slot.queue:
+            key = slot.queue.peek_key() or ()
+            item = slot.queue.pop()
+            rid = item.msg.request_id
+            target.queue.push(rid, item, key, item.msg.run_id)
+            for tag, (s, r) in list(self._kv_queued.items()):
+                if s is slot and r == rid:
+                    self._kv_queued[tag] = (target, rid)
+            n += 1
+        self._pump(target)
+        return n
+
+    async def _fail_start(self, slot: _EngineSlot, error: str) -> None:
+        """A new engine did not start: fail what waits for it, serve without it."""
+        self.slots.pop(slot.engine.name, None)
+        while slot.queue:
+            item = slot.queue.pop()
+            if item.outcome is not None:
+                item.outcome.set_exception(EngineError(error))
+            else:
+                await self._send(P.Failed(request_id=item.msg.request_id, retryable=True,
+                                          error=f"engine {slot.engine.name} did not start: "
+                                                f"{error}"))
+        with contextlib.suppress(Exception):
+            await slot.engine.close()
+
+    def _unfollow_kv(self, name: str) -> None:
+        self.kv_followers.pop(name, None)
+        task = self._kv_tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
 
     # ------------------------------------------------------------------ tools
     def _pump_tools(self) -> None:

@@ -2,7 +2,12 @@
 
 - ``hermeslet run --scheduler tcp://HOST:PORT --node NAME --engine sim|openai:URL|vllm[:URL]
   [--model M] [--max-inflight N] [--time-scale X] [--metrics-port P]`` connects to a scheduler
-  and serves (Prometheus metrics on ``--metrics-port``).
+  and serves (Prometheus metrics on ``--metrics-port``). ``--placement FILE
+  [--placement-engine sim|vllm]`` serves the engines of a placement plan (``hermes plan
+  placement --emit FILE``) instead of ``--engine``: built-in engines with the planner's costs
+  (``--time-scale``), or vLLM servers on the plan's GPUs; ``SIGHUP`` re-reads FILE and applies
+  it live (kept engines stay, the others are drained, then stopped; new ones start):
+  :mod:`hermeslet.placement`.
 - ``hermeslet sim-engine --port P [--host 127.0.0.1] [--setup llama2-7b-a100]
   [--time-scale X] [--model NAME] [--task generate|embed] [--tool-call-p P]
   [--max-tool-rounds N] [--max-parallel-tools N] [--mean-answer-tokens N]`` serves the
@@ -40,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--engine", action="append", default=None,
                    help="sim | openai:URL | vllm | vllm:URL (repeatable; default sim)")
     r.add_argument("--model", help="model name (sim: served name; vllm: model to launch)")
+    r.add_argument("--placement", metavar="FILE",
+                   help="serve the engines of a placement plan (hermes plan placement --emit) "
+                   "instead of --engine; SIGHUP re-reads FILE and applies it live")
+    r.add_argument("--placement-engine", dest="placement_engine", choices=("sim", "vllm"),
+                   default="sim", help="with --placement: built-in engines with the planner's "
+                   "costs (default) or vLLM servers with the plan's arguments")
     r.add_argument("--max-inflight", type=int, default=8,
                    help="requests released to each engine at once (default %(default)s)")
     r.add_argument("--time-scale", type=float, default=1.0,
@@ -182,8 +193,8 @@ def build_agent(args: argparse.Namespace) -> HermesLet:
 
     lookahead = getattr(args, "lora_lookahead", False)
     max_cpu_loras = getattr(args, "max_cpu_loras", None)
-    engines = []
-    for i, spec in enumerate(args.engine or ["sim"]):
+    engines = placement_engines(args) if getattr(args, "placement", None) else []
+    for i, spec in enumerate([] if engines else args.engine or ["sim"]):
         kind = spec.partition(":")[0]
         kw: dict[str, Any] = {}
         if args.priority is not None:
@@ -237,12 +248,47 @@ def build_agent(args: argparse.Namespace) -> HermesLet:
                      curve_keys=(args.curve_key, args.curve_server_key) if args.curve_key else None)
 
 
+def placement_engines(args: argparse.Namespace) -> list[Any]:
+    """The engines of ``--placement FILE`` (not started)."""
+    from hermeslet.placement import build_engines, load_placement
+
+    if args.engine:
+        raise ValueError("give --placement or --engine, not both")
+    return build_engines(load_placement(args.placement), args.placement_engine,
+                         time_scale=args.time_scale, max_inflight=args.max_inflight,
+                         python=args.vllm_python)
+
+
+async def reload_placement(agent: HermesLet, args: argparse.Namespace) -> None:
+    """Re-read ``--placement FILE`` and apply it to the running ``agent`` (SIGHUP); a bad
+    file is reported and the node keeps its engines."""
+    try:
+        change = await agent.apply_placement(placement_engines(args))
+    except Exception as e:
+        print(f"hermeslet {agent.node}: placement {args.placement} not applied: "
+              f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return
+    print(f"hermeslet {agent.node}: placement {args.placement} applied: kept "
+          f"{', '.join(change.kept) or '-'}; drained and stopped "
+          f"{', '.join(change.drained) or '-'}; started {', '.join(change.started) or '-'}"
+          + (f"; failed {change.failed}" if change.failed else ""), file=sys.stderr, flush=True)
+
+
 async def _run_agent(args: argparse.Namespace) -> None:
     agent = build_agent(args)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, agent.stop)
+    reloads: set[asyncio.Task[None]] = set()
+    if getattr(args, "placement", None):
+        def on_hup() -> None:
+            t = loop.create_task(reload_placement(agent, args))
+            reloads.add(t)
+            t.add_done_callback(reloads.discard)
+
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signal.SIGHUP, on_hup)
     metrics = None
     if getattr(args, "metrics_port", None) is not None:
         from hermeslet.metrics import MetricsServer, node_registry

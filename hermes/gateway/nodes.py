@@ -274,6 +274,10 @@ class NodeTable:
         if old is not None:
             node.outstanding = old.outstanding
             node.tools_outstanding = old.tools_outstanding
+            for gone in old.engines.keys() - node.engines.keys():  # a placement change
+                self.router.index.forget(f"{msg.node}/{gone}")
+                self.kv_indexes.pop(f"{msg.node}/{gone}", None)
+                self._kv_seq.pop(f"{msg.node}/{gone}", None)
         self.nodes[msg.node] = node
         for e in msg.engines:  # a full summary follows a hello
             self.kv_indexes.pop(f"{msg.node}/{e.name}", None)

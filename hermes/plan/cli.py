@@ -6,6 +6,9 @@
   no-preemption variants) on the same sampled workload. Candidate plans are simulated in
   parallel processes (``--workers``); progress on stderr. ``--emit FILE`` writes the greedy
   plan in the form ``hermeslet run-plan FILE`` carries out (:mod:`hermes.plan.emit`).
+- ``hermes plan placement``: SeaLLM's placement of several LLM services on a node's GPUs;
+  ``--emit FILE`` writes the plan ``hermeslet run --placement FILE`` serves
+  (:mod:`hermes.plan.placement`).
 - ``hermes plan calibrate``: the cluster model against Vidur's measurements
   (:mod:`hermes.plan.calibrate`).
 """
@@ -225,3 +228,6 @@ def add_plan_parser(sub: Any) -> None:
     from hermes.plan.hetero import add_hetero_parser
 
     add_hetero_parser(psub)
+    from hermes.plan.placement import add_placement_parser
+
+    add_placement_parser(psub)

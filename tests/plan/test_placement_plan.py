@@ -1,0 +1,162 @@
+"""``hermes plan placement`` (issue 22 item 5): the emitted plan's groups, engines and vLLM
+arguments; the HermesLet reads it back; bad input exits 2 naming what is wrong."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hermes.cli import main
+from hermes.core.cluster.cost import to_cost_model
+from hermes.core.cluster.devices import get_device
+from hermes.core.cluster.models import get_model
+from hermes.core.multillm.placement import Group, PlacementPlan
+from hermes.plan.placement import (
+    FORMAT,
+    PRESETS,
+    emit_placement,
+    estimate,
+    parse_services,
+    place,
+)
+from hermeslet.placement import build_engines, parse_placement, plan_change
+
+TWO = [{"name": "chat", "model": "llama-2-7b", "rate": 6.0, "input_tokens": 400,
+        "output_tokens": 200},
+       {"name": "code", "model": "llama-2-13b", "rate": 1.0, "served_model": "coder"}]
+
+
+def _arg(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def _plan(tmp_path: Path, services: Any, *extra: str) -> dict[str, Any]:
+    src = tmp_path / "services.json"
+    src.write_text(json.dumps(services))
+    out = tmp_path / "plan.json"
+    assert main(["plan", "placement", "--services", str(src), "--emit", str(out), *extra]) == 0
+    doc: dict[str, Any] = json.loads(out.read_text())
+    return doc
+
+
+def test_two_services_on_two_gpus(tmp_path: Path) -> None:
+    doc = _plan(tmp_path, TWO, "--gpus", "2")
+    assert doc["format"] == FORMAT and doc["gpus"] == 2 and doc["device"] == "A100-80"
+    used: list[int] = []
+    served = {}
+    for i, g in enumerate(doc["groups"]):
+        assert g["tp"] == len(g["gpus"]) and g["tp"] in (1, 2)
+        used += g["gpus"]
+        assert [e["service"] for e in g["engines"]] == g["services"]
+        shares = []
+        for e in g["engines"]:
+            assert e["name"] == f"g{i}-{e['service']}"
+            served[e["service"]] = e["model"]
+            a = e["vllm_args"]
+            assert _arg(a, "--tensor-parallel-size") == str(g["tp"])
+            assert _arg(a, "--served-model-name") == e["model"]
+            assert e["env"] == {"CUDA_VISIBLE_DEVICES": ",".join(map(str, g["gpus"]))}
+            assert e["builtin"] == {"engine": "sim", "model": _arg(a, "--model").split("/")[-1]
+                                    .lower().replace("-hf", ""), "device": "A100-80",
+                                    "tp": g["tp"]}
+            shares.append(float(_arg(a, "--gpu-memory-utilization")))
+        assert 0 < sum(shares) <= 0.9 + 1e-9
+    assert sorted(used) == [0, 1]  # each GPU in exactly one group
+    assert served == {"chat": "chat", "code": "coder"}  # every service placed
+    # the node reads it back: the engines' names, models, GPUs; built-in engines with the
+    # planner's costs for (model, device, tp)
+    launches = parse_placement(doc)
+    assert [e.name for e in launches] == [e["name"] for g in doc["groups"] for e in g["engines"]]
+    engines = build_engines(launches, "sim", time_scale=10.0)
+    for eng, ln in zip(engines, launches, strict=True):
+        assert (eng.name, eng.model) == (ln.name, ln.model)
+        b = ln.builtin
+        assert eng.cost == to_cost_model(get_model(b["model"]), get_device(b["device"]), b["tp"])  # type: ignore[attr-defined]
+
+
+def test_two_models_share_one_gpu() -> None:
+    services = parse_services(TWO)
+    plan, _ = place(services, 1)
+    assert plan == PlacementPlan((Group((0,), ("chat", "code")),))
+    doc = emit_placement(services, plan, "A100-80", 1)
+    (g,) = doc["groups"]
+    shares = {e["service"]: float(_arg(e["vllm_args"], "--gpu-memory-utilization"))
+              for e in g["engines"]}
+    # each its weights (7B: 13.5 GB, 13B: 26 GB of 80) plus an equal part of the rest
+    assert shares["code"] > shares["chat"] > 13.4 / 80 and sum(shares.values()) <= 0.9
+    assert shares["code"] - shares["chat"] == pytest.approx((26.0 - 13.5) / 80, abs=0.01)
+
+
+def test_estimate_prefers_spreading_a_busy_service() -> None:
+    """The analytic evaluation: a service alone on a GPU does better than sharing it with a
+    busy one, and an unplaced service misses all its requests."""
+    busy = parse_services([{"name": "a", "model": "llama-2-7b", "rate": 6.0},
+                           {"name": "b", "model": "llama-2-7b", "rate": 6.0}])
+    apart = estimate(busy, "A100-80", PlacementPlan((Group((0,), ("a",)), Group((1,), ("b",)))))
+    shared = estimate(busy, "A100-80", PlacementPlan((Group((0,), ("a", "b")), Group((1,), ()))))
+    assert apart["a"].l_n < shared["a"].l_n
+    none = estimate(busy, "A100-80", PlacementPlan((Group((0,), ("a",)),)))
+    assert none["b"].unserved == pytest.approx(6.0 * 30) and none["b"].n == 0
+
+
+def test_preset_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "p.json"
+    assert main(["plan", "placement", "--preset", "seallm", "--gpus", "8", "--emit",
+                 str(out)]) == 0
+    doc = json.loads(out.read_text())
+    placed = {s for g in doc["groups"] for s in g["services"]}
+    assert placed == {s["name"] for s in PRESETS["seallm"]}
+    assert "g0-" in capsys.readouterr().out
+
+
+def test_plan_change() -> None:
+    ch = plan_change({"g0-a": "a", "g1-b": "b", "g2-c": "c"},
+                     [("g0-a", "a"), ("g1-b", "x"), ("g3-d", "d")])
+    assert ch.kept == ("g0-a",) and ch.drained == ("g1-b", "g2-c")
+    assert ch.started == ("g1-b", "g3-d")
+    with pytest.raises(ValueError, match="unique"):
+        plan_change({}, [("e", "a"), ("e", "b")])
+
+
+@pytest.mark.parametrize("services, extra, msg", [
+    ([{"name": "a", "model": "gpt-9", "rate": 1}], [], "service 'a': unknown model 'gpt-9'"),
+    (TWO, ["--gpus", "0"], "--gpus must be >= 1, got 0"),
+    ([{"name": "big", "model": "llama-2-70b", "rate": 1}], ["--gpus", "1"],
+     "service 'big' (llama-2-70b) fits no group of 1 A100-80 GPUs"),
+    ([{"name": f"s{i}", "model": "llama-2-7b", "rate": 1} for i in range(3)], ["--gpus", "1"],
+     "places all of ['s0', 's1', 's2'] on 1 GPUs"),
+    ({"name": "a"}, [], "expected a non-empty JSON list of services"),
+    ([{"name": "a", "model": "llama-2-7b", "rate": "fast"}], [],
+     "service 'a': rate / token counts must be numbers"),
+    ([{"name": "a", "model": "llama-2-7b", "rate": 1, "gpus": 2}], [],
+     "service 'a': unknown fields ['gpus']"),
+    ([{"name": "a", "model": "llama-2-7b"}, {"name": "a", "model": "llama-2-13b"}], [],
+     "service names must be unique"),
+    (TWO, ["--device", "B300"], "unknown device 'B300'"),
+])
+def test_bad_input(services: Any, extra: list[str], msg: str, tmp_path: Path,
+                   capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "s.json"
+    src.write_text(json.dumps(services))
+    assert main(["plan", "placement", "--services", str(src), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hermes: error: ") and msg in err, err
+
+
+def test_malformed_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "s.json"
+    src.write_text("[{name: a}")
+    assert main(["plan", "placement", "--services", str(src)]) == 2
+    assert f"--services {src}: not JSON" in capsys.readouterr().err
+    assert main(["plan", "placement", "--services", str(tmp_path / "missing.json")]) == 2
+    assert "missing.json" in capsys.readouterr().err
+
+
+def test_bad_plan_refused_by_the_node() -> None:
+    with pytest.raises(ValueError, match="format 'hermes-batch-plan/1'"):
+        parse_placement({"format": "hermes-batch-plan/1"})
+    with pytest.raises(ValueError, match="GPU ids outside 0..0"):
+        parse_placement({"format": FORMAT, "gpus": 1, "groups": [{"gpus": [1], "engines": []}]})
