@@ -1,12 +1,10 @@
 """``hermes bench seallm``: several LLM services on shared GPUs (SeaLLM, Table 2 / Fig. 6).
 
-A discrete-event simulator of sharing groups (:mod:`hermes.core.multillm`): each group runs
-one iteration at a time, batching only requests of one service and one phase (prefill or
-decode), as the paper does; the ordering is re-evaluated every iteration (per-iteration
-preemption); the group's KV pool is shared by its services (``unified``) or split evenly
-(``split``); a request that does not get KV room waits, and when a decode step has no room
-the lowest-priority running request of the group is evicted (recomputed later).
-Requests go to the replica group with the fewest requests.
+The systems (:mod:`hermes.core.multillm`) run on the discrete-event simulator of sharing groups
+:mod:`hermes.sim.multillm` (one iteration of one service and phase at a time per group,
+per-iteration preemption, unified or split KV; requests go to the replica group with the fewest
+requests), which also scores the candidate plans of the placement search
+(:func:`hermes.sim.multillm.score_plan`, as ``hermes plan placement`` does).
 
 Systems (rows): ``vllm`` (GPUs split evenly, one service per group, FCFS), ``alpaserve``
 (SeaLLM's placement search with FCFS inside, unified KV, placed once), ``muxserve``
@@ -77,28 +75,22 @@ from hermes.core.multillm.forecast import (
     forecast_demand,
     learn_table,
 )
-from hermes.core.multillm.ordering import Ordering, make_ordering
+from hermes.core.multillm.ordering import make_ordering
 from hermes.core.multillm.placement import PlacementPlan, ServiceScore, even_split, seallm_place
 from hermes.core.multillm.replacement import AdaptiveInterval
-from hermes.core.multillm.service import (
-    Service,
-    ServiceStats,
-    cost_model,
-    exec_times,
-    group_fits,
-    group_kv_bytes,
-    kv_bytes_per_token,
+from hermes.core.multillm.service import Service, ServiceStats, exec_times, group_fits
+from hermes.sim.multillm import (
+    DEVICE,
+    SLO_FACTOR,
+    STARVATION_FACTOR,
+    Sim,
+    SimRequest,
+    score_plan,
 )
 
 TRACE = Path("/work/shared/traces/mooncake_conversation_trace.jsonl")
-DEVICE = "A100-80"
 MODELS = ("llama-2-7b", "llama-2-13b")
 SWITCH_S = 2.0
-#: starvation threshold, in multiples of the service's mean execution time (ours)
-STARVATION_FACTOR: float | None = 10.0
-SLO_FACTOR = 5.0
-MAX_BATCHED_TOKENS = 8192
-MAX_NUM_SEQS = 256
 #: the paper's simulated L_N (Table 2)
 PAPER_L_N = {"vllm": 13.05, "alpaserve": 11.18, "muxserve": 19.39, "seallm": 1.60}
 
@@ -264,227 +256,9 @@ def _draw(rng: np.random.Generator, probs: dict[str, float]) -> str:
 
 
 # ----------------------------------------------------------------------------- simulator
-class _Req:
-    __slots__ = ("i", "svc", "arr", "inp", "out", "gen", "exe", "kv", "first", "done")
-
-    def __init__(self, i: int, svc: int, arr: float, inp: int, out: int) -> None:
-        self.i, self.svc, self.arr, self.inp, self.out = i, svc, arr, inp, out
-        self.gen = 0
-        self.exe = 0.0
-        self.kv = 0  # tokens held in KV
-        self.first = -1.0
-        self.done = -1.0
-
-
-class _Group:
-    def __init__(self, services: tuple[int, ...], names: list[str], models: list[str], tp: int,
-                 kv_mode: str) -> None:
-        self.svcs = services
-        self.names = names
-        self.tp = tp
-        self.cms = {s: cost_model(models[s], DEVICE, tp) for s in services}
-        self.kvb = {s: kv_bytes_per_token(models[s]) for s in services}
-        pool = group_kv_bytes(tuple(models[s] for s in services), DEVICE, tp)
-        self.unified = kv_mode == "unified"
-        self.cap = {s: pool // max(1, len(services)) for s in services}
-        self.pool = pool
-        self.used = {s: 0 for s in services}
-        self.waiting: list[_Req] = []
-        self.running: list[_Req] = []
-        self.t = 0.0
-        self.turns: dict[str, int] = {}
-
-    def n(self) -> int:
-        return len(self.waiting) + len(self.running)
-
-    def room(self, s: int, tokens: int) -> bool:
-        need = tokens * self.kvb[s]
-        if self.unified:
-            return sum(self.used.values()) + need <= self.pool
-        return self.used[s] + need <= self.cap[s]
-
-    def take(self, r: _Req, tokens: int) -> None:
-        r.kv += tokens
-        self.used[r.svc] += tokens * self.kvb[r.svc]
-
-    def free(self, r: _Req) -> None:
-        self.used[r.svc] -= r.kv * self.kvb[r.svc]
-        r.kv = 0
-
-
-class Sim:
-    """One plan's groups over a stretch of time (requests may carry over between plans)."""
-
-    def __init__(self, wl: Workload, plan: PlacementPlan, ordering: Ordering, kv_mode: str,
-                 t0: float = 0.0) -> None:
-        self.wl = wl
-        self.ordering = ordering
-        names = [s.name for s in wl.services]
-        models = [s.model for s in wl.services]
-        idx = {n: k for k, n in enumerate(names)}
-        self.names = names
-        self.svc_index = idx
-        self.groups = [_Group(tuple(idx[s] for s in g.services), names, models, g.tp, kv_mode)
-                       for g in plan.groups]
-        for g in self.groups:
-            g.t = t0
-        self.replicas = {k: [gi for gi, g in enumerate(self.groups) if k in g.svcs]
-                         for k in range(len(names))}
-        self.finished: list[_Req] = []
-        self.dropped: list[_Req] = []  # requests of services with no group
-
-    def dispatch(self, r: _Req, now: float) -> None:
-        reps = self.replicas[r.svc]
-        if not reps:
-            self.dropped.append(r)
-            return
-        g = self.groups[min(reps, key=lambda k: (self.groups[k].n(), k))]
-        if g.n() == 0:
-            g.t = max(g.t, now)
-        g.waiting.append(r)
-
-    def _key(self, r: _Req, now: float) -> tuple[float, float]:
-        return self.ordering.key(self.wl.services[r.svc].name, r.arr, r.exe, now)
-
-    def step(self, g: _Group) -> None:
-        now = g.t
-        everyone = g.waiting + g.running
-        kc = {r: self._key(r, now) for r in everyone}  # keys once per iteration
-        if self.ordering.rotate:
-            have = sorted({r.svc for r in everyone})
-            s = have[0] if len(have) == 1 else self.svc_index[
-                self.ordering.next_turn([self.names[k] for k in have], g.turns)]
-            g.turns[self.names[s]] = g.turns.get(self.names[s], 0) + 1
-            best = min((r for r in everyone if r.svc == s), key=lambda r: r.arr)
-        else:
-            best = min(everyone, key=lambda r: kc[r])
-        s = best.svc
-        cm = g.cms[s]
-        dur = 0.0
-        if best in g.waiting:  # prefill batch of service s
-            cands = sorted((r for r in g.waiting if r.svc == s), key=lambda r: kc[r])
-            batch: list[_Req] = []
-            tokens = 0
-            for r in cands:
-                need = r.inp + r.gen
-                if batch and tokens + need > MAX_BATCHED_TOKENS:
-                    break
-                if not g.room(s, need + 1):
-                    # per-iteration preemption: evict lower-priority running requests
-                    kr = kc[r]
-                    victims = sorted((v for v in g.running if kc[v] > kr),
-                                     key=lambda v: kc[v], reverse=True)
-                    for v in victims:
-                        if g.room(s, need + 1):
-                            break
-                        g.free(v)
-                        g.running.remove(v)
-                        g.waiting.append(v)
-                    if not g.room(s, need + 1):
-                        break
-                batch.append(r)
-                tokens += need
-                g.take(r, need)
-            if batch:
-                pairs = float(sum(0.5 * (r.inp + r.gen) ** 2 for r in batch))
-                dur = cm.iteration_s(tokens, 0, 0, prefill_seqs=len(batch), prefill_pairs=pairs)
-                end = now + dur
-                for r in batch:
-                    g.waiting.remove(r)
-                    r.exe += dur
-                    r.gen += 1
-                    if r.first < 0:
-                        r.first = end
-                    if r.gen >= r.out:
-                        r.done = end
-                        g.free(r)
-                        self.finished.append(r)
-                    else:
-                        g.running.append(r)
-                g.t = end
-                return
-            if not any(r.svc == s for r in g.running):
-                # nothing of s can run; run the best decode batch instead, else wait
-                if not g.running:
-                    g.t = now + 0.01
-                    return
-                s = min(g.running, key=lambda r: kc[r]).svc
-                cm = g.cms[s]
-        batch = sorted((r for r in g.running if r.svc == s), key=lambda r: kc[r])
-        batch = batch[:MAX_NUM_SEQS]
-        while batch and not g.room(s, len(batch)):
-            v = max(g.running, key=lambda r: kc[r])
-            g.free(v)
-            g.running.remove(v)
-            g.waiting.append(v)
-            if v in batch:
-                batch.remove(v)
-        if not batch:
-            g.t = now + 0.01
-            return
-        ctx = sum(r.kv for r in batch)
-        dur = cm.iteration_s(0, len(batch), ctx)
-        end = now + dur
-        for r in batch:
-            g.take(r, 1)
-            r.exe += dur
-            r.gen += 1
-            if r.gen >= r.out:
-                r.done = end
-                g.free(r)
-                g.running.remove(r)
-                self.finished.append(r)
-        g.t = end
-
-    def run(self, arrivals: list[_Req], t_end: float) -> None:
-        """Dispatch ``arrivals`` (by arrival time) and run groups until ``t_end``."""
-        ai = 0
-        heap: list[tuple[float, int]] = []
-        while True:
-            heap = [(g.t, k) for k, g in enumerate(self.groups) if g.n()]
-            tg = min(heap)[0] if heap else np.inf
-            ta = arrivals[ai].arr if ai < len(arrivals) else np.inf
-            if min(ta, tg) >= t_end:
-                return
-            if ta <= tg:
-                self.dispatch(arrivals[ai], ta)
-                ai += 1
-            else:
-                self.step(self.groups[min(heap)[1]])
-
-    def unfinished(self) -> list[_Req]:
-        out = []
-        for g in self.groups:
-            for r in g.waiting + g.running:
-                g.free(r)
-                out.append(r)
-        return out
-
-
-def _reqs(wl: Workload, idx: np.ndarray, shift: float = 0.0) -> list[_Req]:
-    return [_Req(int(i), int(wl.svc[i]), float(wl.arrival[i]) - shift, int(wl.inp[i]), int(wl.out[i]))
+def _reqs(wl: Workload, idx: np.ndarray, shift: float = 0.0) -> list[SimRequest]:
+    return [SimRequest(int(i), int(wl.svc[i]), float(wl.arrival[i]) - shift, int(wl.inp[i]), int(wl.out[i]))
             for i in idx]
-
-
-def scores(wl: Workload, done: list[_Req], dropped: list[_Req], left: list[_Req],
-           t_end: float) -> dict[str, ServiceScore]:
-    """Per service: requests over SLO (dropped and unfinished count), sum of L_r / L̂_s."""
-    acc = {s.name: [0.0, 0.0, 0] for s in wl.services}
-    for r in done:
-        a = acc[wl.services[r.svc].name]
-        lat = r.done - r.arr
-        a[0] += lat > SLO_FACTOR * wl.ref[r.i]
-        a[1] += lat / wl.mean_ref[r.svc]
-        a[2] += 1
-    for r in left:
-        a = acc[wl.services[r.svc].name]
-        lat = max(t_end - r.arr, 0.0)
-        a[0] += lat > SLO_FACTOR * wl.ref[r.i]
-        a[1] += lat / wl.mean_ref[r.svc]
-        a[2] += 1
-    for r in dropped:
-        acc[wl.services[r.svc].name][0] += 1
-    return {k: ServiceScore(v[0], v[1], int(v[2])) for k, v in acc.items()}
 
 
 # ----------------------------------------------------------------------------- forecast
@@ -566,7 +340,7 @@ def _demand_errors(wl: Workload, t: float, window_s: float, horizon_s: float,
 
 
 def _forecast_reqs(wl: Workload, order: np.ndarray, t0: float, t1: float,
-                   calls: dict[str, float], rng: np.random.Generator) -> list[_Req]:
+                   calls: dict[str, float], rng: np.random.Generator) -> list[SimRequest]:
     """A request set for ``[t0, t1)`` (shifted to 0) with ``calls[service]`` requests per
     service (randomised rounding): the window's own requests of the service, a random subset
     when fewer are forecast, topped up with copies of the service's earlier requests (arrival
@@ -576,7 +350,7 @@ def _forecast_reqs(wl: Workload, order: np.ndarray, t0: float, t1: float,
     past = order[a < t1]
     times = wl.arrival[hist] - t0
     span = t1 - t0
-    out: list[_Req] = []
+    out: list[SimRequest] = []
     for k, sv in enumerate(wl.services):
         want = max(calls.get(sv.name, 0.0), 0.0)
         n = int(np.floor(want)) + int(rng.random() < want - np.floor(want))
@@ -591,7 +365,7 @@ def _forecast_reqs(wl: Workload, order: np.ndarray, t0: float, t1: float,
         extra = rng.choice(pool, size=n - len(mine))
         at = (np.clip(rng.choice(times, size=len(extra)) + rng.uniform(-0.5, 0.5, len(extra)), 0.0,
                       span - 1e-6) if len(times) else rng.uniform(0.0, span, len(extra)))
-        out += [_Req(int(i), k, float(x), int(wl.inp[i]), int(wl.out[i]))
+        out += [SimRequest(int(i), k, float(x), int(wl.inp[i]), int(wl.out[i]))
                 for i, x in zip(extra, at, strict=True)]
     out.sort(key=lambda r: r.arr)
     return out
@@ -654,9 +428,7 @@ def run_system(name: str, wl: Workload, *, n_gpus: int, duration_s: float, i0_s:
             reqs = _forecast_reqs(wl, order, t0, t1, demand.calls, np.random.default_rng(int(t1 * 1000)))
 
         def evaluate(plan: PlacementPlan) -> dict[str, ServiceScore]:
-            sim = Sim(wl, plan, ordering, spec.kv_mode, 0.0)
-            sim.run([_Req(r.i, r.svc, r.arr, r.inp, r.out) for r in reqs], span + 10.0)
-            return scores(wl, sim.finished, sim.dropped, sim.unfinished(), span + 10.0)
+            return score_plan(wl, plan, ordering, spec.kv_mode, reqs, span)
 
         plan, _ = seallm_place(names, rates, n_gpus, fits, evaluate, tps=(1, 2, 4))
         est = evaluate(plan)
@@ -678,8 +450,8 @@ def run_system(name: str, wl: Workload, *, n_gpus: int, duration_s: float, i0_s:
     interval = i0_s
     sim = Sim(wl, plan, ordering, spec.kv_mode, 0.0)
     pending = _reqs(wl, order)
-    done: list[_Req] = []
-    dropped: list[_Req] = []
+    done: list[SimRequest] = []
+    dropped: list[SimRequest] = []
     t = 0.0
     n_repl = 0
     errs: list[tuple[float, float]] = []  # (rate estimate, forecast) relative error per interval

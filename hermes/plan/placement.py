@@ -8,12 +8,16 @@ announce; default the service's name); or ``--preset``, :data:`PRESETS`: ``seall
 services of ``hermes bench seallm`` with its default load), ``--gpus N`` and ``--device``
 (default ``A100-80``, as the benchmark). The search is :func:`hermes.core.multillm.placement.
 seallm_place` (group partition per TP size, greedy allocation by unsatisfaction index, the best
-TP by evaluation); the evaluation here is an analytic estimate (:func:`estimate`), not the
-benchmark's simulator (``hermes.plan`` does not import ``hermes.bench``): per group, a
-continuous-batching fixed point over the planner's iteration cost model
-(:func:`hermes.core.multillm.service.cost_model`) gives each service's batch and mean latency
-(:func:`_group_latency`); requests over the SLO (5x the reference time) are counted with an
-exponential tail, ``exp(-5 ref / latency)``; a group that cannot keep up misses every request.
+TP by evaluation); a plan is evaluated as ``hermes bench seallm`` evaluates one, with the same
+simulator (:func:`hermes.sim.multillm.score_plan`: SeaLLM's DB ordering, unified KV; requests
+over the SLO, 5x their reference time, and normalised latencies) on a synthetic stream
+(:func:`request_stream`): :data:`WINDOW_S` of Poisson arrivals at each service's rate, then 10 s
+to drain; each service's lengths are a profile of :data:`PROFILE_N` draws, input and output
+each lognormal with the service's mean and sigma :data:`LENGTH_SIGMA` (rounded, at least one
+token), which gives its mean reference time L̂_s and DB budget (as the benchmark's profiled
+lengths do), and each request picks its lengths from it; one fixed seed (:data:`SEED`), so
+every plan of a search, and every run, sees the same requests. An unplaced service misses all
+its requests.
 
 Command: ``hermes plan placement [--services FILE | --preset seallm] [--gpus N] [--device D]
 [--tps 1,2,4] [--max-per-group 2] [--emit FILE]``; bad input ends it with ``hermes: error: ...``
@@ -49,26 +53,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hermes.core.cluster.devices import get_device
 from hermes.core.cluster.models import get_model
+from hermes.core.multillm.budget import DoublingBudget
+from hermes.core.multillm.ordering import Ordering, make_ordering
 from hermes.core.multillm.placement import PlacementPlan, ServiceScore, seallm_place
 from hermes.core.multillm.service import (
     GPU_MEMORY_UTILIZATION,
-    cost_model,
+    Service,
+    ServiceStats,
+    exec_times,
     group_fits,
-    group_kv_bytes,
-    kv_bytes_per_token,
     weight_bytes,
 )
 from hermes.plan.emit import HF_MODELS, vllm_args
+from hermes.sim.multillm import STARVATION_FACTOR, ServiceSet, SimRequest, score_plan
 
 FORMAT = "hermes-placement-plan/1"
 DEVICE = "A100-80"  # as `hermes bench seallm`
 DEFAULT_INPUT_TOKENS = 512
 DEFAULT_OUTPUT_TOKENS = 128
-SLO_FACTOR = 5.0  # as the benchmark: a request over 5x its reference time misses its SLO
-WINDOW_S = 30.0  # the requests scored per plan: rate x this (the benchmark's history_s)
-MAX_NUM_SEQS = 256
+WINDOW_S = 60.0  # seconds of synthetic requests a plan is scored on (then 10 s to drain)
+SEED = 0  # of the synthetic requests: the same stream for every plan, and every run
+LENGTH_SIGMA = 0.5  # of the lognormal request lengths around a service's means
+PROFILE_N = 512  # length samples per service (its profile: L̂_s, the DB budgets; requests pick)
 
 #: ``hermes bench seallm``'s services: the Mooncake length clusters (means of the clustered
 #: trace lengths) x Llama-2-7B/13B, at its default 4 req/s split by the clusters' shares
@@ -141,84 +151,78 @@ def parse_services(doc: Any, where: str = "services") -> list[ServiceSpec]:
 
 
 # ----------------------------------------------------------------------------- evaluation
-def _group_latency(members: Sequence[ServiceSpec], shares: Mapping[str, float], device: str,
-                   tp: int) -> tuple[bool, dict[str, float]]:
-    """Whether a group keeps up, and each member's mean latency (module doc). The group runs
-    one iteration at a time, a prefill or one service's decode batch (as the benchmark's
-    simulator): a request decodes one token per round of its group's decode steps, rounds
-    slowed by the share of time spent in prefills; each service's batch is its concurrency by
-    Little's law (a fixed point from one request up), capped by ``max_num_seqs`` and its part
-    of the KV pool. It does not keep up when prefills take all the time or a batch would
-    exceed its cap."""
-    models = tuple(s.model for s in members)
-    kv = max(group_kv_bytes(models, device, tp), 0) / max(len(members), 1)
-    cms = {s.name: cost_model(s.model, device, tp) for s in members}
-    pre = {s.name: cms[s.name].iteration_s(s.input_tokens, 0, 0) for s in members}
-    cap = {s.name: max(1.0, min(MAX_NUM_SEQS, kv / (kv_bytes_per_token(s.model)
-                                                     * (s.input_tokens + s.output_tokens))))
-           for s in members}
-    busy_pre = sum(shares[s.name] * pre[s.name] for s in members)
-    if busy_pre >= 1.0:
-        return False, {}
-    batch = dict.fromkeys(cap, 1.0)
-    lat: dict[str, float] = {}
-    for _ in range(200):
-        rnd = sum(cms[s.name].iteration_s(0, max(1, round(batch[s.name])),
-                                          int(batch[s.name] * (s.input_tokens
-                                                               + s.output_tokens / 2)))
-                  for s in members if shares[s.name] > 0)
-        lat = {s.name: pre[s.name] + s.output_tokens * rnd / (1.0 - busy_pre) for s in members}
-        want = {s.name: max(1.0, shares[s.name] * lat[s.name]) for s in members}
-        if any(want[k] > cap[k] * (1 + 1e-6) and batch[k] >= cap[k] for k in want):
-            return False, lat  # more requests at once than the batch can hold: a queue grows
-        new = {k: min(cap[k], w) for k, w in want.items()}
-        if all(abs(new[k] - batch[k]) <= 1e-3 * batch[k] for k in new):
-            return True, lat
-        batch = new
-    return False, lat  # no fixed point: the batches keep growing
+def _lengths(rng: np.random.Generator, mean: int, n: int) -> np.ndarray:
+    """``n`` lengths drawn lognormal with mean ``mean`` and :data:`LENGTH_SIGMA`, rounded, >= 1."""
+    mu = math.log(mean) - LENGTH_SIGMA ** 2 / 2
+    return np.maximum(1, np.rint(rng.lognormal(mu, LENGTH_SIGMA, n))).astype(int)
 
 
-def reference_s(s: ServiceSpec, device: str) -> float:
-    """The service's reference time: one request alone on one GPU (prefill, then decode)."""
-    cm = cost_model(s.model, device, 1)
-    return float(cm.unit_service_s([[s.input_tokens]], [[s.output_tokens]])[0])  # type: ignore[arg-type]
+@dataclass(frozen=True)
+class RequestStream:
+    """The synthetic requests a plan is scored on (module doc): the services with their length
+    profiles, reference times and L̂_s (:class:`~hermes.sim.multillm.ServiceSet`), the requests
+    (arrivals in ``[0, window_s)``) and SeaLLM's DB ordering over the services' budgets."""
+
+    services: ServiceSet
+    requests: list[SimRequest]
+    ordering: Ordering
+    window_s: float
+
+    def count(self, service: str) -> int:
+        """The requests of ``service``."""
+        k = [s.name for s in self.services.services].index(service)
+        return sum(r.svc == k for r in self.requests)
+
+
+def request_stream(services: Sequence[ServiceSpec], device: str, window_s: float = WINDOW_S,
+                   seed: int = SEED) -> RequestStream:
+    """``window_s`` of synthetic requests to ``services`` (module doc), fixed by ``seed``."""
+    rng = np.random.default_rng(seed)
+    profiles = [Service(s.name, s.model, _lengths(rng, s.input_tokens, PROFILE_N),
+                        _lengths(rng, s.output_tokens, PROFILE_N)) for s in services]
+    stats = [ServiceStats.of(p, device, 1) for p in profiles]
+    rows: list[tuple[float, int, int, int]] = []  # arrival, service, input, output tokens
+    for k, (s, p) in enumerate(zip(services, profiles, strict=True)):
+        n = int(rng.poisson(s.rate * window_s))
+        pick = rng.integers(0, PROFILE_N, n)
+        rows += [(float(t), k, int(p.input_lengths[j]), int(p.output_lengths[j]))
+                 for t, j in zip(rng.uniform(0.0, window_s, n), pick, strict=True)]
+    rows.sort()
+    svc = np.array([r[1] for r in rows], dtype=int)
+    inp = np.array([r[2] for r in rows], dtype=int)
+    out = np.array([r[3] for r in rows], dtype=int)
+    ref = np.empty(len(rows))
+    for k, p in enumerate(profiles):
+        m = svc == k
+        if m.any():
+            ref[m] = exec_times(p.model, device, 1, inp[m], out[m])
+    budgets = {p.name: DoublingBudget(st.mean_s + st.std_s, st.mean_s)
+               for p, st in zip(profiles, stats, strict=True)}
+    return RequestStream(
+        ServiceSet(profiles, ref, np.array([st.mean_s for st in stats])),
+        [SimRequest(i, k, t, a, b) for i, (t, k, a, b) in enumerate(rows)],
+        make_ordering("db", budgets, starvation_factor=STARVATION_FACTOR), window_s)
+
+
+def simulate(stream: RequestStream, plan: PlacementPlan, device: str) -> dict[str, ServiceScore]:
+    """The plan's :class:`ServiceScore` per service: ``stream`` simulated on its groups (SeaLLM:
+    DB ordering, unified KV), as ``hermes bench seallm`` scores a candidate plan."""
+    return score_plan(stream.services, plan, stream.ordering, "unified", stream.requests,
+                      stream.window_s, device=device)
 
 
 def estimate(services: Sequence[ServiceSpec], device: str, plan: PlacementPlan,
              window_s: float = WINDOW_S) -> dict[str, ServiceScore]:
-    """The plan's :class:`ServiceScore` per service over ``window_s`` of requests (module
-    doc): a service's rate is split evenly over its replicas; an unplaced service misses all."""
-    by = {s.name: s for s in services}
-    n = {s.name: s.rate * window_s for s in services}
-    ref = {s.name: reference_s(s, device) for s in services}
-    acc = {s.name: [0.0, 0.0, 0.0] for s in services}
-    for g in plan.groups:
-        members = [by[m] for m in g.services]
-        if not members:
-            continue
-        shares = {m.name: m.rate / len(plan.replicas(m.name)) for m in members}
-        ok, lat = _group_latency(members, shares, device, g.tp)
-        for m in members:
-            k = n[m.name] * shares[m.name] / m.rate if m.rate > 0 else 0.0
-            a = acc[m.name]
-            if not ok:  # overloaded: every request misses, waits the whole window
-                a[0] += k
-                a[1] += k * window_s / ref[m.name]
-            else:
-                a[0] += k * math.exp(-SLO_FACTOR * ref[m.name] / lat[m.name])
-                a[1] += k * lat[m.name] / ref[m.name]
-            a[2] += k
-    for s in services:
-        if not plan.replicas(s.name):
-            acc[s.name] = [n[s.name], 0.0, 0.0]
-    return {k: ServiceScore(v[0], v[1], round(v[2])) for k, v in acc.items()}
+    """The plan's :class:`ServiceScore` per service on :func:`request_stream`'s ``window_s`` of
+    requests (:func:`simulate`); an unplaced service misses all its requests."""
+    return simulate(request_stream(services, device, window_s), plan, device)
 
 
 def place(services: Sequence[ServiceSpec], n_gpus: int, device: str = DEVICE, *,
           tps: Sequence[int] = (1, 2, 4), node_gpus: int = 8,
           max_per_group: int = 2) -> tuple[PlacementPlan, float]:
-    """SeaLLM's placement of ``services`` on ``n_gpus`` GPUs of ``device`` with the analytic
-    evaluation; ``ValueError`` names what cannot be placed."""
+    """SeaLLM's placement of ``services`` on ``n_gpus`` GPUs of ``device``, plans scored by the
+    simulator (:func:`simulate`); ``ValueError`` names what cannot be placed."""
     get_device(device)  # a clear error for an unknown device
     if n_gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {n_gpus}")
@@ -236,9 +240,10 @@ def place(services: Sequence[ServiceSpec], n_gpus: int, device: str = DEVICE, *,
     def fits(members: tuple[str, ...], tp: int) -> bool:
         return group_fits(tuple(models[m] for m in members), device, tp)
 
+    stream = request_stream(services, device)
     try:
         return seallm_place([s.name for s in services], {s.name: s.rate for s in services},
-                            n_gpus, fits, lambda p: estimate(services, device, p),
+                            n_gpus, fits, lambda p: simulate(stream, p, device),
                             tps=usable, node_gpus=node_gpus, max_per_group=max_per_group)
     except ValueError as e:
         raise ValueError(f"{e} (at most {max_per_group} services per group; give more GPUs "

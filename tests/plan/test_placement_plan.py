@@ -17,10 +17,12 @@ from hermes.core.multillm.placement import Group, PlacementPlan
 from hermes.plan.placement import (
     FORMAT,
     PRESETS,
+    WINDOW_S,
     emit_placement,
     estimate,
     parse_services,
     place,
+    request_stream,
 )
 from hermeslet.placement import build_engines, parse_placement, plan_change
 
@@ -91,15 +93,19 @@ def test_two_models_share_one_gpu() -> None:
 
 
 def test_estimate_prefers_spreading_a_busy_service() -> None:
-    """The analytic evaluation: a service alone on a GPU does better than sharing it with a
-    busy one, and an unplaced service misses all its requests."""
+    """The simulator's evaluation: a service alone on a GPU does better than sharing it with a
+    busy one, and an unplaced service misses all its requests (its whole synthetic stream: a
+    Poisson count around rate x window)."""
     busy = parse_services([{"name": "a", "model": "llama-2-7b", "rate": 6.0},
                            {"name": "b", "model": "llama-2-7b", "rate": 6.0}])
     apart = estimate(busy, "A100-80", PlacementPlan((Group((0,), ("a",)), Group((1,), ("b",)))))
     shared = estimate(busy, "A100-80", PlacementPlan((Group((0,), ("a", "b")), Group((1,), ()))))
     assert apart["a"].l_n < shared["a"].l_n
     none = estimate(busy, "A100-80", PlacementPlan((Group((0,), ("a",)),)))
-    assert none["b"].unserved == pytest.approx(6.0 * 30) and none["b"].n == 0
+    n_b = request_stream(busy, "A100-80").count("b")
+    assert abs(n_b - 6.0 * WINDOW_S) < 4 * (6.0 * WINDOW_S) ** 0.5
+    assert none["b"].unserved == n_b and none["b"].n == 0
+    assert none["a"].n == apart["a"].n == request_stream(busy, "A100-80").count("a")
 
 
 def test_preset_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -106,8 +106,9 @@ def test_placement_picks_tp_by_evaluation_and_rejects_bad_tp() -> None:
 def test_fig2_toy_case_db_beats_fcfs_and_rr() -> None:
     """Fig. 2: a long S1 request C blocks the short, bursty S0 requests D and E under FCFS;
     RR helps; the DB order serves D and E first and gives the lowest L_N."""
-    from hermes.bench.seallm import Sim, Workload, _Req, scores
+    from hermes.bench.seallm import Workload
     from hermes.core.multillm.service import Service
+    from hermes.sim.multillm import Sim, SimRequest, scores
 
     s0 = Service("s0", "llama-2-7b", np.array([64]), np.array([16]))
     s1 = Service("s1", "llama-2-7b", np.array([64]), np.array([400]))
@@ -123,7 +124,7 @@ def test_fig2_toy_case_db_beats_fcfs_and_rr() -> None:
     for name in ("fcfs", "rr", "db"):
         budgets = {"s0": DoublingBudget(0.35, 0.3), "s1": DoublingBudget(8.0, 7.0)}
         sim = Sim(wl, plan, make_ordering(name, budgets), "unified")
-        sim.run([_Req(i, int(svc[i]), float(arrival[i]), 64, int(out[i])) for i in range(5)], 1e3)
+        sim.run([SimRequest(i, int(svc[i]), float(arrival[i]), 64, int(out[i])) for i in range(5)], 1e3)
         sc = scores(wl, sim.finished, sim.dropped, sim.unfinished(), 1e3)
         assert sum(v.n for v in sc.values()) == 5
         l_n[name] = sum(v.sum_norm for v in sc.values()) / 5
