@@ -17,7 +17,10 @@ engine's KV pressure, what recomputing or reloading the KV costs) and a
   when the tool is short (its p90 within a few reloads' time) or the engine has room (KV
   pressure under ``low_pressure``); otherwise offload it to the host-memory tier and reload
   it asynchronously when the tool returns, so that the GPU room serves other runs while the
-  tool runs; without a host tier, pin it only under ``high_pressure``.
+  tool runs, but only when the host tier has room for it beside the KV of other runs that
+  are in a tool call and will reload theirs (``cpu_room_tokens``: offloading over them evicts
+  a history that is coming back); without a host tier, or without that room, pin it only
+  under ``high_pressure``, else leave it to LRU.
 
 The engine model carries the decision out (:meth:`hermes.core.warm_models.PrefixCacheModel.
 pin_until`, ``offload``, ``drop``, ``prefetch``).
@@ -50,6 +53,10 @@ class Handover:
     load_s: float = 0.0
     #: whether the engine has a host-memory tier to offload to
     has_cpu_tier: bool = False
+    #: host-tier tokens not held by other runs' offloaded KV that is waiting for their tool
+    #: calls to return (None: unknown). Offloading more than this evicts a run that will
+    #: come back for its KV: a loss, where evicting an idle prefix is not
+    cpu_room_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.prefix_tokens < 0:
@@ -140,7 +147,8 @@ class HermesRetention(RetentionPolicy):
         short = q <= self.short_reloads * h.load_s if h.has_cpu_tier else False
         if q <= self.max_ttl_s and (short or h.kv_pressure < self.low_pressure):
             return Retention("keep", ttl_s=ttl)
-        if h.has_cpu_tier:
+        if h.has_cpu_tier and (h.cpu_room_tokens is None
+                               or h.prefix_tokens <= h.cpu_room_tokens):
             return Retention("offload", reload=True)
         if q <= self.max_ttl_s and h.kv_pressure < self.high_pressure:
             return Retention("keep", ttl_s=ttl)

@@ -83,7 +83,17 @@ class SimRetention:
             durs = tuple(graph.units[step.unit].consumption.duration_s)
         return Handover(tokens, min(1.0, p), durs, cache.pressure,
                         load_s=tokens * cache.swap_s_per_token,
-                        has_cpu_tier=cache.cpu_capacity > 0)
+                        has_cpu_tier=cache.cpu_capacity > 0,
+                        cpu_room_tokens=self.cpu_room(ei))
+
+    def cpu_room(self, ei: int) -> int:
+        """Host-tier tokens of engine ``ei`` not held by the offloaded KV of runs still in
+        their tool call (those will reload it)."""
+        cache = self.caches[ei]
+        held = sum(cache.cpu.get(key, 0) for rid in self._reload
+                   if (w := self._where.get(rid)) is not None and w[0] == ei
+                   for key in (w[1],))
+        return max(0, cache.cpu_capacity - held)
 
     def on_tool_start(self, st: RunState, step: Step, now: float) -> None:
         h = self.handover(st, step)

@@ -62,6 +62,39 @@ def test_hermes_offloads_long_tools_under_pressure_and_reloads() -> None:
                          has_cpu_tier=False, load_s=0.0)) == Retention()
 
 
+def test_hermes_offloads_only_into_room_not_held_by_returning_runs() -> None:
+    """The host tier holds other runs' KV that their tool calls will reload: offloading over
+    it would evict a history that is coming back. Without that room hermes keeps (below high
+    pressure) or leaves the KV to LRU."""
+    pol = make_retention("hermes")
+    long = dict(tool_durations_s=[20.0, 40.0], kv_pressure=0.8)
+    assert pol.decide(_h(cpu_room_tokens=2000, **long)) == Retention("offload", reload=True)
+    assert pol.decide(_h(cpu_room_tokens=1999, **long)).action == "keep"
+    assert pol.decide(_h(cpu_room_tokens=0, tool_durations_s=[20.0, 40.0],
+                         kv_pressure=0.95)) == Retention()
+
+
+def test_sim_retention_counts_the_room_left_by_runs_awaiting_reload() -> None:
+    from types import SimpleNamespace
+
+    from hermes.sim.retention import SimRetention
+
+    cache = RetainingPrefixCache(10_000, cpu_capacity_tokens=5_000)
+    keeper = SimRetention(make_retention("hermes"), [cache])
+    for rid, key, tokens in (("r1", "k1", 3_000), ("r2", "k2", 1_500)):
+        cache.on_prefilled(key, tokens, 0.0)
+        keeper.on_route(rid, key, 0)
+        assert cache.offload(key)
+    assert keeper.cpu_room(0) == 5_000  # offloaded, but neither waits for a reload
+    keeper._reload.add("r1")  # r1's tool call is running: its 3,000 tokens come back
+    assert keeper.cpu_room(0) == 2_000
+    keeper.on_tool_done("r1", 1.0)  # reloaded: the room is free again
+    assert keeper.cpu_room(0) == 5_000
+    st = SimpleNamespace(run_id="r2", app="none")
+    h = keeper.handover(st, SimpleNamespace(unit="tool"))  # type: ignore[arg-type]
+    assert h is not None and h.cpu_room_tokens == 5_000 and h.prefix_tokens == 1_500
+
+
 def test_handover_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match="next_llm_p"):
         _h(next_llm_p=1.5)
