@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hermeslet.engines.base import EngineAdapter
+from hermeslet.engines.planned import builtin_cost, need, split_vllm_args
 
 FORMAT = "hermes-placement-plan/1"
 ENGINE_KINDS = ("sim", "vllm")
@@ -76,9 +77,7 @@ def plan_change(current: Mapping[str, str], new: Sequence[tuple[str, str]]) -> P
 
 
 def _need(d: Any, key: str, where: str) -> Any:
-    if not isinstance(d, dict) or key not in d:
-        raise ValueError(f"placement plan: {where} lacks {key!r}")
-    return d[key]
+    return need(d, key, where, plan="placement plan")
 
 
 def parse_placement(doc: Any) -> list[EngineLaunch]:
@@ -119,15 +118,10 @@ def load_placement(path: str | Path) -> list[EngineLaunch]:
 def sim_engine(e: EngineLaunch, *, time_scale: float = 1.0,
                max_inflight: int = 8) -> EngineAdapter:
     """The built-in engine of ``e`` with the planner's iteration costs (``builtin``)."""
-    from hermes.core.cluster.cost import to_cost_model
-    from hermes.core.cluster.devices import get_device
-    from hermes.core.cluster.models import get_model
     from hermeslet.engines.sim_engine import SimEngine
 
-    b = e.builtin
-    cost = to_cost_model(get_model(str(_need(b, "model", f"engine {e.name!r}'s builtin"))),
-                         get_device(str(_need(b, "device", f"engine {e.name!r}'s builtin"))),
-                         int(b.get("tp", max(1, len(e.gpus)))))
+    cost = builtin_cost(e.builtin, where=f"engine {e.name!r}'s builtin", plan="placement plan",
+                        default_tp=max(1, len(e.gpus)))
     return SimEngine(name=e.name, model=e.model, cost=cost, time_scale=time_scale,
                      max_inflight=max_inflight)
 
@@ -137,15 +131,8 @@ def vllm_engine(e: EngineLaunch, *, python: str | None = None,
     """A supervised vLLM server with the plan's arguments on the engine's GPUs."""
     from hermeslet.engines.vllm import VLLMEngine
 
-    args = list(e.vllm_args)
-    i = args.index("--model") if "--model" in args else -1
-    if i < 0 or i + 1 >= len(args):
-        raise ValueError(f"placement plan: engine {e.name!r} has no --model in its vllm_args")
-    model = args[i + 1]
-    rest = args[:i] + args[i + 2:]
-    if "--served-model-name" in rest:
-        j = rest.index("--served-model-name")
-        rest = rest[:j] + rest[j + 2:]
+    model, rest = split_vllm_args(e.vllm_args, where=f"engine {e.name!r}",
+                                  plan="placement plan")
     return VLLMEngine(name=e.name, model=model, served_model_name=e.model, python=python,
                       extra_args=rest, max_inflight=max_inflight,
                       env={"CUDA_VISIBLE_DEVICES": ",".join(map(str, e.gpus))})

@@ -30,6 +30,7 @@ from typing import Any
 from hermes.core.batchplan.adjust import on_finish
 from hermes.core.cluster.cost import Plan
 from hermeslet.engines.base import EngineAdapter
+from hermeslet.engines.planned import builtin_cost, need, split_vllm_args
 
 FORMAT = "hermes-batch-plan/1"
 
@@ -70,9 +71,7 @@ class BatchPlan:
 
 
 def _need(d: Any, key: str, where: str) -> Any:
-    if not isinstance(d, dict) or key not in d:
-        raise ValueError(f"batch plan: {where} lacks {key!r}")
-    return d[key]
+    return need(d, key, where, plan="batch plan")
 
 
 def parse_plan(doc: Any) -> BatchPlan:
@@ -130,16 +129,11 @@ EngineFactory = Callable[[PairLaunch, int, tuple[int, ...]], EngineAdapter]
 
 def sim_factory(time_scale: float = 1.0) -> EngineFactory:
     """Built-in engines with the planner's iteration costs (``builtin``: model, device, tp)."""
-    from hermes.core.cluster.cost import to_cost_model
-    from hermes.core.cluster.devices import get_device
-    from hermes.core.cluster.models import get_model
     from hermeslet.engines.sim_engine import SimEngine
 
     def make(pair: PairLaunch, r: int, gpus: tuple[int, ...]) -> EngineAdapter:
-        b = pair.replicas[r].builtin
-        cost = to_cost_model(get_model(str(_need(b, "model", f"{pair.name}'s builtin"))),
-                             get_device(str(_need(b, "device", f"{pair.name}'s builtin"))),
-                             int(b.get("tp", pair.plan.tp)))
+        cost = builtin_cost(pair.replicas[r].builtin, where=f"{pair.name}'s builtin",
+                            plan="batch plan", default_tp=pair.plan.tp)
         return SimEngine(name=f"{pair.name}#{r}", model=pair.name, cost=cost,
                          time_scale=time_scale, max_inflight=1 << 20, use_priority=False)
 
@@ -151,15 +145,8 @@ def vllm_factory(python: str | None = None) -> EngineFactory:
     from hermeslet.engines.vllm import VLLMEngine
 
     def make(pair: PairLaunch, r: int, gpus: tuple[int, ...]) -> EngineAdapter:
-        args = list(pair.replicas[r].vllm_args)
-        i = args.index("--model") if "--model" in args else -1
-        if i < 0 or i + 1 >= len(args):
-            raise ValueError(f"batch plan: {pair.name} has no --model in its vllm_args")
-        model = args[i + 1]
-        rest = args[:i] + args[i + 2:]
-        if "--served-model-name" in rest:
-            j = rest.index("--served-model-name")
-            rest = rest[:j] + rest[j + 2:]
+        model, rest = split_vllm_args(pair.replicas[r].vllm_args, where=pair.name,
+                                      plan="batch plan")
         return VLLMEngine(name=f"{pair.name}#{r}", model=model, served_model_name=pair.name,
                           python=python, extra_args=rest, max_inflight=1 << 20,
                           use_priority=False,
