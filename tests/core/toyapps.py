@@ -51,3 +51,15 @@ def loop_records(n: int, cap: int, p_continue: float, seed: int = 0) -> list[Run
             t += 0.5
         out.append(RunRecord(app="toy_react", run_id=f"r{r}", submitted=0.0, finished=t, units=units))
     return out
+
+
+def one_unit_records(app: str, outputs: list[int]) -> list[RunRecord]:
+    """Runs of ``app`` with one LLM unit ``gen``: one request of 100 prompt tokens and
+    ``outputs[i]`` output tokens in run ``i`` (a demand distribution chosen by hand)."""
+    return [
+        RunRecord(app=app, run_id=f"{app}{i}", submitted=0.0, finished=1.0, units=[
+            UnitRecord(unit="gen", backend="llm:llama2-7b", started=0.0, finished=1.0,
+                       requests=[RequestRecord(input_tokens=100, output_tokens=o)])
+        ])
+        for i, o in enumerate(outputs)
+    ]

@@ -15,9 +15,9 @@ from hermes.core.policies.base import SchedulingPolicy
 from hermes.core.policies.hermes_policy import DEFAULT_MAX_WAIT_S
 from hermes.core.policies.starvation import WaitGuard
 from hermes.core.profiler import learn
-from hermes.core.records import RequestRecord, RunRecord, UnitRecord
 from hermes.core.state import RequestView, RunState, UnitObservation
 from hermes.protocol import key_to_priority
+from tests.core.toyapps import one_unit_records
 
 
 def view(name: str, arrival: float, seq: int) -> RequestView:
@@ -73,21 +73,11 @@ def test_guard_rejects_a_bound_that_is_not_positive(bound: float) -> None:
 
 
 # ---------------------------------------------------------------------------- inside hermes
-def records(app: str, outputs: list[int]) -> list[RunRecord]:
-    return [
-        RunRecord(app=app, run_id=f"{app}{i}", submitted=0.0, finished=1.0, units=[
-            UnitRecord(unit="gen", backend="llm:llama2-7b", started=0.0, finished=1.0,
-                       requests=[RequestRecord(input_tokens=100, output_tokens=o)])
-        ])
-        for i, o in enumerate(outputs)
-    ]
-
-
 @pytest.fixture(scope="module")
 def pool() -> EstimatorPool:
     graphs = {
-        "short": learn(records("short", [40] * 40)),  # ~0.5 s every time
-        "long": learn(records("long", [3000] * 40)),  # ~36 s every time
+        "short": learn(one_unit_records("short", [40] * 40)),  # ~0.5 s every time
+        "long": learn(one_unit_records("long", [3000] * 40)),  # ~36 s every time
     }
     return EstimatorPool(graphs, get_cost_model("llama2-7b-a100"), n_walks=200, seed=0)
 

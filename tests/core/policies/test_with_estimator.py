@@ -12,24 +12,14 @@ from hermes.core.estimator import EstimatorPool
 from hermes.core.policies import make_policy
 from hermes.core.policies.gittins import gittins_rank
 from hermes.core.profiler import learn
-from hermes.core.records import RequestRecord, RunRecord, UnitRecord
 from hermes.core.state import RunState
-
-
-def records(app: str, outputs: list[int]) -> list[RunRecord]:
-    return [
-        RunRecord(app=app, run_id=f"{app}{i}", submitted=0.0, finished=1.0, units=[
-            UnitRecord(unit="gen", backend="llm:llama2-7b", started=0.0, finished=1.0,
-                       requests=[RequestRecord(input_tokens=100, output_tokens=o)])
-        ])
-        for i, o in enumerate(outputs)
-    ]
+from tests.core.toyapps import one_unit_records
 
 
 def pool(refine: bool = True, n_walks: int = 400) -> EstimatorPool:
     graphs = {
-        "steady": learn(records("steady", [300] * 40)),  # ~3.6 s every time
-        "gamble": learn(records("gamble", [5, 2000] * 20)),  # ~0.1 s or ~24 s, mean ~12 s
+        "steady": learn(one_unit_records("steady", [300] * 40)),  # ~3.6 s every time
+        "gamble": learn(one_unit_records("gamble", [5, 2000] * 20)),  # ~0.1 s or ~24 s, mean ~12 s
     }
     return EstimatorPool(graphs, get_cost_model("llama2-7b-a100"), refine=refine,
                          n_walks=n_walks, seed=0)
