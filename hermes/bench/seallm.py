@@ -78,7 +78,7 @@ from hermes.core.multillm.forecast import (
 from hermes.core.multillm.ordering import make_ordering
 from hermes.core.multillm.placement import PlacementPlan, ServiceScore, even_split, seallm_place
 from hermes.core.multillm.replacement import AdaptiveInterval
-from hermes.core.multillm.service import Service, ServiceStats, exec_times, group_fits
+from hermes.core.multillm.service import Service, ServiceStats, exec_times, services_fit
 from hermes.sim.multillm import (
     DEVICE,
     SLO_FACTOR,
@@ -413,8 +413,7 @@ def run_system(name: str, wl: Workload, *, n_gpus: int, duration_s: float, i0_s:
     models = {s.name: s.model for s in wl.services}
     order = np.argsort(wl.arrival, kind="stable")
 
-    def fits(members: tuple[str, ...], tp: int) -> bool:
-        return group_fits(tuple(models[m] for m in members), DEVICE, tp)
+    fits = services_fit(models, DEVICE)
 
     def place(t0: float, t1: float, demand: Forecast | None = None) -> tuple[PlacementPlan, float]:
         idx = order[(wl.arrival[order] >= t0) & (wl.arrival[order] < t1)]

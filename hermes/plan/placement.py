@@ -59,20 +59,25 @@ from hermes.core.cluster.devices import get_device
 from hermes.core.cluster.models import get_model
 from hermes.core.multillm.budget import DoublingBudget
 from hermes.core.multillm.ordering import Ordering, make_ordering
-from hermes.core.multillm.placement import PlacementPlan, ServiceScore, seallm_place
+from hermes.core.multillm.placement import (
+    PlacementPlan,
+    ServiceScore,
+    seallm_place,
+    usable_tps,
+)
 from hermes.core.multillm.service import (
     GPU_MEMORY_UTILIZATION,
     Service,
     ServiceStats,
     exec_times,
     group_fits,
+    services_fit,
     weight_bytes,
 )
 from hermes.plan.emit import HF_MODELS, vllm_args
-from hermes.sim.multillm import STARVATION_FACTOR, ServiceSet, SimRequest, score_plan
+from hermes.sim.multillm import DEVICE, STARVATION_FACTOR, ServiceSet, SimRequest, score_plan
 
 FORMAT = "hermes-placement-plan/1"
-DEVICE = "A100-80"  # as `hermes bench seallm`
 DEFAULT_INPUT_TOKENS = 512
 DEFAULT_OUTPUT_TOKENS = 128
 WINDOW_S = 60.0  # seconds of synthetic requests a plan is scored on (then 10 s to drain)
@@ -228,8 +233,7 @@ def place(services: Sequence[ServiceSpec], n_gpus: int, device: str = DEVICE, *,
         raise ValueError(f"--gpus must be >= 1, got {n_gpus}")
     if not services:
         raise ValueError("no services to place")
-    models = {s.name: s.model for s in services}
-    usable = [t for t in tps if t <= min(n_gpus, node_gpus) and n_gpus % t == 0 and not t & (t - 1)]
+    usable = usable_tps(tps, n_gpus, node_gpus)
     if not usable:
         raise ValueError(f"no TP size in {tuple(tps)} divides {n_gpus} GPUs")
     for s in services:
@@ -237,13 +241,10 @@ def place(services: Sequence[ServiceSpec], n_gpus: int, device: str = DEVICE, *,
             raise ValueError(f"service {s.name!r} ({s.model}) fits no group of "
                              f"{'/'.join(map(str, usable))} {device} GPUs")
 
-    def fits(members: tuple[str, ...], tp: int) -> bool:
-        return group_fits(tuple(models[m] for m in members), device, tp)
-
     stream = request_stream(services, device)
     try:
         return seallm_place([s.name for s in services], {s.name: s.rate for s in services},
-                            n_gpus, fits, lambda p: simulate(stream, p, device),
+                            n_gpus, services_fit({s.name: s.model for s in services}, device), lambda p: simulate(stream, p, device),
                             tps=usable, node_gpus=node_gpus, max_per_group=max_per_group)
     except ValueError as e:
         raise ValueError(f"{e} (at most {max_per_group} services per group; give more GPUs "

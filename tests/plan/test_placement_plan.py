@@ -166,3 +166,22 @@ def test_bad_plan_refused_by_the_node() -> None:
         parse_placement({"format": "hermes-batch-plan/1"})
     with pytest.raises(ValueError, match="GPU ids outside 0..0"):
         parse_placement({"format": FORMAT, "gpus": 1, "groups": [{"gpus": [1], "engines": []}]})
+
+
+def test_preset_is_the_benchmarks_services() -> None:
+    """``--preset seallm`` is a snapshot of ``hermes bench seallm``'s services (``hermes.plan``
+    may not import the benchmark): the same names, models, mean lengths and rate shares as the
+    benchmark's clustering of the trace computes now."""
+    import numpy as np
+
+    from hermes.bench import seallm as S
+
+    if not S.TRACE.exists():
+        pytest.skip(f"the Mooncake trace is not at {S.TRACE}")
+    bench = S._services()
+    total = sum(len(s.input_lengths) for s in bench) / len(S.MODELS)
+    want = [{"name": s.name, "model": s.model,
+             "rate": round(S.DEFAULT_RATE * len(s.input_lengths) / total / len(S.MODELS), 3),
+             "input_tokens": round(float(np.mean(s.input_lengths))),
+             "output_tokens": round(float(np.mean(s.output_lengths)))} for s in bench]
+    assert PRESETS["seallm"] == want

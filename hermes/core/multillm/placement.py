@@ -114,14 +114,21 @@ def allocate(services: Sequence[str], rates: Mapping[str, float], parts: Sequenc
     return plan()
 
 
+def usable_tps(tps: Sequence[int], n_gpus: int, node_gpus: int = 8) -> list[int]:
+    """The TP sizes of ``tps`` a group can have on ``n_gpus`` GPUs: powers of two that divide
+    the GPU count and fit one node (the paper's two heuristics)."""
+    return [t for t in tps if 1 <= t <= min(n_gpus, node_gpus) and n_gpus % t == 0
+            and not t & (t - 1)]
+
+
 def seallm_place(services: Sequence[str], rates: Mapping[str, float], n_gpus: int, fits: Fits,
                  evaluate: Evaluate, *, tps: Sequence[int] = (1, 2, 4, 8), node_gpus: int = 8,
                  alpha: float = 1e-4, max_per_group: int = 2) -> tuple[PlacementPlan, float]:
     """The best plan over TP sizes and its score (:func:`plan_score`). Raises ``ValueError``
     when no TP size places every service."""
     best: tuple[float, PlacementPlan] | None = None
-    for tp in tps:
-        if tp > node_gpus or n_gpus % tp or tp & (tp - 1) or (n_gpus // tp) * max_per_group < len(services):
+    for tp in usable_tps(tps, n_gpus, node_gpus):
+        if (n_gpus // tp) * max_per_group < len(services):
             continue
         p = allocate(services, rates, partition(n_gpus, tp), fits, evaluate, alpha=alpha,
                      max_per_group=max_per_group)

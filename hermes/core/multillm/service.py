@@ -8,6 +8,7 @@ comes from the cluster cost model (:func:`hermes.core.cluster.cost.to_cost_model
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -53,6 +54,16 @@ def group_fits(models: tuple[str, ...], device: str, tp: int, min_tokens: int = 
         return False
     need = sum(kv_bytes_per_token(m) * min_tokens for m in models)
     return group_kv_bytes(models, device, tp) >= need
+
+
+def services_fit(models: Mapping[str, str], device: str) -> Callable[[tuple[str, ...], int], bool]:
+    """The placement search's ``fits`` for services named in ``models`` (service -> model):
+    whether a group of ``tp`` ``device`` GPUs holds those services' models together
+    (:func:`group_fits`)."""
+    def fits(members: tuple[str, ...], tp: int) -> bool:
+        return group_fits(tuple(models[m] for m in members), device, tp)
+
+    return fits
 
 
 @dataclass(frozen=True)
