@@ -354,3 +354,18 @@ def _describe(exc: ValidationError, source: str) -> str:
 
 def _mean(xs: Sequence[float]) -> float | None:
     return round(math.fsum(xs) / len(xs), 3) if xs else None
+
+
+#: the chance that an LLM unit follows, for a run whose app has no PDGraph (or whose graph
+#: lacks the unit): no evidence either way
+UNKNOWN_NEXT_LLM_P = 0.5
+
+
+def next_llm_p(graph: PDGraph | None, unit: str, hops: int = 2) -> float:
+    """Will the run prompt an engine again within ``hops`` units after ``unit``?
+    :meth:`PDGraph.llm_follow_p`, or :data:`UNKNOWN_NEXT_LLM_P` without a graph that has the
+    unit. The router asks at an LLM unit (two hops: through its tool call), KV retention at a
+    tool unit (one hop)."""
+    if graph is None or unit not in graph.units:
+        return UNKNOWN_NEXT_LLM_P
+    return graph.llm_follow_p(unit, hops)

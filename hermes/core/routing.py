@@ -34,6 +34,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from hermes.core.pdgraph import UNKNOWN_NEXT_LLM_P
+
 #: a prompt prefix as the driver names it (a digest of messages, a prefix name) and the
 #: prompt tokens it spans from the start of the prompt (cumulative)
 PrefixKey = tuple[Hashable, int]
@@ -65,9 +67,9 @@ class RouteRequest:
     prefixes: Sequence[PrefixKey] = ()
     #: prompt tokens (0: unknown; the longest prefix's tokens are used)
     input_tokens: int = 0
-    #: probability that an LLM unit of the run follows this one (from its PDGraph; 0.5
-    #: when the run has no graph)
-    next_llm_p: float = 0.5
+    #: probability that an LLM unit of the run follows this one (from its PDGraph:
+    #: :func:`hermes.core.pdgraph.next_llm_p`; 0.5 when the run has no graph)
+    next_llm_p: float = UNKNOWN_NEXT_LLM_P
 
 
 class PrefixIndex:

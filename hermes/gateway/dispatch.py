@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable, Set
 from typing import Any, Literal
 
 from hermes.core.ordering import policy_key
+from hermes.core.pdgraph import next_llm_p
 from hermes.core.routing import RouteRequest
 from hermes.core.state import RequestView
 from hermes.gateway.context import SchedulerContext
@@ -181,13 +182,9 @@ class Dispatcher(RunObserver):
                             self._next_llm_p(req.run.app, req.inv.unit))
 
     def _next_llm_p(self, app: str, unit: str) -> float:
-        """Will the run prompt an engine again after this unit? ``llm_follow_p`` of the unit
-        in its app's PDGraph (0.5: no graph, or the graph lacks the unit)."""
-        graph = self.graphs(app) if self.graphs is not None else None
-        if graph is None or unit not in graph.units:
-            return 0.5
-        return float(graph.llm_follow_p(unit))
-
+        """Will the run prompt an engine again after this unit? (:func:`hermes.core.pdgraph.
+        next_llm_p` on the app's current PDGraph.)"""
+        return next_llm_p(self.graphs(app) if self.graphs is not None else None, unit)
     def send_tool(self, req: PendingRequest, exclude: Set[str] = frozenset()) -> None:
         assert isinstance(req.msg, Tool)
         try:

@@ -22,7 +22,7 @@ from typing import Any
 
 from hermes.core.engine_model import EngineRequest
 from hermes.core.kv_retention import Handover, RetentionPolicy
-from hermes.core.pdgraph import PDGraph
+from hermes.core.pdgraph import PDGraph, next_llm_p
 from hermes.core.state import RunState
 from hermes.core.warm_models import RetainingPrefixCache
 from hermes.workloads.base import Step
@@ -76,10 +76,9 @@ class SimRetention:
         if tokens == 0:
             return None
         graph = self.graphs.get(st.app)
-        p, durs = 0.5, ()
+        p = next_llm_p(graph, step.unit, hops=1)  # an LLM unit right after the tool
+        durs: tuple[float, ...] = ()
         if graph is not None and step.unit in graph.units:
-            p = sum(q for u, q in graph.next_probs(step.unit).items()
-                    if u in graph.units and graph.units[u].is_llm)
             durs = tuple(graph.units[step.unit].consumption.duration_s)
         return Handover(tokens, min(1.0, p), durs, cache.pressure,
                         load_s=tokens * cache.swap_s_per_token,

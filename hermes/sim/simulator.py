@@ -54,7 +54,7 @@ from hermes.core.engine_model import (
     StepResult,
 )
 from hermes.core.ordering import policy_key, prewarm_key
-from hermes.core.pdgraph import PDGraph
+from hermes.core.pdgraph import UNKNOWN_NEXT_LLM_P, PDGraph, next_llm_p
 from hermes.core.records import RequestRecord, RunRecord, UnitRecord
 from hermes.core.routing import EngineState, RouteRequest, RouteStats, make_router
 from hermes.core.state import RequestView, RunState, UnitObservation
@@ -425,7 +425,7 @@ class Simulator:
                 if self.warm is not None:
                     self.warm.on_request(st, step, call, req)
                 ei = self._route(st.run_id, call, now, shared,
-                                 self._next_llm_p(st.app, step.unit))
+                                 next_llm_p(self.route_graphs.get(st.app), step.unit))
                 if self.retention is not None:
                     self.retention.on_route(st.run_id, call.prefix, ei)
                 self.engines[ei].add(req, now)
@@ -577,16 +577,8 @@ class Simulator:
             eng.update_key(req.request_id, policy_key(self.policy, run.state, view, now))
 
     # ------------------------------------------------------------------ engines
-    def _next_llm_p(self, app: str, unit: str) -> float:
-        """:meth:`PDGraph.llm_follow_p` of the unit in its app's graph (0.5: no graph, or the
-        graph lacks the unit)."""
-        graph = self.route_graphs.get(app)
-        if graph is None or unit not in graph.units:
-            return 0.5
-        return graph.llm_follow_p(unit)
-
     def _route(self, run_id: str, call: LLMCall, now: float, shared: LLMCall | None = None,
-               next_llm_p: float = 0.5) -> int:
+               follow_p: float = UNKNOWN_NEXT_LLM_P) -> int:
         """The engine of an LLM call: the router's choice, each engine described as the
         gateway describes it (requests outstanding over the gateway's default in-flight
         window, :data:`ROUTE_WINDOW`; then prompt tokens still to prefill), the call's shared
@@ -600,7 +592,7 @@ class Simulator:
         keys = [(call.prefix, call.prefix_tokens)] if call.prefix else []
         if shared is not None and shared.prefix and shared.prefix != call.prefix:
             keys.insert(0, (shared.prefix, shared.prefix_tokens))  # the shared system prompt
-        route = RouteRequest(run_id, keys, call.input_tokens, next_llm_p)
+        route = RouteRequest(run_id, keys, call.input_tokens, follow_p)
         chosen = self.router.pick(route, states, now).engine
         self.route_stats.note(chosen, call.input_tokens,
                               self.router.index.matched_tokens(chosen, route.prefixes))

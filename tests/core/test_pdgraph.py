@@ -109,3 +109,13 @@ def test_llm_follow_p_looks_through_tool_units(graph: PDGraph, doc: dict, tmp_pa
     assert graph.llm_follow_p("nope") == 0.0
     doc["units"]["search"]["next"] = {"verify": 0.6, "": 0.4}
     assert load(doc, tmp_path).llm_follow_p("query") == pytest.approx(0.6)
+
+
+def test_next_llm_p_without_evidence_is_even(graph: PDGraph) -> None:
+    from hermes.core.pdgraph import UNKNOWN_NEXT_LLM_P, next_llm_p
+
+    assert next_llm_p(None, "query") == UNKNOWN_NEXT_LLM_P == 0.5
+    assert next_llm_p(graph, "nope") == 0.5  # the graph lacks the unit
+    assert next_llm_p(graph, "query") == 1.0  # the router's question: through the tool
+    assert next_llm_p(graph, "search", hops=1) == 1.0  # retention's: right after the tool
+    assert next_llm_p(graph, "query", hops=1) == 0.0
