@@ -685,8 +685,12 @@ class HermesLet:
                 self._pump(slot)
             await self._send(self.hello())
             log.info("hermeslet %s: placement kept %s, drained %s, started %s (%d queued "
-                     "requests moved)%s", self.node, change.kept, change.drained, change.started,
-                     moved, f"; failed to start {failed}" if failed else "")
+                     "requests moved)", self.node, change.kept, change.drained, change.started,
+                     moved)
+            if failed:  # the node serves on without them: say so where operators look
+                log.error("hermeslet %s: placement: engines failed to start, serving without "
+                          "them (their waiting requests failed, retryable): %s", self.node,
+                          failed)
             return PlacementChange(change.kept, change.drained, change.started, moved, failed)
 
     def _move_queued(self, slot: _EngineSlot) -> int:
