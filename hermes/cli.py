@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from hermes import __version__
 from hermes.cliout import print_json, print_table, write_json
@@ -72,24 +71,6 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- bench estimator
-def _graph_or_agent(store: Any, app: str) -> Any:
-    """``app``'s PDGraph from ``store``, else from the shipped agent PDGraphs (SWE, RES);
-    ``SystemExit`` naming the app when neither has it."""
-    from hermes.kb import open_store
-    from hermes.workloads.registry import agent_pdgraphs_dir
-
-    graph = store.get(app)
-    if graph is None:
-        agents = open_store(str(agent_pdgraphs_dir()))
-        try:
-            graph = agents.get(app)
-        finally:
-            agents.close()
-    if graph is None:
-        raise SystemExit(f"no PDGraph for {app!r} in {store.describe()} or the agent PDGraphs")
-    return graph
-
-
 def cmd_bench_estimator(args: argparse.Namespace) -> int:
     from hermes.bench.estimator import (
         REFINE_APPS,
@@ -97,6 +78,7 @@ def cmd_bench_estimator(args: argparse.Namespace) -> int:
         refinement_accuracy,
         walks_per_second,
     )
+    from hermes.bench.sched import load_graphs
     from hermes.core.costmodel import get_cost_model
     from hermes.kb import open_store
     from hermes.workloads.isolated import profile_app
@@ -116,8 +98,12 @@ def cmd_bench_estimator(args: argparse.Namespace) -> int:
             rows.append(refinement_accuracy(graph, recs, cost, n_walks=args.walks, progress=bar.update))
     print_table(rows, title="Remaining-service MAE when the first unit finishes")
     agree = []
+    graphs = load_graphs(args.pdgraphs) if args.rank_apps else {}
     for app in (args.rank_apps.split(",") if args.rank_apps else []):
-        graph = _graph_or_agent(store, app)
+        graph = graphs.get(app)
+        if graph is None:
+            raise SystemExit(f"no PDGraph for {app!r} in {store.describe()} or the agent "
+                             "PDGraphs")
         with _progress(args.rank_runs, f"rank agreement, runs of {app}") as bar:
             recs = profile_app(app, args.rank_runs, args.seed, cost)
             agree.append(rank_agreement(graph, recs, cost, n_walks=args.walks,
