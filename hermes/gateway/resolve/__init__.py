@@ -8,6 +8,8 @@ component between the HTTP edge and the runs registry: no FastAPI, no I/O, no cl
 - :mod:`~hermes.gateway.resolve.resolver`: :class:`Resolver` (the evidence ladder,
   ``resolve`` / ``answered`` / ``abandoned`` / ``sweep`` / ``forget``) and :class:`Identity`;
 - :class:`~hermes.gateway.config.IdentityConfig`: its settings, the ``[identity]`` section of the gateway config;
+- :mod:`~hermes.gateway.resolve.evidence`: what one request says of itself (its chat form,
+  session and weak ids, history, tool calls asked);
 - :mod:`~hermes.gateway.resolve.canon`: canonical messages, rolling conversation digests;
 - :mod:`~hermes.gateway.resolve.index`: the bounded, expiring, per-tenant evidence index;
 - :mod:`~hermes.gateway.resolve.templates`: masking, instruction templates, turn skeletons;
@@ -71,8 +73,9 @@ from __future__ import annotations
 
 from hermes.gateway.config import IdentityConfig
 from hermes.gateway.resolve.apps import AppInfo, AppNames, app_fingerprint, tool_signature
+from hermes.gateway.resolve.evidence import request_messages
 from hermes.gateway.resolve.replies import ChatReplies
-from hermes.gateway.resolve.resolver import ClosedRun, Identity, Resolver, request_messages
+from hermes.gateway.resolve.resolver import ClosedRun, Identity, Resolver
 from hermes.gateway.resolve.runend import idle_close_s
 
 __all__ = ["AppInfo", "AppNames", "ChatReplies", "ClosedRun", "Identity", "IdentityConfig", "Resolver",

@@ -48,6 +48,13 @@ from hermes.gateway.resolve.canon import (
     conversation_digests,
     key_digest,
 )
+from hermes.gateway.resolve.evidence import (
+    affinity_of,
+    asks_tools,
+    has_history,
+    request_messages,
+    session_of,
+)
 from hermes.gateway.resolve.index import KeyIndex
 from hermes.gateway.resolve.runend import GapBook
 from hermes.gateway.resolve.templates import InstructionTemplates, instructions_of, turn_skeleton
@@ -118,48 +125,6 @@ class _Run:
     awaiting_tool: bool = False
 
 
-def _asks_tools(reply: Any) -> bool:
-    """An assistant reply that calls tools (chat ``tool_calls``, or a Responses
-    ``function_call`` output item): its client is expected back with the results."""
-    if not isinstance(reply, dict):
-        return False
-    return bool(reply.get("tool_calls")) or reply.get("type") == "function_call"
-
-
-def request_messages(body: Mapping[str, Any]) -> list[Any]:
-    """The chat messages of a chat body, or the equivalent of a Responses body (its
-    ``instructions``, ``input`` items: messages, function calls, function call outputs) or
-    of a completions ``prompt`` (one user message)."""
-    msgs = body.get("messages")
-    if isinstance(msgs, list):
-        return msgs
-    out: list[Any] = []
-    instructions = body.get("instructions")
-    if isinstance(instructions, str) and instructions:
-        out.append({"role": "system", "content": instructions})
-    inp = body.get("input", body.get("prompt"))
-    if isinstance(inp, str):
-        out.append({"role": "user", "content": inp})
-    elif isinstance(inp, list):
-        for item in inp:
-            if not isinstance(item, dict):
-                continue
-            kind = item.get("type")
-            if kind in (None, "message"):
-                out.append({"role": item.get("role", "user"), "content": item.get("content")})
-            elif kind == "function_call":
-                call = {"id": item.get("call_id"), "type": "function",
-                        "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
-                if out and out[-1].get("role") == "assistant" and out[-1].get("tool_calls"):
-                    out[-1]["tool_calls"].append(call)
-                else:
-                    out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-            elif kind == "function_call_output":
-                out.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                            "content": item.get("output")})
-    return out
-
-
 def _counter_ids() -> Callable[[], str]:
     n = 0
 
@@ -200,7 +165,6 @@ class Resolver:
         self._closed: list[ClosedRun] = []
         #: runs closed for idleness: key -> (app id, last activity), oldest first
         self._recently_closed: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        self._session_headers = tuple(cfg.session_headers)
 
     # ------------------------------------------------------------------ per request
     def resolve(self, tenant: str, body: Mapping[str, Any], headers: Mapping[str, str],
@@ -237,7 +201,7 @@ class Resolver:
                 run_key = index.get(tenant, key_digest(tenant, "resp", prev), now)
                 if run_key is not None:
                     evidence = "previous_response_id"
-            session = self._session(body, hl)
+            session = session_of(body, hl, cfg)
             if session is not None:
                 skey = key_digest(tenant, "session", session[1])
                 bind.append(skey)
@@ -251,11 +215,11 @@ class Resolver:
                     evidence = "continuation"
                     break
         if cfg.explicit_ids:
-            affinity = self._affinity(body)
+            affinity = affinity_of(body, cfg)
             if affinity is not None:
                 akey = key_digest(tenant, "affinity", *affinity)
                 bind.append(akey)
-                if run_key is None and evidence == "new" and self._has_history(msgs, body):
+                if run_key is None and evidence == "new" and has_history(msgs, body):
                     run_key = index.get(tenant, akey, now)
                     if run_key is not None:
                         evidence = f"affinity:{affinity[0]}"
@@ -298,7 +262,7 @@ class Resolver:
         self._release(identity.run, now)
         run = self._open.get(identity.run)
         if run is not None:
-            run.awaiting_tool = any(_asks_tools(r) for r in
+            run.awaiting_tool = any(asks_tools(r) for r in
                                     (replies if isinstance(replies, list) else (replies,)))
         tenant = identity.tenant
         hasher = identity.conversation
@@ -412,61 +376,6 @@ class Resolver:
         return out
 
     # ------------------------------------------------------------------ internals
-    def _id_ok(self, v: Any) -> str | None:
-        if isinstance(v, str):
-            s = v.strip()
-            if 0 < len(s) <= self.config.max_id_len:
-                return s
-        return None
-
-    def _session(self, body: Mapping[str, Any], hl: Mapping[str, str]) -> tuple[str, str] | None:
-        """``(source, session id)`` of the first configured session evidence present."""
-        ok = self._id_ok
-        for name in self._session_headers:
-            v = ok(hl.get(name))
-            if v is not None:
-                return name, v
-        cfg = self.config
-        for name in cfg.session_fields:
-            raw = body.get(name)
-            if isinstance(raw, dict):
-                raw = raw.get("id")
-            v = ok(raw)
-            if v is not None:
-                return f"body:{name}", v
-        meta = body.get("metadata")
-        marker = cfg.user_session_marker
-        if isinstance(meta, dict):
-            for name in cfg.metadata_keys:
-                v = ok(meta.get(name))
-                if v is not None:
-                    return f"metadata:{name}", v
-            uid = meta.get("user_id")
-            if marker and isinstance(uid, str) and marker in uid:
-                v = ok(uid.rsplit(marker, 1)[1])
-                if v is not None:
-                    return "metadata:user_id", v
-        user = body.get("user")
-        if marker and isinstance(user, str) and marker in user:
-            v = ok(user.rsplit(marker, 1)[1])
-            if v is not None:
-                return "user", v
-        return None
-
-    def _affinity(self, body: Mapping[str, Any]) -> tuple[str, str] | None:
-        for name in self.config.affinity_fields:
-            v = self._id_ok(body.get(name))
-            if v is not None:
-                return name, v
-        return None
-
-    @staticmethod
-    def _has_history(msgs: Sequence[Any], body: Mapping[str, Any]) -> bool:
-        if body.get("previous_response_id"):
-            return True
-        return any(isinstance(m, dict) and m.get("role") in ("assistant", "tool", "function")
-                   for m in msgs)
-
     def _new_run(self, tenant: str, body: Mapping[str, Any], instr: tuple[bytes, str, str],
                  app_h: str, now: float) -> _Run:
         if app_h:  # named by the client; its units and gaps are still the tenant's own
