@@ -246,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hermes.bench.calibrate import add_calibrate_parser
 
     add_calibrate_parser(bsub)
+    from hermes.bench.forward_check import add_forward_parser
+
+    add_forward_parser(bsub)
     try:
         from hermes.admin import add_admin_parsers
     except ImportError:

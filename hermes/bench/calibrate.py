@@ -110,7 +110,9 @@ CPU_PARTS = {"vllm-0.4": (0, 1, 2, 3), "vllm-v1": (0, 1, 2)}
 #: scheduler settings per mode: (max_batched_tokens, chunked_prefill, max_num_seqs)
 MODE_SCHED = {"vllm-v1": (8192, True, 256), "vllm-0.4": (4096, False, 256)}
 
-PEAK_FP16_FLOPS = {"a100": 312e12}
+#: dense fp16 tensor peak of the profiled cards (datasheets: A100 312 TFLOPS; H100 SXM5 989.4;
+#: the H200 has the H100's compute)
+PEAK_FP16_FLOPS = {"a100": 312e12, "h100": 989.4e12}
 PREFILL_ATTN_MFU = 0.5
 
 
@@ -135,6 +137,15 @@ SPECS: dict[str, Spec] = {
     # the profiled card: 0.9 x 80 GB - 13.5 GB weights - ~2.5 GB activations = ~56 GB of KV
     "llama2-7b-a100-80g-cal": Spec("a100", "Llama-2-7b-hf", 32, 1, 1935e9, 1935e9, 110_000,
                                    "A100-80GB (1,935 GB/s), as profiled"),
+    # Vidur's H100 is the DGX H100's SXM5 card (its network profiles: h100_dgx), 3,352 GB/s;
+    # 0.9 x 80 GB - 13.5 GB - ~2.5 GB = ~56 GB of KV, as the A100-80GB
+    "llama2-7b-h100-cal": Spec("h100", "Llama-2-7b-hf", 32, 1, 3352e9, 3352e9, 110_000,
+                               "H100-80GB SXM5 (3,352 GB/s), as profiled"),
+    # H200: the H100's compute with 141 GB at 4,800 GB/s; 0.9 x 141 - 16 = ~111 GB of KV.
+    # Only a slower card's memory-bound GEMMs are rescaled (the 40 GB rule above), so its
+    # linear layers are priced as the H100's: what `hermes bench forward` on an H200 checks
+    "llama2-7b-h200-cal": Spec("h100", "Llama-2-7b-hf", 32, 1, 3352e9, 4800e9, 220_000,
+                               "H200 (4,800 GB/s), derived from the H100 profile"),
 }
 
 

@@ -85,4 +85,7 @@ def test_committed_coefficients_work_without_the_profiles() -> None:
         for mode in ("vllm-v1", "vllm-0.4"):
             cost = get_cost_model(name, mode=mode)
             assert cost.calibrated and cost.mode == mode
-            assert 0.008 < cost.iteration_s(0, 1, 100) < 0.02  # one decode step: ~10-13 ms
+            # one decode step: ~10-13 ms on an A100, ~6-7 ms on an H100 (Vidur's H100 profile;
+            # the H200 setup prices its GEMMs as the H100's)
+            lo, hi = (0.008, 0.02) if "a100" in name else (0.005, 0.009)
+            assert lo < cost.iteration_s(0, 1, 100) < hi
