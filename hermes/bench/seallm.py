@@ -88,7 +88,9 @@ from hermes.sim.multillm import (
     score_plan,
 )
 
-TRACE = Path("/work/shared/traces/mooncake_conversation_trace.jsonl")
+#: the request lengths and instants (``hermes.sim.arrivals.load_trace_requests``: the full
+#: trace in ``$HERMES_TRACES``, else the copy shipped with Hermes)
+TRACE = "conversation"
 MODELS = ("llama-2-7b", "llama-2-13b")
 SWITCH_S = 2.0
 #: the paper's simulated L_N (Table 2)
@@ -126,14 +128,9 @@ class Workload:
 
 
 def _trace_lengths() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    ts, i, o = [], [], []
-    with TRACE.open() as f:
-        for line in f:
-            r = json.loads(line)
-            ts.append(r["timestamp"] / 1000.0)
-            i.append(r["input_length"])
-            o.append(r["output_length"])
-    return np.asarray(ts), np.asarray(i), np.asarray(o)
+    from hermes.sim.arrivals import load_trace_requests
+
+    return load_trace_requests(TRACE)
 
 
 #: the apps of the ``apps`` workload (ours): per app, the entry unit, the next-unit table over

@@ -36,6 +36,10 @@ SHIPPED_TRACES = {
     "conversation": "mooncake_conversation_arrivals.jsonl.gz",
     "synthetic": "mooncake_synthetic_arrivals.jsonl.gz",
 }
+#: the shipped requests (timestamp, input and output lengths) of the named traces
+SHIPPED_REQUESTS = {
+    "conversation": "mooncake_conversation_requests.jsonl.gz",
+}
 
 
 class TraceNotFoundError(FileNotFoundError):
@@ -47,8 +51,12 @@ def shipped_traces_dir() -> Path:
     return Path(str(resources.files("hermes") / "data" / "traces"))
 
 
-def trace_path(trace: str | os.PathLike[str]) -> Path:
-    """Resolve a trace name (``conversation``/``synthetic``) or path to an existing file."""
+def trace_path(trace: str | os.PathLike[str], *, shipped: dict[str, str] | None = None) -> Path:
+    """Resolve a trace name (``conversation``/``synthetic``) or path to an existing file.
+    ``shipped``: the packaged files of the names (default :data:`SHIPPED_TRACES`, the
+    arrival times)."""
+    if shipped is None:
+        shipped = SHIPPED_TRACES
     text = str(trace)
     fname = TRACE_FILES.get(text, text)
     tried: list[Path] = []
@@ -60,17 +68,17 @@ def trace_path(trace: str | os.PathLike[str]) -> Path:
     env = os.environ.get("HERMES_TRACES")
     if env:
         tried.append(Path(env) / Path(fname).name)
-    if text in SHIPPED_TRACES:
-        tried.append(shipped_traces_dir() / SHIPPED_TRACES[text])
+    if text in shipped:
+        tried.append(shipped_traces_dir() / shipped[text])
     for p in tried:
         if p.is_file():
             return p
-    if text in SHIPPED_TRACES:  # the shipped copy is missing: a broken installation
+    if text in shipped:  # the shipped copy is missing: a broken installation
         hint = "reinstall hermes-gateway, or set HERMES_TRACES to a directory holding " + fname
     else:
         hint = ("pass the path of a JSONL trace (one {\"timestamp\": MS} a line), set "
                 "HERMES_TRACES to the directory that holds it, or use a shipped trace: "
-                + ", ".join(SHIPPED_TRACES))
+                + ", ".join(shipped))
     raise TraceNotFoundError(
         f"arrival trace {text!r} not found; looked in: {', '.join(str(p) for p in tried)} ({hint})"
     )
@@ -92,6 +100,37 @@ def _load(path: str) -> np.ndarray:
     arr = np.sort(np.asarray(ts)) / 1000.0
     arr.setflags(write=False)
     return arr
+
+
+@lru_cache(maxsize=4)
+def _load_requests(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ts, inp, out = [], [], []
+    with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+                ts.append(float(r["timestamp"]) / 1000.0)
+                inp.append(int(r["input_length"]))
+                out.append(int(r["output_length"]))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{lineno}: bad trace line (need 'timestamp' in ms, "
+                                 f"'input_length', 'output_length'): {exc}") from None
+    if not ts:
+        raise ValueError(f"{path}: empty trace")
+    arrays = (np.asarray(ts), np.asarray(inp), np.asarray(out))
+    for a in arrays:
+        a.setflags(write=False)
+    return arrays
+
+
+def load_trace_requests(trace: str | os.PathLike[str] = "conversation"
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(timestamps s, input lengths, output lengths)`` of a trace's requests, in the file's
+    order (read-only arrays): an explicit path, the full trace in ``$HERMES_TRACES``, or for
+    ``conversation`` the copy shipped with Hermes (those three columns of every request)."""
+    return _load_requests(str(trace_path(trace, shipped=SHIPPED_REQUESTS)))
 
 
 def load_trace_timestamps(trace: str | os.PathLike[str]) -> np.ndarray:

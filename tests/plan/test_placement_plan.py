@@ -176,8 +176,6 @@ def test_preset_is_the_benchmarks_services() -> None:
 
     from hermes.bench import seallm as S
 
-    if not S.TRACE.exists():
-        pytest.skip(f"the Mooncake trace is not at {S.TRACE}")
     bench = S._services()
     total = sum(len(s.input_lengths) for s in bench) / len(S.MODELS)
     want = [{"name": s.name, "model": s.model,

@@ -10,6 +10,7 @@ import pytest
 from hermes.sim.arrivals import (
     TRACE_FILES,
     TraceNotFoundError,
+    load_trace_requests,
     load_trace_timestamps,
     resample_arrivals,
     shipped_traces_dir,
@@ -82,3 +83,30 @@ def test_not_found_error_does_not_suggest_the_failing_trace(tmp_path, monkeypatc
     with pytest.raises(TraceNotFoundError) as e:
         trace_path("conversation")
     assert "use a shipped trace" not in str(e.value) and "reinstall" in str(e.value)
+
+
+def test_shipped_requests_are_the_full_traces_lengths(tmp_path, monkeypatch):
+    """``hermes bench seallm`` reads request lengths: they ship too (the full trace's
+    timestamp, input_length and output_length of every request, in order), so it runs from
+    any directory; ``$HERMES_TRACES`` still takes the full trace first."""
+    monkeypatch.delenv("HERMES_TRACES", raising=False)
+    monkeypatch.chdir(tmp_path)
+    ts, inp, out = load_trace_requests("conversation")
+    assert ts.size == inp.size == out.size == 12031
+    assert np.array_equal(np.sort(ts), load_trace_timestamps("conversation"))
+    assert inp.min() > 0 and out.min() > 0 and not inp.flags.writeable
+    full = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+    if full.is_dir():
+        f_ts, f_inp, f_out = load_trace_requests(full / TRACE_FILES["conversation"])
+        assert np.array_equal(ts, f_ts) and np.array_equal(inp, f_inp) and np.array_equal(out, f_out)
+    with pytest.raises(TraceNotFoundError, match="synthetic"):
+        load_trace_requests("synthetic")  # only its arrival times ship
+
+
+def test_requests_of_a_trace_file_and_bad_lines(trace, tmp_path):
+    ts, inp, out = load_trace_requests(trace)
+    assert ts.size == 60 and ts[0] == 0.0 and ts[-1] == 100.0 and inp.tolist() == [1] * 60
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1: bad trace line.*input_length"):
+        load_trace_requests(bad)
