@@ -300,6 +300,16 @@ class IdentityConfig(_Section):
     one_shot_runs: int = Field(default=20, ge=1)
     #: a request the edge never reported answered stops holding its run open after this
     max_busy_s: float = Field(default=3600.0, gt=0.0)
+    #: fan-outs: a first-turn request of a one-shot app (above) joins the run of the same
+    #: app and tenant whose last request came at most this many clock seconds before it (a
+    #: program sending independent prompts at once, e.g. a map step); 0: off. Requests of
+    #: *different* users of one one-shot app that co-arrive this closely are grouped too,
+    #: unless their ``user`` / ``safety_identifier`` / ``prompt_cache_key`` differ
+    fanout_window_s: float = Field(default=0.05, ge=0.0)
+    #: a fan-out run takes at most this many requests, over at most ``fanout_max_age_s``
+    #: from its first
+    fanout_max_requests: int = Field(default=64, ge=2)
+    fanout_max_age_s: float = Field(default=1.0, gt=0.0)
 
     @field_validator("session_headers")
     @classmethod

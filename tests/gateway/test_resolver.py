@@ -579,3 +579,78 @@ def test_a_late_continuation_teaches_its_app_the_gap_the_close_missed() -> None:
     # the gap it taught is the floor while the app learns: no later run splits
     assert not any(splits[1:]), splits
     assert r.gaps.close_after(first.app_id) >= 100.0
+
+
+# ------------------------------------------------------------------------------ fan-outs
+SCORER = "You score a document from 1 to 10. Answer with the number only."
+
+
+def _one_shot(r: Resolver, n: int = 20, *, now: float = 0.0) -> float:
+    """``n`` single scoring prompts, each closed (past the 60 s prior) before the next: the
+    app is one-shot."""
+    for i in range(n):
+        ask(r, chat(sys_(SCORER), user(f"doc {i}: lorem")), text("7"), now=now)
+        now += 100.0
+        r.sweep(now)
+    return now
+
+
+def test_a_burst_of_independent_prompts_of_a_one_shot_app_is_one_run() -> None:
+    r = Resolver()
+    now = _one_shot(r)
+    app = r.resolve("t1", chat(sys_(SCORER), user("x")), {}, now)
+    assert r.gaps.one_shot(app.app_id)
+    r.abandoned(app, now)
+    now += 100.0
+    r.sweep(now)
+    burst = [r.resolve("t1", chat(sys_(SCORER), user(f"part {k}: ipsum")), {}, now + 0.01 * k)
+             for k in range(5)]
+    assert len({i.run for i in burst}) == 1
+    assert [i.evidence for i in burst] == ["new"] + ["fanout"] * 4
+    assert burst[0].new_run and not any(i.new_run for i in burst[1:])
+    late = r.resolve("t1", chat(sys_(SCORER), user("part 9")), {}, now + 0.5)  # past the window
+    assert late.run != burst[0].run and late.evidence == "new"
+    for i in burst:
+        r.answered(i, text("5"), now + 1)
+    closed = {c.run: c for c in r.sweep(now + 100)}
+    assert closed[burst[0].run].requests == 5
+    # a fan-out run is no continuation: the app stays one-shot
+    assert r.gaps.one_shot(burst[0].app_id)
+
+
+def test_fanouts_need_a_one_shot_app_the_same_weak_id_and_stay_bounded() -> None:
+    # a new (not yet one-shot) app: co-arriving first turns are separate runs
+    r = Resolver()
+    a = r.resolve("t1", chat(sys_(SCORER), user("a")), {}, T0)
+    b = r.resolve("t1", chat(sys_(SCORER), user("b")), {}, T0 + 0.01)
+    assert a.run != b.run
+    # one-shot app: different users are not grouped, the same user (or none) is
+    r = Resolver(IdentityConfig(fanout_max_requests=3))
+    now = _one_shot(r)
+    u1 = r.resolve("t1", chat(sys_(SCORER), user("a"), user="alice"), {}, now)
+    u2 = r.resolve("t1", chat(sys_(SCORER), user("b"), user="bob"), {}, now + 0.01)
+    u3 = r.resolve("t1", chat(sys_(SCORER), user("c"), user="alice"), {}, now + 0.02)
+    assert u1.run != u2.run and u3.run == u1.run
+    now += 10.0
+    capped = [r.resolve("t1", chat(sys_(SCORER), user(f"p{k}")), {}, now + 0.01 * k)
+              for k in range(5)]
+    runs = [i.run for i in capped]
+    assert runs[0] == runs[1] == runs[2] and runs[3] != runs[0]  # at most 3 per fan-out
+    # another tenant's burst never joins
+    other = r.resolve("t2", chat(sys_(SCORER), user("p")), {}, now + 0.05)
+    assert other.run not in runs
+    # off
+    r = Resolver(IdentityConfig(fanout_window_s=0.0))
+    now = _one_shot(r)
+    ids = [r.resolve("t1", chat(sys_(SCORER), user(f"p{k}")), {}, now) for k in range(3)]
+    assert len({i.run for i in ids}) == 3
+
+
+def test_continuations_are_never_fanouts() -> None:
+    """A conversation's next turn (it carries history) is matched by continuation or starts
+    a new run: the fan-out rule only groups first turns."""
+    r = Resolver()
+    now = _one_shot(r)
+    first = r.resolve("t1", chat(sys_(SCORER), user("doc")), {}, now)
+    nxt = r.resolve("t1", chat(sys_(SCORER), user("doc"), text("7"), user("why?")), {}, now + 0.01)
+    assert nxt.evidence != "fanout" and nxt.run != first.run

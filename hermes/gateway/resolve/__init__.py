@@ -17,6 +17,8 @@ component between the HTTP edge and the runs registry: no FastAPI, no I/O, no cl
 - :mod:`~hermes.gateway.resolve.apps`: app fingerprints, names, :class:`AppNames`
   (rename/merge mapping for the knowledge base);
 - :mod:`~hermes.gateway.resolve.runend`: :func:`idle_close_s`, the run-end rule;
+- :mod:`~hermes.gateway.resolve.fanout`: :class:`FanoutBook`, a one-shot app's bursts of
+  independent prompts grouped by arrival;
 - :mod:`~hermes.gateway.resolve.replies`: :class:`ChatReplies`, a streamed reply's messages;
 - :mod:`~hermes.gateway.resolve.bench`: :func:`bench`, the resolver's CPU per request.
 
@@ -62,7 +64,10 @@ Evidence, strongest first, and where each comes from:
    app). They name a person or a cache bucket, not a run, so they are used after continuation
    and only for a request that carries history nothing else matched (e.g. a client that
    rewrote its history); a first turn is always a new run.
-6. Otherwise a new run.
+6. Fan-outs: a first turn of a one-shot app (never a continuation) arriving within
+   ``fanout_window_s`` of the last request of that app's open fan-out, same tenant and weak
+   id: that run (:mod:`~hermes.gateway.resolve.fanout`).
+7. Otherwise a new run.
 
 Apps are fingerprints of the instructions template, the tool set (names and schemas), the
 model and the tenant; units are (instructions template, last turn's template) mined with

@@ -25,7 +25,12 @@ The evidence ladder (first that applies wins; details in :mod:`hermes.gateway.re
 5. a weak id (``user``, ``safety_identifier``, ``prompt_cache_key``): the run last seen with
    it, only for a request that carries history (an assistant or tool message) that nothing
    above matched: a first turn with a known ``user`` is a new run, not that user's last one;
-6. a new run.
+6. a fan-out: a first turn of a *one-shot* app (one that never shows a continuation:
+   independent prompts) arriving within ``fanout_window_s`` of the last request of an open
+   run of the same app and tenant, whose weak id (if any) matches: that run (a program's
+   burst of prompts sent at once, ranked together as the one job it is; at most
+   ``fanout_max_requests`` over ``fanout_max_age_s``);
+7. a new run.
 
 A run found closed (idle past its app's gaps, :mod:`hermes.gateway.resolve.runend`) gives a
 new run of the same app, whose ``follows`` names the closed one; the gap that continuation
@@ -55,6 +60,7 @@ from hermes.gateway.resolve.evidence import (
     request_messages,
     session_of,
 )
+from hermes.gateway.resolve.fanout import FanoutBook
 from hermes.gateway.resolve.index import KeyIndex
 from hermes.gateway.resolve.runend import GapBook
 from hermes.gateway.resolve.templates import InstructionTemplates, instructions_of, turn_skeleton
@@ -123,6 +129,8 @@ class _Run:
     requests: int = 0
     #: the last answer asked for tool calls: the client owes the run a continuation
     awaiting_tool: bool = False
+    #: requests that joined as a fan-out (rule 6), not as a continuation
+    fanout: int = 0
 
 
 def _counter_ids() -> Callable[[], str]:
@@ -165,6 +173,8 @@ class Resolver:
         self._closed: list[ClosedRun] = []
         #: runs closed for idleness: key -> (app id, last activity), oldest first
         self._recently_closed: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self.fanouts = FanoutBook(window_s=cfg.fanout_window_s, max_age_s=cfg.fanout_max_age_s,
+                                  max_requests=cfg.fanout_max_requests, max_apps=cfg.max_apps)
 
     # ------------------------------------------------------------------ per request
     def resolve(self, tenant: str, body: Mapping[str, Any], headers: Mapping[str, str],
@@ -195,6 +205,7 @@ class Resolver:
         run_key: str | None = None
         evidence = "new"
         bind: list[bytes] = []
+        akey: bytes | None = None
         if cfg.explicit_ids:
             prev = body.get("previous_response_id")
             if isinstance(prev, str) and prev:
@@ -225,6 +236,13 @@ class Resolver:
                         evidence = f"affinity:{affinity[0]}"
 
         instr = self.instructions.get(instructions_of(msgs))
+        fanout = None
+        first_turn = not has_history(msgs, body)
+        if run_key is None and self.fanouts.enabled and first_turn:
+            fanout = self.fanouts.join(self._app_id(tenant, body, instr, app_h), akey, now,
+                                       self._open.__contains__)
+            if fanout is not None:
+                run_key, evidence = fanout, "fanout"
         run = self._open.get(run_key) if run_key is not None else None
         follows = run_key if run is None else None
         if follows is not None:
@@ -232,12 +250,16 @@ class Resolver:
             if late is not None:  # a continuation after the close: its gap was too short
                 self.gaps.add(late[0], now - late[1])
         if run is not None:
-            if run.busy == 0:
+            if fanout is not None:  # joined with its first request: no gap, no continuation
+                run.fanout += 1
+            elif run.busy == 0:
                 self.gaps.add(run.app_id, now - run.last)
             self._by_app[run.app_id].move_to_end(run.key)
             self._open.move_to_end(run.key)
         else:
             run = self._new_run(tenant, body, instr, app_h, now)
+            if self.fanouts.enabled and first_turn and self.gaps.one_shot(run.app_id):
+                self.fanouts.start(run.app_id, run.key, akey, now)
         run.busy += 1
         run.requests += 1
         run.last = now
@@ -304,7 +326,7 @@ class Resolver:
                 done.append(run)
             for run in done:
                 self._drop(run)
-                self.gaps.closed(run.app_id, run.requests)
+                self.gaps.closed(run.app_id, run.requests - run.fanout > 1)
                 self._remember_closed(run)
                 closed.append(ClosedRun(run.key, run.tenant, run.app, "idle", now - run.last,
                                         run.requests))
@@ -361,6 +383,7 @@ class Resolver:
                 "index_evicted": self.index.evicted, "index_expired": self.index.expired,
                 "open_runs": len(self._open), "apps": len(self.apps), "units": len(self.units),
                 "instruction_templates": len(self.instructions), "gap_apps": len(self.gaps),
+                "fanout_bursts": len(self.fanouts),
                 "miner_tenants": turns["tenants"], "miner_clusters": turns["clusters"],
                 "miner_cached": turns["cached"], "miner_mined": turns["mined"]}
 
@@ -376,6 +399,16 @@ class Resolver:
         return out
 
     # ------------------------------------------------------------------ internals
+    def _app_id(self, tenant: str, body: Mapping[str, Any], instr: tuple[bytes, str, str],
+                app_h: str) -> str:
+        """The app id a new run of this request would get (no side effect)."""
+        if app_h:
+            return f"{tenant}/{app_h}"
+        model = body.get("model")
+        fp = app_fingerprint(tenant, model if isinstance(model, str) else "", instr[0],
+                             tool_signature(body.get("tools")))
+        return self.names.canonical(fp)
+
     def _new_run(self, tenant: str, body: Mapping[str, Any], instr: tuple[bytes, str, str],
                  app_h: str, now: float) -> _Run:
         if app_h:  # named by the client; its units and gaps are still the tenant's own

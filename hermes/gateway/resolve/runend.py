@@ -79,9 +79,11 @@ class GapBook:
         self._close.pop(app, None)
         self._single.pop(app, None)
 
-    def closed(self, app: str, requests: int) -> None:
-        """A run of ``app`` with ``requests`` requests was closed (one-shot detection)."""
-        if requests > 1 or app in self._gaps:
+    def closed(self, app: str, continued: bool) -> None:
+        """A run of ``app`` was closed; ``continued``: some request of it came after an answer
+        of it (a conversation's next turn), not only with its first (one-shot detection: a
+        fan-out of prompts sent at once is still one-shot traffic)."""
+        if continued or app in self._gaps:
             return
         single = self._single
         single[app] = single.get(app, 0) + 1
