@@ -473,7 +473,7 @@ class _SchedulerCollector:
         the size of every bounded structure (the evidence index above all)."""
         c = CounterMetricFamily("hermes_identity_requests", "OpenAI requests by the evidence "
                                 "that bound them to a run (header, opt-out, off, "
-                                "previous_response_id, session, continuation, affinity, new).",
+                                "previous_response_id, session, continuation, affinity, fanout, new).",
                                 labels=["evidence"])
         for kind, n in sorted(ids.evidence.items()):
             c.add_metric([kind], n)
