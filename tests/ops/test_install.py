@@ -104,7 +104,7 @@ def test_the_wheel_ships_its_data_and_no_top_level_workloads(installed: dict[str
     assert len(list((site / "hermes" / "data" / "pdgraphs").glob("*.json"))) == len(APPS) == 10
     assert {p.name for p in (site / "hermes" / "data" / "traces").iterdir()} == {
         "README.md", "mooncake_conversation_arrivals.jsonl.gz",
-        "mooncake_synthetic_arrivals.jsonl.gz"}
+        "mooncake_synthetic_arrivals.jsonl.gz", "mooncake_conversation_requests.jsonl.gz"}
     (dist,) = site.glob("hermes_gateway-*.dist-info")
     meta = (dist / "METADATA").read_text()
     assert "License-Expression: Apache-2.0" in meta
@@ -125,6 +125,17 @@ def test_bench_sched_runs_outside_the_checkout(installed: dict[str, Path],
     rows = json.loads(out.read_text())
     assert {row["policy"] for row in rows} >= {"hermes"} and rows[0]["runs"] == 50
     assert not (tmp_path / "xdg").exists()  # benchmarks keep no state in the user's directory
+
+
+def test_bench_seallm_runs_outside_the_checkout(installed: dict[str, Path],
+                                                tmp_path: Path) -> None:
+    """Its request lengths ship with the wheel (it read an absolute path before)."""
+    out = tmp_path / "rows.json"
+    r = _run(installed, "hermes", "bench", "seallm", "--seeds", "0", "--systems", "vllm",
+             "--duration", "20", "--workers", "1", "--json", str(out), data=tmp_path / "xdg")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [row["system"] for row in rows] == ["vllm"] and rows[0]["l_n"] > 0
 
 
 def test_serve_outside_the_checkout_with_5557_taken(installed: dict[str, Path],
