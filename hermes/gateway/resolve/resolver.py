@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from hermes.gateway.config import IdentityConfig
 from hermes.gateway.resolve.apps import AppBook, AppInfo, AppNames, app_fingerprint, tool_signature
@@ -131,6 +131,17 @@ class _Run:
     awaiting_tool: bool = False
     #: requests that joined as a fan-out (rule 6), not as a continuation
     fanout: int = 0
+
+
+class _AppKey(NamedTuple):
+    """The app of a request that starts a run: ``app_id`` (after merges); ``named``: the
+    client's ``X-Hermes-App`` ("" when fingerprinted); else its fingerprint and parts."""
+
+    app_id: str
+    named: str
+    fingerprint: str
+    model: str
+    tools: list[tuple[str, str]]
 
 
 def _counter_ids() -> Callable[[], str]:
@@ -225,22 +236,23 @@ class Resolver:
                 if run_key is not None:
                     evidence = "continuation"
                     break
+        first_turn = not has_history(msgs, body)
         if cfg.explicit_ids:
             affinity = affinity_of(body, cfg)
             if affinity is not None:
                 akey = key_digest(tenant, "affinity", *affinity)
                 bind.append(akey)
-                if run_key is None and evidence == "new" and has_history(msgs, body):
+                if run_key is None and evidence == "new" and not first_turn:
                     run_key = index.get(tenant, akey, now)
                     if run_key is not None:
                         evidence = f"affinity:{affinity[0]}"
 
         instr = self.instructions.get(instructions_of(msgs))
         fanout = None
-        first_turn = not has_history(msgs, body)
+        app: _AppKey | None = None  # the app a new run would get, computed once
         if run_key is None and self.fanouts.enabled and first_turn:
-            fanout = self.fanouts.join(self._app_id(tenant, body, instr, app_h), akey, now,
-                                       self._open.__contains__)
+            app = self._app_key(tenant, body, instr, app_h)
+            fanout = self.fanouts.join(app.app_id, akey, now, self._open.__contains__)
             if fanout is not None:
                 run_key, evidence = fanout, "fanout"
         run = self._open.get(run_key) if run_key is not None else None
@@ -257,7 +269,8 @@ class Resolver:
             self._by_app[run.app_id].move_to_end(run.key)
             self._open.move_to_end(run.key)
         else:
-            run = self._new_run(tenant, body, instr, app_h, now)
+            run = self._new_run(tenant, app or self._app_key(tenant, body, instr, app_h),
+                                instr, now)
             if self.fanouts.enabled and first_turn and self.gaps.one_shot(run.app_id):
                 self.fanouts.start(run.app_id, run.key, akey, now)
         run.busy += 1
@@ -399,30 +412,29 @@ class Resolver:
         return out
 
     # ------------------------------------------------------------------ internals
-    def _app_id(self, tenant: str, body: Mapping[str, Any], instr: tuple[bytes, str, str],
-                app_h: str) -> str:
-        """The app id a new run of this request would get (no side effect)."""
-        if app_h:
-            return f"{tenant}/{app_h}"
-        model = body.get("model")
-        fp = app_fingerprint(tenant, model if isinstance(model, str) else "", instr[0],
-                             tool_signature(body.get("tools")))
-        return self.names.canonical(fp)
-
-    def _new_run(self, tenant: str, body: Mapping[str, Any], instr: tuple[bytes, str, str],
-                 app_h: str, now: float) -> _Run:
+    def _app_key(self, tenant: str, body: Mapping[str, Any], instr: tuple[bytes, str, str],
+                 app_h: str) -> _AppKey:
+        """Which app a new run of this request belongs to (no side effect): the client's
+        ``X-Hermes-App``, else the fingerprint of its instructions, tools, model and tenant
+        after the operator's merges."""
         if app_h:  # named by the client; its units and gaps are still the tenant's own
-            name = app_h
-            app_id = f"{tenant}/{app_h}"
+            return _AppKey(f"{tenant}/{app_h}", app_h, "", "", [])
+        m = body.get("model")
+        model = m if isinstance(m, str) else ""
+        tools = tool_signature(body.get("tools"))
+        fp = app_fingerprint(tenant, model, instr[0], tools)
+        return _AppKey(self.names.canonical(fp), "", fp, model, tools)
+
+    def _new_run(self, tenant: str, app: _AppKey, instr: tuple[bytes, str, str],
+                 now: float) -> _Run:
+        app_id = app.app_id
+        if app.named:
+            name = app.named
         else:
-            digest, template, _ = instr
-            tools = tool_signature(body.get("tools"))
-            model = body.get("model")
-            fp = app_fingerprint(tenant, model if isinstance(model, str) else "", digest, tools)
-            info = self.apps.see(fp, tenant=tenant, model=model if isinstance(model, str) else "",
-                                 instructions_template=template, tools=tools, now=now)
+            fp = app.fingerprint
+            info = self.apps.see(fp, tenant=tenant, model=app.model,
+                                 instructions_template=instr[1], tools=app.tools, now=now)
             info.runs += 1
-            app_id = self.names.canonical(fp)
             if app_id == fp:
                 name = self.names.name(fp, info.name)
             else:
