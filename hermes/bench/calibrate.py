@@ -247,11 +247,33 @@ def derive(spec: Spec, prof: Profile) -> Derived:
     )
 
 
+def reference_gemm_ms(spec: Spec, prof: Profile, der: Derived, tokens: float) -> float:
+    """Reference time (ms, all layers) of the weight GEMMs alone at ``tokens`` tokens on
+    ``spec``'s card: the profiled GEMMs, none faster than the card's one-token (memory-bound)
+    floor (module doc: the 40 GB rule for a slower card)."""
+    _, gemm = prof.at(tokens)
+    return spec.layers * max(gemm, der.mem_floor_gemm_ms)
+
+
 def reference_tokens_ms(spec: Spec, prof: Profile, der: Derived, tokens: float) -> float:
     """Reference per-token operator time (ms, all layers) of an iteration of ``tokens``
-    tokens on ``spec``'s card (module doc: the 40 GB rule for a slower card)."""
+    tokens: the layers' other profiled operators plus :func:`reference_gemm_ms`."""
     layer, gemm = prof.at(tokens)
-    return spec.layers * (layer + max(0.0, der.mem_floor_gemm_ms - gemm))
+    return spec.layers * (layer - gemm) + reference_gemm_ms(spec, prof, der, tokens)
+
+
+def cell_terms(kind: str, batch: int, prompt: int, context: int
+               ) -> tuple[int, int, int, int, float]:
+    """``(decode sequences, prefill tokens, prefill sequences, KV context tokens read by the
+    decodes, causal prefill pairs)`` of a grid cell (:func:`grid`: ``decode``, ``prefill`` or
+    ``mixed``)."""
+    if kind == "decode":
+        return batch, 0, 0, batch * context, 0.0
+    if kind == "prefill":
+        return 0, batch * prompt, batch, 0, batch * 0.5 * prompt * prompt
+    if kind == "mixed":
+        return batch - 1, prompt, 1, (batch - 1) * context, 0.5 * prompt * prompt
+    raise ValueError(f"unknown cell kind {kind!r} (decode | prefill | mixed)")
 
 
 def reference_cpu_ms(mode: str, seqs: int) -> tuple[float, bool]:
@@ -404,12 +426,7 @@ def calibration_rows(
     der = derive(spec, prof)
     rows = []
     for kind, b, p, c in grid(spec, mode):
-        if kind == "decode":
-            dec, pre_tok, pre_seqs, ctx, pairs = b, 0, 0, b * c, 0.0
-        elif kind == "prefill":
-            dec, pre_tok, pre_seqs, ctx, pairs = 0, b * p, b, 0, b * 0.5 * p * p
-        else:
-            dec, pre_tok, pre_seqs, ctx, pairs = b - 1, p, 1, (b - 1) * c, 0.5 * p * p
+        dec, pre_tok, pre_seqs, ctx, pairs = cell_terms(kind, b, p, c)
         tokens = pre_tok + dec
         cpu_ms, extrapolated = reference_cpu_ms(mode, b)
         measured = (reference_tokens_ms(spec, prof, der, tokens) + cpu_ms
