@@ -113,13 +113,15 @@ def split_passes(events: Sequence[tuple[str, float]], kind: str, layers: int, pa
 
 
 def cell_terms(kind: str, batch: int, prompt: int, context: int) -> tuple[int, int, int, float]:
-    """``(tokens, decode sequences, KV context tokens read, causal prefill pairs)`` of a cell,
-    as :func:`hermes.bench.calibrate.calibration_rows` counts them."""
-    if kind == "decode":
-        return batch, batch, batch * context, 0.0
-    if kind == "prefill":
-        return batch * prompt, 0, 0, batch * 0.5 * prompt * prompt
-    raise ValueError(f"unknown cell kind {kind!r} (decode | prefill)")
+    """``(tokens, decode sequences, KV context tokens read, causal prefill pairs)`` of a
+    measured cell, as :func:`hermes.bench.calibrate.cell_terms` counts them (only ``decode``
+    and ``prefill`` cells are measured: HF cannot batch the two)."""
+    from hermes.bench.calibrate import cell_terms as terms
+
+    if kind not in ("decode", "prefill"):
+        raise ValueError(f"unknown cell kind {kind!r} (decode | prefill)")
+    dec, pre_tok, _, ctx, pairs = terms(kind, batch, prompt, context)
+    return dec + pre_tok, dec, ctx, pairs
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -287,8 +289,7 @@ def compare(measured: dict[str, Any], setup: str, root: Path | None = None) -> l
             continue
         tokens, seqs, ctx, pairs = cell_terms(r["kind"], r["batch"], r["prompt_tokens"],
                                              r["context_tokens"])
-        _, gemm = prof.at(tokens)
-        vidur_gemm = spec.layers * max(gemm, der.mem_floor_gemm_ms)
+        vidur_gemm = C.reference_gemm_ms(spec, prof, der, tokens)
         vidur_ops = C.reference_tokens_ms(spec, prof, der, tokens)
         attn = 1e3 * (der.decode_s_per_ctx_token * ctx + der.prefill_attn_s_per_pair * pairs)
         pre_tok = tokens if r["kind"] == "prefill" else 0
@@ -362,6 +363,14 @@ def cmd_forward(args: argparse.Namespace) -> int:
         rows = compare(measured, setup, Path(args.vidur) if args.vidur else None)
     except (KeyError, ValueError) as e:
         print(f"hermes bench forward: {e}", file=sys.stderr)
+        return 2
+    for r in measured.get("rows", []):
+        if "error" in r:  # compare() leaves these out: say so, the table would not
+            print(f"hermes bench forward: {r['kind']} batch {r['batch']} prompt "
+                  f"{r['prompt_tokens']} context {r['context_tokens']} was not measured "
+                  f"({r['error']})", file=sys.stderr)
+    if not rows:
+        print("hermes bench forward: no measured cell to compare", file=sys.stderr)
         return 2
     print_compare(rows)
     if args.json:

@@ -123,6 +123,20 @@ def test_cli_compares_a_measurement_file(tmp_path, capsys):
     assert doc["compare"][0]["setup"] == "llama2-7b-h100-cal"
 
 
+@needs_vidur
+def test_cli_says_which_cells_were_not_measured(tmp_path, capsys):
+    f = tmp_path / "m.json"
+    oom = {"kind": "decode", "batch": 512, "prompt_tokens": 0, "context_tokens": 4096,
+           "error": "out of memory: CUDA"}
+    f.write_text(json.dumps(_measured([_row("decode", 8, 0, 512, 5.3, 1.0, 2.1), oom])))
+    assert main(["bench", "forward", "--measured", str(f)]) == 0
+    assert "decode batch 512 prompt 0 context 4096 was not measured (out of memory" in \
+        capsys.readouterr().err
+    f.write_text(json.dumps(_measured([oom])))
+    assert main(["bench", "forward", "--measured", str(f)]) == 2
+    assert "no measured cell" in capsys.readouterr().err
+
+
 def test_cli_errors(tmp_path, capsys):
     assert main(["bench", "forward", "--measured", str(tmp_path / "nope.json")]) == 2
     assert "nope.json" in capsys.readouterr().err
