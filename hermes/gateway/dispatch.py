@@ -185,6 +185,7 @@ class Dispatcher(RunObserver):
         """Will the run prompt an engine again after this unit? (:func:`hermes.core.pdgraph.
         next_llm_p` on the app's current PDGraph.)"""
         return next_llm_p(self.graphs(app) if self.graphs is not None else None, unit)
+
     def send_tool(self, req: PendingRequest, exclude: Set[str] = frozenset()) -> None:
         assert isinstance(req.msg, Tool)
         try:
