@@ -2,9 +2,10 @@
 
 Map steps, scoring fan-outs and parallel tool-less calls share no conversation and carry no
 id, so continuation cannot group them, and each would be a one-request run ranked as a tiny
-job of its own: ahead of every real run, though the program waits for all of them (measured
-in the README: a GoT run's 105 scoring prompts, as 105 runs, delayed a code-generation run's
-first call by ~70 s). What does show is that they arrive together. A first-turn request of a
+job of its own, ahead of longer runs, though the program waits for all of them. What does
+show is that they arrive together. (Measured, README: this groups a GoT run's bursts, 210
+requests into 20 runs at one seed, and doubles grouping recall, but does not by itself move
+mean ACT: the stages of one program stay separate runs.) A first-turn request of a
 *one-shot* app (one that has never shown a continuation, :class:`~.runend.GapBook`) that
 arrives within ``window_s`` of the previous request of that app's open fan-out, with the same
 weak id (or none), joins that run; a fan-out takes at most ``max_requests`` requests over
