@@ -300,16 +300,31 @@ class IdentityConfig(_Section):
     one_shot_runs: int = Field(default=20, ge=1)
     #: a request the edge never reported answered stops holding its run open after this
     max_busy_s: float = Field(default=3600.0, gt=0.0)
-    #: fan-outs: a first-turn request of a one-shot app (above) joins the run of the same
-    #: app and tenant whose last request came at most this many clock seconds before it (a
-    #: program sending independent prompts at once, e.g. a map step); 0: off. Requests of
-    #: *different* users of one one-shot app that co-arrive this closely are grouped too,
-    #: unless their ``user`` / ``safety_identifier`` / ``prompt_cache_key`` differ
+    #: fan-outs: a first-turn request of a program of independent prompts (an app whose runs
+    #: have shown no conversation continuation, and a dataflow continuation or
+    #: ``one_shot_runs`` one-request runs) joins the open fan-out run of the same app and
+    #: tenant whose last request came at most this many clock seconds before it (a program
+    #: sending independent prompts at once, e.g. a map step); 0: off. Requests of
+    #: *different* users of such an app that co-arrive this closely are grouped too, unless
+    #: their ``user`` / ``safety_identifier`` / ``prompt_cache_key`` differ
     fanout_window_s: float = Field(default=0.05, ge=0.0)
     #: a fan-out run takes at most this many requests, over at most ``fanout_max_age_s``
     #: from its first
     fanout_max_requests: int = Field(default=64, ge=2)
     fanout_max_age_s: float = Field(default=1.0, gt=0.0)
+
+    # ---- dataflow: a prompt holding a passage of a reply continues that reply's run
+    #: on/off (:mod:`hermes.gateway.resolve.dataflow`)
+    dataflow: bool = True
+    #: a reply line shorter than this (characters, whitespace collapsed) is not a passage:
+    #: short lines ("Sure:", "7") are common to unrelated runs
+    dataflow_min_chars: int = Field(default=40, ge=8)
+    #: a passage longer than this is also indexed by its head (an output cut to fit a prompt)
+    dataflow_head_chars: int = Field(default=256, ge=16)
+    #: passages indexed per reply at most (its first ones)
+    dataflow_max_passages: int = Field(default=16, ge=1, le=1024)
+    #: characters of a request's text scanned for passages at most
+    dataflow_max_scan_chars: int = Field(default=65_536, ge=256)
 
     @field_validator("session_headers")
     @classmethod

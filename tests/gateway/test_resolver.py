@@ -654,3 +654,158 @@ def test_continuations_are_never_fanouts() -> None:
     first = r.resolve("t1", chat(sys_(SCORER), user("doc")), {}, now)
     nxt = r.resolve("t1", chat(sys_(SCORER), user("doc"), text("7"), user("why?")), {}, now + 0.01)
     assert nxt.evidence != "fanout" and nxt.run != first.run
+
+
+# ------------------------------------------------------------------------------ dataflow
+MERGER = "You are a legal expert. Merge NDAs into one, keeping every clause."
+JUDGE = "You are a legal expert. Score how well a merged NDA keeps the clauses."
+AGGREGATOR = "You are a legal expert. Combine candidate merges of NDAs into one better merge."
+
+
+def _merge(tag: str, i: int) -> str:
+    """A candidate merge as a model writes it: a boilerplate opener (common to every run),
+    then lines of its own."""
+    return (f"Here is the merged agreement you asked for:\n"
+            f"1. In variant {i}, confidential information of {tag} means every document "
+            f"disclosed.\n"
+            f"2. In variant {i}, the receiving party of {tag} keeps it secret for five years.")
+
+
+def got_program(r: Resolver, tag: str, now: float, *, tenant: str = "t1",
+                cut: int | None = None) -> list[Identity]:
+    """A Graph-of-Thoughts pass as the real program sends it: two candidate merges at once,
+    a score prompt per candidate holding it, an aggregate prompt holding both (``cut``: the
+    program cuts each embedded candidate to that many characters, keeping the head)."""
+    out: list[Identity] = []
+    gen = [r.resolve(tenant, chat(sys_(MERGER), user(f"Documents:\n{tag} nda text")), {},
+                     now + 0.001 * k) for k in range(2)]
+    cands = [_merge(tag, k) for k in range(2)]
+    for k, ident in enumerate(gen):
+        r.answered(ident, text(cands[k]), now + 1)
+    out += gen
+
+    def held(c: str) -> str:
+        return c if cut is None else c[:cut]
+
+    now += 1.2
+    for c in cands:
+        s = r.resolve(tenant, chat(sys_(JUDGE), user(f"Merged NDA:\n{held(c)}\nScore:")), {}, now)
+        r.answered(s, text("7"), now + 0.5)
+        out.append(s)
+        now += 0.6
+    agg = r.resolve(tenant, chat(sys_(AGGREGATOR), user(
+        "Candidates:\n" + "\n\n".join(held(c) for c in cands) + "\nCombined NDA:")), {}, now)
+    r.answered(agg, text(_merge(tag, 9)), now + 1)
+    out.append(agg)
+    return out
+
+
+def test_a_programs_stages_join_by_dataflow_into_one_run() -> None:
+    """Each stage of a GoT program is a fresh prompt (no conversation); its score and
+    aggregate prompts hold the candidates Hermes returned, so they continue the run."""
+    r = Resolver()
+    first = got_program(r, "acme", T0)
+    gen, scores, agg = first[:2], first[2:4], first[4]
+    # the very first run: its burst is not yet known to be a program's (two runs) ...
+    assert gen[0].run != gen[1].run
+    assert [s.evidence for s in scores] == ["dataflow", "dataflow"]
+    assert scores[0].run == gen[0].run and scores[1].run == gen[1].run
+    assert agg.evidence == "dataflow" and agg.run in (gen[0].run, gen[1].run)
+    # ... the app has shown a dataflow continuation: later runs' bursts are fan-outs, and
+    # every request of a run lands in it
+    for n, tag in enumerate(("globex", "initech")):
+        ids = got_program(r, tag, T0 + 100 * (n + 1))
+        assert len({i.run for i in ids}) == 1, [(i.evidence, i.run) for i in ids]
+        assert [i.evidence for i in ids] == ["new", "fanout"] + ["dataflow"] * 3
+        # the stages keep their own units, under the first stage's app
+        assert len({i.app_id for i in ids}) == 1 and len({i.unit for i in ids}) == 3
+    # a dataflow join is no conversation: the app is still a program of independent prompts
+    assert not r.gaps.conversational(gen[0].app_id) and r.gaps.fans_out(gen[0].app_id)
+
+
+def test_dataflow_finds_an_output_cut_to_fit_by_its_head() -> None:
+    r = Resolver(IdentityConfig(dataflow_head_chars=48))
+    ids = got_program(r, "acme", T0, cut=len("Here is the merged agreement you asked for:\n") + 60)
+    assert [i.evidence for i in ids[2:]] == ["dataflow"] * 3
+
+
+def test_boilerplate_lines_are_ambiguous_and_tenants_never_meet() -> None:
+    r = Resolver()
+    a = got_program(r, "acme", T0)
+    b = got_program(r, "globex", T0 + 100)
+    # the opener line is in every run's replies: it is not evidence of any one run
+    probe = chat(sys_(JUDGE), user("Merged NDA:\nHere is the merged agreement you asked for:\n"
+                                   "Score:"))
+    assert r.resolve("t1", probe, {}, T0 + 200).evidence == "new"
+    # a run's own line is, for its tenant only
+    line = _merge("globex", 0).splitlines()[1]
+    mine = r.resolve("t1", chat(sys_(JUDGE), user(f"Merged NDA:\n{line}\nScore:")), {}, T0 + 200)
+    assert mine.evidence == "dataflow" and mine.run in {i.run for i in b}
+    assert mine.run not in {i.run for i in a}
+    other = r.resolve("t2", chat(sys_(JUDGE), user(f"Merged NDA:\n{line}\nScore:")), {}, T0 + 200)
+    assert other.evidence == "new"
+    # short lines are never passages; switched off, nothing joins
+    short = r.resolve("t1", chat(sys_(JUDGE), user("Merged NDA:\n7\nScore:")), {}, T0 + 200)
+    assert short.evidence == "new"
+    off = Resolver(IdentityConfig(dataflow=False))
+    assert {i.evidence for i in got_program(off, "acme", T0)[2:]} == {"new"}
+
+
+def test_dataflow_memory_and_scan_are_bounded() -> None:
+    """A reply of 1,000 distinct long lines indexes ``dataflow_max_passages`` of them; a
+    prompt is scanned over ``dataflow_max_scan_chars`` characters only."""
+    cfg = IdentityConfig(dataflow_max_passages=4, dataflow_max_scan_chars=1000)
+    r = Resolver(cfg)
+    ident = r.resolve("t1", chat(sys_(MERGER), user("go")), {}, T0)
+    lines = [f"line {k:04d} of a very long answer that goes on and on" for k in range(1000)]
+    before = len(r.index)
+    r.answered(ident, text("\n".join(lines)), T0 + 1)
+    assert len(r.index) - before == 1 + 4  # the conversation's digest + 4 passages
+    late = r.resolve("t1", chat(sys_(JUDGE), user("x" * 2000 + "\n" + lines[0])), {}, T0 + 2)
+    assert late.evidence == "new"  # its only passage lies past the scan limit
+    early = r.resolve("t1", chat(sys_(JUDGE), user(lines[0] + "\n" + "x" * 2000)), {}, T0 + 2)
+    assert early.evidence == "dataflow" and early.run == ident.run
+
+
+def test_a_new_session_is_a_new_run_whatever_its_text_holds() -> None:
+    r = Resolver()
+    a = got_program(r, "acme", T0)
+    line = _merge("acme", 0).splitlines()[1]
+    s = r.resolve("t1", chat(sys_(JUDGE), user(f"Merged NDA:\n{line}")),
+                  {"x-session-id": "fresh"}, T0 + 10)
+    assert s.evidence.startswith("session") and s.new_run and s.run not in {i.run for i in a}
+
+
+def test_a_claim_picked_out_of_a_listed_reply_joins_its_run() -> None:
+    """FacTool: the extraction lists claims (``1. "..."``); each query prompt holds one
+    claim after a label."""
+    r = Resolver()
+    ext = r.resolve("t1", chat(sys_("You extract the factual claims a text makes."),
+                               user("Text: the tower opened in 1889")), {}, T0)
+    claims = ["The Eiffel Tower opened to the public in March 1889.",
+              "It was the tallest man-made structure until the Chrysler Building."]
+    r.answered(ext, text("\n".join(f'{k + 1}. "{c}"' for k, c in enumerate(claims))), T0 + 1)
+    qs = [r.resolve("t1", chat(sys_("You write search queries that verify a claim."),
+                               user(f"Claim: {c}\nQueries:")), {}, T0 + 1.1) for c in claims]
+    assert [q.evidence for q in qs] == ["dataflow", "dataflow"]
+    assert {q.run for q in qs} == {ext.run}
+
+
+def test_gapbook_snapshot_keeps_which_apps_converse() -> None:
+    from hermes.gateway.resolve.runend import GapBook
+
+    g = GapBook(one_shot_runs=2)
+    g.add("chat", 3.0)  # a conversation's next turn
+    g.add("got", 0.2, conversation=False)  # a dataflow continuation
+    for _ in range(2):
+        g.closed("got", False)
+    assert g.conversational("chat") and not g.fans_out("chat")
+    assert not g.conversational("got") and g.fans_out("got") and g.one_shot("got")
+    back = GapBook(one_shot_runs=2)
+    back.restore(json.loads(json.dumps(g.snapshot())))
+    assert back.conversational("chat") and back.fans_out("got") and back.one_shot("got")
+    assert back.gaps("got") == [0.2]
+    # a snapshot from before dataflow (no "conv"): every app with gaps had conversed
+    old = GapBook()
+    old.restore({"gaps": {"chat": [3.0]}, "single": {"x": 5}})
+    assert old.conversational("chat") and not old.conversational("x")

@@ -17,8 +17,10 @@ component between the HTTP edge and the runs registry: no FastAPI, no I/O, no cl
 - :mod:`~hermes.gateway.resolve.apps`: app fingerprints, names, :class:`AppNames`
   (rename/merge mapping for the knowledge base);
 - :mod:`~hermes.gateway.resolve.runend`: :func:`idle_close_s`, the run-end rule;
-- :mod:`~hermes.gateway.resolve.fanout`: :class:`FanoutBook`, a one-shot app's bursts of
-  independent prompts grouped by arrival;
+- :mod:`~hermes.gateway.resolve.fanout`: :class:`FanoutBook`, bursts of independent
+  prompts grouped by arrival;
+- :mod:`~hermes.gateway.resolve.dataflow`: passages of replies, found again in the prompts of
+  a program's next stage;
 - :mod:`~hermes.gateway.resolve.replies`: :class:`ChatReplies`, a streamed reply's messages;
 - :mod:`~hermes.gateway.resolve.bench`: :func:`bench`, the resolver's CPU per request.
 
@@ -59,15 +61,20 @@ Evidence, strongest first, and where each comes from:
    answered (its messages plus the reply Hermes returned), then tool results or a new user
    turn. Indexed by rolling digests of message prefixes (:mod:`~hermes.gateway.resolve.canon`):
    O(messages) per request, independent of the number of open runs.
-5. Weak ids: ``user`` (OpenAI: an end-user id), ``safety_identifier`` (its successor),
+5. Dataflow: the request's text holds lines of replies Hermes answered to the same tenant
+   (a program's next stage works on its earlier outputs: a score prompt holds what it
+   scores, a reduce prompt the summaries): the run most of them came from
+   (:mod:`~hermes.gateway.resolve.dataflow`).
+6. Weak ids: ``user`` (OpenAI: an end-user id), ``safety_identifier`` (its successor),
    ``prompt_cache_key`` (a cache partition: Codex sets it per conversation, many clients per
    app). They name a person or a cache bucket, not a run, so they are used after continuation
    and only for a request that carries history nothing else matched (e.g. a client that
    rewrote its history); a first turn is always a new run.
-6. Fan-outs: a first turn of a one-shot app (never a continuation) arriving within
+7. Fan-outs: a first turn of a program of independent prompts (no conversation continuation
+   seen; a dataflow continuation or one-shot runs seen) arriving within
    ``fanout_window_s`` of the last request of that app's open fan-out, same tenant and weak
    id: that run (:mod:`~hermes.gateway.resolve.fanout`).
-7. Otherwise a new run.
+8. Otherwise a new run.
 
 Apps are fingerprints of the instructions template, the tool set (names and schemas), the
 model and the tenant; units are (instructions template, last turn's template) mined with

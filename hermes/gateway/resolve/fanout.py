@@ -3,17 +3,17 @@
 Map steps, scoring fan-outs and parallel tool-less calls share no conversation and carry no
 id, so continuation cannot group them, and each would be a one-request run ranked as a tiny
 job of its own, ahead of longer runs, though the program waits for all of them. What does
-show is that they arrive together. (Measured, README: this groups a GoT run's bursts, 210
-requests into 20 runs at one seed, and doubles grouping recall, but does not by itself move
-mean ACT: the stages of one program stay separate runs.) A first-turn request of a
-*one-shot* app (one that has never shown a continuation, :class:`~.runend.GapBook`) that
+show is that they arrive together (the later stages, which work on the burst's outputs, join
+by dataflow: :mod:`~hermes.gateway.resolve.dataflow`). A first-turn request of a program of
+independent prompts (:meth:`~.runend.GapBook.fans_out`: an app that has never shown a
+conversation continuation, and has shown a dataflow one or only one-request runs) that
 arrives within ``window_s`` of the previous request of that app's open fan-out, with the same
 weak id (or none), joins that run; a fan-out takes at most ``max_requests`` requests over
 ``max_age_s`` from its first.
 
-The price, stated in ``[identity]``'s docs: different users' requests to one one-shot app
-that arrive this closely together (a busy endpoint, no ``user`` sent) are grouped too, and
-ranked as one job. Pure: the caller passes ``now`` and says which runs are still open.
+The price, stated in ``[identity]``'s docs: different users' requests to one such app that
+arrive this closely together (a busy endpoint, no ``user`` sent) are grouped too, and ranked
+as one job. Pure: the caller passes ``now`` and says which runs are still open.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class _Burst:
 
 
 class FanoutBook:
-    """The open fan-out of each (one-shot app, weak id) (bounded: ``max_apps`` of them,
+    """The open fan-out of each (program app, weak id) (bounded: ``max_apps`` of them,
     oldest out)."""
 
     def __init__(self, *, window_s: float, max_age_s: float, max_requests: int,
@@ -62,7 +62,7 @@ class FanoutBook:
         return b.run
 
     def start(self, app_id: str, run: str, affinity: bytes | None, now: float) -> None:
-        """A new run of one-shot app ``app_id`` opens a fan-out (replacing the last of the
+        """A new run of program app ``app_id`` opens a fan-out (replacing the last of the
         app and weak id)."""
         bursts = self._bursts
         key = (app_id, affinity)

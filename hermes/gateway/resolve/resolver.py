@@ -22,15 +22,19 @@ The evidence ladder (first that applies wins; details in :mod:`hermes.gateway.re
    session's current run (a new one on its first request);
 4. conversation continuation: the longest proper prefix of the request's messages that is a
    conversation Hermes answered (messages + reply): that conversation's run;
-5. a weak id (``user``, ``safety_identifier``, ``prompt_cache_key``): the run last seen with
+5. dataflow: the request's text holds passages (lines) of replies Hermes answered: the run
+   most of them were answered in (:mod:`hermes.gateway.resolve.dataflow`: a program's next
+   stage works on its earlier outputs, a score prompt holds what it scores);
+6. a weak id (``user``, ``safety_identifier``, ``prompt_cache_key``): the run last seen with
    it, only for a request that carries history (an assistant or tool message) that nothing
    above matched: a first turn with a known ``user`` is a new run, not that user's last one;
-6. a fan-out: a first turn of a *one-shot* app (one that never shows a continuation:
-   independent prompts) arriving within ``fanout_window_s`` of the last request of an open
-   run of the same app and tenant, whose weak id (if any) matches: that run (a program's
-   burst of prompts sent at once, ranked together as the one job it is; at most
-   ``fanout_max_requests`` over ``fanout_max_age_s``);
-7. a new run.
+7. a fan-out: a first turn of a program of independent prompts (an app whose runs have
+   shown no conversation continuation, and either a dataflow continuation or
+   ``one_shot_runs`` runs of one request) arriving within ``fanout_window_s`` of the last request of an open run of the same app
+   and tenant, whose weak id (if any) matches: that run (a program's burst of prompts sent
+   at once, ranked together as the one job it is; at most ``fanout_max_requests`` over
+   ``fanout_max_age_s``);
+8. a new run.
 
 A run found closed (idle past its app's gaps, :mod:`hermes.gateway.resolve.runend`) gives a
 new run of the same app, whose ``follows`` names the closed one; the gap that continuation
@@ -53,6 +57,7 @@ from hermes.gateway.resolve.canon import (
     conversation_digests,
     key_digest,
 )
+from hermes.gateway.resolve.dataflow import AMBIGUOUS, prompt_digests, reply_digests, vote
 from hermes.gateway.resolve.evidence import (
     affinity_of,
     asks_tools,
@@ -86,7 +91,8 @@ class Identity:
     as before). ``new_run``: the edge must create the run, with key ``run``, app ``app``.
     ``inferred``: the run was not named by the client's Hermes headers. ``evidence``: what
     decided (``header``, ``opt-out``, ``off``, ``previous_response_id``,
-    ``session:<source>``, ``continuation``, ``affinity:<field>``, ``new``). ``follows``: the
+    ``session:<source>``, ``continuation``, ``dataflow``, ``affinity:<field>``, ``fanout``,
+    ``new``). ``follows``: the
     closed run a late continuation would have joined. ``app`` is "" for an ``X-Hermes-Run``
     passthrough that names no app (the run's own app applies).
     """
@@ -129,8 +135,10 @@ class _Run:
     requests: int = 0
     #: the last answer asked for tool calls: the client owes the run a continuation
     awaiting_tool: bool = False
-    #: requests that joined as a fan-out (rule 6), not as a continuation
+    #: requests that joined as a fan-out (rule 7), not as a continuation
     fanout: int = 0
+    #: requests that joined by dataflow (rule 5), not as a conversation's next turn
+    dataflow: int = 0
 
 
 class _AppKey(NamedTuple):
@@ -217,6 +225,9 @@ class Resolver:
         evidence = "new"
         bind: list[bytes] = []
         akey: bytes | None = None
+        #: a session id names its run: a new session is a new run, never a dataflow or
+        #: fan-out join
+        explicit = False
         if cfg.explicit_ids:
             prev = body.get("previous_response_id")
             if isinstance(prev, str) and prev:
@@ -225,6 +236,7 @@ class Resolver:
                     evidence = "previous_response_id"
             session = session_of(body, hl, cfg)
             if session is not None:
+                explicit = True
                 skey = key_digest(tenant, "session", session[1])
                 bind.append(skey)
                 if run_key is None:
@@ -236,6 +248,12 @@ class Resolver:
                 if run_key is not None:
                     evidence = "continuation"
                     break
+        if run_key is None and cfg.dataflow and msgs and not explicit:
+            run_key = vote([index.get(tenant, d, now) for d in prompt_digests(
+                tenant, msgs, min_chars=cfg.dataflow_min_chars,
+                head_chars=cfg.dataflow_head_chars, max_chars=cfg.dataflow_max_scan_chars)])
+            if run_key is not None:
+                evidence = "dataflow"
         first_turn = not has_history(msgs, body)
         if cfg.explicit_ids:
             affinity = affinity_of(body, cfg)
@@ -250,7 +268,7 @@ class Resolver:
         instr = self.instructions.get(instructions_of(msgs))
         fanout = None
         app: _AppKey | None = None  # the app a new run would get, computed once
-        if run_key is None and self.fanouts.enabled and first_turn:
+        if run_key is None and self.fanouts.enabled and first_turn and not explicit:
             app = self._app_key(tenant, body, instr, app_h)
             fanout = self.fanouts.join(app.app_id, akey, now, self._open.__contains__)
             if fanout is not None:
@@ -260,18 +278,23 @@ class Resolver:
         if follows is not None:
             late = self._recently_closed.pop(follows, None)
             if late is not None:  # a continuation after the close: its gap was too short
-                self.gaps.add(late[0], now - late[1])
+                self.gaps.add(late[0], now - late[1], conversation=evidence != "dataflow")
         if run is not None:
             if fanout is not None:  # joined with its first request: no gap, no continuation
                 run.fanout += 1
-            elif run.busy == 0:
-                self.gaps.add(run.app_id, now - run.last)
+            else:
+                if evidence == "dataflow":
+                    run.dataflow += 1
+                if run.busy == 0:
+                    self.gaps.add(run.app_id, now - run.last,
+                                  conversation=evidence != "dataflow")
             self._by_app[run.app_id].move_to_end(run.key)
             self._open.move_to_end(run.key)
         else:
             run = self._new_run(tenant, app or self._app_key(tenant, body, instr, app_h),
                                 instr, now)
-            if self.fanouts.enabled and first_turn and self.gaps.one_shot(run.app_id):
+            if (self.fanouts.enabled and first_turn and not explicit
+                    and self.gaps.fans_out(run.app_id)):
                 self.fanouts.start(run.app_id, run.key, akey, now)
         run.busy += 1
         run.requests += 1
@@ -290,8 +313,9 @@ class Resolver:
     def answered(self, identity: Identity, replies: Any, now: float, *,
                  response_id: str | None = None) -> None:
         """Hermes returned ``replies`` (an assistant message, or one per choice) for the request
-        ``identity`` resolved: index the conversation each reply completes, and the response
-        id of a Responses request, under the request's run."""
+        ``identity`` resolved: index the conversation each reply completes, the reply's
+        passages (dataflow; a passage already answered in another run becomes ambiguous) and
+        the response id of a Responses request, under the request's run."""
         if identity.evidence in UNTRACKED or not identity.run:
             return
         self._release(identity.run, now)
@@ -301,9 +325,18 @@ class Resolver:
                                     (replies if isinstance(replies, list) else (replies,)))
         tenant = identity.tenant
         hasher = identity.conversation
-        if hasher is not None and replies:
-            for reply in replies if isinstance(replies, list) else (replies,):
-                self.index.put(tenant, answered_digest(hasher, reply), identity.run, now)
+        cfg = self.config
+        index = self.index
+        for reply in (replies if isinstance(replies, list) else (replies,)) if replies else ():
+            if hasher is not None:
+                index.put(tenant, answered_digest(hasher, reply), identity.run, now)
+            if cfg.dataflow:
+                for d in reply_digests(tenant, reply, min_chars=cfg.dataflow_min_chars,
+                                       head_chars=cfg.dataflow_head_chars,
+                                       max_passages=cfg.dataflow_max_passages):
+                    have = index.get(tenant, d, now)
+                    index.put(tenant, d, identity.run if have is None or have == identity.run
+                              else AMBIGUOUS, now)
         if response_id:
             self.index.put(tenant, key_digest(tenant, "resp", response_id), identity.run, now)
         identity.conversation = None
@@ -339,7 +372,7 @@ class Resolver:
                 done.append(run)
             for run in done:
                 self._drop(run)
-                self.gaps.closed(run.app_id, run.requests - run.fanout > 1)
+                self.gaps.closed(run.app_id, run.requests - run.fanout - run.dataflow > 1)
                 self._remember_closed(run)
                 closed.append(ClosedRun(run.key, run.tenant, run.app, "idle", now - run.last,
                                         run.requests))

@@ -11,9 +11,13 @@ own work, a person reading). A run idle much longer than its app's gaps is over
 With fewer than ``min_gaps`` gaps the figure is shrunk towards a prior: weight
 ``n / min_gaps`` on the data, the rest on ``prior_s`` (a new app starts patient and
 learns), but never below ``margin`` x the longest gap seen so far: one tool call longer than
-the prior, once seen, must not split the app's next runs while it learns. An app that has never shown a gap after ``one_shot_runs`` closed runs is one-shot
-traffic (independent prompts, no conversation): its runs close ``min_s`` after their answer,
-so that plain request/response traffic does not hold thousands of runs open for the prior.
+the prior, once seen, must not split the app's next runs while it learns. An app that has
+never shown a *conversation* continuation after ``one_shot_runs`` closed runs is one-shot
+traffic (independent prompts): while it has no gap either, its runs close ``min_s`` after
+their answer, so that plain request/response traffic does not hold thousands of runs open for
+the prior. Gaps before a dataflow continuation (:mod:`~hermes.gateway.resolve.dataflow`: the
+next stage of a program of independent prompts) count towards the idle-close figure but do
+not make an app conversational.
 Pure: the caller passes the gaps; :class:`GapBook` keeps them per app.
 """
 
@@ -53,8 +57,11 @@ class GapBook:
         self.samples = samples
         self.one_shot_runs = one_shot_runs
         self.min_s = min_s
-        #: app -> closed runs of it with a single request, while it has no gap (bounded)
+        #: app -> closed runs of it without a conversation continuation, while it has shown
+        #: none (bounded)
         self._single: OrderedDict[str, int] = OrderedDict()
+        #: apps that have shown a conversation continuation (bounded, least recent out)
+        self._conv: OrderedDict[str, None] = OrderedDict()
         self.max_apps = max_apps
         self._kw: dict[str, Any] = {"margin": margin, "min_s": min_s, "max_s": max_s,
                                     "prior_s": prior_s, "min_gaps": min_gaps}
@@ -65,8 +72,9 @@ class GapBook:
     def __len__(self) -> int:
         return len(self._gaps)
 
-    def add(self, app: str, gap: float) -> None:
-        """One observed gap of ``app`` (seconds)."""
+    def add(self, app: str, gap: float, *, conversation: bool = True) -> None:
+        """One observed gap of ``app`` (seconds); ``conversation``: before a conversation's
+        next turn (else a dataflow continuation: the app stays one-shot traffic)."""
         g = self._gaps.get(app)
         if g is None:
             g = self._gaps[app] = deque(maxlen=self.samples)
@@ -77,13 +85,23 @@ class GapBook:
             self._gaps.move_to_end(app)
         g.append(max(0.0, gap))
         self._close.pop(app, None)
+        if conversation:
+            self._mark_conversational(app)
+
+    def _mark_conversational(self, app: str) -> None:
         self._single.pop(app, None)
+        conv = self._conv
+        conv[app] = None
+        conv.move_to_end(app)
+        if len(conv) > self.max_apps:
+            conv.popitem(last=False)
 
     def closed(self, app: str, continued: bool) -> None:
         """A run of ``app`` was closed; ``continued``: some request of it came after an answer
         of it (a conversation's next turn), not only with its first (one-shot detection: a
-        fan-out of prompts sent at once is still one-shot traffic)."""
-        if continued or app in self._gaps:
+        fan-out of prompts sent at once, or a program's stages joined by dataflow, is still
+        one-shot traffic)."""
+        if continued or app in self._conv:
             return
         single = self._single
         single[app] = single.get(app, 0) + 1
@@ -95,19 +113,36 @@ class GapBook:
         """``app`` has closed ``one_shot_runs`` runs and never shown a gap."""
         return self._single.get(app, 0) >= self.one_shot_runs
 
+    def conversational(self, app: str) -> bool:
+        """Some run of ``app`` has shown a conversation continuation."""
+        return app in self._conv
+
+    def fans_out(self, app: str) -> bool:
+        """``app`` is a program of independent prompts, whose first turns may come as a burst
+        (:mod:`~hermes.gateway.resolve.fanout`): no conversation continuation seen, and either
+        a dataflow continuation (a gap that was not a conversation's) or one-shot runs. A new
+        app is neither: co-arriving first turns of a chat app stay separate runs."""
+        return app not in self._conv and (app in self._gaps or self.one_shot(app))
+
     def snapshot(self) -> dict[str, Any]:
-        """The gaps and one-shot counts, JSON-serialisable (:meth:`restore`)."""
+        """The gaps, one-shot counts and conversational apps, JSON-serialisable
+        (:meth:`restore`)."""
         return {"gaps": {a: list(g) for a, g in self._gaps.items()},
-                "single": dict(self._single)}
+                "single": dict(self._single), "conv": list(self._conv)}
 
     def restore(self, data: dict[str, Any]) -> None:
-        """Put back a :meth:`snapshot` (entries already present are kept)."""
-        for app, gaps in (data.get("gaps") or {}).items():
+        """Put back a :meth:`snapshot` (entries already present are kept; a snapshot from
+        before dataflow, without ``conv``, had gaps only of conversations)."""
+        gaps_of = data.get("gaps") or {}
+        for app, gaps in gaps_of.items():
             if app not in self._gaps:
                 for g in gaps[-self.samples:]:
-                    self.add(app, float(g))
+                    self.add(app, float(g), conversation=False)
+        conv = data.get("conv")
+        for app in (gaps_of if conv is None else conv):
+            self._mark_conversational(str(app))
         for app, n in (data.get("single") or {}).items():
-            if app not in self._gaps:
+            if app not in self._conv:
                 self._single[app] = max(self._single.get(app, 0), int(n))
 
     def gaps(self, app: str) -> list[float]:
