@@ -20,11 +20,17 @@ program builds prompts, and that decides the shape:
   from the previous stage's parsed output), LangChain map-reduce (map, collapse and reduce
   chains with their own prompts), Graph-of-Thoughts document merging (every operation a
   fresh prompt holding the texts it works on). Every call is a per-unit system role plus one
-  user message; nothing in it names or continues its run, so plain traffic cannot group
-  these calls into runs (and with per-unit instructions, not even into one app): a session id
-  or ``X-Hermes-Run`` is the evidence that would. GoT scores candidates with one scoring
-  prompt wherever they stand in the graph, so its ``score1``/``score2``/``score3`` share one
-  template: a prompt cannot tell them apart.
+  user message; nothing in it names or continues its run. What a stage's prompt does hold is
+  its inputs, and where those are earlier outputs the app model says which
+  (:attr:`UnitPrompt.consumes`: a GoT score prompt holds the candidate it scores, the
+  aggregate prompt both candidates, a collapse prompt its share of the map summaries, a
+  FacTool query prompt the extracted claim), the replies exactly as the gateway returned
+  them go in, each on its own line (``{input}``), cut (head kept) only where they would not
+  fit the step's input tokens. That is the dataflow evidence
+  (:mod:`hermes.gateway.resolve.dataflow`); FacTool-code's two stages share only the
+  problem, no output, so nothing in its traffic ties them. GoT scores candidates with one
+  scoring prompt wherever they stand in the graph, so its ``score1``/``score2``/``score3``
+  share one template: a prompt cannot tell them apart.
 
 Sizes: each request's text is padded with variable filler (numbers, which prompt templates
 mask) so that it has at least the step's input tokens at 4 characters a token; a
@@ -49,13 +55,30 @@ MIN_FILLER_CHARS = 24
 Message = dict[str, Any]
 
 
+#: how a step's calls share the outputs their prompts hold (:attr:`UnitPrompt.share`)
+SHARES = ("all", "part", "one", "each")
+
+
 @dataclass(frozen=True, slots=True)
 class UnitPrompt:
     """One unit's prompt template: ``turn`` is its last user turn, ``{text}`` the variable
-    part; ``system`` its own instructions (independent prompts only)."""
+    part, ``{input}`` (independent prompts) the earlier outputs it holds; ``system`` its own
+    instructions (independent prompts only).
+
+    ``consumes``: the units whose outputs ``{input}`` holds (of those that ran, the latest
+    step's). ``share``: ``all``, every call holds all of them; ``part``, call j of m holds the
+    j-th contiguous share (a collapse group); ``one``, every call of this unit's k-th step
+    holds output k (GoT's judges scoring one candidate a step); ``each``, call j holds
+    output j (modulo their number)."""
 
     turn: str
     system: str = ""
+    consumes: tuple[str, ...] = ()
+    share: str = "all"
+
+    def __post_init__(self) -> None:
+        if self.share not in SHARES:
+            raise ValueError(f"share must be one of {SHARES}, got {self.share!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +97,20 @@ def _conv(system: str, task: str, **units: str) -> AppPrompts:
     return AppPrompts(True, {u: UnitPrompt(t) for u, t in units.items()}, system, task)
 
 
-def _indep(**units: tuple[str, str]) -> AppPrompts:
-    return AppPrompts(False, {u: UnitPrompt(t, s) for u, (s, t) in units.items()})
+def _indep(**units: tuple[str, ...]) -> AppPrompts:
+    """Units as ``(system, turn)`` or ``(system, turn, consumes, share)`` (``consumes``: unit
+    names separated by commas)."""
+    out = {}
+    for u, spec in units.items():
+        system, turn, *rest = spec
+        consumes = tuple(rest[0].split(",")) if rest else ()
+        out[u] = UnitPrompt(turn, system, consumes, rest[1] if len(rest) > 1 else "all")
+    return AppPrompts(False, out)
 
 
 _GOT_SCORE = ("You are a legal expert. Score how well a merged NDA keeps the clauses of the "
               "originals and removes the redundancy.",
-              "Originals:\n{text}\nMerged NDA:\n{text}\nScore (1 to 10) and rationale:")
+              "Originals:\n{text}\nMerged NDA:\n{input}\nScore (1 to 10) and rationale:")
 
 #: the benchmark apps' templates (module docstring)
 PROMPTS: dict[str, AppPrompts] = {
@@ -126,29 +156,37 @@ PROMPTS: dict[str, AppPrompts] = {
         extract_claims=("You extract the factual claims a text makes, one a line.",
                         "Text: {text}\nClaims:"),
         generate_queries=("You write search-engine queries that would verify a claim.",
-                          "Claim: {text}\nQueries:"),
+                          "Claim: {input}\nContext: {text}\nQueries:", "extract_claims",
+                          "each"),
         verifies=("You verify a claim against evidence.",
-                  "Claim: {text}\nEvidence: {text}\nVerdict and reasoning:")),
+                  "Claim: {input}\nEvidence: {text}\nVerdict and reasoning:", "extract_claims",
+                  "each")),
     "factool_math": _indep(
         extract_claims=("You extract every equation of a math answer, one a line.",
                         "Answer: {text}\nEquations:"),
         generate_queries=("You turn an equation into a Python expression that checks it.",
-                          "Equation: {text}\nPython:")),
+                          "Equation: {input}\nContext: {text}\nPython:", "extract_claims",
+                          "each")),
     "langchain_mapreduce": _indep(
         generate_summary=("You summarise documents.",
                           "Write a concise summary of the following:\n{text}\nCONCISE SUMMARY:"),
         collapse_summaries=("You combine summaries of parts of a document.",
-                            "Combine these summaries into one:\n{text}\nCOMBINED SUMMARY:"),
+                            "Notes: {text}\nCombine these summaries into one:\n{input}\n"
+                            "COMBINED SUMMARY:", "collapse_summaries,generate_summary", "part"),
         generate_final_summary=("You write the final summary of a document.",
-                                "Summaries of its parts:\n{text}\nFINAL SUMMARY:")),
+                                "Notes: {text}\nSummaries of its parts:\n{input}\n"
+                                "FINAL SUMMARY:", "collapse_summaries,generate_summary")),
     "got_docmerge": _indep(
         generate1=("You are a legal expert. Merge NDAs into one, keeping every clause and "
                    "removing the redundancy.", "Documents:\n{text}\nMerged NDA:"),
         aggregate=("You are a legal expert. Combine candidate merges of NDAs into one better "
-                   "merge.", "Candidates:\n{text}\nCombined NDA:"),
+                   "merge.", "Originals:\n{text}\nCandidates:\n{input}\nCombined NDA:",
+                   "generate1"),
         generate2=("You are a legal expert. Improve a merged NDA against its originals.",
-                   "Originals:\n{text}\nMerged NDA to improve:\n{text}\nImproved NDA:"),
-        score1=_GOT_SCORE, score2=_GOT_SCORE, score3=_GOT_SCORE),
+                   "Originals:\n{text}\nMerged NDA to improve:\n{input}\nImproved NDA:",
+                   "aggregate", "one"),
+        score1=(*_GOT_SCORE, "generate1", "one"), score2=(*_GOT_SCORE, "aggregate", "one"),
+        score3=(*_GOT_SCORE, "generate2")),
 }
 
 #: the apps whose runs are conversations (module docstring)
@@ -193,17 +231,40 @@ def _fill(template: str, rng: np.random.Generator, chars: int) -> str:
     return out
 
 
+#: an embedded output is never cut shorter than this (characters): the dataflow index knows a
+#: long line by its head (``[identity] dataflow_head_chars``, 256)
+MIN_EMBED_CHARS = 320
+
+
+def _select(outputs: Sequence[str], share: str, j: int, m: int, k: int) -> list[str]:
+    """The outputs call ``j`` of ``m`` of this unit's ``k``-th step holds
+    (:attr:`UnitPrompt.share`)."""
+    n = len(outputs)
+    if share == "all":
+        return list(outputs)
+    if share == "part":
+        return list(outputs[j * n // m:(j + 1) * n // m]) or [outputs[j % n]]
+    return [outputs[(k if share == "one" else j) % n]]
+
+
 @dataclass(slots=True)
 class RunBodies:
     """The request bodies of one run, step after step (module docstring).
 
     :meth:`step` gives the messages of each call of an LLM step; :meth:`answered` takes the
     replies the gateway returned (the assistant messages, as returned) and, for a
-    conversation, continues the history with the first branch and its reply."""
+    conversation, continues the history with the first branch and its reply; for independent
+    prompts, keeps them as the step's outputs for the units that consume them."""
 
     app: str
     rng: np.random.Generator
     history: list[Message] = field(default_factory=list)
+    #: unit -> (step number, its replies' text) of the unit's latest step
+    outputs: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
+    #: unit -> steps of it so far
+    steps_of: dict[str, int] = field(default_factory=dict)
+    _unit: str = ""
+    _serial: int = 0
 
     def __post_init__(self) -> None:
         p = prompts_of(self.app)
@@ -217,18 +278,35 @@ class RunBodies:
     def conversation(self) -> bool:
         return prompts_of(self.app).conversation
 
+    def _inputs(self, up: UnitPrompt) -> list[str]:
+        """The outputs ``up`` consumes: of its ``consumes`` units that ran, the latest's."""
+        got = [self.outputs[u] for u in up.consumes if u in self.outputs]
+        return max(got)[1] if got else []
+
     def step(self, unit: str, input_tokens: Sequence[int]) -> list[list[Message]]:
         """The messages of each call of an LLM step of ``unit`` (one per input-token count)."""
         up = unit_prompt(self.app, unit)
+        k = self.steps_of.get(unit, 0)
+        self.steps_of[unit] = k + 1
+        self._unit = unit
+        inputs = [] if self.conversation else self._inputs(up)
+        m = len(input_tokens)
         out: list[list[Message]] = []
-        for tokens in input_tokens:
+        for j, tokens in enumerate(input_tokens):
             want = max(1, tokens) * CHARS_PER_TOKEN
             if self.conversation:
                 head = list(self.history)
             else:
                 head = [{"role": "system", "content": up.system}]
-            fixed = chars_of(head) + len(up.turn.replace("{text}", ""))
-            turn = {"role": "user", "content": _fill(up.turn, self.rng, want - fixed)}
+            turn_t = up.turn
+            if "{input}" in turn_t:
+                held = _select(inputs, up.share, j, m, k) if inputs else []
+                room = want - chars_of(head) - len(turn_t) - MIN_FILLER_CHARS
+                each = max(MIN_EMBED_CHARS, room // max(1, len(held)))
+                text = "\n\n".join(h.strip()[:each] for h in held) or filler(self.rng, each)
+                turn_t = turn_t.replace("{input}", text)
+            fixed = chars_of(head) + len(turn_t.replace("{text}", ""))
+            turn = {"role": "user", "content": _fill(turn_t, self.rng, want - fixed)}
             out.append([*head, turn])
         return out
 
@@ -236,3 +314,7 @@ class RunBodies:
         """The gateway's replies to the calls of the last :meth:`step` (in its order)."""
         if self.conversation and sent:
             self.history = [*sent[0], dict(replies[0])]
+        elif not self.conversation and self._unit:
+            self._serial += 1
+            self.outputs[self._unit] = (self._serial, [str(r.get("content") or "")
+                                                       for r in replies])

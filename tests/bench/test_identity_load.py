@@ -1,6 +1,6 @@
 """``hermes load --identity``: the scoring of inferred runs against the truth (hand-computed
 cases), the request bodies (conversations continue with the replies as returned; independent
-prompts share nothing), and one small experiment per mode against a real gateway with the
+prompts share no history, only the outputs they work on), and one small experiment per mode against a real gateway with the
 built-in engine."""
 
 from __future__ import annotations
@@ -135,6 +135,94 @@ def test_independent_prompts_share_no_history() -> None:
         assert chars_of(msgs) >= tokens * CHARS_PER_TOKEN
     assert calls[0][0] == calls[1][0] != first[0]  # per-unit instructions
     assert calls[0][1] != calls[1][1]
+
+
+def _words(rng: np.random.Generator, n: int) -> str:
+    """A reply as the built-in engine writes one: ``n`` vocabulary words on one line."""
+    vocab = "the of and to in is model token engine run unit graph queue rank state".split()
+    return "".join(" " + str(w) for w in rng.choice(vocab, size=n))
+
+
+def _run_got(b: RunBodies, rng: np.random.Generator, send) -> list:  # noqa: ANN001
+    """Every LLM step of one GoT run through ``b``; ``send(unit, messages)`` answers a call."""
+    out = []
+    for step in get_app("got_docmerge").steps(np.random.default_rng(0)):
+        sent = b.step(step.unit, [c.input_tokens for c in step.requests])
+        replies = [send(step.unit, msgs, c.output_tokens)
+                   for msgs, c in zip(sent, step.requests, strict=True)]
+        b.answered(sent, replies)
+        out.append((step.unit, sent, replies))
+    return out
+
+
+def test_a_stages_prompt_holds_the_outputs_it_works_on() -> None:
+    """GoT: each score step holds the candidate it scores (the k-th step the k-th), the
+    aggregate prompt both candidates, each on its own line; map-reduce's collapse calls
+    share the map summaries; outputs too long for the step are cut, head kept."""
+    rng = np.random.default_rng(1)
+    steps = _run_got(RunBodies("got_docmerge", np.random.default_rng(0)), rng,
+                     lambda unit, msgs, n: _reply(_words(rng, n)))
+    by_unit: dict[str, list] = {}
+    for unit, sent, replies in steps:
+        by_unit.setdefault(unit, []).append((sent, replies))
+    (gen_sent, cands), = by_unit["generate1"]
+    cand_lines = [c["content"].strip() for c in cands]
+    for k, (sent, _) in enumerate(by_unit["score1"]):
+        for msgs in sent:
+            lines = msgs[-1]["content"].split("\n")
+            assert cand_lines[k] in lines and cand_lines[1 - k] not in lines
+    (agg_sent, aggs), = by_unit["aggregate"]
+    for msgs in agg_sent:
+        assert all(c in msgs[-1]["content"].split("\n") for c in cand_lines)
+    (g2_sent, _), = by_unit["generate2"]
+    assert aggs[0]["content"].strip() in g2_sent[0][-1]["content"].split("\n")
+    # map-reduce: each collapse call holds its contiguous share of the summaries
+    b = RunBodies("langchain_mapreduce", np.random.default_rng(0))
+    maps = b.step("generate_summary", [400] * 6)
+    summaries = [_reply(f"summary number {k} " + _words(rng, 60)) for k in range(6)]
+    b.answered(maps, summaries)
+    coll = b.step("collapse_summaries", [1500, 1500])
+    for j, msgs in enumerate(coll):
+        for k in range(6):
+            held = summaries[k]["content"].strip() in msgs[-1]["content"].split("\n")
+            assert held == (k // 3 == j)
+    # an output longer than the step's tokens is cut to its head, never below 320 characters
+    b = RunBodies("factool_kbqa", np.random.default_rng(0))
+    ext = b.step("extract_claims", [180])
+    long = _words(rng, 2000).strip()
+    b.answered(ext, [_reply(long)])
+    (q,) = b.step("generate_queries", [100])
+    claim = q[-1]["content"].split("\n")[0]
+    assert claim.startswith("Claim: ") and long.startswith(claim[len("Claim: "):])
+    assert len(claim) - len("Claim: ") >= 320
+
+
+def test_the_resolver_finds_got_runs_whole_from_their_bodies() -> None:
+    """The bodies and the resolver together, no gateway: the first GoT run of a new app is
+    split at its opening burst (not yet known to be a program), every later run is found
+    whole, under one app, by fan-out and dataflow."""
+    from hermes.gateway.resolve import Resolver
+
+    r = Resolver()
+    rng = np.random.default_rng(5)
+    now = [1000.0]
+
+    def send(unit: str, msgs: list, n: int) -> dict:
+        ident = r.resolve("t", {"model": "m", "messages": msgs}, {}, now[0])
+        reply = _reply(_words(rng, n))
+        r.answered(ident, reply, now[0] + 0.001)
+        runs.append(ident)
+        return reply
+
+    for n in range(3):
+        runs: list = []
+        _run_got(RunBodies("got_docmerge", np.random.default_rng(n)), rng, send)
+        now[0] += 1000.0
+        groups = {i.run for i in runs}
+        assert len(groups) == (2 if n == 0 else 1), (n, [(i.evidence, i.run) for i in runs])
+        if n:
+            assert {i.evidence for i in runs} == {"new", "fanout", "dataflow"}
+            assert len({i.app_id for i in runs}) == 1
 
 
 def test_every_mix_app_has_templates_for_its_llm_units() -> None:
