@@ -473,7 +473,7 @@ class _SchedulerCollector:
         the size of every bounded structure (the evidence index above all)."""
         c = CounterMetricFamily("hermes_identity_requests", "OpenAI requests by the evidence "
                                 "that bound them to a run (header, opt-out, off, "
-                                "previous_response_id, session, continuation, affinity, fanout, new).",
+                                "previous_response_id, session, continuation, dataflow, affinity, fanout, new).",
                                 labels=["evidence"])
         for kind, n in sorted(ids.evidence.items()):
             c.add_metric([kind], n)
@@ -484,7 +484,7 @@ class _SchedulerCollector:
             c.add_metric([reason], n)
         yield c
         g = GaugeMetricFamily("hermes_identity_size", "Sizes of the run resolver's bounded "
-                              "structures (index_entries, open_runs, apps, units, ...).",
+                              "structures (index_entries, passage_entries, open_runs, apps, units, ...).",
                               labels=["structure"])
         for name, n in sorted(ids.stats().items()):
             g.add_metric([name], float(n))

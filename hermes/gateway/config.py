@@ -325,6 +325,12 @@ class IdentityConfig(_Section):
     dataflow_max_passages: int = Field(default=16, ge=1, le=1024)
     #: characters of a request's text scanned for passages at most
     dataflow_max_scan_chars: int = Field(default=65_536, ge=256)
+    #: the passage index, apart from the evidence index (so that passages never evict a
+    #: conversation's digests): entries in all, per tenant, and their lifetime (a program's
+    #: next stage follows its outputs within seconds to minutes)
+    dataflow_max_entries: int = Field(default=200_000, ge=16)
+    dataflow_max_per_tenant: int = Field(default=100_000, ge=16)
+    dataflow_ttl_s: float = Field(default=900.0, gt=0.0)
 
     @field_validator("session_headers")
     @classmethod

@@ -509,7 +509,8 @@ def test_memory_stays_bounded_under_100k_never_repeating_conversations() -> None
     and what the resolver holds stops growing once they are reached (all are by 50k)."""
     cfg = IdentityConfig(index_max_entries=20_000, index_max_per_tenant=20_000,
                          max_open_runs=5_000, max_apps=1_000, max_units=2_000,
-                         drain_max_clusters=200, index_ttl_s=600.0)
+                         drain_max_clusters=200, index_ttl_s=600.0,
+                         dataflow_max_entries=20_000, dataflow_max_per_tenant=20_000)
     r = Resolver(cfg)
     no_headers: dict[str, str] = {}
 
@@ -525,7 +526,11 @@ def test_memory_stays_bounded_under_100k_never_repeating_conversations() -> None
             if i % 4 == 0:
                 again = chat(sys_(system), user(first), text(_name(i * 11)), user("more"),
                              user=f"u{i}")
-                r.answered(r.resolve("abuser", again, no_headers, now), text("ok"), now)
+                # a reply whose lines are long enough to be passages, never repeated
+                r.answered(r.resolve("abuser", again, no_headers, now),
+                           text(f"the witness {_name(i)} and the judge {_name(i * 13)} said so\n"
+                                f"and then {_name(i * 17)} with {_name(i * 19)} agreed with it"),
+                           now)
             if i % 1000 == 999:
                 r.sweep(now)
 
@@ -537,6 +542,7 @@ def test_memory_stays_bounded_under_100k_never_repeating_conversations() -> None
     print(f"resolver holds {mid / 2**20:.2f} MiB after 50k conversations, {end / 2**20:.2f} MiB "
           f"after 100k; {s}")
     assert s["index_entries"] <= 20_000 and s["index_evicted"] > 100_000
+    assert s["passage_entries"] <= 20_000 and s["passage_evicted"] > 20_000
     assert s["open_runs"] <= 5_000 and s["apps"] <= 1_000 and s["units"] <= 2_000
     assert s["miner_clusters"] <= 200 and s["instruction_templates"] <= 4096
     # flat (dict tables resize as entries churn: a few % either way; a leak of 50 bytes per
@@ -758,9 +764,9 @@ def test_dataflow_memory_and_scan_are_bounded() -> None:
     r = Resolver(cfg)
     ident = r.resolve("t1", chat(sys_(MERGER), user("go")), {}, T0)
     lines = [f"line {k:04d} of a very long answer that goes on and on" for k in range(1000)]
-    before = len(r.index)
     r.answered(ident, text("\n".join(lines)), T0 + 1)
-    assert len(r.index) - before == 1 + 4  # the conversation's digest + 4 passages
+    # the conversation's digest in the evidence index, 4 passages in their own
+    assert len(r.index) == 1 and len(r.passages) == 4
     late = r.resolve("t1", chat(sys_(JUDGE), user("x" * 2000 + "\n" + lines[0])), {}, T0 + 2)
     assert late.evidence == "new"  # its only passage lies past the scan limit
     early = r.resolve("t1", chat(sys_(JUDGE), user(lines[0] + "\n" + "x" * 2000)), {}, T0 + 2)

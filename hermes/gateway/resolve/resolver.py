@@ -173,6 +173,10 @@ class Resolver:
         self.new_run_id = new_run_id or _counter_ids()
         self.index = KeyIndex(max_entries=cfg.index_max_entries,
                               max_per_tenant=cfg.index_max_per_tenant, ttl_s=cfg.index_ttl_s)
+        #: reply passages (dataflow), apart so that they never evict conversation evidence
+        self.passages = KeyIndex(max_entries=cfg.dataflow_max_entries,
+                                 max_per_tenant=cfg.dataflow_max_per_tenant,
+                                 ttl_s=cfg.dataflow_ttl_s)
         self.instructions = InstructionTemplates()
         self.turns = TurnTemplates(sim_th=cfg.drain_sim_th, depth=cfg.drain_depth,
                                    max_children=cfg.drain_max_children,
@@ -249,7 +253,8 @@ class Resolver:
                     evidence = "continuation"
                     break
         if run_key is None and cfg.dataflow and msgs and not explicit:
-            run_key = vote([index.get(tenant, d, now) for d in prompt_digests(
+            passages = self.passages
+            run_key = vote([passages.get(tenant, d, now) for d in prompt_digests(
                 tenant, msgs, min_chars=cfg.dataflow_min_chars,
                 head_chars=cfg.dataflow_head_chars, max_chars=cfg.dataflow_max_scan_chars)])
             if run_key is not None:
@@ -326,7 +331,7 @@ class Resolver:
         tenant = identity.tenant
         hasher = identity.conversation
         cfg = self.config
-        index = self.index
+        index, passages = self.index, self.passages
         for reply in (replies if isinstance(replies, list) else (replies,)) if replies else ():
             if hasher is not None:
                 index.put(tenant, answered_digest(hasher, reply), identity.run, now)
@@ -334,9 +339,9 @@ class Resolver:
                 for d in reply_digests(tenant, reply, min_chars=cfg.dataflow_min_chars,
                                        head_chars=cfg.dataflow_head_chars,
                                        max_passages=cfg.dataflow_max_passages):
-                    have = index.get(tenant, d, now)
-                    index.put(tenant, d, identity.run if have is None or have == identity.run
-                              else AMBIGUOUS, now)
+                    have = passages.get(tenant, d, now)
+                    passages.put(tenant, d, identity.run if have is None or have == identity.run
+                                 else AMBIGUOUS, now)
         if response_id:
             self.index.put(tenant, key_digest(tenant, "resp", response_id), identity.run, now)
         identity.conversation = None
@@ -377,6 +382,7 @@ class Resolver:
                 closed.append(ClosedRun(run.key, run.tenant, run.app, "idle", now - run.last,
                                         run.requests))
         self.index.sweep(now)
+        self.passages.sweep(now)
         return closed
 
     def forget(self, run_key: str) -> None:
@@ -395,10 +401,11 @@ class Resolver:
     # ------------------------------------------------------------------ restarts
     def snapshot(self) -> dict[str, Any]:
         """What a restarted gateway needs so that a continuation still joins its run: the
-        evidence index, the open runs and the apps' gaps, JSON-serialisable
+        evidence and passage indexes, the open runs and the apps' gaps, JSON-serialisable
         (:meth:`restore`). Apps and units need nothing: their names are functions of their
         fingerprints and templates, made again on first sight."""
         return {"version": SNAPSHOT_VERSION, "index": self.index.dump(),
+                "passages": self.passages.dump(),
                 "open": [[r.key, r.tenant, r.app, r.app_id, r.last, r.requests]
                          for r in self._open.values()],
                 "gaps": self.gaps.snapshot()}
@@ -411,6 +418,7 @@ class Resolver:
         if data.get("version") != SNAPSHOT_VERSION:
             return 0
         self.index.load(data.get("index") or [])
+        self.passages.load(data.get("passages") or [])
         self.gaps.restore(data.get("gaps") or {})
         n = 0
         for key, tenant, app, app_id, last, requests in data.get("open") or []:
@@ -427,6 +435,7 @@ class Resolver:
         turns = self.turns.stats()
         return {"index_entries": len(self.index), "index_tenants": self.index.tenants,
                 "index_evicted": self.index.evicted, "index_expired": self.index.expired,
+                "passage_entries": len(self.passages), "passage_evicted": self.passages.evicted,
                 "open_runs": len(self._open), "apps": len(self.apps), "units": len(self.units),
                 "instruction_templates": len(self.instructions), "gap_apps": len(self.gaps),
                 "fanout_bursts": len(self.fanouts),
