@@ -7,7 +7,10 @@ then assistant tool calls and tool results, each request the whole history) and 
 ``resolve`` + ``answered`` of every request, in one thread, with nothing else in the loop.
 Figures in microseconds: ``at_messages_*`` for the requests that carry ``messages`` messages
 (those continue a run found by conversation continuation), ``first_turn_*`` for the runs'
-first requests (a new run: app fingerprint and naming), ``all_mean_us`` over every request.
+first requests (a new run: app fingerprint, naming and the passage scan), ``all_mean_us`` over
+every request; ``stage_*``: a program's next stage, a fresh ``stage_chars``-character prompt
+holding the 5-line output of its previous stage, found by dataflow (scan and vote) and its own
+reply's passages indexed.
 """
 
 from __future__ import annotations
@@ -60,13 +63,32 @@ def agent_loop(run: int, steps: int) -> list[tuple[dict[str, Any], dict[str, Any
     return out
 
 
+def program_stages(run: int, chars: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Two stages of a program of independent prompts: a map-like first prompt and a reduce
+    prompt of ``chars`` characters holding the first one's reply (5 lines) among other text."""
+    lines = [f"Finding {k} of document {run}: clause {run * 5 + k} keeps its wording, "
+             f"and section {k} moves after the definitions." for k in range(5)]
+    reply1 = {"role": "assistant", "content": "\n".join(lines)}
+    other = " ".join(f"w{(run * 31 + k) % 997}" for k in range(chars // 5))
+    first = {"model": "llama-2-7b", "messages": [
+        {"role": "system", "content": "You summarise one part of a contract."},
+        {"role": "user", "content": f"Part {run}:\n{other[:chars // 2]}"}]}
+    second = {"model": "llama-2-7b", "messages": [
+        {"role": "system", "content": "You combine summaries of a contract into one."},
+        {"role": "user", "content": f"Notes:\n{other[:chars - 600]}\nSummaries:\n"
+                                    + "\n".join(lines) + "\nCombined:"}]}
+    reply2 = {"role": "assistant", "content": "The contract keeps its clauses. " * 8}
+    return [(first, reply1), (second, reply2)]
+
+
 def bench(*, runs: int = 300, messages: int = 20, config: IdentityConfig | None = None,
-          repeats: int = 3) -> dict[str, float]:
+          repeats: int = 3, stage_chars: int = 8000) -> dict[str, float]:
     """Resolver CPU per request (module docstring); the best of ``repeats`` passes (the
     least disturbed by other processes on a shared machine)."""
     steps = max(1, (messages - 2) // 2 + 1)  # the last request carries `messages` messages
     loops = [agent_loop(r, steps) for r in range(runs)]
     n_at = len(loops[0][-1][0]["messages"])
+    programs = [program_stages(r, stage_chars) for r in range(runs)]
     best: dict[str, float] | None = None
     headers = {"content-type": "application/json", "authorization": "Bearer hk-x"}
     for _ in range(repeats):
@@ -94,13 +116,25 @@ def bench(*, runs: int = 300, messages: int = 20, config: IdentityConfig | None 
                         at.append(dt)
                         if ident.evidence != "continuation" and steps > 1:
                             raise AssertionError(f"bench run {r} not continued: {ident}")
+            stage: list[float] = []
+            for r, ((body1, reply1), (body2, reply2)) in enumerate(programs):
+                now = 5000.0 + r * 1e-2
+                resolver.answered(resolver.resolve("tenant-b", body1, headers, now), reply1,
+                                  now + 0.5)
+                t0 = time.perf_counter()
+                ident = resolver.resolve("tenant-b", body2, headers, now + 1)
+                resolver.answered(ident, reply2, now + 1.5)
+                stage.append((time.perf_counter() - t0) * 1e6)
+                if ident.evidence != "dataflow":
+                    raise AssertionError(f"bench program {r} not joined by dataflow: {ident}")
         finally:
             if gc_was:
                 gc.enable()
         row = {"messages": float(n_at), "at_messages_median_us": statistics.median(at),
                "at_messages_mean_us": statistics.fmean(at),
                "first_turn_median_us": statistics.median(first),
-               "all_mean_us": total / count, "requests": float(count)}
+               "all_mean_us": total / count, "requests": float(count),
+               "stage_chars": float(stage_chars), "stage_median_us": statistics.median(stage)}
         if best is None or row["at_messages_median_us"] < best["at_messages_median_us"]:
             best = row
     assert best is not None
