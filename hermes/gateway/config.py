@@ -328,8 +328,8 @@ class IdentityConfig(_Section):
     #: the passage index, apart from the evidence index (so that passages never evict a
     #: conversation's digests): entries in all, per tenant, and their lifetime (a program's
     #: next stage follows its outputs within seconds to minutes)
-    dataflow_max_entries: int = Field(default=200_000, ge=16)
-    dataflow_max_per_tenant: int = Field(default=100_000, ge=16)
+    dataflow_max_entries: int = Field(default=100_000, ge=16)
+    dataflow_max_per_tenant: int = Field(default=50_000, ge=16)
     dataflow_ttl_s: float = Field(default=900.0, gt=0.0)
 
     @field_validator("session_headers")
