@@ -30,10 +30,10 @@ The evidence ladder (first that applies wins; details in :mod:`hermes.gateway.re
    above matched: a first turn with a known ``user`` is a new run, not that user's last one;
 7. a fan-out: a first turn of a program of independent prompts (an app whose runs have
    shown no conversation continuation, and either a dataflow continuation or
-   ``one_shot_runs`` runs of one request) arriving within ``fanout_window_s`` of the last request of an open run of the same app
-   and tenant, whose weak id (if any) matches: that run (a program's burst of prompts sent
-   at once, ranked together as the one job it is; at most ``fanout_max_requests`` over
-   ``fanout_max_age_s``);
+   ``one_shot_runs`` runs of one request) arriving within ``fanout_window_s`` of the last
+   request of an open run of the same app and tenant, whose weak id (if any) matches: that
+   run (a program's burst of prompts sent at once, ranked together as the one job it is; at
+   most ``fanout_max_requests`` over ``fanout_max_age_s``);
 8. a new run.
 
 A run found closed (idle past its app's gaps, :mod:`hermes.gateway.resolve.runend`) gives a
@@ -92,9 +92,8 @@ class Identity:
     ``inferred``: the run was not named by the client's Hermes headers. ``evidence``: what
     decided (``header``, ``opt-out``, ``off``, ``previous_response_id``,
     ``session:<source>``, ``continuation``, ``dataflow``, ``affinity:<field>``, ``fanout``,
-    ``new``). ``follows``: the
-    closed run a late continuation would have joined. ``app`` is "" for an ``X-Hermes-Run``
-    passthrough that names no app (the run's own app applies).
+    ``new``). ``follows``: the closed run a late continuation would have joined. ``app`` is
+    "" for an ``X-Hermes-Run`` passthrough that names no app (the run's own app applies).
     """
 
     tenant: str
