@@ -236,7 +236,7 @@ def _fill(template: str, rng: np.random.Generator, chars: int) -> str:
 MIN_EMBED_CHARS = 320
 
 
-def _select(outputs: Sequence[str], share: str, j: int, m: int, k: int) -> list[str]:
+def _held_outputs(outputs: Sequence[str], share: str, j: int, m: int, k: int) -> list[str]:
     """The outputs call ``j`` of ``m`` of this unit's ``k``-th step holds
     (:attr:`UnitPrompt.share`)."""
     n = len(outputs)
@@ -263,7 +263,8 @@ class RunBodies:
     outputs: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
     #: unit -> steps of it so far
     steps_of: dict[str, int] = field(default_factory=dict)
-    _unit: str = ""
+    #: the unit of the last :meth:`step` (whose replies :meth:`answered` takes)
+    _last_unit: str = ""
     _serial: int = 0
 
     def __post_init__(self) -> None:
@@ -288,7 +289,7 @@ class RunBodies:
         up = unit_prompt(self.app, unit)
         k = self.steps_of.get(unit, 0)
         self.steps_of[unit] = k + 1
-        self._unit = unit
+        self._last_unit = unit
         inputs = [] if self.conversation else self._inputs(up)
         m = len(input_tokens)
         out: list[list[Message]] = []
@@ -300,7 +301,7 @@ class RunBodies:
                 head = [{"role": "system", "content": up.system}]
             turn_t = up.turn
             if "{input}" in turn_t:
-                held = _select(inputs, up.share, j, m, k) if inputs else []
+                held = _held_outputs(inputs, up.share, j, m, k) if inputs else []
                 room = want - chars_of(head) - len(turn_t) - MIN_FILLER_CHARS
                 each = max(MIN_EMBED_CHARS, room // max(1, len(held)))
                 text = "\n\n".join(h.strip()[:each] for h in held) or filler(self.rng, each)
@@ -314,7 +315,7 @@ class RunBodies:
         """The gateway's replies to the calls of the last :meth:`step` (in its order)."""
         if self.conversation and sent:
             self.history = [*sent[0], dict(replies[0])]
-        elif not self.conversation and self._unit:
+        elif not self.conversation and self._last_unit:
             self._serial += 1
-            self.outputs[self._unit] = (self._serial, [str(r.get("content") or "")
+            self.outputs[self._last_unit] = (self._serial, [str(r.get("content") or "")
                                                        for r in replies])

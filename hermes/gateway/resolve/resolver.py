@@ -230,7 +230,7 @@ class Resolver:
         akey: bytes | None = None
         #: a session id names its run: a new session is a new run, never a dataflow or
         #: fan-out join
-        explicit = False
+        has_session = False
         if cfg.explicit_ids:
             prev = body.get("previous_response_id")
             if isinstance(prev, str) and prev:
@@ -239,7 +239,7 @@ class Resolver:
                     evidence = "previous_response_id"
             session = session_of(body, hl, cfg)
             if session is not None:
-                explicit = True
+                has_session = True
                 skey = key_digest(tenant, "session", session[1])
                 bind.append(skey)
                 if run_key is None:
@@ -251,7 +251,7 @@ class Resolver:
                 if run_key is not None:
                     evidence = "continuation"
                     break
-        if run_key is None and cfg.dataflow and msgs and not explicit:
+        if run_key is None and cfg.dataflow and msgs and not has_session:
             passages = self.passages
             run_key = vote([passages.get(tenant, d, now) for d in prompt_digests(
                 tenant, msgs, min_chars=cfg.dataflow_min_chars,
@@ -272,7 +272,7 @@ class Resolver:
         instr = self.instructions.get(instructions_of(msgs))
         fanout = None
         app: _AppKey | None = None  # the app a new run would get, computed once
-        if run_key is None and self.fanouts.enabled and first_turn and not explicit:
+        if run_key is None and self.fanouts.enabled and first_turn and not has_session:
             app = self._app_key(tenant, body, instr, app_h)
             fanout = self.fanouts.join(app.app_id, akey, now, self._open.__contains__)
             if fanout is not None:
@@ -297,7 +297,7 @@ class Resolver:
         else:
             run = self._new_run(tenant, app or self._app_key(tenant, body, instr, app_h),
                                 instr, now)
-            if (self.fanouts.enabled and first_turn and not explicit
+            if (self.fanouts.enabled and first_turn and not has_session
                     and self.gaps.fans_out(run.app_id)):
                 self.fanouts.start(run.app_id, run.key, akey, now)
         run.busy += 1
@@ -323,15 +323,15 @@ class Resolver:
         if identity.evidence in UNTRACKED or not identity.run:
             return
         self._release(identity.run, now)
+        answers = (replies if isinstance(replies, list) else [replies]) if replies else []
         run = self._open.get(identity.run)
         if run is not None:
-            run.awaiting_tool = any(asks_tools(r) for r in
-                                    (replies if isinstance(replies, list) else (replies,)))
+            run.awaiting_tool = any(asks_tools(r) for r in answers)
         tenant = identity.tenant
         hasher = identity.conversation
         cfg = self.config
         index, passages = self.index, self.passages
-        for reply in (replies if isinstance(replies, list) else (replies,)) if replies else ():
+        for reply in answers:
             if hasher is not None:
                 index.put(tenant, answered_digest(hasher, reply), identity.run, now)
             if cfg.dataflow:

@@ -59,7 +59,7 @@ class GapBook:
         self.min_s = min_s
         #: app -> closed runs of it without a conversation continuation, while it has shown
         #: none (bounded)
-        self._single: OrderedDict[str, int] = OrderedDict()
+        self._unconversed: OrderedDict[str, int] = OrderedDict()
         #: apps that have shown a conversation continuation (bounded, least recent out)
         self._conv: OrderedDict[str, None] = OrderedDict()
         self.max_apps = max_apps
@@ -89,7 +89,7 @@ class GapBook:
             self._mark_conversational(app)
 
     def _mark_conversational(self, app: str) -> None:
-        self._single.pop(app, None)
+        self._unconversed.pop(app, None)
         conv = self._conv
         conv[app] = None
         conv.move_to_end(app)
@@ -103,15 +103,16 @@ class GapBook:
         one-shot traffic)."""
         if continued or app in self._conv:
             return
-        single = self._single
-        single[app] = single.get(app, 0) + 1
-        single.move_to_end(app)
-        if len(single) > self.max_apps:
-            single.popitem(last=False)
+        counts = self._unconversed
+        counts[app] = counts.get(app, 0) + 1
+        counts.move_to_end(app)
+        if len(counts) > self.max_apps:
+            counts.popitem(last=False)
 
     def one_shot(self, app: str) -> bool:
-        """``app`` has closed ``one_shot_runs`` runs and never shown a gap."""
-        return self._single.get(app, 0) >= self.one_shot_runs
+        """``app`` has closed ``one_shot_runs`` runs and never shown a conversation
+        continuation (dataflow continuations allowed)."""
+        return self._unconversed.get(app, 0) >= self.one_shot_runs
 
     def conversational(self, app: str) -> bool:
         """Some run of ``app`` has shown a conversation continuation."""
@@ -128,7 +129,7 @@ class GapBook:
         """The gaps, one-shot counts and conversational apps, JSON-serialisable
         (:meth:`restore`)."""
         return {"gaps": {a: list(g) for a, g in self._gaps.items()},
-                "single": dict(self._single), "conv": list(self._conv)}
+                "single": dict(self._unconversed), "conv": list(self._conv)}
 
     def restore(self, data: dict[str, Any]) -> None:
         """Put back a :meth:`snapshot` (entries already present are kept; a snapshot from
@@ -143,7 +144,7 @@ class GapBook:
             self._mark_conversational(str(app))
         for app, n in (data.get("single") or {}).items():
             if app not in self._conv:
-                self._single[app] = max(self._single.get(app, 0), int(n))
+                self._unconversed[app] = max(self._unconversed.get(app, 0), int(n))
 
     def gaps(self, app: str) -> list[float]:
         return list(self._gaps.get(app, ()))
