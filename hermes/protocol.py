@@ -215,6 +215,27 @@ class Submit(_Msg):
     stream: bool = False
     key: Key
     priority: int | None = None
+    #: (additive) the gateway's estimate of the prompt's tokens: what the node's KV gate
+    #: counts (None: the node estimates it from ``body``)
+    prompt_tokens: int | None = Field(default=None, ge=0)
+
+    def prompt_estimate(self) -> int:
+        """The prompt's tokens as the gateway estimated them, else estimated from ``body``."""
+        if self.prompt_tokens is not None:
+            return self.prompt_tokens
+        return estimate_tokens(self.endpoint, self.body)
+
+
+def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
+    """A cheap prompt-length estimate (4 characters a token) for ordering and the node's KV
+    gate; the engine reports the exact count."""
+    if endpoint == "chat":
+        text = " ".join(str(m.get("content", "")) for m in body.get("messages", [])
+                        if isinstance(m, dict))
+    else:
+        p = body.get("prompt", "")
+        text = p if isinstance(p, str) else " ".join(map(str, p))
+    return max(1, len(text) // 4)
 
 
 class Rekey(_Msg):

@@ -37,6 +37,7 @@ import zmq
 import zmq.asyncio
 
 from hermes import protocol as P
+from hermes.core.kv_gate import KvGate
 from hermes.core.ordering import KeyedQueue
 from hermes.core.prewarm import resource_kind, resource_model
 from hermeslet.engines.base import EngineAdapter, EngineError, GenChunk, GenResult
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
 VERSION = "0.1.0"
 
 log = logging.getLogger("hermeslet.agent")
+#: the node's KV gate (:mod:`hermes.core.kv_gate`), for engines with ``kv_gate_tokens``; the
+#: decode growth of released requests is left to the engine (no reserve: it preempts)
+_GATE = KvGate()
 
 
 @dataclass(slots=True)
@@ -68,6 +72,8 @@ class _EngineSlot:
     queue: KeyedQueue[_Queued] = field(default_factory=KeyedQueue)
     inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     models: dict[str, str] = field(default_factory=dict)  # in flight: request id -> model
+    #: in flight: request id -> prompt tokens the KV gate counts (engines with a gate)
+    prompts: dict[str, int] = field(default_factory=dict)
     #: a new engine of a placement change, not started yet: its requests wait in its queue
     starting: bool = False
 
@@ -509,8 +515,17 @@ class HermesLet:
         """Release queued requests while the engine's window has room (lowest key first)."""
         if slot.starting:
             return
+        budget = slot.engine.kv_gate_tokens
         while slot.queue and len(slot.inflight) < slot.engine.max_inflight:
             key = slot.queue.peek_key() or ()
+            if budget is not None:
+                head = slot.queue.peek()
+                assert head is not None and isinstance(head.msg, P.Submit)
+                tokens = head.msg.prompt_estimate()
+                free = budget - sum(slot.prompts.values())
+                if not _GATE.admits(tokens, free, busy=bool(slot.inflight)):
+                    break  # the head waits for room; the order is kept (kv_gate)
+                slot.prompts[head.msg.request_id] = tokens
             item = slot.queue.pop()
             assert isinstance(item.msg, P.Submit)
             sub = item.msg
@@ -609,6 +624,7 @@ class HermesLet:
         free its place in the window and release the next."""
         slot.inflight.pop(request_id, None)
         slot.models.pop(request_id, None)
+        slot.prompts.pop(request_id, None)
         if not self._stop.is_set():
             self._pump(slot)
 

@@ -53,6 +53,13 @@ def _parser() -> argparse.ArgumentParser:
                    "costs (default) or vLLM servers with the plan's arguments")
     r.add_argument("--max-inflight", type=int, default=8,
                    help="requests released to each engine at once (default %(default)s)")
+    r.add_argument("--kv-gate", dest="kv_gate", action="store_true",
+                   help="hold a request in the node's queue until its whole prompt fits in "
+                        "the engine's KV beside the prompts already released "
+                        "(hermes/core/kv_gate.py; avoids preemption thrash on long prompts)")
+    r.add_argument("--kv-gate-tokens", dest="kv_gate_tokens", type=int, default=None,
+                   help="the KV gate's budget in tokens (default: the engine's KV capacity, "
+                        "known for sim engines; required for vllm/openai engines)")
     r.add_argument("--time-scale", type=float, default=1.0,
                    help="sim engine speed-up factor (default %(default)s)")
     r.add_argument("--setup", default="llama2-7b-a100", help="sim engine cost model")
@@ -221,6 +228,9 @@ def build_agent(args: argparse.Namespace) -> HermesLet:
         engines.append(make_engine(spec, name=name, model=args.model,
                                    max_inflight=args.max_inflight,
                                    time_scale=args.time_scale, **kw))
+    if getattr(args, "kv_gate", False) or getattr(args, "kv_gate_tokens", None) is not None:
+        for eng in engines:
+            eng.set_kv_gate(args.kv_gate_tokens)
     if args.docker is not None:
         from hermes.extras import require
 

@@ -129,6 +129,7 @@ def cmd_sched(args: argparse.Namespace) -> int:
         seeds=seeds, mix=args.mix, workload=args.workload, workers=args.workers,
         progress=not args.no_progress,
         pdgraph_dir=args.pdgraphs, tool_instances=_tool_instances(args.tool_instances),
+        kv_gate=args.kv_gate,
     )
     if args.plot:
         B.plot_act_cdf(acts, args.plot, title=f"{_setup(args)}, {args.trace}")
@@ -136,8 +137,9 @@ def cmd_sched(args: argparse.Namespace) -> int:
                             ("hermes_mean_ratio", "hermes_p95_ratio", "best_mean_ratio"), nd=2)
     extra = (ratios, "hermes ACT / policy ACT, same arrivals (< 1: hermes faster); "
                      "mean (min-max) over seeds")
+    gate = ", KV gate" if args.kv_gate else ""
     title = (f"sched: mean ACT s, mean (min-max) over {_seeds_text(seeds)} ({_setup(args)}, "
-             f"{args.trace}, {args.workload} workload, {args.mix} mix)")
+             f"{args.trace}, {args.workload} workload, {args.mix} mix{gate})")
     summary = B.seed_summary(rows, ("window_min",), "policy", ("mean_act_s",))
     return _finish(summary, args, title, t0, extra=extra, json_rows=rows)
 
@@ -257,6 +259,10 @@ def add_bench_parsers(bsub: argparse._SubParsersAction) -> None:
                    help="tool capacity per backend, KIND=N,... (kinds docker, dnn, api; "
                         "default docker=16,dnn=4,api=64: hermes/core/tools_model.py "
                         "TOOL_DEFAULTS), for the sensitivity of a table to the tool testbed")
+    s.add_argument("--kv-gate", dest="kv_gate", action="store_true",
+                   help="put the HermesLet's KV gate in front of the engines, for every policy: "
+                        "a request starts only when its whole prompt fits in free KV "
+                        "(hermes/core/kv_gate.py); default off (vLLM's rule: its first chunk)")
     s.set_defaults(func=cmd_sched)
 
     s = bsub.add_parser("ddl", help="deadline satisfaction ratio (paper Fig. 11)")

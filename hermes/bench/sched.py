@@ -50,7 +50,7 @@ from hermes import cliout
 from hermes.core.engine_model import PrefixCache
 from hermes.core.tools_model import ToolPool
 from hermes.sim.arrivals import resample_arrivals
-from hermes.sim.simulator import Arrival, RunResult, Simulator, setup_engines
+from hermes.sim.simulator import Arrival, RunResult, SimResult, Simulator, setup_engines
 
 #: Fig. 9/10: Hermes against the systems users would otherwise run; the ablations (srpt,
 #: oracle, hermes-no-refine) are ``bench ablation``'s (``--policies all`` runs every one here)
@@ -164,14 +164,20 @@ def make_sim_policy(name: str, setup: str, *, seed: int = 0, pdgraph_dir: str | 
 def simulate_runs(policy: str, setup: str, arrivals: list[Arrival], seed: int,
                   pdgraph_dir: str | None = None, *, tools: ToolPool | None = None,
                   prefix_cache: Callable[[], PrefixCache] | None = None,
-                  ) -> tuple[list[RunResult], float]:
-    """:func:`simulate`'s simulation: each run's result in arrival order, and the wall s."""
+                  kv_gate: bool = False,
+                  ) -> tuple[list[RunResult], SimResult]:
+    """:func:`simulate`'s simulation: each run's result in arrival order, and the whole
+    result (wall seconds, engine preemptions, ...).
+    ``kv_gate``: the HermesLet's KV gate in front of the engines (:mod:`hermes.core.kv_gate`)."""
+    from hermes.core.kv_gate import KvGate
+
     cost, n_engines = setup_engines(setup)
     pol = make_sim_policy(policy, setup, seed=seed, pdgraph_dir=pdgraph_dir)
     res = Simulator(pol, cost=cost, n_engines=n_engines, tools=tools, record=False,
-                    prefix_cache=prefix_cache).run(arrivals)
+                    prefix_cache=prefix_cache,
+                    kv_gate=KvGate() if kv_gate else None).run(arrivals)
     by_id = {r.run_id: r for r in res.runs}
-    return [by_id[a.run_id] for a in arrivals], res.wall_s
+    return [by_id[a.run_id] for a in arrivals], res
 
 
 def simulate(policy: str, setup: str, arrivals: list[Arrival], seed: int,
@@ -184,22 +190,24 @@ def simulate(policy: str, setup: str, arrivals: list[Arrival], seed: int,
     the default tool servers (e.g. :meth:`ToolPool.client_side` when the clients run their
     tools themselves, as ``hermes load --tools events`` does); ``prefix_cache`` gives each
     engine a prompt-prefix cache (default: none, every prompt is prefilled)."""
-    ordered, wall = simulate_runs(policy, setup, arrivals, seed, pdgraph_dir, tools=tools,
-                                  prefix_cache=prefix_cache)
+    ordered, res = simulate_runs(policy, setup, arrivals, seed, pdgraph_dir, tools=tools,
+                                 prefix_cache=prefix_cache)
     acts = np.array([r.act_s for r in ordered])
     met = np.array([np.nan if r.met is None else float(r.met) for r in ordered])
-    return acts, met, wall
+    return acts, met, res.wall_s
 
 
-def _simulate(job: tuple) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray, float]:
+def _simulate(job: tuple) -> tuple[tuple, np.ndarray, np.ndarray, np.ndarray, int, float]:
     """Worker: one simulation. Returns (tag, ACTs, met flags (nan: no deadline), engine-queue
-    waits (``RunResult.wait_s``), wall), per run in arrival order."""
+    waits (``RunResult.wait_s``), per run in arrival order; the engines' preemptions, wall)."""
     tag, policy, setup, arrivals, seed, pdgraph_dir, *rest = job
     tools = tool_pool(rest[0]) if rest and rest[0] else None
-    ordered, wall = simulate_runs(policy, setup, arrivals, seed, pdgraph_dir, tools=tools)
+    gate = bool(rest[1]) if len(rest) > 1 else False
+    ordered, res = simulate_runs(policy, setup, arrivals, seed, pdgraph_dir, tools=tools,
+                                 kv_gate=gate)
     acts = np.array([r.act_s for r in ordered])
     met = np.array([np.nan if r.met is None else float(r.met) for r in ordered])
-    return tag, acts, met, np.array([r.wait_s for r in ordered]), wall
+    return tag, acts, met, np.array([r.wait_s for r in ordered]), res.preemptions, res.wall_s
 
 
 def tool_pool(instances: Mapping[str, int]) -> ToolPool:
@@ -249,12 +257,13 @@ def check_extras(policies: Sequence[str]) -> None:
 
 
 def run_jobs(jobs: list[tuple], *, workers: int | None = None, progress: bool = True) -> dict:
-    """Run simulation jobs (in parallel processes); returns ``{tag: (acts, met, waits)}``."""
+    """Run simulation jobs (in parallel processes); returns ``{tag: (acts, met, waits,
+    preemptions)}``."""
     check_extras(sorted({j[1] for j in jobs}))
     return {
-        tag: (acts, met, waits)
-        for tag, acts, met, waits, _ in map_jobs(_simulate, jobs, workers=workers,
-                                                 progress=progress)
+        tag: (acts, met, waits, preempted)
+        for tag, acts, met, waits, preempted, _ in map_jobs(_simulate, jobs, workers=workers,
+                                                            progress=progress)
     }
 
 
@@ -309,11 +318,14 @@ def bench_sched(
     progress: bool = True,
     pdgraph_dir: str | None = None,
     tool_instances: Mapping[str, int] | None = None,
+    kv_gate: bool = False,
 ) -> tuple[list[dict], dict]:
     """Fig. 9/10, at every seed of ``seeds`` (default: ``seed`` alone). Returns the rows (one
     per window, policy and seed) and ``{(window_min, policy): ACT array}`` for plotting (the
     ACTs of every seed, pooled). ``tool_instances`` overrides the tool servers' capacity
-    per kind (:func:`tool_pool`; the tool-capacity sensitivity study)."""
+    per kind (:func:`tool_pool`; the tool-capacity sensitivity study); ``kv_gate`` puts the
+    HermesLet's KV gate in front of the engines for every policy (:mod:`hermes.core.kv_gate`;
+    each row says ``kv_gate``)."""
     seed_list = _seeds(seed, seeds)
     tools = dict(tool_instances or {})
     if tools:
@@ -325,7 +337,7 @@ def bench_sched(
             arrivals, _ = build_arrivals(apps, w, seed=s, trace=trace, setup=setup, mix=mix,
                                          workload=workload)
             for p in policies:
-                jobs.append(((s, w, p), p, setup, arrivals, s, pdgraph_dir, tools))
+                jobs.append(((s, w, p), p, setup, arrivals, s, pdgraph_dir, tools, kv_gate))
             # the same runs, each alone on the engine: a lower bound on any policy's ACT
             alone[(s, w)] = iso = isolated_acts(arrivals, setup) if iso is None else iso
     results = run_jobs(_order_jobs(jobs), workers=workers, progress=progress)
@@ -336,10 +348,11 @@ def bench_sched(
                         for s in seed_list]
             waits = [np.zeros_like(alone[(s, w)]) if p == ISOLATED else results[(s, w, p)][2]
                      for s in seed_list]
+            preempted = [0 if p == ISOLATED else results[(s, w, p)][3] for s in seed_list]
             acts[(w, p)] = np.concatenate(per_seed)
-            for s, a, wt in zip(seed_list, per_seed, waits, strict=True):
+            for s, a, wt, pre in zip(seed_list, per_seed, waits, preempted, strict=True):
                 rows.append({"window_min": w, "policy": p, "seed": s, **act_row(a),
-                             **wait_row(wt)})
+                             **wait_row(wt), "preemptions": int(pre), "kv_gate": kv_gate})
     return rows, acts
 
 

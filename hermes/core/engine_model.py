@@ -15,7 +15,9 @@ Model of one iteration (what vLLM v1's scheduler does, reduced to token counts):
   a prefilling request gets a chunk of the remaining token budget (chunked prefill). Then
   waiting requests are admitted in policy order (lowest key first, strictly: the head blocks
   the rest) while ``max_num_seqs``, the token budget ``max_batched_tokens`` and the KV capacity
-  (``kv_capacity_tokens``) allow. No admission in an iteration that preempted.
+  (``kv_capacity_tokens``) allow. No admission in an iteration that preempted. With a
+  ``kv_gate`` (:mod:`hermes.core.kv_gate`, Hermes' gate in front of the engine, not vLLM's
+  rule) the head is admitted only when its whole prompt fits, not just its first chunk.
 - KV usage is the sum of ``computed`` over running requests. When a running request needs a
   KV slot and none is free, the running request with the *largest* key (lowest priority) is
   preempted by recompute: it goes back to the waiting queue and loses its KV; it is prefilled
@@ -86,6 +88,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hermes.core.costmodel import CostModel
+from hermes.core.kv_gate import KvGate
 from hermes.core.ordering import Key, KeyedQueue
 
 #: at most this many waiting requests are skipped by the LoRA batch rule in one iteration
@@ -220,11 +223,15 @@ class EngineModel:
         prefix_cache: PrefixCache | None = None,
         admission_hook: AdmissionHook | None = None,
         max_loras: int | None = None,
+        kv_gate: KvGate | None = None,
     ) -> None:
         if max_loras is not None and max_loras < 1:
             raise ValueError(f"{name}: max_loras must be >= 1 (or None), got {max_loras}")
         self.cost = cost
         self.max_loras = max_loras
+        #: admit a waiting request only when its whole prompt fits (``None``: vLLM's rule,
+        #: its first chunk)
+        self.kv_gate = kv_gate
         self.name = name
         self._pool: SharedBlockPool | None = None
         self._peak = 0  # highest kv_used since the pool last evicted for it
@@ -408,7 +415,19 @@ class EngineModel:
         if self.max_loras is not None and self.lora_blocked(head):
             # the head is skipped; one behind it may be admitted: no multi-iteration run
             return self._lora_admissible_exists()
-        return self._admit_need(head, budget)[0] <= kv_free
+        need, n, hit = self._admit_need(head, budget)
+        if self._gated(head, need, n, hit, kv_free):
+            return False
+        return need <= kv_free
+
+    def _gated(self, head: EngineRequest, need: int, n: int, hit: int, kv_free: int) -> bool:
+        """Whether the KV gate holds ``head`` back: admitting it takes ``need`` free tokens
+        now (its first ``n`` tokens, ``hit`` of its prompt cached) and the rest of its prompt
+        later (:mod:`hermes.core.kv_gate`)."""
+        if self.kv_gate is None:
+            return False
+        whole = need + max(0, head.total_tokens - max(hit, head.computed) - n)
+        return not self.kv_gate.admits(whole, kv_free, busy=bool(self.running))
 
     def _admit_need(self, head: EngineRequest, budget: int) -> tuple[int, int, int]:
         """Admitting ``head`` now: (free blocks it takes, tokens it computes this iteration,
@@ -648,7 +667,7 @@ class EngineModel:
                     break
                 if need > kv_free and not self.running and not sched:
                     kv_free += pool.release_holds(need - kv_free)  # never stall on holds
-                if need > kv_free:
+                if need > kv_free or self._gated(head, need, n, hit, kv_free):
                     break
                 if head.prefix and not head.computed:
                     got = pool.cached_tokens(head.prefix, head.prefix_tokens, now)
@@ -680,6 +699,8 @@ class EngineModel:
                 head.prompt_done = max(head.prompt_done, head.computed)
             n = min(head.total_tokens - head.computed, eff)
             if whole and n < head.total_tokens - head.computed:
+                break
+            if self._gated(head, n + head.computed, n, 0, kv_free):
                 break
             if n > kv_free - head.computed:
                 if head.computed and not self.running:

@@ -55,6 +55,8 @@ def make_engine_adapter(e: EngineConfig, time_scale: float) -> Any:
     for lora in e.loras:
         if lora not in eng.loras:
             eng.loras.append(lora)
+    if e.kv_gate:
+        eng.set_kv_gate(e.kv_gate_tokens or None)
     return eng
 
 

@@ -127,6 +127,12 @@ class EngineConfig(_Section):
     #: URL of an ``openai``/``vllm`` engine server
     url: str = ""
     max_inflight: int = Field(default=32, ge=1)
+    #: hold a request in the node's queue until its whole prompt fits in the engine's KV
+    #: beside the prompts already released (hermes/core/kv_gate.py)
+    kv_gate: bool = False
+    #: the gate's budget in tokens; 0: the engine's KV capacity (``sim`` engines; required
+    #: for ``openai``/``vllm``)
+    kv_gate_tokens: int = Field(default=0, ge=0)
     loras: list[str] = Field(default_factory=list)
     #: ``generate`` (chat and text completions) or ``embed`` (``/v1/embeddings``; a ``sim``
     #: engine then serves the built-in deterministic embedding model)

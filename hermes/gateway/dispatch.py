@@ -44,6 +44,7 @@ from hermes.protocol import (
     Tool,
     ToolDone,
     UnitEvent,
+    estimate_tokens,
 )
 
 log = logging.getLogger("hermes.gateway.dispatch")
@@ -100,11 +101,12 @@ class Dispatcher(RunObserver):
         self.prewarm.note_request(run.app, inv.unit, body, run.state.tenant)
         rid = f"req-{uuid.uuid4().hex[:16]}"
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
-        view = self.request_view(run, inv, rid, estimate_tokens(endpoint, body), max_tokens, now)
+        prompt_tokens = estimate_tokens(endpoint, body)
+        view = self.request_view(run, inv, rid, prompt_tokens, max_tokens, now)
         key = policy_key(self.ctx.policy, run.state, view, now)
         msg = Submit(
             request_id=rid, run_id=run.run_id, unit=inv.unit, model=model, endpoint=endpoint,
-            body=body, stream=stream, key=list(key),
+            body=body, stream=stream, key=list(key), prompt_tokens=prompt_tokens,
         )
         req = PendingRequest(
             request_id=rid, run=run, inv=inv, kind="llm", msg=msg, view=view, key=key,
@@ -437,12 +439,3 @@ class Dispatcher(RunObserver):
             del held[rid]
         log.warning("node %s gone: its requests by last reported state %s", node_name, seen)
 
-
-def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
-    """A cheap prompt-length estimate for ordering (the engine reports the exact count)."""
-    if endpoint == "chat":
-        text = " ".join(str(m.get("content", "")) for m in body.get("messages", []) if isinstance(m, dict))
-    else:
-        p = body.get("prompt", "")
-        text = p if isinstance(p, str) else " ".join(map(str, p))
-    return max(1, len(text) // 4)

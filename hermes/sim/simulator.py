@@ -53,6 +53,7 @@ from hermes.core.engine_model import (
     PrefixCache,
     StepResult,
 )
+from hermes.core.kv_gate import KvGate
 from hermes.core.ordering import policy_key, prewarm_key
 from hermes.core.pdgraph import UNKNOWN_NEXT_LLM_P, PDGraph, next_llm_p
 from hermes.core.records import RequestRecord, RunRecord, UnitRecord
@@ -210,6 +211,7 @@ class Simulator:
         retention: object | None = None,
         history_apps: Collection[str] = (),
         route_graphs: Mapping[str, PDGraph] | None = None,
+        kv_gate: KvGate | None = None,
     ) -> None:
         self.policy = policy
         self.cost = cost
@@ -220,10 +222,12 @@ class Simulator:
         # engine again after this unit?) as the gateway reads it from the run's graph
         self.route_graphs = route_graphs or {}
         # prefix_cache: one cache per engine (as the HermesLet's built-in engine keeps one, so
-        # that a live run and its simulation see the same prefix hits); default none
+        # that a live run and its simulation see the same prefix hits); default none.
+        # kv_gate: the HermesLet's KV gate in front of every engine (hermes.core.kv_gate)
         self.engines = [
             EngineModel(cost, name=f"engine{i}",
-                        prefix_cache=prefix_cache() if prefix_cache is not None else None)
+                        prefix_cache=prefix_cache() if prefix_cache is not None else None,
+                        kv_gate=kv_gate)
             for i in range(n_engines)
         ]
         self.tools = tools or ToolPool()

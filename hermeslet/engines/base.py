@@ -95,6 +95,10 @@ class EngineAdapter(ABC):
         self.last_metrics = EngineMetrics()
         #: the engine publishes KV events there (None: it does not)
         self.kv_events: KVEventsSource | None = None
+        #: the KV gate's budget (:mod:`hermes.core.kv_gate`): KV tokens the node's window may
+        #: fill with the prompts it released to this engine; a request is held in the node's
+        #: queue until its prompt fits beside them (None: no gate, the window counts requests)
+        self.kv_gate_tokens: int | None = None
 
     async def start(self) -> None:
         """Get ready to serve (launch, connect, learn the model name). Default: nothing."""
@@ -103,6 +107,22 @@ class EngineAdapter(ABC):
     async def close(self) -> None:
         """Release resources (stop a supervised server). Default: nothing."""
         return None
+
+    def kv_capacity_tokens(self) -> int | None:
+        """The engine's KV capacity in tokens, when the adapter knows it (default: no)."""
+        return None
+
+    def set_kv_gate(self, tokens: int | None = None) -> None:
+        """Turn the node's KV gate on with a budget of ``tokens`` (default: the engine's KV
+        capacity); ``ValueError`` when neither is known or the budget is not positive."""
+        budget = tokens if tokens is not None else self.kv_capacity_tokens()
+        if budget is None:
+            raise ValueError(f"engine {self.name}: the KV gate needs a budget in tokens "
+                             "(this engine does not report its KV capacity)")
+        if budget < 1:
+            raise ValueError(f"engine {self.name}: KV gate budget must be >= 1 token, "
+                             f"got {budget}")
+        self.kv_gate_tokens = int(budget)
 
     def serves(self, model: str) -> bool:
         return model == self.model or model in self.loras

@@ -487,6 +487,9 @@ class SimEngine(EngineAdapter):
             },
         )
 
+    def kv_capacity_tokens(self) -> int | None:
+        return int(self.core.kv_capacity)
+
     async def metrics(self) -> EngineMetrics:
         self.last_metrics = self.stats()
         return self.last_metrics

@@ -227,3 +227,75 @@ async def test_in_process_over_inproc_with_shared_context():
         await asyncio.wait_for(task, 5)
         router.close(linger=0)
         ctx.term()
+
+
+def gated_sim(gate: bool) -> SimEngine:
+    """A built-in engine with 4,000 KV tokens; with ``gate``, the node's KV gate at that."""
+    eng = sim(max_inflight=4, time_scale=1.0,
+              cost=get_cost_model("llama2-7b-a100").with_overrides(kv_capacity_tokens=4_000))
+    if gate:
+        eng.set_kv_gate()
+    return eng
+
+
+async def test_kv_gate_holds_a_prompt_until_it_fits_and_keeps_the_order():
+    async with running([gated_sim(True)]) as (sched, _, _, released):
+        await sched.send(submit("a", [0.0], prompt="x" * 10_000, max_tokens=40))  # 2,500 tok
+        await sched.send(submit("b", [1.0], prompt="x" * 10_000, max_tokens=5))
+        await sched.send(submit("c", [2.0], prompt="x" * 400, max_tokens=5))  # 100 tokens
+        await asyncio.sleep(0.05)
+        # b does not fit beside a (2,500 + 2,500 > 4,000); c would, but waits behind b
+        assert released == ["a"]
+        done = {m.request_id: m for m in await sched.collect({"done"}, 3)}
+        assert released == ["a", "b", "c"]
+        assert done["b"].queue_s > 0.05
+
+
+async def test_without_the_kv_gate_the_window_releases_by_count():
+    async with running([gated_sim(False)]) as (sched, _, _, released):
+        await sched.send(submit("a", [0.0], prompt="x" * 10_000, max_tokens=40))
+        await sched.send(submit("b", [1.0], prompt="x" * 10_000, max_tokens=5))
+        await sched.send(submit("c", [2.0], prompt="x" * 400, max_tokens=5))
+        await asyncio.sleep(0.05)
+        assert released == ["a", "b", "c"]
+        await sched.collect({"done"}, 3)
+
+
+async def test_kv_gate_counts_the_gateways_prompt_estimate():
+    """``Submit.prompt_tokens`` (the gateway's estimate) is what the gate counts."""
+    async with running([gated_sim(True)]) as (sched, _, _, released):
+        await sched.send(submit("a", [0.0], prompt="x" * 400, max_tokens=40).model_copy(
+            update={"prompt_tokens": 3_000}))
+        await sched.send(submit("b", [1.0], prompt="x" * 400, max_tokens=5).model_copy(
+            update={"prompt_tokens": 1_500}))
+        await asyncio.sleep(0.05)
+        assert released == ["a"]
+        await sched.collect({"done"}, 2)
+        assert released == ["a", "b"]
+
+
+def test_kv_gate_needs_a_budget_the_engine_cannot_report():
+    from hermeslet.engines.openai_http import OpenAIHTTPEngine
+
+    eng = OpenAIHTTPEngine("http://127.0.0.1:9", name="ext", model="m")
+    with pytest.raises(ValueError, match="ext: the KV gate needs a budget"):
+        eng.set_kv_gate()
+    eng.set_kv_gate(30_000)
+    assert eng.kv_gate_tokens == 30_000
+    with pytest.raises(ValueError, match="must be >= 1"):
+        eng.set_kv_gate(0)
+    assert gated_sim(True).kv_gate_tokens == 4_000
+
+
+def test_hermeslet_run_kv_gate_flags() -> None:
+    """``hermeslet run --kv-gate [--kv-gate-tokens N]`` gives every engine the gate."""
+    from hermeslet.cli import _parser, build_agent
+
+    def budgets(*flags: str) -> list[int | None]:
+        args = _parser().parse_args(["run", "--scheduler", "tcp://127.0.0.1:1",
+                                     "--setup", "llama2-7b-a100", *flags])
+        return [s.engine.kv_gate_tokens for s in build_agent(args).slots.values()]
+
+    assert budgets() == [None]
+    assert budgets("--kv-gate") == [get_cost_model("llama2-7b-a100").kv_capacity_tokens]
+    assert budgets("--kv-gate-tokens", "12000") == [12_000]
