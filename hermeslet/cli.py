@@ -58,8 +58,8 @@ def _parser() -> argparse.ArgumentParser:
                         "the engine's KV beside the prompts already released "
                         "(hermes/core/kv_gate.py; avoids preemption thrash on long prompts)")
     r.add_argument("--kv-gate-tokens", dest="kv_gate_tokens", type=int, default=None,
-                   help="the KV gate's budget in tokens (default: the engine's KV capacity, "
-                        "known for sim engines; required for vllm/openai engines)")
+                   help="the KV gate's budget in tokens (default: the engine's KV capacity: a "
+                        "sim engine's, a vLLM server's from its /metrics cache_config_info)")
     r.add_argument("--time-scale", type=float, default=1.0,
                    help="sim engine speed-up factor (default %(default)s)")
     r.add_argument("--setup", default="llama2-7b-a100", help="sim engine cost model")

@@ -130,8 +130,8 @@ class EngineConfig(_Section):
     #: hold a request in the node's queue until its whole prompt fits in the engine's KV
     #: beside the prompts already released (hermes/core/kv_gate.py)
     kv_gate: bool = False
-    #: the gate's budget in tokens; 0: the engine's KV capacity (``sim`` engines; required
-    #: for ``openai``/``vllm``)
+    #: the gate's budget in tokens; 0: the engine's KV capacity (a ``sim`` engine's; a vLLM
+    #: server's from its ``/metrics`` ``vllm:cache_config_info``, once read)
     kv_gate_tokens: int = Field(default=0, ge=0)
     loras: list[str] = Field(default_factory=list)
     #: ``generate`` (chat and text completions) or ``embed`` (``/v1/embeddings``; a ``sim``

@@ -16,12 +16,15 @@ adapter that holds engine-side state also implements :meth:`EngineAdapter.abort`
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from hermeslet.kv_events import KVEventsSource
+
+log = logging.getLogger("hermeslet.engines")
 
 Endpoint = Literal["chat", "completions", "embeddings"]
 #: what runs behind an adapter: the built-in engine, an OpenAI-compatible server, vLLM
@@ -62,6 +65,9 @@ class EngineMetrics:
     running: int | None = None
     waiting: int | None = None
     kv_usage: float | None = None  # 0..1
+    #: the engine's KV capacity in tokens (vLLM: ``vllm:cache_config_info``'s
+    #: ``num_gpu_blocks`` x ``block_size``), when the page says
+    kv_capacity_tokens: int | None = None
     extra: dict[str, float] = field(default_factory=dict)
 
 
@@ -78,6 +84,9 @@ class EngineAdapter(ABC):
     """One engine serving ``model`` (and LoRA adapters ``loras``) on this node."""
 
     kind: ClassVar[EngineKind]
+    #: the adapter learns the engine's KV capacity once the engine runs (``/metrics``): a KV
+    #: gate without a budget waits for it instead of being refused
+    reports_kv_capacity: ClassVar[bool] = False
 
     def __init__(self, *, name: str, model: str | None, max_inflight: int = 8,
                  use_priority: bool = False, task: Task = "generate") -> None:
@@ -99,6 +108,8 @@ class EngineAdapter(ABC):
         #: fill with the prompts it released to this engine; a request is held in the node's
         #: queue until its prompt fits beside them (None: no gate, the window counts requests)
         self.kv_gate_tokens: int | None = None
+        #: a gate was asked for without a budget, and the capacity is not known yet
+        self.kv_gate_pending = False
 
     async def start(self) -> None:
         """Get ready to serve (launch, connect, learn the model name). Default: nothing."""
@@ -114,8 +125,12 @@ class EngineAdapter(ABC):
 
     def set_kv_gate(self, tokens: int | None = None) -> None:
         """Turn the node's KV gate on with a budget of ``tokens`` (default: the engine's KV
-        capacity); ``ValueError`` when neither is known or the budget is not positive."""
+        capacity; for an adapter that learns it once the engine runs, the gate starts then:
+        ``kv_gate_pending``); ``ValueError`` when it cannot be known or is not positive."""
         budget = tokens if tokens is not None else self.kv_capacity_tokens()
+        if budget is None and self.reports_kv_capacity:
+            self.kv_gate_pending = True
+            return
         if budget is None:
             raise ValueError(f"engine {self.name}: the KV gate needs a budget in tokens "
                              "(this engine does not report its KV capacity)")
@@ -123,6 +138,15 @@ class EngineAdapter(ABC):
             raise ValueError(f"engine {self.name}: KV gate budget must be >= 1 token, "
                              f"got {budget}")
         self.kv_gate_tokens = int(budget)
+        self.kv_gate_pending = False
+
+    def _kv_capacity_learned(self) -> None:
+        """Start a pending KV gate now that the engine reported its capacity."""
+        cap = self.kv_capacity_tokens()
+        if self.kv_gate_pending and cap:
+            self.set_kv_gate(cap)
+            log.info("engine %s: KV gate on, budget %d tokens (the engine's KV capacity)",
+                     self.name, cap)
 
     def serves(self, model: str) -> bool:
         return model == self.model or model in self.loras

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncGenerator
 from typing import Any, ClassVar
 
@@ -31,6 +32,8 @@ from hermeslet.engines.base import (
     GenResult,
     Task,
 )
+
+log = logging.getLogger("hermeslet.engines")
 
 #: what a failed exchange with the engine raises (connection refused/reset, timeouts)
 HTTP_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, asyncio.TimeoutError)
@@ -65,9 +68,12 @@ def parse_prometheus_load(text: str) -> EngineMetrics:
     from prometheus_client.parser import text_string_to_metric_families
 
     vals: dict[str, float] = {}
+    capacity: int | None = None
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if s.name.startswith("vllm:"):
+            if s.name == "vllm:cache_config_info" and capacity is None:
+                capacity = _kv_capacity(s.labels)
+            elif s.name.startswith("vllm:"):
                 vals[s.name] = vals.get(s.name, 0.0) + s.value
     kv = vals.get("vllm:kv_cache_usage_perc", vals.get("vllm:gpu_cache_usage_perc"))
     running = vals.get("vllm:num_requests_running")
@@ -76,12 +82,24 @@ def parse_prometheus_load(text: str) -> EngineMetrics:
         running=int(running) if running is not None else None,
         waiting=int(waiting) if waiting is not None else None,
         kv_usage=kv,
+        kv_capacity_tokens=capacity,
         extra=vals,
     )
 
 
+def _kv_capacity(labels: dict[str, str]) -> int | None:
+    """KV tokens from ``vllm:cache_config_info``'s labels (its CacheConfig): GPU blocks times
+    tokens a block; ``None`` when either is missing or not a positive number."""
+    try:
+        blocks, size = int(labels["num_gpu_blocks"]), int(labels["block_size"])
+    except (KeyError, ValueError):
+        return None
+    return blocks * size if blocks > 0 and size > 0 else None
+
+
 class OpenAIHTTPEngine(EngineAdapter):
     kind: ClassVar[EngineKind] = "openai"
+    reports_kv_capacity: ClassVar[bool] = True  # vLLM's /metrics (cache_config_info)
 
     def __init__(
         self,
@@ -103,6 +121,7 @@ class OpenAIHTTPEngine(EngineAdapter):
             self.url = self.url[:-3]
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._pool_size = max(16, 2 * max_inflight)
+        self._kv_capacity: int | None = None  # learned from /metrics
         # no total limit (a long generation streams for minutes); each read waits timeout_s
         self._timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=timeout_s)
         self._session = session
@@ -119,6 +138,21 @@ class OpenAIHTTPEngine(EngineAdapter):
     async def start(self) -> None:
         """Learn the served model (and loaded LoRA adapters) from ``/v1/models``."""
         await self.refresh_models()
+        await self.learn_kv_capacity()
+
+    def kv_capacity_tokens(self) -> int | None:
+        return self._kv_capacity
+
+    async def learn_kv_capacity(self) -> None:
+        """With a KV gate waiting for its budget: read ``/metrics`` now (later reads, every
+        heartbeat, also start it); say so when the server does not publish its capacity."""
+        if not self.kv_gate_pending:
+            return
+        await self.metrics()
+        if self.kv_gate_pending:
+            log.warning("engine %s: --kv-gate: %s/metrics has no vllm:cache_config_info with "
+                        "num_gpu_blocks; the gate stays off until it has (or give "
+                        "kv_gate_tokens)", self.name, self.url)
 
     async def refresh_models(self) -> None:
         try:
@@ -156,6 +190,9 @@ class OpenAIHTTPEngine(EngineAdapter):
                     self.last_metrics = parse_prometheus_load(text)
         except _HTTP_OR_BODY_ERRORS:
             pass
+        if self.last_metrics.kv_capacity_tokens:
+            self._kv_capacity = self.last_metrics.kv_capacity_tokens
+            self._kv_capacity_learned()
         return self.last_metrics
 
     async def _post_lora(self, path: str, payload: dict[str, Any], what: str) -> None:

@@ -174,6 +174,7 @@ class VLLMEngine(OpenAIHTTPEngine):
             await self.wait_healthy(self.startup_timeout_s)
         self._ready.set()
         await self.refresh_models()
+        await self.learn_kv_capacity()
 
     async def _supervise(self) -> None:
         """Restart the server when it dies, backing off 1, 2, 4, ... up to max_backoff_s."""

@@ -274,17 +274,47 @@ async def test_kv_gate_counts_the_gateways_prompt_estimate():
         assert released == ["a", "b"]
 
 
-def test_kv_gate_needs_a_budget_the_engine_cannot_report():
-    from hermeslet.engines.openai_http import OpenAIHTTPEngine
+VLLM_METRICS = """\
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="2271"} 1.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+"""
 
+
+async def test_kv_gate_budget_from_vllm_metrics_or_given() -> None:
+    """An OpenAI-compatible engine learns its KV capacity from vLLM's ``cache_config_info``
+    (GPU blocks x block size): a gate asked for without a budget starts then; an adapter
+    that can never know it needs one."""
+    from hermeslet.engines.base import EngineAdapter
+    from hermeslet.engines.openai_http import OpenAIHTTPEngine, parse_prometheus_load
+
+    m = parse_prometheus_load(VLLM_METRICS)
+    assert m.kv_capacity_tokens == 2271 * 16 and m.kv_usage == 0.25
+    assert parse_prometheus_load(VLLM_METRICS.replace('num_gpu_blocks="2271"',
+                                                      'num_gpu_blocks="None"')).kv_capacity_tokens is None
     eng = OpenAIHTTPEngine("http://127.0.0.1:9", name="ext", model="m")
-    with pytest.raises(ValueError, match="ext: the KV gate needs a budget"):
-        eng.set_kv_gate()
+    eng.set_kv_gate()
+    assert eng.kv_gate_pending and eng.kv_gate_tokens is None  # not known yet: no gate yet
+    eng.last_metrics = m  # as a heartbeat's /metrics read left it (the server is not there)
+    await eng.metrics()
+    assert not eng.kv_gate_pending and eng.kv_gate_tokens == 2271 * 16
     eng.set_kv_gate(30_000)
     assert eng.kv_gate_tokens == 30_000
     with pytest.raises(ValueError, match="must be >= 1"):
         eng.set_kv_gate(0)
     assert gated_sim(True).kv_gate_tokens == 4_000
+
+    class Opaque(EngineAdapter):
+        kind = "openai"
+
+        def generate(self, *a, **k):  # noqa: ANN002, ANN003, ANN202
+            raise NotImplementedError
+
+    with pytest.raises(ValueError, match="opaque: the KV gate needs a budget"):
+        Opaque(name="opaque", model="m").set_kv_gate()
 
 
 def test_hermeslet_run_kv_gate_flags() -> None:
