@@ -94,10 +94,15 @@ async def test_vllm_launched_by_hermeslet_serves_and_honours_priority(tiny_llama
         startup_timeout_s=600, log_path=str(log),
     )
     assert engine.supervised and "--scheduling-policy" in engine.argv
+    engine.set_kv_gate()  # no budget given: learned from the server's /metrics at start
+    assert engine.kv_gate_pending
     try:
         async with node_with(engine) as (sched, hello, released):
             assert engine.proc is not None and engine.proc.returncode is None  # it launched vLLM
             assert hello.engines[0].kind == "vllm" and hello.engines[0].model == "tiny"
+            # the KV gate's budget: vLLM's cache_config_info, GPU blocks x block size
+            cap = engine.last_metrics.kv_capacity_tokens
+            assert not engine.kv_gate_pending and cap and engine.kv_gate_tokens == cap >= 2048
             # completions: plain, streamed, chat; token counts come from vLLM's usage
             await sched.send(submit("c1", [0.0], model="tiny", prompt="the quick brown fox",
                                     max_tokens=8))
