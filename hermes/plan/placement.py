@@ -47,6 +47,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -297,10 +299,74 @@ def plan_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- command
+def services_from_forecast(doc: Any, model_map: dict[str, str] | None = None,
+                           where: str = "forecast") -> list[ServiceSpec]:
+    """Services to place from a gateway's ``GET /admin/forecast`` answer: one per model it
+    expects calls for, at its forecast call rate and mean lengths. ``model_map`` maps a served
+    model name to the planner's model (:func:`~hermes.core.cluster.models.get_model`) where
+    the two differ; ``ValueError`` names a model the planner does not know and the flag."""
+    rows = doc.get("services") if isinstance(doc, dict) else None
+    if not isinstance(rows, list):
+        raise ValueError(f"{where}: not a forecast (no 'services' list)")
+    if not rows:
+        raise ValueError(f"{where}: the gateway forecasts no LLM calls (no runs in flight and "
+                         "no recent arrivals of apps it has PDGraphs for): nothing to place")
+    model_map = model_map or {}
+    out = []
+    for r in rows:
+        served = str(r["model"])
+        model = model_map.get(served, served)
+        try:
+            get_model(model)
+        except ValueError:
+            raise ValueError(f"{where}: served model {served!r} is not a model the planner "
+                             f"knows; map it with --model-map {served}=MODEL") from None
+        name = re.sub(r"[^A-Za-z0-9_.-]", "-", served)
+        out.append({"name": name, "model": model, "rate": float(r["calls_per_s"]),
+                    "input_tokens": max(1, round(float(r["input_tokens"]))),
+                    "output_tokens": max(1, round(float(r["output_tokens"]))),
+                    "served_model": served})
+    return parse_services(out, where)
+
+
+def fetch_forecast(url: str, token: str | None, horizon_s: float, window_s: float) -> Any:
+    """``GET URL/admin/forecast``; ``ValueError`` with the gateway's message on failure."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        r = httpx.get(url.rstrip("/") + "/admin/forecast", headers=headers, timeout=30.0,
+                      params={"horizon_s": horizon_s, "window_s": window_s})
+    except httpx.HTTPError as e:
+        raise ValueError(f"--from-gateway: cannot reach the gateway at {url}: {e}") from None
+    if r.status_code != 200:
+        raise ValueError(f"--from-gateway {url}: GET /admin/forecast: HTTP {r.status_code}: "
+                         f"{r.text.strip()[:300]}")
+    return r.json()
+
+
+def _model_map(items: Sequence[str] | None) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        served, sep, model = item.partition("=")
+        if not sep or not served or not model:
+            raise ValueError(f"--model-map: expected SERVED=MODEL, got {item!r}")
+        out[served] = model
+    return out
+
+
 def cmd_placement(args: argparse.Namespace) -> int:
     from hermes.cliout import print_table
 
-    if args.services:
+    if args.from_gateway:
+        doc = fetch_forecast(args.from_gateway, args.token, args.horizon, args.window)
+        services = services_from_forecast(doc, _model_map(args.model_map),
+                                          f"--from-gateway {args.from_gateway}")
+        print(f"forecast over {args.horizon:g} s from {doc['runs_in_flight']} runs in flight "
+              f"and {len(doc['app_rates'])} apps' arrivals: "
+              + ", ".join(f"{s.served} {s.rate:.3g} calls/s" for s in services),
+              file=sys.stderr)
+    elif args.services:
         try:
             doc = json.loads(Path(args.services).read_text())
         except json.JSONDecodeError as e:
@@ -334,6 +400,18 @@ def add_placement_parser(psub: Any) -> None:
                      "[input_tokens, output_tokens, served_model]}")
     src.add_argument("--preset", choices=sorted(PRESETS), default="seallm",
                      help="built-in service set (default %(default)s: hermes bench seallm's)")
+    src.add_argument("--from-gateway", dest="from_gateway", metavar="URL",
+                     help="place the models a running gateway forecasts demand for (its runs "
+                          "in flight, their PDGraphs, recent arrivals: GET /admin/forecast)")
+    s.add_argument("--token", default=os.environ.get("HERMES_ADMIN_TOKEN"),
+                   help="with --from-gateway: admin token (default $HERMES_ADMIN_TOKEN)")
+    s.add_argument("--horizon", type=float, default=60.0,
+                   help="with --from-gateway: forecast horizon, s (default %(default)g)")
+    s.add_argument("--window", type=float, default=300.0,
+                   help="with --from-gateway: arrival-rate window, s (default %(default)g)")
+    s.add_argument("--model-map", dest="model_map", action="append", metavar="SERVED=MODEL",
+                   help="with --from-gateway: the planner's model for a served model name "
+                        "(repeatable)")
     s.add_argument("--gpus", type=int, default=8, help="GPUs of the node (default %(default)s)")
     s.add_argument("--device", default=DEVICE, help="GPU type (default %(default)s)")
     s.add_argument("--tps", default="1,2,4", help="TP sizes tried (default %(default)s)")

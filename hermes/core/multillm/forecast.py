@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from hermes.core.backend import BackendSpec
+from hermes.core.costmodel import CostModel
 from hermes.core.pdgraph import END, PDGraph
 
 #: propagation stops after this many steps or when less than MIN_MASS of a run is left
@@ -129,10 +131,12 @@ class RunInFlight:
 
 @dataclass(frozen=True)
 class Forecast:
-    """Expected calls and tokens per service over the horizon."""
+    """Expected calls and tokens per service over the horizon; ``unit_calls``: the calls per
+    ``(app, unit)`` they come from."""
 
     calls: dict[str, float]
     tokens: dict[str, float]
+    unit_calls: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def rates(self, horizon_s: float) -> dict[str, float]:
         """Calls per second per service."""
@@ -147,12 +151,14 @@ def forecast_demand(tables: Mapping[str, AppTable], runs: Iterable[RunInFlight],
         raise ValueError(f"horizon must be > 0, got {horizon_s}")
     calls: dict[str, float] = {}
     tokens: dict[str, float] = {}
+    unit_calls: dict[tuple[str, str], float] = {}
 
     def add(table: AppTable, visits: Mapping[str, float], weight: float) -> None:
         for u, n in visits.items():
             unit = table.units[u]
             calls[unit.service] = calls.get(unit.service, 0.0) + weight * n
             tokens[unit.service] = tokens.get(unit.service, 0.0) + weight * n * unit.tokens
+            unit_calls[(table.name, u)] = unit_calls.get((table.name, u), 0.0) + weight * n
 
     for r in runs:
         table = tables[r.app]
@@ -167,7 +173,33 @@ def forecast_demand(tables: Mapping[str, AppTable], runs: Iterable[RunInFlight],
             left = horizon_s * (1.0 - (k + 0.5) / ARRIVAL_POINTS)
             v = table.visits(table.entry, left, delay_s=_step(table, table.entry), include_start=True)
             add(table, v, runs_n / ARRIVAL_POINTS)
-    return Forecast(calls, tokens)
+    return Forecast(calls, tokens, unit_calls)
+
+
+def unit_service(backend: str) -> str:
+    """The service a unit calls, as a placement names it: an LLM unit's model
+    (``llm:MODEL[@LORA]``: the base model, which the adapter runs on), else its backend."""
+    spec = BackendSpec.parse(backend)
+    return spec.name if spec.kind == "llm" else backend
+
+
+def pdgraph_table(graph: PDGraph, cost: CostModel) -> AppTable:
+    """The forecast table of a learned PDGraph, with what the PDGraph does not hold filled
+    from what it does: a unit's service is :func:`unit_service`; its ``step_s`` is its mean
+    client gap plus, for an LLM unit, the isolated service of its mean request (``cost``; its
+    parallel requests run side by side), for a tool unit its mean duration. The gap before the unit stands
+    for the gap before the next one (both are the client's time between calls)."""
+    service: dict[str, str] = {}
+    step: dict[str, float] = {}
+    for name, node in graph.units.items():
+        c = node.consumption
+        service[name] = unit_service(node.backend)
+        if node.is_llm:
+            run_s = cost.request_service_s(_mean(c.input_tokens), _mean(c.output_tokens))
+        else:
+            run_s = _mean(c.duration_s)
+        step[name] = _mean(c.gap_s) + run_s
+    return AppTable.from_pdgraph(graph, service, step)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ credentials_file``). Its label values are bounded (:class:`hermes.metrics.Gatewa
   (``k: null`` removes an app or tenant override; ``name`` must be an app or tenant name).
 - ``GET /admin/engines``; ``GET /admin/top?limit=`` (runs by rank, engines, totals: one frame
   of ``hermes top``).
+- ``GET /admin/forecast?horizon_s=&window_s=``: each model's forecast demand
+  (:mod:`hermes.gateway.demand`; ``hermes plan placement --from-gateway``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from hermes.gateway.api.appstate import hosted_of, scheduler_of
 from hermes.gateway.api.errors import error_response, scheduler_error, validation_error
 from hermes.gateway.api.run_params import Knob
 from hermes.gateway.api.runs_api import TENANT_PATTERN
+from hermes.gateway.demand import forecast_doc
 from hermes.gateway.errors import SchedulerError
 from hermes.gateway.finished import FinishedRun
 from hermes.gateway.scheduler import LiveScheduler
@@ -397,6 +400,18 @@ async def knobs_set(request: Request) -> Response:
 @router.get("/engines")
 async def engines(request: Request) -> dict[str, Any]:
     return {"engines": engine_rows(scheduler_of(request))}
+
+
+@router.get("/forecast")
+async def forecast(request: Request, horizon_s: float = 60.0, window_s: float = 300.0) -> Response:
+    """Each model's expected calls and tokens over the next ``horizon_s`` from the runs in
+    flight, their apps' PDGraphs and the apps' arrival rates over the last ``window_s``
+    (:mod:`hermes.gateway.demand`): what ``hermes plan placement --from-gateway`` places."""
+    for name, v in (("horizon_s", horizon_s), ("window_s", window_s)):
+        if not (math.isfinite(v) and 0 < v <= 86_400):
+            return error_response(422, f"{name}: must be a number of seconds in (0, 86400]",
+                                  param=name, code="invalid_value")
+    return JSONResponse(forecast_doc(scheduler_of(request), horizon_s, window_s))
 
 
 @router.get("/top")

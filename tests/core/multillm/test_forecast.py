@@ -111,3 +111,43 @@ def test_learn_table_from_observed_runs() -> None:
     assert t.units["b"].step_s == 7.0  # no next call seen after b: the service's default
     assert t.units["b"].tokens == pytest.approx(40.0) and t.units["b"].service == "B"
     assert learn_table("app", [], {}) is None
+
+
+def _agent_graph() -> PDGraph:
+    """plan (LLM, LoRA) -> search (API tool) -> answer (LLM) -> end; gaps of 1 s."""
+    return PDGraph(
+        version=1, app="agent", entry={"plan": 1.0},
+        units={
+            "plan": UnitNode(backend="llm:llama-2-7b@planner", next={"search": 1.0},
+                             consumption=Consumption(input_tokens=[400, 600], output_tokens=[50],
+                                                     gap_s=[1.0])),
+            "search": UnitNode(backend="api:web", next={"answer": 1.0},
+                               consumption=Consumption(duration_s=[2.0, 4.0], gap_s=[1.0])),
+            "answer": UnitNode(backend="llm:llama-2-13b", next={"": 1.0},
+                               consumption=Consumption(input_tokens=[900], output_tokens=[300],
+                                                       gap_s=[1.0])),
+        },
+    )
+
+
+def test_pdgraph_table_fills_services_and_steps_from_the_graph() -> None:
+    """A learned PDGraph's table: an LLM unit's service is its base model (the LoRA runs on
+    it), a tool's is its backend; step = mean gap + the mean request's isolated service (LLM)
+    or the mean duration (tool); the forecast says which (app, unit) its calls come from."""
+    from hermes.core.costmodel import get_cost_model
+    from hermes.core.multillm.forecast import pdgraph_table, unit_service
+
+    assert unit_service("llm:llama-2-7b@planner") == "llama-2-7b"
+    assert unit_service("docker:py") == "docker:py"
+    cost = get_cost_model("llama2-7b-a100")
+    t = pdgraph_table(_agent_graph(), cost)
+    assert {u: x.service for u, x in t.units.items()} == {
+        "plan": "llama-2-7b", "search": "api:web", "answer": "llama-2-13b"}
+    assert t.units["plan"].step_s == pytest.approx(1.0 + cost.request_service_s(500, 50))
+    assert t.units["search"].step_s == pytest.approx(1.0 + 3.0)
+    assert t.units["plan"].tokens == pytest.approx(550.0)
+    fc = forecast_demand({"agent": t}, [RunInFlight("agent", "plan")], {}, horizon_s=60.0)
+    # from plan: search, then answer, both inside a minute; plan itself was issued already
+    assert fc.unit_calls == {("agent", "search"): pytest.approx(1.0),
+                             ("agent", "answer"): pytest.approx(1.0)}
+    assert fc.calls["llama-2-13b"] == pytest.approx(1.0) and "llama-2-7b" not in fc.calls

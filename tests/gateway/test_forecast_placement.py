@@ -1,0 +1,77 @@
+"""The gateway's per-model demand forecast (``GET /admin/forecast``, hermes/gateway/demand.py)
+and ``hermes plan placement --from-gateway``: the placement input is what the gateway's runs
+and PDGraphs say, not declared rates (issue 22)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hermes.cli import main
+from hermes.core.pdgraph import Consumption, PDGraph, UnitNode
+from hermes.gateway.server import BackgroundServer
+
+
+def agent_graph() -> PDGraph:
+    """plan (7B) -> search (API) -> answer (13B) -> end."""
+    return PDGraph(
+        version=1, app="agent", entry={"plan": 1.0},
+        units={
+            "plan": UnitNode(backend="llm:llama-2-7b", next={"search": 1.0},
+                             consumption=Consumption(input_tokens=[400, 600], output_tokens=[50],
+                                                     gap_s=[0.5])),
+            "search": UnitNode(backend="api:web", next={"answer": 1.0},
+                               consumption=Consumption(duration_s=[2.0], gap_s=[0.5])),
+            "answer": UnitNode(backend="llm:llama-2-13b", next={"": 1.0},
+                               consumption=Consumption(input_tokens=[900], output_tokens=[300],
+                                                       gap_s=[0.5])),
+        },
+    )
+
+
+def test_forecast_and_placement_from_the_gateway(gateway: BackgroundServer, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    http = httpx.Client(base_url=gateway.url, timeout=30)
+    empty = http.get("/admin/forecast").json()
+    assert empty["services"] == [] and empty["runs_in_flight"] == 0
+    assert main(["plan", "placement", "--from-gateway", gateway.url, "--gpus", "2"]) != 0
+    assert "forecasts no LLM calls" in capsys.readouterr().err
+
+    r = http.put("/admin/apps/agent", content=agent_graph().to_json())
+    assert r.status_code in (200, 201), r.text
+    for _ in range(3):
+        assert http.post("/v1/runs", json={"app": "agent"}).status_code == 201
+    doc = http.get("/admin/forecast", params={"horizon_s": 60, "window_s": 300}).json()
+    assert doc["app_rates"]["agent"] > 0
+    by = {s["model"]: s for s in doc["services"]}
+    assert set(by) == {"llama-2-7b", "llama-2-13b"}  # the API tool is not a GPU service
+    assert by["llama-2-7b"]["calls_per_s"] == pytest.approx(by["llama-2-13b"]["calls_per_s"],
+                                                            rel=0.35)
+    assert by["llama-2-7b"]["input_tokens"] == pytest.approx(500)
+    assert by["llama-2-13b"]["output_tokens"] == pytest.approx(300)
+    for bad in ({"horizon_s": 0}, {"window_s": "nan"}, {"horizon_s": 1e9}):
+        r = http.get("/admin/forecast", params=bad)
+        assert r.status_code == 422 and next(iter(bad)) in r.json()["error"]["message"]
+
+    out = tmp_path / "plan.json"
+    assert main(["plan", "placement", "--from-gateway", gateway.url, "--gpus", "2",
+                 "--emit", str(out)]) == 0
+    assert "calls/s" in capsys.readouterr().err
+    plan = json.loads(out.read_text())
+    served = {e["model"] for g in plan["groups"] for e in g["engines"]}
+    assert served == {"llama-2-7b", "llama-2-13b"}
+    rates = {s["served_model"]: s["rate"] for s in plan["services"]}
+    assert rates["llama-2-7b"] == pytest.approx(by["llama-2-7b"]["calls_per_s"], rel=0.5)
+    # a served name the planner does not know is named, with the flag that maps it
+    from hermes.plan.placement import services_from_forecast
+
+    with pytest.raises(ValueError, match="--model-map my-model=MODEL"):
+        services_from_forecast({"services": [{"model": "my-model", "calls_per_s": 1.0,
+                                              "input_tokens": 10, "output_tokens": 10}]})
+    mapped = services_from_forecast(
+        {"services": [{"model": "my-model", "calls_per_s": 1.0, "input_tokens": 10,
+                       "output_tokens": 10}]}, {"my-model": "llama-2-7b"})
+    assert (mapped[0].model, mapped[0].served) == ("llama-2-7b", "my-model")
