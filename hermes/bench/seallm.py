@@ -284,7 +284,8 @@ def forecast_at(wl: Workload, order: np.ndarray, t: float, window_s: float,
     fc = forecast_demand(tables, [r for r in runs if r.app in tables],
                          {a: v for a, v in rates.items() if a in tables}, h)
     k = window_s / h
-    return Forecast({s: v * k for s, v in fc.calls.items()}, {s: v * k for s, v in fc.tokens.items()})
+    return Forecast({s: v * k for s, v in fc.calls.items()}, {s: v * k for s, v in fc.tokens.items()},
+                    {u: v * k for u, v in fc.unit_calls.items()})
 
 
 def runs_at(wl: Workload, order: np.ndarray, t: float, window_s: float
