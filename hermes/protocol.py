@@ -81,6 +81,8 @@ class Hello(_Msg):
     version: int = PROTOCOL_VERSION
     #: (additive) request ids the node holds: "queued" or "inflight" (after a reconnect)
     holding: dict[str, str] | None = None
+    #: (additive) the node applies placement plans the scheduler sends (``place``)
+    placement: bool = False
 
 
 class EngineLoad(_Msg):
@@ -238,6 +240,15 @@ def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
     return max(1, len(text) // 4)
 
 
+class Place(_Msg):
+    """(additive) A placement plan (``hermes-placement-plan/1``) for the node to serve: it
+    re-places the models the plan names as on ``SIGHUP`` (its engines of other models stay).
+    Sent only to nodes whose ``hello`` says ``placement``."""
+
+    type: Literal["place"] = "place"
+    plan: dict[str, Any]
+
+
 class Rekey(_Msg):
     """Rank changes: new keys for queued requests (unknown or already released ids are ignored)."""
 
@@ -296,7 +307,7 @@ class Resync(_Msg):
 
 NodeMessage = (Hello | Heartbeat | Token | Done | Failed | ToolDone | UnitEvent | PrewarmAck
                | KVSummary)
-SchedulerMessage = Submit | Rekey | Cancel | Tool | Prewarm | Resync
+SchedulerMessage = Submit | Rekey | Cancel | Tool | Prewarm | Resync | Place
 Message = Annotated[NodeMessage | SchedulerMessage, Field(discriminator="type")]
 
 _ADAPTER: TypeAdapter[NodeMessage | SchedulerMessage] = TypeAdapter(Message)

@@ -42,7 +42,7 @@ from hermes.core.ordering import KeyedQueue
 from hermes.core.prewarm import resource_kind, resource_model
 from hermeslet.engines.base import EngineAdapter, EngineError, GenChunk, GenResult
 from hermeslet.kv_events import EngineKVFollower
-from hermeslet.placement import PlacementChange, plan_change
+from hermeslet.placement import EngineLaunch, PlacementChange, parse_placement, plan_change
 from hermeslet.tools import ToolRunner
 
 if TYPE_CHECKING:
@@ -101,6 +101,7 @@ class HermesLet:
         prewarmer: NodePrewarmer | None = None,
         curve_keys: tuple[str, str] | None = None,
         link: InprocLink | None = None,
+        placement_builder: Callable[[Sequence[EngineLaunch]], list[EngineAdapter]] | None = None,
     ) -> None:
         if not engines:
             raise ValueError("a HermesLet needs at least one engine")
@@ -110,6 +111,10 @@ class HermesLet:
         self.node = node
         self.address = scheduler
         self.slots = {e.name: _EngineSlot(e) for e in engines}
+        #: makes the engines of a plan the scheduler sends (``place``); None: the node does
+        #: not accept plans (``hermeslet run --accept-placement`` sets one)
+        self.placement_builder = placement_builder
+        self._placed: set[str] = set()  # names of the engines the last plan sent made
         self.tools = tools if tools is not None else ToolRunner()
         self.tool_concurrency = tool_concurrency
         self.tool_queue: KeyedQueue[_Queued] = KeyedQueue()
@@ -162,6 +167,7 @@ class HermesLet:
             tools=self.tools.kinds,
             version=P.PROTOCOL_VERSION,
             holding=self.holding(),
+            placement=self.placement_builder is not None,
         )
 
     def _served_loras(self, slot: _EngineSlot) -> list[str]:
@@ -360,6 +366,8 @@ class HermesLet:
                 await self._send(self.hello())
                 for f in self.kv_followers.values():
                     f.restart()
+            case P.Place():
+                self._spawn(self._on_place(msg))
             case _:
                 print(f"hermeslet {self.node}: ignored {msg.type!r} (node-bound only)",
                       file=sys.stderr)
@@ -708,6 +716,28 @@ class HermesLet:
                           "them (their waiting requests failed, retryable): %s", self.node,
                           failed)
             return PlacementChange(change.kept, change.drained, change.started, moved, failed)
+
+    async def _on_place(self, msg: P.Place) -> None:
+        """A plan from the scheduler, applied as :meth:`apply_placement`: its engines replace
+        those of the last plan and the node's engines of the models it names; the node's other
+        engines (an embedding model, a model no plan has named) stay. A node without a
+        builder, or a bad plan, is logged and changes nothing."""
+        if self.placement_builder is None:
+            log.warning("hermeslet %s: ignored a placement plan (start the node with "
+                        "--accept-placement to apply them)", self.node)
+            return
+        try:
+            launches = parse_placement(msg.plan)
+            planned = {e.model for e in launches}
+            engines = self.placement_builder(launches)
+        except Exception as e:
+            log.error("hermeslet %s: refused a placement plan: %s: %s", self.node,
+                      type(e).__name__, e)
+            return
+        others = [s.engine for n, s in self.slots.items()
+                  if s.engine.model not in planned and n not in self._placed]
+        self._placed = {e.name for e in engines}
+        await self.apply_placement([*engines, *others])
 
     def _move_queued(self, slot: _EngineSlot) -> int:
         """Move a drained engine's queued requests to a serving engine of its model (their

@@ -31,7 +31,11 @@ from typing import TYPE_CHECKING, Any
 from hermes.protocol import DEFAULT_SCHEDULER_ADDRESS
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from hermeslet.agent import HermesLet
+    from hermeslet.engines.base import EngineAdapter
+    from hermeslet.placement import EngineLaunch
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,8 +53,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="serve the engines of a placement plan (hermes plan placement --emit) "
                    "instead of --engine; SIGHUP re-reads FILE and applies it live")
     r.add_argument("--placement-engine", dest="placement_engine", choices=("sim", "vllm"),
-                   default="sim", help="with --placement: built-in engines with the planner's "
-                   "costs (default) or vLLM servers with the plan's arguments")
+                   default="sim", help="with --placement or --accept-placement: built-in engines "
+                   "with the planner's costs (default) or vLLM servers with the plan's arguments")
+    r.add_argument("--accept-placement", dest="accept_placement", action="store_true",
+                   help="apply the placement plans the gateway sends ([placement] auto = true): "
+                   "engines of the models a plan names are re-placed as on SIGHUP; the "
+                   "node's other engines stay. Off by default: a plan starts and stops engines")
     r.add_argument("--max-inflight", type=int, default=8,
                    help="requests released to each engine at once (default %(default)s)")
     r.add_argument("--kv-gate", dest="kv_gate", action="store_true",
@@ -250,7 +258,14 @@ def build_agent(args: argparse.Namespace) -> HermesLet:
 
             prewarmer.lora_lookahead = LoraLookahead(prewarmer)
         docker = pooled or docker
-    return HermesLet(args.node, args.scheduler, engines,
+    builder = None
+    if getattr(args, "accept_placement", False):
+        from hermeslet.placement import build_engines
+
+        def builder(launches: Sequence[EngineLaunch]) -> list[EngineAdapter]:
+            return build_engines(launches, args.placement_engine, time_scale=args.time_scale,
+                                 max_inflight=args.max_inflight, python=args.vllm_python)
+    return HermesLet(args.node, args.scheduler, engines, placement_builder=builder,
                      tools=ToolRunner(docker=docker, unsafe_unsandboxed=bool(
                          getattr(args, "unsafe_unsandboxed_tools", False))),
                      tool_concurrency=args.tool_concurrency,

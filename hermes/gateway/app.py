@@ -36,6 +36,19 @@ from hermes.metrics import GatewayMetrics
 log = logging.getLogger("hermes.gateway")
 
 
+def _embedded_builder(config: GatewayConfig) -> Any:
+    """With ``placement.auto``: how the embedded node makes a plan's engines (built-in
+    engines with the planner's costs, at the gateway's time scale); else None (no plans)."""
+    if not config.placement.auto:
+        return None
+    from hermeslet.placement import build_engines
+
+    window = config.engines[0].max_inflight if config.engines else 32
+    return lambda launches: build_engines(launches, "sim",
+                                          time_scale=config.scheduler.time_scale,
+                                          max_inflight=window)
+
+
 def make_engine_adapter(e: EngineConfig, time_scale: float) -> Any:
     """The HermesLet engine adapter for one ``[[engines]]`` entry."""
     from hermeslet.engines import make_engine
@@ -106,6 +119,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
         await sched.start()
         app.state.scheduler = sched
         node_task: asyncio.Task[None] | None = None
+        placer_task: asyncio.Task[None] | None = None
         agent = None
         if config.scheduler.embedded_node:
             from hermeslet.agent import HermesLet
@@ -121,7 +135,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
             tools = ToolRunner(unsafe_unsandboxed=config.tools.unsafe_unsandboxed)
             agent = HermesLet("embedded", sched.inproc_address, engines, ctx=ctx,
                               link=sched.inproc_link("embedded"), prewarmer=prewarmer,
-                              tools=tools)
+                              tools=tools, placement_builder=_embedded_builder(config))
             from hermeslet.metrics import NodeCollector
 
             app.state.metrics.add_collector(NodeCollector(agent))
@@ -129,9 +143,18 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
             app.state.node = agent
             await sched.wait_for_nodes(30.0)
         sched.recover(app.state.hosted)  # resume or fail stored runs (issue 7)
+        if config.placement.auto:  # issue 22: re-place the models by itself
+            from hermes.gateway.placer import Placer
+
+            app.state.placer = Placer(sched, config.placement)
+            placer_task = asyncio.create_task(app.state.placer.run(), name="hermes-placer")
         try:
             yield
         finally:
+            if placer_task is not None:
+                placer_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await placer_task
             if agent is not None and node_task is not None:
                 agent.stop()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -149,6 +172,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     )
     app.state.config = config
     app.state.node = None  # the embedded HermesLet, once started
+    app.state.placer = None  # the re-placement loop, with placement.auto
     app.state.hosted = HostedRegistry.from_config(config)
     app.add_middleware(OpenAIFastPath)  # completions past FastAPI's router (inside security)
     install_security(app, config)  # body limits, API keys, tenant admission (issue 7)

@@ -184,6 +184,42 @@ class SecurityConfig(_Section):
     metrics_token: str = ""
 
 
+class PlacementConfig(_Section):
+    """The gateway re-places its models on its nodes' GPUs by itself (issue 22;
+    :mod:`hermes.gateway.placer`): SeaLLM's adaptive re-placement fed by the PDGraph forecast."""
+
+    #: re-place by itself: forecast, place, send the plan to the nodes that accept plans
+    #: (the embedded node does with this on; ``hermeslet run --accept-placement``)
+    auto: bool = False
+    #: GPUs of each node and their type (``hermes plan placement --gpus/--device``)
+    gpus: int = Field(default=8, ge=1, le=1024)
+    device: str = "A100-80"
+    #: first interval between re-placements (scheduler s); it then adapts (SeaLLM, beta)
+    interval_s: float = Field(default=300.0, gt=0.0)
+    min_interval_s: float = Field(default=30.0, gt=0.0)
+    max_interval_s: float = Field(default=3600.0, gt=0.0)
+    beta: float = Field(default=0.1, gt=0.0, lt=1.0)
+    #: the forecast's horizon and the window of the apps' arrival rates (scheduler s)
+    horizon_s: float = Field(default=60.0, gt=0.0, le=86_400.0)
+    window_s: float = Field(default=300.0, gt=0.0, le=86_400.0)
+    #: the planner's model for a served model name where the two differ
+    model_map: dict[str, str] = Field(default_factory=dict)
+    #: tensor-parallel sizes tried, and services sharing one GPU group at most
+    tps: list[int] = Field(default_factory=lambda: [1, 2, 4], min_length=1)
+    max_per_group: int = Field(default=2, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> PlacementConfig:
+        from hermes.core.cluster.devices import get_device
+
+        get_device(self.device)  # ValueError naming the known devices
+        if self.min_interval_s > self.max_interval_s:
+            raise ValueError("min_interval_s must be <= max_interval_s")
+        if any(t < 1 or t & (t - 1) for t in self.tps):
+            raise ValueError(f"tps must be powers of two, got {self.tps}")
+        return self
+
+
 class DurabilityConfig(_Section):
     """Durable run state (``hermes/gateway/durable.py``)."""
 
@@ -363,6 +399,7 @@ class GatewayConfig(_Section):
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     durability: DurabilityConfig = Field(default_factory=DurabilityConfig)
     identity: IdentityConfig = Field(default_factory=IdentityConfig)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
 
 
 class ConfigError(ValueError):
@@ -378,6 +415,7 @@ _SECTIONS: dict[str, type[_Section]] = {
     "security": SecurityConfig,
     "durability": DurabilityConfig,
     "identity": IdentityConfig,
+    "placement": PlacementConfig,
 }
 
 

@@ -39,6 +39,11 @@ class SchedulerClock:
         """The scheduler clock (model seconds; epoch time when ``time_scale`` is 1)."""
         return self._t0_wall + (time.monotonic() - self._t0_mono) * self.time_scale
 
+    @property
+    def start(self) -> float:
+        """The clock's reading when the gateway started (moved by :meth:`not_before`)."""
+        return self._t0_wall
+
     def wall_s(self, model_s: float) -> float:
         """Wall seconds that ``model_s`` model seconds take at the configured time scale."""
         return model_s / self.time_scale

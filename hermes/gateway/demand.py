@@ -49,7 +49,7 @@ def forecast_doc(sched: LiveScheduler, horizon_s: float, window_s: float) -> dic
         unit = run.state.progress.current or run.state.progress.last_unit
         if unit is not None and run.app in tables and unit in tables[run.app].units:
             runs.append(RunInFlight(run.app, unit))
-    since = max(now - window_s, 0.0)
+    since = max(now - window_s, sched.ctx.clock.start)  # not before the gateway started
     span = max(now - since, 1.0)
     started = sched.recent_runs(lambda r: r.state.submitted >= since and r.app in tables,
                                 limit=1_000_000)

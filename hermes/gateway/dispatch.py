@@ -115,6 +115,7 @@ class Dispatcher(RunObserver):
         )
         self.register(req)
         self.send_llm(req)
+        self.ctx.stats["llm_requests"] = self.ctx.stats.get("llm_requests", 0) + 1
         return req
 
     async def submit_tool(

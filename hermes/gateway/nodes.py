@@ -270,6 +270,7 @@ class NodeTable:
             engines={e.name: e for e in msg.engines},
             tools=list(msg.tools),
             last_seen=time.monotonic(),
+            accepts_placement=msg.placement,
         )
         if old is not None:
             node.outstanding = old.outstanding

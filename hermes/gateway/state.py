@@ -193,3 +193,5 @@ class Node:
     tools_outstanding: int = 0
     queued: dict[str, int] = field(default_factory=dict)  # engine -> node-reported queue
     kv_usage: dict[str, float | None] = field(default_factory=dict)  # engine -> KV use (0..1)
+    #: the node applies placement plans (its hello said so; :mod:`hermes.gateway.placer`)
+    accepts_placement: bool = False

@@ -75,3 +75,53 @@ def test_forecast_and_placement_from_the_gateway(gateway: BackgroundServer, tmp_
         {"services": [{"model": "my-model", "calls_per_s": 1.0, "input_tokens": 10,
                        "output_tokens": 10}]}, {"my-model": "llama-2-7b"})
     assert (mapped[0].model, mapped[0].served) == ("llama-2-7b", "my-model")
+
+
+def test_the_gateway_re_places_its_models_by_itself(make_gateway, tmp_path: Path) -> None:  # noqa: ANN001
+    """``[placement] auto``: the gateway forecasts, places and sends the plan to its embedded
+    node, which starts engines for the forecast models (its embedding engine stays); a run's
+    requests for the 13B model, which no engine served before, are then served; the interval
+    adapts from the forecast against the calls dispatched."""
+    import time
+
+    srv = make_gateway(placement={"auto": True, "gpus": 2, "interval_s": 60.0,
+                                  "min_interval_s": 30.0, "max_interval_s": 600.0})
+    http = httpx.Client(base_url=srv.url, timeout=30)
+    first = http.get("/admin/placement").json()
+    assert first["auto"] is True and first["engines"] is None  # no demand seen yet
+    assert first["rounds"] and first["rounds"][0]["why"] == "no LLM demand forecast"
+    assert http.put("/admin/apps/agent", content=agent_graph().to_json()).status_code in (200, 201)
+    runs = [http.post("/v1/runs", json={"app": "agent"}).json()["run_id"] for _ in range(3)]
+    deadline = time.monotonic() + 30
+    engines: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        doc = http.get("/admin/placement").json()
+        engines = doc["engines"] or {}
+        served = {e["model"] for e in http.get("/admin/engines").json()["engines"]}
+        if {"llama-2-7b", "llama-2-13b"} <= served and engines:
+            break
+        time.sleep(0.2)
+    assert set(engines.values()) == {"llama-2-7b", "llama-2-13b"}, doc
+    rows = http.get("/admin/engines").json()["engines"]
+    names = {e["engine"] for e in rows}
+    assert set(engines) <= names and "embed0" in names  # the plan's engines, embeddings kept
+    assert "sim0" not in names  # the 7B engine the config started is re-placed by the plan
+    r = http.post("/v1/chat/completions", headers={"X-Hermes-Run": runs[0]},
+                  json={"model": "llama-2-13b", "max_tokens": 4,
+                        "messages": [{"role": "user", "content": "answer"}]})
+    assert r.status_code == 200, r.text
+    # later rounds compare the forecast with what was dispatched, and adapt the interval;
+    # the same forecast gives the same plan, which is not sent again
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rounds = http.get("/admin/placement").json()["rounds"]
+        if len(rounds) >= 4:
+            break
+        time.sleep(0.2)
+    assert len(rounds) >= 4, rounds
+    assert [x["sent"] for x in rounds[:2]] == [False, True]
+    assert not any(x["sent"] for x in rounds[2:4])
+    assert all(x["why"] == "same engines as the plan in force" for x in rounds[2:4])
+    # round 2 expected calls, round 3 saw fewer dispatched (one request in the interval)
+    assert rounds[2]["observed_calls_per_s"] < 0.9 * rounds[1]["expected_calls_per_s"]
+    assert rounds[2]["interval_s"] == pytest.approx(rounds[1]["interval_s"] * 0.9)

@@ -329,3 +329,38 @@ def test_hermeslet_run_kv_gate_flags() -> None:
     assert budgets() == [None]
     assert budgets("--kv-gate") == [get_cost_model("llama2-7b-a100").kv_capacity_tokens]
     assert budgets("--kv-gate-tokens", "12000") == [12_000]
+
+
+async def test_place_message_re_places_the_named_models_only_when_accepted() -> None:
+    """A ``place`` plan: a node started without a builder ignores it (its hello says it does
+    not take plans); one with a builder starts the plan's engines, drains its own engine of a
+    model the plan names and keeps the others."""
+    from hermes.plan.placement import emit_placement, parse_services, place
+    from hermeslet.placement import build_engines
+
+    services = parse_services([{"name": "m7b", "model": "llama-2-7b", "rate": 1.0}])
+    plan, score = place(services, 1, "A100-80", tps=(1,))
+    doc = emit_placement(services, plan, "A100-80", 1, score)
+    async with running([sim(), sim().__class__(name="other", model="m13b")]) as (
+            sched, agent, hello, _):
+        assert hello.placement is False
+        await agent.handle(P.Place(plan=doc))
+        await asyncio.sleep(0.1)
+        assert set(agent.slots) == {"sim", "other"}  # ignored
+    async with running([sim(), sim().__class__(name="other", model="m13b")],
+                       placement_builder=lambda ls: build_engines(ls, "sim", time_scale=20.0)
+                       ) as (sched, agent, hello, _):
+        assert hello.placement is True
+        await agent.handle(P.Place(plan=doc))
+        again = await sched.recv("hello", 10,
+                                 pred=lambda m: {e.name for e in m.engines} == {"g0-m7b", "other"})
+        assert {(e.name, e.model) for e in again.engines} == {("g0-m7b", "m7b"), ("other", "m13b")}
+
+
+def test_hermeslet_run_accept_placement_flag() -> None:
+    from hermeslet.cli import _parser, build_agent
+
+    base = ["run", "--scheduler", "tcp://127.0.0.1:1"]
+    assert build_agent(_parser().parse_args(base)).hello().placement is False
+    agent = build_agent(_parser().parse_args([*base, "--accept-placement"]))
+    assert agent.hello().placement is True and agent.placement_builder is not None

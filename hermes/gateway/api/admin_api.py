@@ -21,7 +21,8 @@ credentials_file``). Its label values are bounded (:class:`hermes.metrics.Gatewa
 - ``GET /admin/engines``; ``GET /admin/top?limit=`` (runs by rank, engines, totals: one frame
   of ``hermes top``).
 - ``GET /admin/forecast?horizon_s=&window_s=``: each model's forecast demand
-  (:mod:`hermes.gateway.demand`; ``hermes plan placement --from-gateway``).
+  (:mod:`hermes.gateway.demand`; ``hermes plan placement --from-gateway``);
+  ``GET /admin/placement``: the gateway's own re-placement (``placement.auto``).
 """
 
 from __future__ import annotations
@@ -412,6 +413,20 @@ async def forecast(request: Request, horizon_s: float = 60.0, window_s: float = 
             return error_response(422, f"{name}: must be a number of seconds in (0, 86400]",
                                   param=name, code="invalid_value")
     return JSONResponse(forecast_doc(scheduler_of(request), horizon_s, window_s))
+
+
+@router.get("/placement")
+async def placement(request: Request) -> dict[str, Any]:
+    """The gateway's own re-placement (``placement.auto``): the interval now, the plan in
+    force (engines: name -> model) and the last rounds (:mod:`hermes.gateway.placer`)."""
+    placer = getattr(request.app.state, "placer", None)
+    if placer is None:
+        return {"auto": False}
+    plan = placer.plan
+    return {"auto": True, "interval_s": placer.interval_s,
+            "engines": None if plan is None else {
+                e["name"]: e["model"] for g in plan["groups"] for e in g["engines"]},
+            "rounds": placer.history[-20:]}
 
 
 @router.get("/top")

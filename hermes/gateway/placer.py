@@ -1,0 +1,118 @@
+"""The gateway re-places its models by itself (issue 22): SeaLLM's adaptive re-placement loop,
+fed by Hermes' forecast.
+
+With ``[placement] auto = true`` the gateway, every interval, forecasts each model's demand
+from its runs in flight, their PDGraphs and the apps' recent arrivals
+(:func:`hermes.gateway.demand.forecast_doc`), places the models on a node's GPUs with the same
+search as ``hermes plan placement`` (:func:`hermes.plan.placement.place`, in a worker thread:
+it simulates candidate plans), and sends the plan (``hermes-placement-plan/1``, a
+:class:`~hermes.protocol.Place` message) to every node that accepts plans (its ``hello`` says
+``placement``: ``hermeslet run --accept-placement``, or the embedded node with this setting).
+A node applies it as on ``SIGHUP``, for the models the plan names (its engines of other
+models stay): engines kept, drained, started. Nodes are taken to be alike: each gets the same
+plan, for its share of the demand (the forecast divided by the number of such nodes). A plan
+whose engines (names and models) equal the last one sent is not sent again.
+
+The interval adapts as SeaLLM's (:class:`hermes.core.multillm.replacement.AdaptiveInterval`,
+β = ``beta``): after each interval the calls the forecast expected per second are compared
+with the LLM calls the gateway dispatched per second meanwhile; a miss by more than β shortens
+the next interval by (1 − β), a hit lengthens it by (1 + β), within
+``[min_interval_s, max_interval_s]``. Intervals are scheduler seconds (``time_scale`` applies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from hermes.core.multillm.replacement import AdaptiveInterval
+from hermes.gateway.demand import forecast_doc
+
+if TYPE_CHECKING:
+    from hermes.gateway.config import PlacementConfig
+    from hermes.gateway.scheduler import LiveScheduler
+
+log = logging.getLogger("hermes.gateway.placer")
+
+
+def _engines(plan: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(e["name"], e["model"]) for g in plan["groups"] for e in g["engines"]}
+
+
+class Placer:
+    """The re-placement loop of one gateway (module doc)."""
+
+    def __init__(self, sched: LiveScheduler, cfg: PlacementConfig) -> None:
+        self.sched = sched
+        self.cfg = cfg
+        self.rule = AdaptiveInterval(beta=cfg.beta, min_s=cfg.min_interval_s,
+                                     max_s=cfg.max_interval_s)
+        self.interval_s = min(max(cfg.interval_s, cfg.min_interval_s), cfg.max_interval_s)
+        #: the last plan sent, and what each replan decided (for /admin and tests)
+        self.plan: dict[str, Any] | None = None
+        self.history: list[dict[str, Any]] = []
+        self._expected: float | None = None  # forecast calls/s for the interval now running
+        self._since: tuple[float, int] | None = None  # (time, LLM calls dispatched) then
+
+    async def run(self) -> None:
+        """Replan now, then every interval, until cancelled."""
+        while True:
+            try:
+                await self.replan()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a failed replan must not end the loop
+                log.exception("placement: replan failed; next try in %.0f s", self.interval_s)
+            await asyncio.sleep(self.sched.ctx.clock.wall_s(self.interval_s))
+
+    def _observed_rate(self, now: float) -> float | None:
+        """LLM calls per second dispatched since the last replan (None: first replan)."""
+        calls = self.sched.ctx.stats.get("llm_requests", 0)
+        prev, self._since = self._since, (now, calls)
+        if prev is None or now <= prev[0]:
+            return None
+        return (calls - prev[1]) / (now - prev[0])
+
+    async def replan(self) -> dict[str, Any]:
+        """One round: adapt the interval, forecast, place, send if changed. Returns what it
+        decided (also appended to ``history``)."""
+        from hermes.plan.placement import emit_placement, place, services_from_forecast
+
+        sched, cfg = self.sched, self.cfg
+        now = sched.now()
+        observed = self._observed_rate(now)
+        if observed is not None and self._expected is not None:
+            self.interval_s = self.rule.next(self.interval_s, self._expected, observed)
+        doc = forecast_doc(sched, cfg.horizon_s, cfg.window_s)
+        nodes = [n for n in sched.nodes.values() if n.accepts_placement]
+        self._expected = sum(s["calls_per_s"] for s in doc["services"])
+        out: dict[str, Any] = {"time": now, "interval_s": self.interval_s,
+                               "expected_calls_per_s": self._expected,
+                               "observed_calls_per_s": observed, "nodes": len(nodes),
+                               "sent": False}
+        if not nodes or not doc["services"]:
+            out["why"] = "no node accepts plans" if not nodes else "no LLM demand forecast"
+            self.history.append(out)
+            return out
+        share = {**doc, "services": [{**s, "calls_per_s": s["calls_per_s"] / len(nodes)}
+                                     for s in doc["services"]]}
+        services = services_from_forecast(share, dict(cfg.model_map), "placement")
+        plan, score = await asyncio.to_thread(
+            place, services, cfg.gpus, cfg.device, tps=tuple(cfg.tps),
+            max_per_group=cfg.max_per_group)
+        new = emit_placement(services, plan, cfg.device, cfg.gpus, score)
+        out.update(plan=plan.describe(), score=score)
+        if self.plan is not None and _engines(self.plan) == _engines(new):
+            out["why"] = "same engines as the plan in force"
+        else:
+            from hermes.protocol import Place
+
+            for node in nodes:
+                sched.node_table.send(node, Place(plan=new))
+            self.plan = new
+            out["sent"] = True
+            log.info("placement: sent %s to %s (forecast %.3g calls/s; next replan in %.0f s)",
+                     plan.describe(), [n.name for n in nodes], self._expected, self.interval_s)
+        self.history.append(out)
+        return out
