@@ -236,9 +236,7 @@ def build_agent(args: argparse.Namespace) -> HermesLet:
         engines.append(make_engine(spec, name=name, model=args.model,
                                    max_inflight=args.max_inflight,
                                    time_scale=args.time_scale, **kw))
-    if getattr(args, "kv_gate", False) or getattr(args, "kv_gate_tokens", None) is not None:
-        for eng in engines:
-            eng.set_kv_gate(args.kv_gate_tokens)
+    _gate(args, engines)
     if args.docker is not None:
         from hermes.extras import require
 
@@ -263,8 +261,9 @@ def build_agent(args: argparse.Namespace) -> HermesLet:
         from hermeslet.placement import build_engines
 
         def builder(launches: Sequence[EngineLaunch]) -> list[EngineAdapter]:
-            return build_engines(launches, args.placement_engine, time_scale=args.time_scale,
-                                 max_inflight=args.max_inflight, python=args.vllm_python)
+            return _gate(args, build_engines(
+                launches, args.placement_engine, time_scale=args.time_scale,
+                max_inflight=args.max_inflight, python=args.vllm_python))
     return HermesLet(args.node, args.scheduler, engines, placement_builder=builder,
                      tools=ToolRunner(docker=docker, unsafe_unsandboxed=bool(
                          getattr(args, "unsafe_unsandboxed_tools", False))),
@@ -273,15 +272,24 @@ def build_agent(args: argparse.Namespace) -> HermesLet:
                      curve_keys=(args.curve_key, args.curve_server_key) if args.curve_key else None)
 
 
+def _gate(args: argparse.Namespace, engines: list[Any]) -> list[Any]:
+    """``--kv-gate`` / ``--kv-gate-tokens`` on every engine of the node, those a placement
+    (file, SIGHUP, or a plan the gateway sends) starts later included."""
+    if getattr(args, "kv_gate", False) or getattr(args, "kv_gate_tokens", None) is not None:
+        for eng in engines:
+            eng.set_kv_gate(args.kv_gate_tokens)
+    return engines
+
+
 def placement_engines(args: argparse.Namespace) -> list[Any]:
-    """The engines of ``--placement FILE`` (not started)."""
+    """The engines of ``--placement FILE`` (not started; ``--kv-gate`` applied)."""
     from hermeslet.placement import build_engines, load_placement
 
     if args.engine:
         raise ValueError("give --placement or --engine, not both")
-    return build_engines(load_placement(args.placement), args.placement_engine,
-                         time_scale=args.time_scale, max_inflight=args.max_inflight,
-                         python=args.vllm_python)
+    return _gate(args, build_engines(load_placement(args.placement), args.placement_engine,
+                                     time_scale=args.time_scale, max_inflight=args.max_inflight,
+                                     python=args.vllm_python))
 
 
 async def reload_placement(agent: HermesLet, args: argparse.Namespace) -> None:

@@ -38,15 +38,23 @@ log = logging.getLogger("hermes.gateway")
 
 def _embedded_builder(config: GatewayConfig) -> Any:
     """With ``placement.auto``: how the embedded node makes a plan's engines (built-in
-    engines with the planner's costs, at the gateway's time scale); else None (no plans)."""
+    engines with the planner's costs, at the gateway's time scale, with the KV gate at their
+    capacity when a configured generation engine has one); else None (no plans)."""
     if not config.placement.auto:
         return None
     from hermeslet.placement import build_engines
 
     window = config.engines[0].max_inflight if config.engines else 32
-    return lambda launches: build_engines(launches, "sim",
-                                          time_scale=config.scheduler.time_scale,
-                                          max_inflight=window)
+    gate = any(e.kv_gate for e in config.engines if e.task == "generate")
+
+    def build(launches: Any) -> list[Any]:
+        engines = build_engines(launches, "sim", time_scale=config.scheduler.time_scale,
+                                max_inflight=window)
+        for eng in engines if gate else ():
+            eng.set_kv_gate()
+        return engines
+
+    return build
 
 
 def make_engine_adapter(e: EngineConfig, time_scale: float) -> Any:

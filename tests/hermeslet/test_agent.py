@@ -364,3 +364,14 @@ def test_hermeslet_run_accept_placement_flag() -> None:
     assert build_agent(_parser().parse_args(base)).hello().placement is False
     agent = build_agent(_parser().parse_args([*base, "--accept-placement"]))
     assert agent.hello().placement is True and agent.placement_builder is not None
+    # --kv-gate reaches the engines a plan starts later too
+    from hermes.plan.placement import emit_placement, parse_services, place
+    from hermeslet.placement import parse_placement
+
+    services = parse_services([{"name": "m7b", "model": "llama-2-7b", "rate": 1.0}])
+    plan, score = place(services, 1, "A100-80", tps=(1,))
+    launches = parse_placement(emit_placement(services, plan, "A100-80", 1, score))
+    gated = build_agent(_parser().parse_args([*base, "--accept-placement", "--kv-gate"]))
+    assert gated.placement_builder is not None
+    (eng,) = gated.placement_builder(launches)
+    assert eng.kv_gate_tokens == eng.kv_capacity_tokens() > 0
