@@ -72,8 +72,10 @@ class _EngineSlot:
     queue: KeyedQueue[_Queued] = field(default_factory=KeyedQueue)
     inflight: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     models: dict[str, str] = field(default_factory=dict)  # in flight: request id -> model
-    #: in flight: request id -> prompt tokens the KV gate counts (engines with a gate)
+    #: in flight: request id -> prompt tokens the KV gate counts (engines with a gate), and
+    #: their sum (kept as they come and go: the window is pumped at every release)
     prompts: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
     #: a new engine of a placement change, not started yet: its requests wait in its queue
     starting: bool = False
 
@@ -530,10 +532,11 @@ class HermesLet:
                 head = slot.queue.peek()
                 assert head is not None and isinstance(head.msg, P.Submit)
                 tokens = head.msg.prompt_estimate()
-                free = budget - sum(slot.prompts.values())
+                free = budget - slot.prompt_tokens
                 if not _GATE.admits(tokens, free, busy=bool(slot.inflight)):
                     break  # the head waits for room; the order is kept (kv_gate)
                 slot.prompts[head.msg.request_id] = tokens
+                slot.prompt_tokens += tokens
             item = slot.queue.pop()
             assert isinstance(item.msg, P.Submit)
             sub = item.msg
@@ -632,7 +635,7 @@ class HermesLet:
         free its place in the window and release the next."""
         slot.inflight.pop(request_id, None)
         slot.models.pop(request_id, None)
-        slot.prompts.pop(request_id, None)
+        slot.prompt_tokens -= slot.prompts.pop(request_id, 0)
         if not self._stop.is_set():
             self._pump(slot)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from hermes.core.multillm.replacement import AdaptiveInterval
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from hermes.gateway.scheduler import LiveScheduler
 
 log = logging.getLogger("hermes.gateway.placer")
+#: replan rounds kept for ``GET /admin/placement`` (a gateway runs for weeks)
+HISTORY = 100
 
 
 def _engines(plan: dict[str, Any]) -> set[tuple[str, str]]:
@@ -49,9 +52,9 @@ class Placer:
         self.rule = AdaptiveInterval(beta=cfg.beta, min_s=cfg.min_interval_s,
                                      max_s=cfg.max_interval_s)
         self.interval_s = min(max(cfg.interval_s, cfg.min_interval_s), cfg.max_interval_s)
-        #: the last plan sent, and what each replan decided (for /admin and tests)
+        #: the last plan sent, and what the last :data:`HISTORY` replans decided (/admin)
         self.plan: dict[str, Any] | None = None
-        self.history: list[dict[str, Any]] = []
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._expected: float | None = None  # forecast calls/s for the interval now running
         self._since: tuple[float, int] | None = None  # (time, LLM calls dispatched) then
 

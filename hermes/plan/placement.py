@@ -331,18 +331,16 @@ def services_from_forecast(doc: Any, model_map: dict[str, str] | None = None,
 
 def fetch_forecast(url: str, token: str | None, horizon_s: float, window_s: float) -> Any:
     """``GET URL/admin/forecast``; ``ValueError`` with the gateway's message on failure."""
-    import httpx
+    from hermes.admin_client import AdminClient, AdminError
 
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    client = AdminClient(url, token)
     try:
-        r = httpx.get(url.rstrip("/") + "/admin/forecast", headers=headers, timeout=30.0,
-                      params={"horizon_s": horizon_s, "window_s": window_s})
-    except httpx.HTTPError as e:
-        raise ValueError(f"--from-gateway: cannot reach the gateway at {url}: {e}") from None
-    if r.status_code != 200:
-        raise ValueError(f"--from-gateway {url}: GET /admin/forecast: HTTP {r.status_code}: "
-                         f"{r.text.strip()[:300]}")
-    return r.json()
+        return client.call("GET", "/admin/forecast",
+                           params={"horizon_s": horizon_s, "window_s": window_s})
+    except AdminError as e:
+        raise ValueError(f"--from-gateway {url}: {e}") from None
+    finally:
+        client.close()
 
 
 def _model_map(items: Sequence[str] | None) -> dict[str, str]:

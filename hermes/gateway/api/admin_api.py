@@ -426,7 +426,7 @@ async def placement(request: Request) -> dict[str, Any]:
     return {"auto": True, "interval_s": placer.interval_s,
             "engines": None if plan is None else {
                 e["name"]: e["model"] for g in plan["groups"] for e in g["engines"]},
-            "rounds": placer.history[-20:]}
+            "rounds": list(placer.history)[-20:]}
 
 
 @router.get("/top")
