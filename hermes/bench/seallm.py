@@ -17,8 +17,13 @@ placement, replacement and DB ordering fed by the PDGraph forecast of per-servic
 re-placement the forecast of the next ``history_s`` (runs in flight: their current unit, next-unit
 probabilities and step times; plus each app's recent run arrival rate) sets the services' rates
 and the request counts of the simulated set (the window's own requests thinned, or topped up with
-copies of the service's earlier requests). The app tables are learned from the calls seen so far
-(a PDGraph's next-unit frequencies); ablations ``hermes-oracle`` (the generating tables) and
+copies of the service's earlier requests); a candidate plan is scored on the mean over
+:data:`HERMES_DRAWS` such sets (randomised thinning, top-ups and rounding: draws of the forecast,
+:func:`hermes.core.multillm.placement.mean_scores`), and the plan in force stays unless the new
+one scores :data:`HERMES_MIN_GAIN` better (``min_gain`` of
+:func:`~hermes.core.multillm.placement.seallm_place`; ablations ``hermes-1draw``,
+``hermes-nokeep``, and ``seallm-keep``: SeaLLM with that rule). The app tables are learned from
+the calls seen so far (a PDGraph's next-unit frequencies); ablations ``hermes-oracle`` (the generating tables) and
 ``hermes-norun`` (no runs in flight: new runs only), and two look-ahead upper bounds (diagnostics,
 not systems): ``hermes-perfect`` (the real next-window counts through Hermes' pipeline) and
 ``seallm-future`` (SeaLLM evaluating plans on the real next-window requests). Every row of a replacing system records
@@ -58,6 +63,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -76,7 +82,13 @@ from hermes.core.multillm.forecast import (
     learn_table,
 )
 from hermes.core.multillm.ordering import make_ordering
-from hermes.core.multillm.placement import PlacementPlan, ServiceScore, even_split, seallm_place
+from hermes.core.multillm.placement import (
+    PlacementPlan,
+    ServiceScore,
+    even_split,
+    mean_scores,
+    seallm_place,
+)
 from hermes.core.multillm.replacement import AdaptiveInterval
 from hermes.core.multillm.service import Service, ServiceStats, exec_times, services_fit
 from hermes.sim.multillm import (
@@ -105,8 +117,14 @@ DEFAULT_GPUS = 8
 FORECAST_INTERVAL = False
 
 SYSTEMS = ("vllm", "alpaserve", "muxserve", "seallm", "hermes")
-ABLATIONS = ("seallm-fcfs", "seallm-mlfq", "seallm-norepl", "seallm-split", "hermes-oracle",
-             "hermes-norun", "hermes-perfect", "seallm-future")
+ABLATIONS = ("seallm-fcfs", "seallm-mlfq", "seallm-norepl", "seallm-split", "seallm-keep",
+             "hermes-1draw", "hermes-nokeep", "hermes-oracle", "hermes-norun", "hermes-perfect",
+             "seallm-future")
+#: Hermes' placement scores a candidate plan on the mean over this many request sets drawn
+#: from its forecast (``hermes-1draw``: one), and keeps the plan in force unless the new one
+#: scores HERMES_MIN_GAIN better (``hermes-nokeep``: re-place whenever the plan differs)
+HERMES_DRAWS = 8
+HERMES_MIN_GAIN = 0.1
 
 
 # ----------------------------------------------------------------------------- workload
@@ -377,6 +395,8 @@ class SystemSpec:
     placement: str  # even | search
     replace: bool
     demand: str = "rates"  # placement input: recent requests | a forecast mode (forecast_at)
+    draws: int = 1  # request sets a candidate plan is scored on (Hermes: draws of its forecast)
+    switch_gain: float = 0.0  # re-place only when the new plan scores this much better
 
 
 SPECS = {
@@ -384,13 +404,21 @@ SPECS = {
     "alpaserve": SystemSpec("fcfs", "unified", "search", False),
     "muxserve": SystemSpec("rr", "split", "search", False),
     "seallm": SystemSpec("db", "unified", "search", True),
-    "hermes": SystemSpec("db", "unified", "search", True, "forecast"),
-    "hermes-oracle": SystemSpec("db", "unified", "search", True, "forecast-oracle"),
-    "hermes-norun": SystemSpec("db", "unified", "search", True, "forecast-norun"),
+    "hermes": SystemSpec("db", "unified", "search", True, "forecast", HERMES_DRAWS, HERMES_MIN_GAIN),
+    # Hermes' ablations: one draw of the forecast; every search's plan taken (the paper's rule)
+    "hermes-1draw": SystemSpec("db", "unified", "search", True, "forecast", 1, HERMES_MIN_GAIN),
+    "hermes-nokeep": SystemSpec("db", "unified", "search", True, "forecast", HERMES_DRAWS),
+    "hermes-oracle": SystemSpec("db", "unified", "search", True, "forecast-oracle", HERMES_DRAWS,
+                                HERMES_MIN_GAIN),
+    "hermes-norun": SystemSpec("db", "unified", "search", True, "forecast-norun", HERMES_DRAWS,
+                               HERMES_MIN_GAIN),
     # upper bounds that look ahead (diagnostics, not systems): the real next-window counts
     # through Hermes' pipeline, and SeaLLM evaluating on the real next-window requests
-    "hermes-perfect": SystemSpec("db", "unified", "search", True, "forecast-perfect"),
+    "hermes-perfect": SystemSpec("db", "unified", "search", True, "forecast-perfect", HERMES_DRAWS,
+                                 HERMES_MIN_GAIN),
     "seallm-future": SystemSpec("db", "unified", "search", True, "future"),
+    # SeaLLM keeping the plan in force unless the new one is HERMES_MIN_GAIN better (ours)
+    "seallm-keep": SystemSpec("db", "unified", "search", True, "rates", 1, HERMES_MIN_GAIN),
     "seallm-fcfs": SystemSpec("fcfs", "unified", "search", True),
     "seallm-mlfq": SystemSpec("mlfq", "unified", "search", True),
     "seallm-norepl": SystemSpec("db", "unified", "search", False),
@@ -413,7 +441,8 @@ def run_system(name: str, wl: Workload, *, n_gpus: int, duration_s: float, i0_s:
 
     fits = services_fit(models, DEVICE)
 
-    def place(t0: float, t1: float, demand: Forecast | None = None) -> tuple[PlacementPlan, float]:
+    def place(t0: float, t1: float, demand: Forecast | None = None,
+              current: PlacementPlan | None = None) -> tuple[PlacementPlan, float]:
         idx = order[(wl.arrival[order] >= t0) & (wl.arrival[order] < t1)]
         span = max(t1 - t0, 1e-9)
         rates = {n: float((wl.svc[idx] == k).sum()) / span for k, n in enumerate(names)}
@@ -422,12 +451,17 @@ def run_system(name: str, wl: Workload, *, n_gpus: int, duration_s: float, i0_s:
             # Hermes: the forecast's per-service calls over the next ``span`` replace the counts
             # of the recent window (its requests thinned, or topped up from the service's past)
             rates = demand.rates(span)
-            reqs = _forecast_reqs(wl, order, t0, t1, demand.calls, np.random.default_rng(int(t1 * 1000)))
+            rng = np.random.default_rng(int(t1 * 1000))
+            sets = [_forecast_reqs(wl, order, t0, t1, demand.calls, rng) for _ in range(spec.draws)]
+        else:
+            sets = [reqs]
 
         def evaluate(plan: PlacementPlan) -> dict[str, ServiceScore]:
-            return score_plan(wl, plan, ordering, spec.kv_mode, reqs, span)
+            return mean_scores([score_plan(wl, plan, ordering, spec.kv_mode, r, span)
+                                for r in sets])
 
-        plan, _ = seallm_place(names, rates, n_gpus, fits, evaluate, tps=(1, 2, 4))
+        plan, _ = seallm_place(names, rates, n_gpus, fits, evaluate, tps=(1, 2, 4),
+                               current=current, min_gain=spec.switch_gain)
         est = evaluate(plan)
         n = sum(s.n for s in est.values())
         if spec.ordering == "rr" and ordering.quotas is None:
@@ -451,6 +485,7 @@ def run_system(name: str, wl: Workload, *, n_gpus: int, duration_s: float, i0_s:
     dropped: list[SimRequest] = []
     t = 0.0
     n_repl = 0
+    n_switch = 0
     errs: list[tuple[float, float]] = []  # (rate estimate, forecast) relative error per interval
     while True:
         t_next = t + interval if spec.replace else np.inf
@@ -480,9 +515,10 @@ def run_system(name: str, wl: Workload, *, n_gpus: int, duration_s: float, i0_s:
             new_plan, est = place(t_next, t_next + history_s)
         else:
             new_plan, est = place(max(0.0, t_next - history_s), t_next,
-                                  fc if spec.demand != "rates" else None)
+                                  fc if spec.demand != "rates" else None, plan)
         n_repl += 1
         if new_plan != plan:
+            n_switch += 1
             left = sim.unfinished()
             done += sim.finished
             dropped += sim.dropped
@@ -504,6 +540,7 @@ def run_system(name: str, wl: Workload, *, n_gpus: int, duration_s: float, i0_s:
     return {"l_n": float(norm.mean()), "p99_s": float(np.percentile(lat, 99)),
             "slo_attainment": float(slo_ok / len(lat)), "ttft_s": float(ttft.mean()),
             "unfinished": float(len(left) + len(dropped)), "replacements": float(n_repl),
+            "switches": float(n_switch),
             **({"rate_err": float(np.mean([e[0] for e in errs])),
                 "forecast_err": float(np.mean([e[1] for e in errs]))} if errs else {}),
             "plan": plan.describe()}  # type: ignore[dict-item]
@@ -517,25 +554,99 @@ def _one(job: tuple[int, str, float, float, int, str]) -> dict[str, object]:
     print(f"seed {seed} {name:14s} L_N {m['l_n']:7.2f}  P99 {m['p99_s']:7.1f}s  "
           f"SLO {m['slo_attainment']:.3f}  TTFT {m['ttft_s']:6.2f}s  "
           f"({time.perf_counter() - t0:.1f}s) {m['plan']}", file=sys.stderr, flush=True)
-    return {"system": name, "seed": seed, **m}
+    return {"system": name, "seed": seed, "rate": rate, **m}
 
 
-def main(seeds: list[int], *, systems: list[str], rate: float, duration_s: float, n_gpus: int,
-         json_path: str | None, workers: int = 2, workload: str = "apps") -> list[dict[str, object]]:
-    """Run every (seed, system) (``workers`` processes), print the table, write the JSON."""
-    jobs = [(seed, name, rate, duration_s, n_gpus, workload) for seed in seeds for name in systems]
-    # the slow systems (placement searches) first, for a better spread over the workers
-    jobs.sort(key=lambda j: (SPECS[j[1]].placement != "search" or not SPECS[j[1]].replace, j[0]))
+def main(seeds: list[int], *, systems: list[str], rate: float | Sequence[float], duration_s: float,
+         n_gpus: int, json_path: str | None, workers: int = 2, workload: str = "apps",
+         plot_path: str | None = None) -> list[dict[str, object]]:
+    """Run every (rate, seed, system) (``workers`` processes), print the table (one per rate,
+    with the L_N ratios of the baselines to SeaLLM), write the JSON and, with ``plot_path``,
+    L_N against the rate per system (the paper's Fig. 6)."""
+    rates = [float(rate)] if isinstance(rate, int | float) else [float(x) for x in rate]
+    jobs = [(seed, name, r, duration_s, n_gpus, workload)
+            for r in rates for seed in seeds for name in systems]
+    # the slow systems (placement searches) and high rates first, for a better spread
+    jobs.sort(key=lambda j: (SPECS[j[1]].placement != "search" or not SPECS[j[1]].replace,
+                             -j[2], j[0]))
+    t0 = time.perf_counter()
+    rows: list[dict[str, object]] = []
     if workers > 1:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            rows = list(pool.map(_one, jobs))
+            for k, row in enumerate(pool.map(_one, jobs), 1):
+                rows.append(row)
+                _progress(k, len(jobs), t0)
     else:
-        rows = [_one(j) for j in jobs]
-    rows.sort(key=lambda r: (systems.index(str(r["system"])), int(r["seed"])))  # type: ignore[call-overload]
+        for k, j in enumerate(jobs, 1):
+            rows.append(_one(j))
+            _progress(k, len(jobs), t0)
+    rows.sort(key=lambda r: (float(r["rate"]), systems.index(str(r["system"])),  # type: ignore[arg-type]
+                             int(r["seed"])))  # type: ignore[call-overload]
     if json_path:
         Path(json_path).write_text(json.dumps(rows, indent=1))
-    print(table(rows))
+    for r in rates:
+        sel = [x for x in rows if float(x["rate"]) == r]  # type: ignore[arg-type]
+        if len(rates) > 1:
+            print(f"\n{r:g} req/s")
+        print(table(sel))
+        line = ratio_line(sel)
+        if line:
+            print(line)
+    if plot_path:
+        plot_rates(rows, plot_path)
     return rows
+
+
+def _progress(done: int, total: int, t0: float) -> None:
+    print(f"[{done}/{total} runs, {time.perf_counter() - t0:.0f} s]", file=sys.stderr, flush=True)
+
+
+def ratio_line(rows: Sequence[dict[str, object]]) -> str:
+    """Each baseline's mean L_N over SeaLLM's (same rows), beside the paper's Table 2 ratio
+    and the issue's target (half the paper's); empty when SeaLLM or no baseline is present."""
+    def mean(n: str) -> float | None:
+        v = [float(r["l_n"]) for r in rows if r["system"] == n]  # type: ignore[arg-type]
+        return float(np.mean(v)) if v else None
+
+    sea = mean("seallm")
+    if not sea:
+        return ""
+    parts = []
+    for b in ("vllm", "alpaserve", "muxserve"):
+        m = mean(b)
+        if m is None:
+            continue
+        paper = PAPER_L_N[b] / PAPER_L_N["seallm"]
+        parts.append(f"{b} {m / sea:.2f}x (paper {paper:.1f}x, half {paper / 2:.1f}x)")
+    return ("L_N ratio to seallm: " + ", ".join(parts)) if parts else ""
+
+
+def plot_rates(rows: Sequence[dict[str, object]], path: str) -> None:
+    """Mean L_N (min-max band over seeds) against the request rate, one line per system."""
+    from hermes.extras import require
+
+    matplotlib = require("plot")  # the `plot` extra
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for n in dict.fromkeys(str(r["system"]) for r in rows):
+        xs = sorted({float(r["rate"]) for r in rows if r["system"] == n})  # type: ignore[arg-type]
+        v = [[float(r["l_n"]) for r in rows if r["system"] == n  # type: ignore[arg-type]
+              and float(r["rate"]) == x] for x in xs]  # type: ignore[arg-type]
+        ax.plot(xs, [np.mean(a) for a in v], "o-", label=n)
+        ax.fill_between(xs, [min(a) for a in v], [max(a) for a in v], alpha=0.15)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("requests/s")
+    ax.set_ylabel("normalised latency L_N (mean, min-max over seeds)")
+    ax.set_title("hermes bench seallm")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def table(rows: list[dict[str, object]]) -> str:
@@ -567,7 +678,8 @@ def add_parser(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     s.add_argument("--systems", default=",".join(SYSTEMS),
                    help=f"comma-separated, of {', '.join(SPECS)} (default {','.join(SYSTEMS)})")
     s.add_argument("--ablations", action="store_true", help="add the SeaLLM and Hermes ablations")
-    s.add_argument("--rate", type=float, default=DEFAULT_RATE, help="requests/s (default %(default)g)")
+    s.add_argument("--rate", default=str(DEFAULT_RATE),
+                   help="requests/s, or comma-separated rates for a sweep (default %(default)s)")
     s.add_argument("--duration", type=float, default=DEFAULT_DURATION_S,
                    help="seconds of arrivals (default %(default)g)")
     s.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help="A100-80 GPUs (default %(default)d)")
@@ -575,6 +687,8 @@ def add_parser(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     s.add_argument("--workload", choices=WORKLOADS, default="apps",
                    help="app runs (default) or independent requests (the earlier workload)")
     s.add_argument("--json", default=None, help="write the rows as a JSON list to FILE")
+    s.add_argument("--plot", default=None,
+                   help="write L_N against the rate per system to FILE.png (needs the plot extra)")
     s.set_defaults(func=cmd_seallm)
 
 
@@ -583,12 +697,19 @@ def cmd_seallm(args: argparse.Namespace) -> int:
         seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     except ValueError:
         raise SystemExit(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
+    try:
+        rates = [float(x) for x in str(args.rate).split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--rate: expected a number or comma-separated numbers, got {args.rate!r}") from None
+    if not rates or any(not r > 0 for r in rates):
+        raise SystemExit(f"--rate: every rate must be > 0 requests/s, got {args.rate!r}")
     systems = [x.strip() for x in args.systems.split(",") if x.strip()]
     if args.ablations:
         systems += [a for a in ABLATIONS if a not in systems]
     bad = [x for x in systems if x not in SPECS]
     if bad or not seeds:
         raise SystemExit(f"unknown systems {bad}; known: {', '.join(SPECS)}" if bad else "no seeds")
-    main(seeds, systems=systems, rate=args.rate, duration_s=args.duration, n_gpus=args.gpus,
-         json_path=args.json, workers=max(1, args.workers), workload=args.workload)
+    main(seeds, systems=systems, rate=rates, duration_s=args.duration, n_gpus=args.gpus,
+         json_path=args.json, workers=max(1, args.workers), workload=args.workload,
+         plot_path=args.plot)
     return 0

@@ -207,6 +207,12 @@ class PlacementConfig(_Section):
     #: tensor-parallel sizes tried, and services sharing one GPU group at most
     tps: list[int] = Field(default_factory=lambda: [1, 2, 4], min_length=1)
     max_per_group: int = Field(default=2, ge=1)
+    #: a new plan replaces the one in force only when it scores this fraction better (a
+    #: re-placement pauses the groups that change and drops their KV; 0: the paper's rule)
+    min_gain: float = Field(default=0.1, ge=0.0, lt=1.0)
+    #: candidate plans are scored on the mean over this many simulated request streams (the
+    #: search runs in a separate process; its time grows with this)
+    draws: int = Field(default=8, ge=1, le=64)
 
     @model_validator(mode="after")
     def _check(self) -> PlacementConfig:

@@ -4,14 +4,18 @@ fed by Hermes' forecast.
 With ``[placement] auto = true`` the gateway, every interval, forecasts each model's demand
 from its runs in flight, their PDGraphs and the apps' recent arrivals
 (:func:`hermes.gateway.demand.forecast_doc`), places the models on a node's GPUs with the same
-search as ``hermes plan placement`` (:func:`hermes.plan.placement.place`, in a worker thread:
-it simulates candidate plans), and sends the plan (``hermes-placement-plan/1``, a
+search as ``hermes plan placement`` (:func:`hermes.plan.placement.place`, candidate plans scored
+on the mean over ``draws`` simulated request streams, in one worker process so that the
+CPU-bound search does not hold the gateway's interpreter), and sends the plan (``hermes-placement-plan/1``, a
 :class:`~hermes.protocol.Place` message) to every node that accepts plans (its ``hello`` says
 ``placement``: ``hermeslet run --accept-placement``, or the embedded node with this setting).
 A node applies it as on ``SIGHUP``, for the models the plan names (its engines of other
 models stay): engines kept, drained, started. Nodes are taken to be alike: each gets the same
 plan, for its share of the demand (the forecast divided by the number of such nodes). A plan
-whose engines (names and models) equal the last one sent is not sent again.
+whose engines (names and models) equal the last one sent is not sent again, and the plan in
+force is kept unless the search's new plan scores ``min_gain`` better on the same simulated
+requests (a re-placement pauses the groups that change and drops their KV; measured in
+``hermes bench seallm`` as ``seallm-keep``).
 
 The interval adapts as SeaLLM's (:class:`hermes.core.multillm.replacement.AdaptiveInterval`,
 β = ``beta``): after each interval the calls the forecast expected per second are compared
@@ -23,8 +27,11 @@ the next interval by (1 − β), a hit lengthens it by (1 + β), within
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import multiprocessing
 from collections import deque
+from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from hermes.core.multillm.replacement import AdaptiveInterval
@@ -57,17 +64,26 @@ class Placer:
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._expected: float | None = None  # forecast calls/s for the interval now running
         self._since: tuple[float, int] | None = None  # (time, LLM calls dispatched) then
+        self._pool: ProcessPoolExecutor | None = None  # the search's process, while run() runs
 
     async def run(self) -> None:
-        """Replan now, then every interval, until cancelled."""
-        while True:
-            try:
-                await self.replan()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a failed replan must not end the loop
-                log.exception("placement: replan failed; next try in %.0f s", self.interval_s)
-            await asyncio.sleep(self.sched.ctx.clock.wall_s(self.interval_s))
+        """Replan now, then every interval, until cancelled. The placement search (CPU-bound
+        simulation, ``draws`` x a few seconds) runs in one worker process, so that it does not
+        hold the gateway's interpreter while requests are served."""
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads
+        self._pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+        try:
+            while True:
+                try:
+                    await self.replan()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # a failed replan must not end the loop
+                    log.exception("placement: replan failed; next try in %.0f s", self.interval_s)
+                await asyncio.sleep(self.sched.ctx.clock.wall_s(self.interval_s))
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     def _observed_rate(self, now: float) -> float | None:
         """LLM calls per second dispatched since the last replan (None: first replan)."""
@@ -80,7 +96,7 @@ class Placer:
     async def replan(self) -> dict[str, Any]:
         """One round: adapt the interval, forecast, place, send if changed. Returns what it
         decided (also appended to ``history``)."""
-        from hermes.plan.placement import emit_placement, place, services_from_forecast
+        from hermes.plan.placement import emit_placement, place, plan_of, services_from_forecast
 
         sched, cfg = self.sched, self.cfg
         now = sched.now()
@@ -101,13 +117,19 @@ class Placer:
         share = {**doc, "services": [{**s, "calls_per_s": s["calls_per_s"] / len(nodes)}
                                      for s in doc["services"]]}
         services = services_from_forecast(share, dict(cfg.model_map), "placement")
-        plan, score = await asyncio.to_thread(
-            place, services, cfg.gpus, cfg.device, tps=tuple(cfg.tps),
-            max_per_group=cfg.max_per_group)
+        current = plan_of(self.plan) if self.plan is not None else None
+        search = functools.partial(place, services, cfg.gpus, cfg.device, tps=tuple(cfg.tps),
+                                   max_per_group=cfg.max_per_group, current=current,
+                                   min_gain=cfg.min_gain, draws=cfg.draws)
+        if self._pool is not None:
+            plan, score = await asyncio.get_running_loop().run_in_executor(self._pool, search)
+        else:  # replan() called on its own (no run loop): a worker thread
+            plan, score = await asyncio.to_thread(search)
         new = emit_placement(services, plan, cfg.device, cfg.gpus, score)
         out.update(plan=plan.describe(), score=score)
         if self.plan is not None and _engines(self.plan) == _engines(new):
-            out["why"] = "same engines as the plan in force"
+            out["why"] = ("same engines as the plan in force" if plan != current else
+                          f"the plan in force stays: no plan found {cfg.min_gain:.1%} better")
         else:
             from hermes.protocol import Place
 

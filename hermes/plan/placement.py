@@ -20,7 +20,9 @@ every plan of a search, and every run, sees the same requests. An unplaced servi
 its requests.
 
 Command: ``hermes plan placement [--services FILE | --preset seallm] [--gpus N] [--device D]
-[--tps 1,2,4] [--max-per-group 2] [--emit FILE]``; bad input ends it with ``hermes: error: ...``
+[--tps 1,2,4] [--max-per-group 2] [--draws N] [--current PLAN [--min-gain 0.1]] [--emit FILE]``
+(``--draws``: score plans on the mean over N streams, seeds :data:`SEED` onwards; ``--current``:
+keep the plan in force unless the new one scores ``--min-gain`` better); bad input ends it with ``hermes: error: ...``
 (exit 2) naming the service or flag.
 
 Output: a printed table and, with ``--emit FILE``, the plan document, format
@@ -62,8 +64,10 @@ from hermes.core.cluster.models import get_model
 from hermes.core.multillm.budget import DoublingBudget
 from hermes.core.multillm.ordering import Ordering, make_ordering
 from hermes.core.multillm.placement import (
+    Group,
     PlacementPlan,
     ServiceScore,
+    mean_scores,
     seallm_place,
     usable_tps,
 )
@@ -226,10 +230,17 @@ def estimate(services: Sequence[ServiceSpec], device: str, plan: PlacementPlan,
 
 
 def place(services: Sequence[ServiceSpec], n_gpus: int, device: str = DEVICE, *,
-          tps: Sequence[int] = (1, 2, 4), node_gpus: int = 8,
-          max_per_group: int = 2) -> tuple[PlacementPlan, float]:
+          tps: Sequence[int] = (1, 2, 4), node_gpus: int = 8, max_per_group: int = 2,
+          current: PlacementPlan | None = None, min_gain: float = 0.0,
+          draws: int = 1) -> tuple[PlacementPlan, float]:
     """SeaLLM's placement of ``services`` on ``n_gpus`` GPUs of ``device``, plans scored by the
-    simulator (:func:`simulate`); ``ValueError`` names what cannot be placed."""
+    simulator (:func:`simulate`) on the mean over ``draws`` synthetic streams (seeds
+    :data:`SEED`, :data:`SEED` + 1, ...: :func:`~hermes.core.multillm.placement.mean_scores`);
+    with ``current`` (the plan in force) it is kept unless the search's plan scores
+    ``min_gain`` better (:func:`~hermes.core.multillm.placement.seallm_place`). ``ValueError``
+    names what cannot be placed."""
+    if draws < 1:
+        raise ValueError(f"draws must be >= 1, got {draws}")
     get_device(device)  # a clear error for an unknown device
     if n_gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {n_gpus}")
@@ -243,11 +254,16 @@ def place(services: Sequence[ServiceSpec], n_gpus: int, device: str = DEVICE, *,
             raise ValueError(f"service {s.name!r} ({s.model}) fits no group of "
                              f"{'/'.join(map(str, usable))} {device} GPUs")
 
-    stream = request_stream(services, device)
+    streams = [request_stream(services, device, seed=SEED + k) for k in range(draws)]
+
+    def evaluate(p: PlacementPlan) -> dict[str, ServiceScore]:
+        return mean_scores([simulate(st, p, device) for st in streams])
+
     try:
         return seallm_place([s.name for s in services], {s.name: s.rate for s in services},
-                            n_gpus, services_fit({s.name: s.model for s in services}, device), lambda p: simulate(stream, p, device),
-                            tps=usable, node_gpus=node_gpus, max_per_group=max_per_group)
+                            n_gpus, services_fit({s.name: s.model for s in services}, device), evaluate,
+                            tps=usable, node_gpus=node_gpus, max_per_group=max_per_group,
+                            current=current, min_gain=min_gain)
     except ValueError as e:
         raise ValueError(f"{e} (at most {max_per_group} services per group; give more GPUs "
                          "or fewer services)") from None
@@ -288,6 +304,19 @@ def emit_placement(services: Sequence[ServiceSpec], plan: PlacementPlan, device:
                           "rate": s.rate, "input_tokens": s.input_tokens,
                           "output_tokens": s.output_tokens} for s in services],
             "groups": groups}
+
+
+def plan_of(doc: Mapping[str, Any], where: str = "plan") -> PlacementPlan:
+    """The :class:`PlacementPlan` a ``hermes-placement-plan/1`` document holds (its groups'
+    GPUs and services); ``ValueError`` naming ``where`` for anything else."""
+    if not isinstance(doc, Mapping) or doc.get("format") != FORMAT:
+        raise ValueError(f"{where}: not a {FORMAT} document")
+    try:
+        return PlacementPlan(tuple(Group(tuple(int(x) for x in g["gpus"]),
+                                         tuple(str(x) for x in g["services"]))
+                                   for g in doc["groups"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where}: a group without gpus/services ({e!r})") from None
 
 
 def plan_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -376,8 +405,19 @@ def cmd_placement(args: argparse.Namespace) -> int:
         tps = tuple(int(t) for t in args.tps.split(",") if t.strip())
     except ValueError:
         raise ValueError(f"--tps: expected comma-separated integers, got {args.tps!r}") from None
+    current = None
+    if args.current:
+        try:
+            current = plan_of(json.loads(Path(args.current).read_text()), f"--current {args.current}")
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"--current {args.current}: cannot read a plan ({e})") from None
     plan, score = place(services, args.gpus, args.device, tps=tps,
-                        max_per_group=args.max_per_group)
+                        max_per_group=args.max_per_group, current=current,
+                        min_gain=args.min_gain if current is not None else 0.0, draws=args.draws)
+    if current is not None:
+        print("keeping the plan in force (--current): the search's best is not "
+              f"{args.min_gain:.1%} better" if plan == current else
+              "the plan in force (--current) is replaced", file=sys.stderr)
     doc = emit_placement(services, plan, args.device, args.gpus, score)
     print_table(plan_rows(doc), title=f"SeaLLM placement: {len(services)} services on "
                 f"{args.gpus} {doc['device']}")
@@ -415,5 +455,14 @@ def add_placement_parser(psub: Any) -> None:
     s.add_argument("--tps", default="1,2,4", help="TP sizes tried (default %(default)s)")
     s.add_argument("--max-per-group", dest="max_per_group", type=int, default=2,
                    help="services sharing one group at most (default %(default)s)")
+    s.add_argument("--current", metavar="PLAN", help="the plan in force (a hermes-placement-plan/1 "
+                   "file): kept unless the new plan scores --min-gain better (a re-placement "
+                   "pauses the groups that change and drops their KV)")
+    s.add_argument("--min-gain", dest="min_gain", type=float, default=0.1,
+                   help="with --current: the fraction by which a new plan must score better "
+                        "(default %(default)g)")
+    s.add_argument("--draws", type=int, default=1,
+                   help="score each candidate plan on the mean over N synthetic request "
+                        "streams (N x the search time; Hermes' placer uses 8; default %(default)s)")
     s.add_argument("--emit", metavar="FILE", help="write the plan (hermes-placement-plan/1)")
     s.set_defaults(func=cmd_placement)

@@ -70,6 +70,7 @@ def test_hermes_row_replaces_from_the_forecast() -> None:
     (r,) = rows
     assert float(r["replacements"]) >= 1  # type: ignore[arg-type]
     assert {"rate_err", "forecast_err"} <= set(r)
+    assert 0 <= float(r["switches"]) <= float(r["replacements"])  # type: ignore[arg-type]
 
 
 def test_bench_seallm_cli_rejects_unknown_system() -> None:
@@ -77,3 +78,34 @@ def test_bench_seallm_cli_rejects_unknown_system() -> None:
 
     with pytest.raises(SystemExit, match="unknown systems"):
         cli_main(["bench", "seallm", "--systems", "vllm,nope"])
+
+
+def test_rate_sweep_rows_ratios_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "rates.png"
+    rows = main([0], systems=["vllm", "seallm"], rate=[0.5, 2.0], duration_s=30.0, n_gpus=8,
+                json_path=None, workers=1, workload="independent", plot_path=str(png))
+    assert [(r["rate"], r["system"]) for r in rows] == [
+        (0.5, "vllm"), (0.5, "seallm"), (2.0, "vllm"), (2.0, "seallm")]
+    out = capsys.readouterr()
+    assert "0.5 req/s" in out.out and "2 req/s" in out.out
+    assert out.out.count("L_N ratio to seallm: vllm") == 2
+    assert "[4/4 runs" in out.err  # progress
+    assert png.stat().st_size > 10_000
+
+
+def test_ratio_line_is_the_ratio_of_means() -> None:
+    from hermes.bench.seallm import ratio_line
+
+    rows: list[dict[str, object]] = [
+        {"system": "seallm", "l_n": 1.0}, {"system": "seallm", "l_n": 3.0},
+        {"system": "vllm", "l_n": 8.0}, {"system": "vllm", "l_n": 4.0}]
+    assert ratio_line(rows) == "L_N ratio to seallm: vllm 3.00x (paper 8.2x, half 4.1x)"
+    assert ratio_line([r for r in rows if r["system"] == "vllm"]) == ""
+
+
+@pytest.mark.parametrize("rate", ["0", "2,x", "-1"])
+def test_bench_seallm_cli_rejects_bad_rates(rate: str) -> None:
+    from hermes.cli import main as cli_main
+
+    with pytest.raises(SystemExit, match="--rate"):
+        cli_main(["bench", "seallm", "--rate", rate])

@@ -183,3 +183,38 @@ def test_preset_is_the_benchmarks_services() -> None:
              "input_tokens": round(float(np.mean(s.input_lengths))),
              "output_tokens": round(float(np.mean(s.output_lengths)))} for s in bench]
     assert PRESETS["seallm"] == want
+
+
+def test_current_plan_kept_unless_the_new_one_is_min_gain_better(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--current``: two services on two GPUs; the plan in force shares one GPU and leaves the
+    other idle (far worse); it is replaced when the asked gain is small and kept when no plan
+    could be that much better."""
+    services = parse_services(TWO)
+    best, best_score = place(services, 2)
+    shared = PlacementPlan((Group((0,), ("chat", "code")), Group((1,), ())))
+    assert shared != best
+    in_force = tmp_path / "in-force.json"
+    in_force.write_text(json.dumps(emit_placement(services, shared, "A100-80", 2)))
+    src = tmp_path / "services.json"
+    src.write_text(json.dumps(TWO))
+    out = tmp_path / "plan.json"
+    base = ["plan", "placement", "--services", str(src), "--gpus", "2", "--emit", str(out),
+            "--current", str(in_force)]
+    assert main([*base, "--min-gain", "0.001"]) == 0
+    assert "is replaced" in capsys.readouterr().err
+    new = json.loads(out.read_text())
+    assert [g["services"] for g in new["groups"]] == [list(g.services) for g in best.groups]
+    assert main([*base, "--min-gain", "0.999"]) == 0
+    assert "keeping the plan in force" in capsys.readouterr().err
+    kept = json.loads(out.read_text())
+    assert [g["services"] for g in kept["groups"]] == [["chat", "code"], []]
+    # the library call: the same decision, with the kept plan's own score
+    plan, score = place(services, 2, current=shared, min_gain=0.999)
+    assert plan == shared and score >= best_score
+    # a file that is not a plan, or a bad gain, is refused naming the option
+    in_force.write_text(json.dumps({"groups": []}))
+    assert main(base) == 2
+    assert "--current" in capsys.readouterr().err
+    assert main([*base[:-2], "--current", str(tmp_path / "missing.json")]) == 2
+    assert "--current" in capsys.readouterr().err

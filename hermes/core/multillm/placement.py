@@ -10,6 +10,13 @@ goes to the group with the lowest request rate that does not hold it yet, holds 
 (replicas). Each ``tp`` ends with a plan, scored by the same evaluation; the best plan wins
 ("TP by simulation"). The evaluation is a callable (the simulator), so this module has no
 I/O and no clock.
+
+Re-placing is not free (the groups that change pause, and their requests lose their KV and
+recompute), and the search's score of a plan is an estimate on a few seconds of requests, so
+two near-equal plans swap back and forth on noise. With ``current`` (the plan in force) and
+``min_gain`` > 0 (ours; the paper re-places whenever the search's plan differs), the search's
+plan replaces ``current`` only when it scores at least ``min_gain`` (a fraction) better on the
+same evaluation.
 """
 
 from __future__ import annotations
@@ -55,6 +62,19 @@ class ServiceScore:
     @property
     def l_n(self) -> float:
         return self.sum_norm / self.n if self.n else 0.0
+
+
+def mean_scores(runs: Sequence[Mapping[str, ServiceScore]]) -> dict[str, ServiceScore]:
+    """Per service, the mean of several evaluations of one plan (one per sampled request set):
+    scoring candidate plans on the mean over draws, not on one draw, keeps the search from
+    choosing (and re-placing) on one sample's noise."""
+    if not runs:
+        raise ValueError("mean_scores needs at least one evaluation")
+    k = len(runs)
+    return {s: ServiceScore(sum(r[s].unserved for r in runs) / k,
+                            sum(r[s].sum_norm for r in runs) / k,
+                            round(sum(r[s].n for r in runs) / k))
+            for s in runs[0]}
 
 
 Evaluate = Callable[[PlacementPlan], Mapping[str, ServiceScore]]
@@ -123,9 +143,15 @@ def usable_tps(tps: Sequence[int], n_gpus: int, node_gpus: int = 8) -> list[int]
 
 def seallm_place(services: Sequence[str], rates: Mapping[str, float], n_gpus: int, fits: Fits,
                  evaluate: Evaluate, *, tps: Sequence[int] = (1, 2, 4, 8), node_gpus: int = 8,
-                 alpha: float = 1e-4, max_per_group: int = 2) -> tuple[PlacementPlan, float]:
-    """The best plan over TP sizes and its score (:func:`plan_score`). Raises ``ValueError``
-    when no TP size places every service."""
+                 alpha: float = 1e-4, max_per_group: int = 2,
+                 current: PlacementPlan | None = None,
+                 min_gain: float = 0.0) -> tuple[PlacementPlan, float]:
+    """The best plan over TP sizes and its score (:func:`plan_score`), or ``current`` and its
+    score when the best is not ``min_gain`` better (module doc; a ``current`` that leaves a
+    service unplaced or holds one not in ``services`` is always replaced). Raises
+    ``ValueError`` when no TP size places every service."""
+    if not 0.0 <= min_gain < 1.0:
+        raise ValueError(f"min_gain must be in [0, 1), got {min_gain}")
     best: tuple[float, PlacementPlan] | None = None
     for tp in usable_tps(tps, n_gpus, node_gpus):
         if (n_gpus // tp) * max_per_group < len(services):
@@ -139,4 +165,9 @@ def seallm_place(services: Sequence[str], rates: Mapping[str, float], n_gpus: in
             best = (score, p)
     if best is None:
         raise ValueError(f"no TP size in {tuple(tps)} places all of {list(services)} on {n_gpus} GPUs")
+    if (current is not None and min_gain > 0 and current != best[1]
+            and {s for g in current.groups for s in g.services} == set(services)):
+        kept = plan_score(evaluate(current), alpha)
+        if best[0] > (1.0 - min_gain) * kept:
+            return current, kept
     return best[1], best[0]

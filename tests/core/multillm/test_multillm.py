@@ -103,6 +103,39 @@ def test_placement_picks_tp_by_evaluation_and_rejects_bad_tp() -> None:
         seallm_place(["a", "b", "c"], demand, 1, lambda m, tp: True, evaluate, tps=(1,))
 
 
+def test_placement_keeps_the_plan_in_force_unless_the_gain_is_worth_a_switch() -> None:
+    demand = {"a": 1.0, "b": 1.0}
+    tp2 = PlacementPlan((Group((0, 1), ("a", "b")), Group((2, 3), ("b", "a"))))
+
+    def evaluate_with(tp2_unserved: float):  # noqa: ANN202
+        def evaluate(plan: PlacementPlan) -> dict[str, ServiceScore]:
+            # TP 1 plans leave 10 requests unserved; the TP-2 plan ``tp2_unserved``
+            bad = tp2_unserved if plan.groups[0].tp == 2 else 10.0
+            return {s: ServiceScore(bad / 2, 1.0, 1) for s in ("a", "b")}
+        return evaluate
+
+    # the search picks TP 1 when it scores 10 and TP 2 scores 10.5 ...
+    best, score = seallm_place(["a", "b"], demand, 4, lambda m, tp: True, evaluate_with(10.5),
+                               tps=(1, 2))
+    assert best.groups[0].tp == 1 and score == pytest.approx(10.0, abs=1e-3)
+    # ... but a 5% gain does not move the TP-2 plan in force when 10% is asked
+    kept, kept_score = seallm_place(["a", "b"], demand, 4, lambda m, tp: True,
+                                    evaluate_with(10.5), tps=(1, 2), current=tp2, min_gain=0.1)
+    assert kept == tp2 and kept_score == pytest.approx(10.5, abs=1e-3)
+    # a 50% gain does; so does any gain without min_gain (the paper's rule)
+    moved, _ = seallm_place(["a", "b"], demand, 4, lambda m, tp: True, evaluate_with(20.0),
+                            tps=(1, 2), current=tp2, min_gain=0.1)
+    assert moved.groups[0].tp == 1
+    assert seallm_place(["a", "b"], demand, 4, lambda m, tp: True, evaluate_with(10.5),
+                        tps=(1, 2), current=tp2)[0].groups[0].tp == 1
+    # a plan in force that misses a service (a new model) is replaced whatever the gain
+    partial = PlacementPlan((Group((0, 1), ("a",)), Group((2, 3), ("a",))))
+    assert seallm_place(["a", "b"], demand, 4, lambda m, tp: True, evaluate_with(10.5),
+                        tps=(1, 2), current=partial, min_gain=0.9)[0] != partial
+    with pytest.raises(ValueError, match="min_gain"):
+        seallm_place(["a", "b"], demand, 4, lambda m, tp: True, evaluate_with(1.0), min_gain=1.0)
+
+
 def test_fig2_toy_case_db_beats_fcfs_and_rr() -> None:
     """Fig. 2: a long S1 request C blocks the short, bursty S0 requests D and E under FCFS;
     RR helps; the DB order serves D and E first and gives the lowest L_N."""
