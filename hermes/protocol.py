@@ -83,6 +83,10 @@ class Hello(_Msg):
     holding: dict[str, str] | None = None
     #: (additive) the node applies placement plans the scheduler sends (``place``)
     placement: bool = False
+    #: (additive) the GPUs such a node places engines on, and their type (a name of
+    #: ``hermes.core.cluster.devices``); None: the gateway's ``[placement] gpus`` / ``device``
+    gpus: int | None = Field(default=None, ge=1)
+    device: str | None = None
 
 
 class EngineLoad(_Msg):

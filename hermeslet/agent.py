@@ -104,6 +104,8 @@ class HermesLet:
         curve_keys: tuple[str, str] | None = None,
         link: InprocLink | None = None,
         placement_builder: Callable[[Sequence[EngineLaunch]], list[EngineAdapter]] | None = None,
+        placement_gpus: int | None = None,
+        placement_device: str | None = None,
     ) -> None:
         if not engines:
             raise ValueError("a HermesLet needs at least one engine")
@@ -116,6 +118,9 @@ class HermesLet:
         #: makes the engines of a plan the scheduler sends (``place``); None: the node does
         #: not accept plans (``hermeslet run --accept-placement`` sets one)
         self.placement_builder = placement_builder
+        #: the GPUs plans may use here and their type (told in ``hello``; None: the gateway's)
+        self.placement_gpus = placement_gpus
+        self.placement_device = placement_device
         self._placed: set[str] = set()  # names of the engines the last plan sent made
         self.tools = tools if tools is not None else ToolRunner()
         self.tool_concurrency = tool_concurrency
@@ -170,6 +175,8 @@ class HermesLet:
             version=P.PROTOCOL_VERSION,
             holding=self.holding(),
             placement=self.placement_builder is not None,
+            gpus=self.placement_gpus if self.placement_builder is not None else None,
+            device=self.placement_device if self.placement_builder is not None else None,
         )
 
     def _served_loras(self, slot: _EngineSlot) -> list[str]:

@@ -59,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="apply the placement plans the gateway sends ([placement] auto = true): "
                    "engines of the models a plan names are re-placed as on SIGHUP; the "
                    "node's other engines stay. Off by default: a plan starts and stops engines")
+    r.add_argument("--gpus", type=int, default=None,
+                   help="with --accept-placement: the GPUs the gateway's plans may use here "
+                        "(default: the gateway's [placement] gpus)")
+    r.add_argument("--device", default=None,
+                   help="with --accept-placement: their type, e.g. A100-80, H100 (default: the "
+                        "gateway's [placement] device)")
     r.add_argument("--max-inflight", type=int, default=8,
                    help="requests released to each engine at once (default %(default)s)")
     r.add_argument("--kv-gate", dest="kv_gate", action="store_true",
@@ -265,6 +271,8 @@ def build_agent(args: argparse.Namespace) -> HermesLet:
                 launches, args.placement_engine, time_scale=args.time_scale,
                 max_inflight=args.max_inflight, python=args.vllm_python))
     return HermesLet(args.node, args.scheduler, engines, placement_builder=builder,
+                     placement_gpus=getattr(args, "gpus", None),
+                     placement_device=getattr(args, "device", None),
                      tools=ToolRunner(docker=docker, unsafe_unsandboxed=bool(
                          getattr(args, "unsafe_unsandboxed_tools", False))),
                      tool_concurrency=args.tool_concurrency,
@@ -375,6 +383,27 @@ def local_scheduler(address: str) -> bool:
         return False
 
 
+def placement_gpus_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``--gpus`` / ``--device`` (None: nothing): they describe the GPUs of
+    a node that accepts plans, so they need ``--accept-placement``, a positive count and a
+    known device."""
+    gpus, device = getattr(args, "gpus", None), getattr(args, "device", None)
+    if gpus is None and device is None:
+        return None
+    if not getattr(args, "accept_placement", False):
+        return "--gpus/--device describe the GPUs for the gateway's plans: give --accept-placement"
+    if gpus is not None and gpus < 1:
+        return f"--gpus must be >= 1, got {gpus}"
+    if device is not None:
+        from hermes.core.cluster.devices import get_device
+
+        try:
+            args.device = get_device(device).name
+        except ValueError as e:
+            return f"--device: {e}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.cmd == "run" and bool(getattr(args, "curve_key", None)) != bool(
@@ -387,6 +416,10 @@ def main(argv: list[str] | None = None) -> int:
               "code must not be reachable from other hosts' clients", file=sys.stderr)
         return 2
     if args.cmd == "run":
+        bad = placement_gpus_error(args)
+        if bad:
+            print(f"hermeslet: {bad}", file=sys.stderr)
+            return 2
         try:
             from hermes import evloop
 

@@ -271,6 +271,8 @@ class NodeTable:
             tools=list(msg.tools),
             last_seen=time.monotonic(),
             accepts_placement=msg.placement,
+            gpus=msg.gpus,
+            device=msg.device,
         )
         if old is not None:
             node.outstanding = old.outstanding

@@ -10,8 +10,12 @@ CPU-bound search does not hold the gateway's interpreter), and sends the plan (`
 :class:`~hermes.protocol.Place` message) to every node that accepts plans (its ``hello`` says
 ``placement``: ``hermeslet run --accept-placement``, or the embedded node with this setting).
 A node applies it as on ``SIGHUP``, for the models the plan names (its engines of other
-models stay): engines kept, drained, started. Nodes are taken to be alike: each gets the same
-plan, for its share of the demand (the forecast divided by the number of such nodes). A plan
+models stay): engines kept, drained, started. Each node places on its own GPUs (its ``hello``
+says how many and of which type: ``hermeslet run --accept-placement --gpus N --device D``; else
+``[placement] gpus`` / ``device``) for its share of the forecast, in proportion to its GPUs
+times their achieved memory bandwidth; nodes alike get one search and the same plan. This splits
+the demand, it does not place jointly across nodes (a model is served on every accepting node
+the search puts it on; the router spreads its requests by load). A plan
 whose engines (names and models) equal the last one sent is not sent again, and the plan in
 force is kept unless the search's new plan scores ``min_gain`` better on the same simulated
 requests (a re-placement pauses the groups that change and drops their KV; measured in
@@ -40,6 +44,7 @@ from hermes.gateway.demand import forecast_doc
 if TYPE_CHECKING:
     from hermes.gateway.config import PlacementConfig
     from hermes.gateway.scheduler import LiveScheduler
+    from hermes.gateway.state import Node
 
 log = logging.getLogger("hermes.gateway.placer")
 #: replan rounds kept for ``GET /admin/placement`` (a gateway runs for weeks)
@@ -48,6 +53,15 @@ HISTORY = 100
 
 def _engines(plan: dict[str, Any]) -> set[tuple[str, str]]:
     return {(e["name"], e["model"]) for g in plan["groups"] for e in g["engines"]}
+
+
+def _capacity(gpus: int, device: str) -> float:
+    """A node's serving capacity for splitting the forecast between nodes: its GPUs times
+    their achieved memory bandwidth (decoding, most of a served request's time, is bound by
+    it; :mod:`hermes.core.cluster.devices`)."""
+    from hermes.core.cluster.devices import get_device
+
+    return gpus * get_device(device).achieved_hbm
 
 
 class Placer:
@@ -59,8 +73,9 @@ class Placer:
         self.rule = AdaptiveInterval(beta=cfg.beta, min_s=cfg.min_interval_s,
                                      max_s=cfg.max_interval_s)
         self.interval_s = min(max(cfg.interval_s, cfg.min_interval_s), cfg.max_interval_s)
-        #: the last plan sent, and what the last :data:`HISTORY` replans decided (/admin)
-        self.plan: dict[str, Any] | None = None
+        #: the plan in force on each node (the last one sent to it), and what the last
+        #: :data:`HISTORY` replans decided (/admin)
+        self.plans: dict[str, dict[str, Any]] = {}
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._expected: float | None = None  # forecast calls/s for the interval now running
         self._since: tuple[float, int] | None = None  # (time, LLM calls dispatched) then
@@ -93,11 +108,48 @@ class Placer:
             return None
         return (calls - prev[1]) / (now - prev[0])
 
+    async def _place_kind(self, doc: dict[str, Any], gpus: int, device: str,
+                          nodes: list[Node], share: float) -> dict[str, Any]:
+        """Place ``share`` of the forecast ``doc`` on each of ``nodes`` (alike: ``gpus`` GPUs
+        of ``device``) and send the plan to those whose plan in force has other engines."""
+        from hermes.plan.placement import emit_placement, place, plan_of, services_from_forecast
+        from hermes.protocol import Place
+
+        cfg = self.cfg
+        part = {**doc, "services": [{**s, "calls_per_s": s["calls_per_s"] * share}
+                                    for s in doc["services"]]}
+        services = services_from_forecast(part, dict(cfg.model_map), "placement")
+        in_force = self.plans.get(nodes[0].name)
+        current = plan_of(in_force) if in_force is not None else None
+        search = functools.partial(place, services, gpus, device, tps=tuple(cfg.tps),
+                                   max_per_group=cfg.max_per_group, current=current,
+                                   min_gain=cfg.min_gain, draws=cfg.draws)
+        if self._pool is not None:
+            plan, score = await asyncio.get_running_loop().run_in_executor(self._pool, search)
+        else:  # replan() called on its own (no run loop): a worker thread
+            plan, score = await asyncio.to_thread(search)
+        new = emit_placement(services, plan, device, gpus, score)
+        row: dict[str, Any] = {"gpus": gpus, "device": device, "share": share,
+                               "nodes": [n.name for n in nodes], "plan": plan.describe(),
+                               "score": score, "sent": False}
+        targets = [n for n in nodes if n.name not in self.plans
+                   or _engines(self.plans[n.name]) != _engines(new)]
+        if not targets:
+            row["why"] = ("same engines as the plan in force" if plan != current else
+                          f"the plan in force stays: no plan found {cfg.min_gain:.1%} better")
+            return row
+        for node in targets:
+            self.sched.node_table.send(node, Place(plan=new))
+            self.plans[node.name] = new
+        row["sent"] = True
+        log.info("placement: sent %s to %s (%.0f%% of the forecast, %d %s GPUs each; next "
+                 "replan in %.0f s)", plan.describe(), [n.name for n in targets], 100 * share,
+                 gpus, device, self.interval_s)
+        return row
+
     async def replan(self) -> dict[str, Any]:
         """One round: adapt the interval, forecast, place, send if changed. Returns what it
         decided (also appended to ``history``)."""
-        from hermes.plan.placement import emit_placement, place, plan_of, services_from_forecast
-
         sched, cfg = self.sched, self.cfg
         now = sched.now()
         observed = self._observed_rate(now)
@@ -114,30 +166,21 @@ class Placer:
             out["why"] = "no node accepts plans" if not nodes else "no LLM demand forecast"
             self.history.append(out)
             return out
-        share = {**doc, "services": [{**s, "calls_per_s": s["calls_per_s"] / len(nodes)}
-                                     for s in doc["services"]]}
-        services = services_from_forecast(share, dict(cfg.model_map), "placement")
-        current = plan_of(self.plan) if self.plan is not None else None
-        search = functools.partial(place, services, cfg.gpus, cfg.device, tps=tuple(cfg.tps),
-                                   max_per_group=cfg.max_per_group, current=current,
-                                   min_gain=cfg.min_gain, draws=cfg.draws)
-        if self._pool is not None:
-            plan, score = await asyncio.get_running_loop().run_in_executor(self._pool, search)
-        else:  # replan() called on its own (no run loop): a worker thread
-            plan, score = await asyncio.to_thread(search)
-        new = emit_placement(services, plan, cfg.device, cfg.gpus, score)
-        out.update(plan=plan.describe(), score=score)
-        if self.plan is not None and _engines(self.plan) == _engines(new):
-            out["why"] = ("same engines as the plan in force" if plan != current else
-                          f"the plan in force stays: no plan found {cfg.min_gain:.1%} better")
+        kinds: dict[tuple[int, str], list[Node]] = {}
+        for n in nodes:
+            kinds.setdefault((n.gpus or cfg.gpus, n.device or cfg.device), []).append(n)
+        total = sum(_capacity(g, d) * len(ns) for (g, d), ns in kinds.items())
+        rows = []
+        for (gpus, device), members in kinds.items():
+            row = await self._place_kind(doc, gpus, device, members,
+                                         _capacity(gpus, device) / total)
+            rows.append(row)
+        out["sent"] = any(r["sent"] for r in rows)
+        if len(rows) == 1:
+            out.update({k: rows[0][k] for k in ("plan", "score", "why") if k in rows[0]})
         else:
-            from hermes.protocol import Place
-
-            for node in nodes:
-                sched.node_table.send(node, Place(plan=new))
-            self.plan = new
-            out["sent"] = True
-            log.info("placement: sent %s to %s (forecast %.3g calls/s; next replan in %.0f s)",
-                     plan.describe(), [n.name for n in nodes], self._expected, self.interval_s)
+            out["kinds"] = rows
+            if not out["sent"]:
+                out["why"] = "; ".join(dict.fromkeys(r["why"] for r in rows))
         self.history.append(out)
         return out

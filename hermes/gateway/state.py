@@ -195,3 +195,6 @@ class Node:
     kv_usage: dict[str, float | None] = field(default_factory=dict)  # engine -> KV use (0..1)
     #: the node applies placement plans (its hello said so; :mod:`hermes.gateway.placer`)
     accepts_placement: bool = False
+    #: the GPUs such a node has for plans, and their type (None: ``[placement]`` gpus/device)
+    gpus: int | None = None
+    device: str | None = None

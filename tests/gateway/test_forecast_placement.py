@@ -127,3 +127,102 @@ def test_the_gateway_re_places_its_models_by_itself(make_gateway, tmp_path: Path
     # round 2 expected calls, round 3 saw fewer dispatched (one request in the interval)
     assert rounds[2]["observed_calls_per_s"] < 0.9 * rounds[1]["expected_calls_per_s"]
     assert rounds[2]["interval_s"] == pytest.approx(rounds[1]["interval_s"] * 0.9)
+
+
+class _PlacingNode:
+    """A HermesLet that accepts plans, with ``gpus`` GPUs of ``device``, on its own event loop
+    in a thread (one built-in engine of an unplanned model to start with)."""
+
+    def __init__(self, name: str, address: str, gpus: int, device: str) -> None:
+        import asyncio
+        import threading
+
+        self.name = name
+        self.loop = asyncio.new_event_loop()
+        self.agent = None
+        self.thread = threading.Thread(target=self._main, args=(address, gpus, device),
+                                       daemon=True)
+        self.thread.start()
+
+    def _main(self, address: str, gpus: int, device: str) -> None:
+        import asyncio
+
+        from hermeslet.agent import HermesLet
+        from hermeslet.engines.sim_engine import SimEngine
+        from hermeslet.placement import build_engines
+
+        asyncio.set_event_loop(self.loop)
+        self.agent = HermesLet(
+            self.name, address, [SimEngine(name="base", model="other", time_scale=50.0)],
+            heartbeat_s=0.1, placement_gpus=gpus, placement_device=device,
+            placement_builder=lambda launches: build_engines(launches, "sim", time_scale=50.0))
+        self.loop.run_until_complete(self.agent.run())
+
+    def stop(self) -> None:
+        if self.agent is not None:
+            self.loop.call_soon_threadsafe(self.agent.stop)
+        self.thread.join(10)
+
+
+def test_nodes_with_other_gpus_get_their_own_plans(make_gateway) -> None:  # noqa: ANN001
+    """Two nodes that accept plans, one A100-80 and four H100s: each gets a plan for its own
+    GPUs, for a share of the forecast in proportion to GPUs x achieved memory bandwidth."""
+    import time
+
+    from hermes.core.cluster.devices import get_device
+    from hermes.gateway.server import gateway_state
+    from hermes.procs import free_port
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    srv = make_gateway(bind=address, embedded_node=False,
+                       placement={"auto": True, "gpus": 2, "interval_s": 30.0,
+                                  "min_interval_s": 30.0, "draws": 1})
+    sched = gateway_state(srv).scheduler
+    nodes = [_PlacingNode("small", address, 1, "A100-80"), _PlacingNode("big", address, 4, "H100")]
+    try:
+        deadline = time.monotonic() + 20
+        while len(sched.nodes) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert {n.gpus for n in sched.nodes.values()} == {1, 4}
+        http = httpx.Client(base_url=srv.url, timeout=30)
+        assert http.put("/admin/apps/agent", content=agent_graph().to_json()).status_code in (200, 201)
+        for _ in range(3):
+            http.post("/v1/runs", json={"app": "agent"})
+        deadline = time.monotonic() + 40
+        doc: dict = {}
+        while time.monotonic() < deadline:
+            doc = http.get("/admin/placement").json()
+            if set(doc.get("nodes") or {}) == {"small", "big"}:
+                break
+            time.sleep(0.2)
+        assert set(doc["nodes"]) == {"small", "big"}, doc
+        rnd = next(r for r in doc["rounds"] if r["sent"])
+        kinds = {k["nodes"][0]: k for k in rnd["kinds"]}
+        assert (kinds["small"]["gpus"], kinds["small"]["device"]) == (1, "A100-80")
+        assert (kinds["big"]["gpus"], kinds["big"]["device"]) == (4, "H100")
+        ratio = 4 * get_device("H100").achieved_hbm / get_device("A100-80").achieved_hbm
+        assert kinds["big"]["share"] / kinds["small"]["share"] == pytest.approx(ratio)
+        assert kinds["small"]["share"] + kinds["big"]["share"] == pytest.approx(1.0)
+        # each plan uses its node's GPUs: one group on the A100, groups over 4 GPUs on the H100s
+        assert "|" not in kinds["small"]["plan"]
+        gpus_big = sum(int(g.split(":")[0][2:]) for g in kinds["big"]["plan"].split(" | "))
+        assert gpus_big == 4, kinds["big"]["plan"]
+        # both nodes now serve the two models the forecast names (their other engine stays)
+        served = {(e["node"], e["model"]) for e in http.get("/admin/engines").json()["engines"]}
+        for n in ("small", "big"):
+            assert {(n, "llama-2-7b"), (n, "llama-2-13b"), (n, "other")} <= served, served
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def test_hermeslet_gpus_need_accept_placement_and_a_known_device(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from hermeslet.cli import main as hermeslet_main
+
+    assert hermeslet_main(["run", "--gpus", "4"]) == 2
+    assert "--accept-placement" in capsys.readouterr().err
+    assert hermeslet_main(["run", "--accept-placement", "--device", "Z80"]) == 2
+    assert "--device: unknown device 'Z80'" in capsys.readouterr().err
+    assert hermeslet_main(["run", "--accept-placement", "--gpus", "0"]) == 2
+    assert "--gpus must be >= 1" in capsys.readouterr().err

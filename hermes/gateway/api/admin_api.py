@@ -417,16 +417,17 @@ async def forecast(request: Request, horizon_s: float = 60.0, window_s: float = 
 
 @router.get("/placement")
 async def placement(request: Request) -> dict[str, Any]:
-    """The gateway's own re-placement (``placement.auto``): the interval now, the plan in
-    force (engines: name -> model) and the last rounds (:mod:`hermes.gateway.placer`)."""
+    """The gateway's own re-placement (``placement.auto``): the interval now, the plans in
+    force (``nodes``: node -> engine -> model; ``engines``: all of them together) and the last
+    rounds (:mod:`hermes.gateway.placer`)."""
     placer = getattr(request.app.state, "placer", None)
     if placer is None:
         return {"auto": False}
-    plan = placer.plan
+    nodes = {node: {e["name"]: e["model"] for g in plan["groups"] for e in g["engines"]}
+             for node, plan in placer.plans.items()}
     return {"auto": True, "interval_s": placer.interval_s,
-            "engines": None if plan is None else {
-                e["name"]: e["model"] for g in plan["groups"] for e in g["engines"]},
-            "rounds": list(placer.history)[-20:]}
+            "engines": {k: v for eng in nodes.values() for k, v in eng.items()} or None,
+            "nodes": nodes, "rounds": list(placer.history)[-20:]}
 
 
 @router.get("/top")
