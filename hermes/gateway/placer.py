@@ -172,8 +172,15 @@ class Placer:
         total = sum(_capacity(g, d) * len(ns) for (g, d), ns in kinds.items())
         rows = []
         for (gpus, device), members in kinds.items():
-            row = await self._place_kind(doc, gpus, device, members,
-                                         _capacity(gpus, device) / total)
+            share = _capacity(gpus, device) / total
+            try:
+                row = await self._place_kind(doc, gpus, device, members, share)
+            except ValueError as e:  # e.g. a model that fits no group of these GPUs
+                log.error("placement: nodes %s (%d %s GPUs): %s", [n.name for n in members],
+                          gpus, device, e)
+                row = {"gpus": gpus, "device": device, "share": share,
+                       "nodes": [n.name for n in members], "sent": False,
+                       "why": f"cannot place on {gpus} {device}: {e}"}
             rows.append(row)
         out["sent"] = any(r["sent"] for r in rows)
         if len(rows) == 1:

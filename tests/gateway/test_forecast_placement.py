@@ -165,8 +165,9 @@ class _PlacingNode:
 
 
 def test_nodes_with_other_gpus_get_their_own_plans(make_gateway) -> None:  # noqa: ANN001
-    """Two nodes that accept plans, one A100-80 and four H100s: each gets a plan for its own
-    GPUs, for a share of the forecast in proportion to GPUs x achieved memory bandwidth."""
+    """Nodes that accept plans, one A100-80 and four H100s: each gets a plan for its own GPUs,
+    for a share of the forecast in proportion to GPUs x achieved memory bandwidth; a third,
+    one RTX 3090 Ti, cannot hold the 13B model and gets no plan (the others still do)."""
     import time
 
     from hermes.core.cluster.devices import get_device
@@ -178,12 +179,13 @@ def test_nodes_with_other_gpus_get_their_own_plans(make_gateway) -> None:  # noq
                        placement={"auto": True, "gpus": 2, "interval_s": 30.0,
                                   "min_interval_s": 30.0, "draws": 1})
     sched = gateway_state(srv).scheduler
-    nodes = [_PlacingNode("small", address, 1, "A100-80"), _PlacingNode("big", address, 4, "H100")]
+    nodes = [_PlacingNode("small", address, 1, "A100-80"), _PlacingNode("big", address, 4, "H100"),
+             _PlacingNode("tiny", address, 1, "RTX3090Ti")]  # 24 GB: no room for the 13B model
     try:
         deadline = time.monotonic() + 20
-        while len(sched.nodes) < 2 and time.monotonic() < deadline:
+        while len(sched.nodes) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert {n.gpus for n in sched.nodes.values()} == {1, 4}
+        assert sorted(n.gpus or 0 for n in sched.nodes.values()) == [1, 1, 4]
         http = httpx.Client(base_url=srv.url, timeout=30)
         assert http.put("/admin/apps/agent", content=agent_graph().to_json()).status_code in (200, 201)
         for _ in range(3):
@@ -202,7 +204,10 @@ def test_nodes_with_other_gpus_get_their_own_plans(make_gateway) -> None:  # noq
         assert (kinds["big"]["gpus"], kinds["big"]["device"]) == (4, "H100")
         ratio = 4 * get_device("H100").achieved_hbm / get_device("A100-80").achieved_hbm
         assert kinds["big"]["share"] / kinds["small"]["share"] == pytest.approx(ratio)
-        assert kinds["small"]["share"] + kinds["big"]["share"] == pytest.approx(1.0)
+        assert sum(k["share"] for k in kinds.values()) == pytest.approx(1.0)
+        # the node whose GPU cannot hold a model gets nothing, and the round says why
+        assert not kinds["tiny"]["sent"] and "cannot place on 1 RTX3090Ti" in kinds["tiny"]["why"]
+        assert "tiny" not in doc["nodes"]
         # each plan uses its node's GPUs: one group on the A100, groups over 4 GPUs on the H100s
         assert "|" not in kinds["small"]["plan"]
         gpus_big = sum(int(g.split(":")[0][2:]) for g in kinds["big"]["plan"].split(" | "))
