@@ -593,7 +593,8 @@ def main(seeds: list[int], *, systems: list[str], rate: float | Sequence[float],
         if line:
             print(line)
     if plot_path:
-        plot_rates(rows, plot_path)
+        plot_rates(rows, plot_path, f"hermes bench seallm --workload {workload}: {n_gpus} "
+                   f"{DEVICE}, {len(seeds)} seeds")
     return rows
 
 
@@ -621,7 +622,8 @@ def ratio_line(rows: Sequence[dict[str, object]]) -> str:
     return ("L_N ratio to seallm: " + ", ".join(parts)) if parts else ""
 
 
-def plot_rates(rows: Sequence[dict[str, object]], path: str) -> None:
+def plot_rates(rows: Sequence[dict[str, object]], path: str,
+               title: str = "hermes bench seallm") -> None:
     """Mean L_N (min-max band over seeds) against the request rate, one line per system."""
     from hermes.extras import require
 
@@ -637,11 +639,12 @@ def plot_rates(rows: Sequence[dict[str, object]], path: str) -> None:
         ax.plot(xs, [np.mean(a) for a in v], "o-", label=n)
         ax.fill_between(xs, [min(a) for a in v], [max(a) for a in v], alpha=0.15)
     ax.set_yscale("log")
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10.0, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("requests/s")
     ax.set_ylabel("normalised latency L_N (mean, min-max over seeds)")
-    ax.set_title("hermes bench seallm")
+    ax.set_title(title)
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()
