@@ -124,23 +124,37 @@ def cmd_sched(args: argparse.Namespace) -> int:
     if args.policies is None:
         args.policies = _default_policies()
     seeds = _seed_list(args)
-    rows, acts = B.bench_sched(
-        args.apps, _floats(args.window), _names(args.policies), seeds[0], args.trace, _setup(args),
-        seeds=seeds, mix=args.mix, workload=args.workload, workers=args.workers,
-        progress=not args.no_progress,
-        pdgraph_dir=args.pdgraphs, tool_instances=_tool_instances(args.tool_instances),
-        kv_gate=args.kv_gate,
-    )
+    gates = {"off": (False,), "on": (True,), "both": (False, True)}[args.kv_gate]
+    rows: list[dict] = []
+    ratio_src: list[dict] = []
+    acts: dict = {}
+    for gate in gates:  # the same arrivals (seeded) with the gate off, then on
+        got, got_acts = B.bench_sched(
+            args.apps, _floats(args.window), _names(args.policies), seeds[0], args.trace,
+            _setup(args), seeds=seeds, mix=args.mix, workload=args.workload,
+            workers=args.workers, progress=not args.no_progress, pdgraph_dir=args.pdgraphs,
+            tool_instances=_tool_instances(args.tool_instances), kv_gate=gate,
+        )
+        rows += got
+        ratio_src += [{**r, "kv_gate": gate} for r in B.ratio_rows(got)]
+        label = " (KV gate)" if gate and len(gates) > 1 else ""
+        acts.update({(w, f"{p}{label}"): a for (w, p), a in got_acts.items()})
     if args.plot:
         B.plot_act_cdf(acts, args.plot, title=f"{_setup(args)}, {args.trace}")
-    ratios = B.seed_summary(B.ratio_rows(rows), ("window_min", "vs"), "",
+    by = ("window_min", "kv_gate") if len(gates) > 1 else ("window_min",)
+    ratios = B.seed_summary(ratio_src, (*by, "vs"), "",
                             ("hermes_mean_ratio", "hermes_p95_ratio", "best_mean_ratio"), nd=2)
     extra = (ratios, "hermes ACT / policy ACT, same arrivals (< 1: hermes faster); "
                      "mean (min-max) over seeds")
-    gate = ", KV gate" if args.kv_gate else ""
+    gate_text = {"off": "", "on": ", KV gate", "both": ", KV gate off and on"}[args.kv_gate]
     title = (f"sched: mean ACT s, mean (min-max) over {_seeds_text(seeds)} ({_setup(args)}, "
-             f"{args.trace}, {args.workload} workload, {args.mix} mix{gate})")
-    summary = B.seed_summary(rows, ("window_min",), "policy", ("mean_act_s",))
+             f"{args.trace}, {args.workload} workload, {args.mix} mix{gate_text})")
+    summary = B.seed_summary(rows, by, "policy", ("mean_act_s",))
+    if len(gates) > 1:
+        B.print_table(B.seed_summary(B.gate_ratio_rows(rows), ("window_min",), "policy",
+                                     ("gate_ratio",), nd=3),
+                      title="mean ACT with the KV gate / without it, same arrivals (< 1: the "
+                            "gate helps); mean (min-max) over seeds")
     return _finish(summary, args, title, t0, extra=extra, json_rows=rows)
 
 
@@ -259,10 +273,13 @@ def add_bench_parsers(bsub: argparse._SubParsersAction) -> None:
                    help="tool capacity per backend, KIND=N,... (kinds docker, dnn, api; "
                         "default docker=16,dnn=4,api=64: hermes/core/tools_model.py "
                         "TOOL_DEFAULTS), for the sensitivity of a table to the tool testbed")
-    s.add_argument("--kv-gate", dest="kv_gate", action="store_true",
+    s.add_argument("--kv-gate", dest="kv_gate", nargs="?", const="on", default="off",
+                   choices=("off", "on", "both"),
                    help="put the HermesLet's KV gate in front of the engines, for every policy: "
                         "a request starts only when its whole prompt fits in free KV "
-                        "(hermes/core/kv_gate.py); default off (vLLM's rule: its first chunk)")
+                        "(hermes/core/kv_gate.py); default off (vLLM's rule: its first chunk); "
+                        "--kv-gate alone is on; both runs the same arrivals without and with "
+                        "it and prints the ratio")
     s.set_defaults(func=cmd_sched)
 
     s = bsub.add_parser("ddl", help="deadline satisfaction ratio (paper Fig. 11)")

@@ -601,6 +601,18 @@ def span(values: Sequence[float], nd: int = 1) -> str:
     return f"{v.mean():.{nd}f} ({v.min():.{nd}f}-{v.max():.{nd}f})"
 
 
+def gate_ratio_rows(rows: Sequence[dict]) -> list[dict]:
+    """Per window, policy and seed: mean ACT with the KV gate over mean ACT without it (rows
+    of both, same arrivals; ``gate_ratio`` < 1: the gate helps). Cells without both are
+    skipped."""
+    by: dict[tuple, dict[bool, float]] = {}
+    for r in rows:
+        by.setdefault((r["window_min"], r["policy"], r["seed"]), {})[bool(r["kv_gate"])] = \
+            r["mean_act_s"]
+    return [{"window_min": w, "policy": p, "seed": s, "gate_ratio": v[True] / v[False]}
+            for (w, p, s), v in by.items() if True in v and False in v and v[False] > 0]
+
+
 def seed_summary(rows: Sequence[dict], by: Sequence[str], columns: str, values: Sequence[str],
                  nd: int = 1) -> list[dict]:
     """Rows of one seed each, summarised over seeds: one row per distinct ``by``; with

@@ -67,3 +67,32 @@ def test_kv_gate_removes_the_agents_preemption_thrash() -> None:
     assert (a["kv_gate"], b["kv_gate"]) == (False, True)
     assert a["preemptions"] > 20 * max(b["preemptions"], 1)
     assert b["mean_act_s"] < 0.95 * a["mean_act_s"]
+
+
+def test_kv_gate_both_runs_the_same_arrivals_without_and_with_it(tmp_path, capsys) -> None:  # noqa: ANN001
+    """``--kv-gate both``: one command, rows of both gates for the same runs (the isolated
+    bound equal), a table with a ``kv_gate`` column and the on/off ratio per policy."""
+    out = tmp_path / "rows.json"
+    assert main(["bench", "sched", "--workload", "agents", "--setup", "llama2-7b-a100-cal",
+                 "--apps", "24", "--window", "1", "--seeds", "0", "--policies", "vllm",
+                 "--workers", "1", "--kv-gate", "both", "--json", str(out),
+                 "--no-progress"]) == 0
+    rows = json.loads(out.read_text())
+    by = {(r["policy"], r["kv_gate"]): r for r in rows}
+    assert set(by) == {("vllm", False), ("vllm", True), ("isolated", False), ("isolated", True)}
+    assert by[("isolated", False)]["mean_act_s"] == by[("isolated", True)]["mean_act_s"]
+    off, on = by[("vllm", False)], by[("vllm", True)]
+    assert off["preemptions"] > on["preemptions"]
+    printed = capsys.readouterr().out
+    assert "KV gate off and on" in printed and "kv_gate" in printed
+    ratio = on["mean_act_s"] / off["mean_act_s"]
+    assert "with the KV gate / without it" in printed and f"{ratio:.3f}" in printed
+    # --kv-gate alone is still "on", its absence "off"; anything else is refused naming the
+    # choices
+    from hermes.cli import build_parser
+
+    assert build_parser().parse_args(["bench", "sched", "--kv-gate"]).kv_gate == "on"
+    assert build_parser().parse_args(["bench", "sched"]).kv_gate == "off"
+    with pytest.raises(SystemExit):
+        main(["bench", "sched", "--kv-gate", "sometimes"])
+    assert "invalid choice: 'sometimes'" in capsys.readouterr().err
