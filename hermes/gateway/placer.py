@@ -12,10 +12,12 @@ CPU-bound search does not hold the gateway's interpreter), and sends the plan (`
 A node applies it as on ``SIGHUP``, for the models the plan names (its engines of other
 models stay): engines kept, drained, started. Each node places on its own GPUs (its ``hello``
 says how many and of which type: ``hermeslet run --accept-placement --gpus N --device D``; else
-``[placement] gpus`` / ``device``) for its share of the forecast, in proportion to its GPUs
-times their achieved memory bandwidth; nodes alike get one search and the same plan. This splits
-the demand, it does not place jointly across nodes (a model is served on every accepting node
-the search puts it on; the router spreads its requests by load). A plan
+``[placement] gpus`` / ``device``) for its part of the forecast
+(:func:`hermes.plan.placement.split_demand`): each model goes to the kinds of node whose GPUs
+can hold it, its calls split between their nodes in proportion to GPUs times achieved memory
+bandwidth; nodes alike get one search and the same plan. This splits the demand, it does not
+search placements across nodes jointly (the router spreads a model's requests over the nodes
+serving it by load). A plan
 whose engines (names and models) equal the last one sent is not sent again, and the plan in
 force is kept unless the search's new plan scores ``min_gain`` better on the same simulated
 requests (a re-placement pauses the groups that change and drops their KV; measured in
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from hermes.gateway.config import PlacementConfig
     from hermes.gateway.scheduler import LiveScheduler
     from hermes.gateway.state import Node
+    from hermes.plan.placement import ServiceSpec
 
 log = logging.getLogger("hermes.gateway.placer")
 #: replan rounds kept for ``GET /admin/placement`` (a gateway runs for weeks)
@@ -53,15 +56,6 @@ HISTORY = 100
 
 def _engines(plan: dict[str, Any]) -> set[tuple[str, str]]:
     return {(e["name"], e["model"]) for g in plan["groups"] for e in g["engines"]}
-
-
-def _capacity(gpus: int, device: str) -> float:
-    """A node's serving capacity for splitting the forecast between nodes: its GPUs times
-    their achieved memory bandwidth (decoding, most of a served request's time, is bound by
-    it; :mod:`hermes.core.cluster.devices`)."""
-    from hermes.core.cluster.devices import get_device
-
-    return gpus * get_device(device).achieved_hbm
 
 
 class Placer:
@@ -108,17 +102,15 @@ class Placer:
             return None
         return (calls - prev[1]) / (now - prev[0])
 
-    async def _place_kind(self, doc: dict[str, Any], gpus: int, device: str,
+    async def _place_kind(self, services: list[ServiceSpec], gpus: int, device: str,
                           nodes: list[Node], share: float) -> dict[str, Any]:
-        """Place ``share`` of the forecast ``doc`` on each of ``nodes`` (alike: ``gpus`` GPUs
-        of ``device``) and send the plan to those whose plan in force has other engines."""
-        from hermes.plan.placement import emit_placement, place, plan_of, services_from_forecast
+        """Place ``services`` (one node's part of the forecast) on each of ``nodes`` (alike:
+        ``gpus`` GPUs of ``device``) and send the plan to those whose plan in force has other
+        engines. ``share``: the node's part of the capacity, for the round's record."""
+        from hermes.plan.placement import emit_placement, place, plan_of
         from hermes.protocol import Place
 
         cfg = self.cfg
-        part = {**doc, "services": [{**s, "calls_per_s": s["calls_per_s"] * share}
-                                    for s in doc["services"]]}
-        services = services_from_forecast(part, dict(cfg.model_map), "placement")
         in_force = self.plans.get(nodes[0].name)
         current = plan_of(in_force) if in_force is not None else None
         search = functools.partial(place, services, gpus, device, tps=tuple(cfg.tps),
@@ -142,7 +134,7 @@ class Placer:
             self.sched.node_table.send(node, Place(plan=new))
             self.plans[node.name] = new
         row["sent"] = True
-        log.info("placement: sent %s to %s (%.0f%% of the forecast, %d %s GPUs each; next "
+        log.info("placement: sent %s to %s (%.0f%% of the capacity, %d %s GPUs each; next "
                  "replan in %.0f s)", plan.describe(), [n.name for n in targets], 100 * share,
                  gpus, device, self.interval_s)
         return row
@@ -166,21 +158,41 @@ class Placer:
             out["why"] = "no node accepts plans" if not nodes else "no LLM demand forecast"
             self.history.append(out)
             return out
-        kinds: dict[tuple[int, str], list[Node]] = {}
+        from hermes.plan.placement import (
+            NodeKind,
+            node_capacity,
+            services_from_forecast,
+            split_demand,
+        )
+
+        groups: dict[tuple[int, str], list[Node]] = {}
         for n in nodes:
-            kinds.setdefault((n.gpus or cfg.gpus, n.device or cfg.device), []).append(n)
-        total = sum(_capacity(g, d) * len(ns) for (g, d), ns in kinds.items())
-        rows = []
-        for (gpus, device), members in kinds.items():
-            share = _capacity(gpus, device) / total
+            groups.setdefault((n.gpus or cfg.gpus, n.device or cfg.device), []).append(n)
+        kinds = [NodeKind(g, d, len(ns)) for (g, d), ns in groups.items()]
+        services = services_from_forecast(doc, dict(cfg.model_map), "placement")
+        parts, homeless = split_demand(services, kinds, tps=cfg.tps)
+        if homeless:
+            out["unplaced"] = [s.served for s in homeless]
+            log.error("placement: no node's GPUs can hold %s", [s.served for s in homeless])
+        total = sum(node_capacity(k.gpus, k.device) * k.count for k in kinds)
+        rows: list[dict[str, Any]] = []
+        for k, part in zip(kinds, parts, strict=True):
+            members = groups[(k.gpus, k.device)]
+            share = node_capacity(k.gpus, k.device) / total
+            if not part:
+                rows.append({"gpus": k.gpus, "device": k.device, "share": share,
+                             "nodes": [n.name for n in members], "sent": False,
+                             "why": f"no forecast model fits {k.gpus} {k.device}"})
+                continue
             try:
-                row = await self._place_kind(doc, gpus, device, members, share)
-            except ValueError as e:  # e.g. a model that fits no group of these GPUs
+                row = await self._place_kind(part, k.gpus, k.device, members, share)
+            except ValueError as e:  # e.g. the models together fit no plan of these GPUs
                 log.error("placement: nodes %s (%d %s GPUs): %s", [n.name for n in members],
-                          gpus, device, e)
-                row = {"gpus": gpus, "device": device, "share": share,
+                          k.gpus, k.device, e)
+                row = {"gpus": k.gpus, "device": k.device, "share": share,
                        "nodes": [n.name for n in members], "sent": False,
-                       "why": f"cannot place on {gpus} {device}: {e}"}
+                       "why": f"cannot place on {k.gpus} {k.device}: {e}"}
+            row["models"] = [s.served for s in part]
             rows.append(row)
         out["sent"] = any(r["sent"] for r in rows)
         if len(rows) == 1:

@@ -218,3 +218,23 @@ def test_current_plan_kept_unless_the_new_one_is_min_gain_better(
     assert "--current" in capsys.readouterr().err
     assert main([*base[:-2], "--current", str(tmp_path / "missing.json")]) == 2
     assert "--current" in capsys.readouterr().err
+
+
+def test_split_demand_sends_each_model_to_the_nodes_that_hold_it() -> None:
+    """Two one-GPU RTX 3090 Ti nodes (24 GB: no 13B model) and one node of four H100s: the
+    13B model's calls all go to the H100 node, the 7B model's are split between the three
+    nodes by GPUs x achieved memory bandwidth; a model no node holds is returned apart."""
+    from hermes.plan.placement import NodeKind, node_capacity, split_demand
+
+    services = parse_services([{"name": "a", "model": "llama-2-7b", "rate": 6.0},
+                               {"name": "b", "model": "llama-2-13b", "rate": 2.0}])
+    small, big = NodeKind(1, "RTX3090Ti", 2), NodeKind(4, "H100", 1)
+    (on_small, on_big), homeless = split_demand(services, [small, big])
+    assert not homeless
+    assert [s.name for s in on_small] == ["a"] and [s.name for s in on_big] == ["a", "b"]
+    c_small, c_big = node_capacity(1, "RTX3090Ti"), node_capacity(4, "H100")
+    assert on_small[0].rate == pytest.approx(6.0 * c_small / (2 * c_small + c_big))
+    assert 2 * on_small[0].rate + on_big[0].rate == pytest.approx(6.0)  # nothing lost
+    assert on_big[1].rate == pytest.approx(2.0)
+    (only_small,), homeless = split_demand(services, [small])
+    assert [s.name for s in only_small] == ["a"] and [s.name for s in homeless] == ["b"]
