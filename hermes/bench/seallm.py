@@ -9,7 +9,9 @@ requests), which also scores the candidate plans of the placement search
 Systems (rows): ``vllm`` (GPUs split evenly, one service per group, FCFS), ``alpaserve``
 (SeaLLM's placement search with FCFS inside, unified KV, placed once), ``muxserve``
 (same placement, round-robin between a group's services with fixed quotas from the rates
-seen at placement, FCFS within, split KV, placed once), ``seallm`` (placement + DB ordering +
+seen at placement, FCFS within, split KV, placed once; ``muxserve-spatial``: the same with each
+service of a group on a fixed share of the GPUs side by side, as SeaLLM describes MuxServe,
+:class:`hermes.sim.multillm.Sim` ``spatial``), ``seallm`` (placement + DB ordering +
 adaptive replacement + unified KV), and the ablations ``seallm-fcfs``, ``seallm-mlfq``,
 ``seallm-norepl``, ``seallm-split`` (``--ablations``). ``hermes`` (issue 22 item 3) is SeaLLM's
 placement, replacement and DB ordering fed by the PDGraph forecast of per-service demand
@@ -117,7 +119,7 @@ DEFAULT_GPUS = 8
 FORECAST_INTERVAL = False
 
 SYSTEMS = ("vllm", "alpaserve", "muxserve", "seallm", "hermes")
-ABLATIONS = ("seallm-fcfs", "seallm-mlfq", "seallm-norepl", "seallm-split", "seallm-keep",
+ABLATIONS = ("muxserve-spatial", "seallm-fcfs", "seallm-mlfq", "seallm-norepl", "seallm-split", "seallm-keep",
              "hermes-1draw", "hermes-nokeep", "hermes-oracle", "hermes-norun", "hermes-perfect",
              "seallm-future")
 #: Hermes' placement scores a candidate plan on the mean over this many request sets drawn
@@ -397,12 +399,15 @@ class SystemSpec:
     demand: str = "rates"  # placement input: recent requests | a forecast mode (forecast_at)
     draws: int = 1  # request sets a candidate plan is scored on (Hermes: draws of its forecast)
     switch_gain: float = 0.0  # re-place only when the new plan scores this much better
+    spatial: bool = False  # MuxServe's fixed compute shares side by side (hermes.sim.multillm)
 
 
 SPECS = {
     "vllm": SystemSpec("fcfs", "unified", "even", False),
     "alpaserve": SystemSpec("fcfs", "unified", "search", False),
     "muxserve": SystemSpec("rr", "split", "search", False),
+    # MuxServe with fixed spatial compute shares from the rates (a sensitivity row, ours)
+    "muxserve-spatial": SystemSpec("fcfs", "split", "search", False, spatial=True),
     "seallm": SystemSpec("db", "unified", "search", True),
     "hermes": SystemSpec("db", "unified", "search", True, "forecast", HERMES_DRAWS, HERMES_MIN_GAIN),
     # Hermes' ablations: one draw of the forecast; every search's plan taken (the paper's rule)
@@ -464,7 +469,7 @@ def run_system(name: str, wl: Workload, *, n_gpus: int, duration_s: float, i0_s:
                                current=current, min_gain=spec.switch_gain)
         est = evaluate(plan)
         n = sum(s.n for s in est.values())
-        if spec.ordering == "rr" and ordering.quotas is None:
+        if (spec.ordering == "rr" or spec.spatial) and ordering.quotas is None:
             # MuxServe: fixed compute quotas from the rates seen at (first) placement
             nonlocal_ordering[0] = replace(ordering, quotas={k: max(v, 1e-3) for k, v in rates.items()})
         return plan, sum(s.sum_norm for s in est.values()) / max(n, 1)
@@ -477,9 +482,10 @@ def run_system(name: str, wl: Workload, *, n_gpus: int, duration_s: float, i0_s:
         # the first plan sees the first interval's traffic (a profiling window)
         plan, est = place(0.0, min(i0_s, duration_s))
     ordering = nonlocal_ordering[0]
+    spatial = ordering.quotas if spec.spatial else None
     rule = AdaptiveInterval(beta=0.1, min_s=10.0, max_s=600.0)
     interval = i0_s
-    sim = Sim(wl, plan, ordering, spec.kv_mode, 0.0)
+    sim = Sim(wl, plan, ordering, spec.kv_mode, 0.0, spatial=spatial)
     pending = _reqs(wl, order)
     done: list[SimRequest] = []
     dropped: list[SimRequest] = []
@@ -522,7 +528,7 @@ def run_system(name: str, wl: Workload, *, n_gpus: int, duration_s: float, i0_s:
             left = sim.unfinished()
             done += sim.finished
             dropped += sim.dropped
-            sim = Sim(wl, new_plan, ordering, spec.kv_mode, t_next + SWITCH_S)
+            sim = Sim(wl, new_plan, ordering, spec.kv_mode, t_next + SWITCH_S, spatial=spatial)
             for r in left:
                 r.kv = 0
             sim.run(sorted(left, key=lambda r: r.arr), t_next)

@@ -13,7 +13,13 @@ service and one phase (prefill or decode), as the paper does; the ordering (an
 evenly (``split``); a request that does not get KV room waits, and when a decode step has no
 room the lowest-priority running request of the group is evicted (recomputed later). Requests
 go to the replica group with the fewest requests; a request of a service with no group is
-dropped. Iteration costs are the planner's (:func:`hermes.core.multillm.service.cost_model`),
+dropped. With ``spatial`` (MuxServe as SeaLLM describes it: each service of a group on a fixed
+share of the GPUs' compute units, side by side) every service of a group runs in its own lane,
+concurrently with the others, on its split of the group's KV; every iteration of a lane takes
+1/share as long as on the whole GPUs (its share of the compute units and, with them, of the
+memory bandwidth: busy lanes together do what the whole GPUs would), and a lane's share is not
+lent to the other lane when it idles (what SeaLLM blames MuxServe's loss on). Shares are the
+``spatial`` weights normalised per group, none below :data:`MIN_LANE_SHARE`. Iteration costs are the planner's (:func:`hermes.core.multillm.service.cost_model`),
 batches capped by :data:`MAX_BATCHED_TOKENS` (prefill) and :data:`MAX_NUM_SEQS` (decode).
 
 Scores (:func:`scores`): per service, the requests over the SLO (latency above
@@ -27,7 +33,7 @@ each request's reference time (by :attr:`SimRequest.i`) and each service's L̂_s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,6 +52,9 @@ DEVICE = "A100-80"
 #: starvation threshold, in multiples of the service's mean execution time (ours)
 STARVATION_FACTOR: float | None = 10.0
 SLO_FACTOR = 5.0
+#: a spatial lane's smallest share of its GPUs (ours: MuxServe sets shares from the rates; a
+#: service barely seen when they were set would otherwise run at a thousandth of a GPU)
+MIN_LANE_SHARE = 0.1
 MAX_BATCHED_TOKENS = 8192
 MAX_NUM_SEQS = 256
 
@@ -93,13 +102,20 @@ class SimGroup:
     """One sharing group: its services' cost models and KV pool, its queue and its clock."""
 
     def __init__(self, services: tuple[int, ...], names: list[str], models: list[str], tp: int,
-                 kv_mode: str, device: str = DEVICE) -> None:
+                 kv_mode: str, device: str = DEVICE, *, sharing: tuple[int, ...] | None = None,
+                 speed: float = 1.0) -> None:
         self.svcs = services
         self.names = names
         self.tp = tp
         self.cms = {s: cost_model(models[s], device, tp) for s in services}
         self.kvb = {s: kv_bytes_per_token(models[s]) for s in services}
-        pool = group_kv_bytes(tuple(models[s] for s in services), device, tp)
+        # a spatial lane (``sharing``: all the services on the GPUs) gets its split of their pool
+        on_gpus = sharing if sharing is not None else services
+        pool = group_kv_bytes(tuple(models[s] for s in on_gpus), device, tp)
+        if sharing is not None:
+            pool //= max(1, len(on_gpus))
+        #: fraction of the GPUs a lane's iterations get (a spatial lane's fixed share)
+        self.speed = speed
         self.unified = kv_mode == "unified"
         self.cap = {s: pool // max(1, len(services)) for s in services}
         self.pool = pool
@@ -131,7 +147,8 @@ class Sim:
     """One plan's groups over a stretch of time (requests may carry over between plans)."""
 
     def __init__(self, wl: SimWorkload, plan: PlacementPlan, ordering: Ordering, kv_mode: str,
-                 t0: float = 0.0, device: str = DEVICE) -> None:
+                 t0: float = 0.0, device: str = DEVICE, *,
+                 spatial: Mapping[str, float] | None = None) -> None:
         self.wl = wl
         self.ordering = ordering
         names = [s.name for s in wl.services]
@@ -139,11 +156,25 @@ class Sim:
         idx = {n: k for k, n in enumerate(names)}
         self.names = names
         self.svc_index = idx
-        self.groups = [SimGroup(tuple(idx[s] for s in g.services), names, models, g.tp, kv_mode,
-                                device)
-                       for g in plan.groups]
-        for g in self.groups:
-            g.t = t0
+        self.groups: list[SimGroup]
+        if spatial is None:
+            self.groups = [SimGroup(tuple(idx[s] for s in g.services), names, models, g.tp,
+                                    kv_mode, device)
+                           for g in plan.groups]
+        else:  # each service of a group in its own lane (module doc: MuxServe's spatial shares)
+            self.groups = []
+            for pg in plan.groups:
+                members = tuple(idx[s] for s in pg.services)
+                weight = sum(max(spatial.get(s, 0.0), 1e-9) for s in pg.services)
+                shares = [max(spatial.get(names[k], 0.0), 1e-9) / weight for k in members]
+                if len(members) > 1:  # no lane below MIN_LANE_SHARE (the others give it up)
+                    low = [max(x, MIN_LANE_SHARE) for x in shares]
+                    shares = [x / sum(low) for x in low]
+                self.groups += [SimGroup((k,), names, models, pg.tp, "split", device,
+                                         sharing=members, speed=x)
+                                for k, x in zip(members, shares, strict=True)]
+        for sg in self.groups:
+            sg.t = t0
         self.replicas = {k: [gi for gi, g in enumerate(self.groups) if k in g.svcs]
                          for k in range(len(names))}
         self.finished: list[SimRequest] = []
@@ -203,7 +234,8 @@ class Sim:
                 g.take(r, need)
             if batch:
                 pairs = float(sum(0.5 * (r.inp + r.gen) ** 2 for r in batch))
-                dur = cm.iteration_s(tokens, 0, 0, prefill_seqs=len(batch), prefill_pairs=pairs)
+                dur = cm.iteration_s(tokens, 0, 0, prefill_seqs=len(batch),
+                                     prefill_pairs=pairs) / g.speed
                 end = now + dur
                 for r in batch:
                     g.waiting.remove(r)
@@ -239,7 +271,7 @@ class Sim:
             g.t = now + 0.01
             return
         ctx = sum(r.kv for r in batch)
-        dur = cm.iteration_s(0, len(batch), ctx)
+        dur = cm.iteration_s(0, len(batch), ctx) / g.speed
         end = now + dur
         for r in batch:
             g.take(r, 1)

@@ -172,3 +172,36 @@ def test_rr_quotas_rotate_by_share() -> None:
     # a has used 2 of 3, b 1 of 1: a's turn
     assert q.next_turn(["a", "b"], {"a": 2, "b": 1}) == "a"
     assert q.next_turn(["b"], {"a": 0, "b": 5}) == "b"
+
+
+def test_spatial_lanes_run_at_their_share_side_by_side() -> None:
+    """MuxServe as SeaLLM describes it (``Sim(spatial=...)``): each service of a group on a
+    fixed share of the GPU, in its own lane; an iteration alone takes 1/share as long as with
+    the whole GPU (the idle lane's share is not lent), two lanes run at once."""
+    from hermes.core.multillm.ordering import Ordering
+    from hermes.core.multillm.service import Service
+    from hermes.sim.multillm import ServiceSet, Sim, SimRequest
+
+    one = np.array([1000])
+    wl = ServiceSet([Service("a", "llama-2-7b", one, np.array([1])),
+                     Service("b", "llama-2-7b", one, np.array([1]))],
+                    np.ones(2), np.ones(2))
+    plan = PlacementPlan((Group((0,), ("a", "b")),))
+
+    def finish(spatial, reqs):  # noqa: ANN001, ANN202
+        sim = Sim(wl, plan, Ordering(), "split", spatial=spatial)
+        sim.run([SimRequest(i, s, 0.0, 1000, out) for i, (s, out) in enumerate(reqs)], 1e9)
+        return sorted(r.done for r in sim.finished)
+
+    (whole,) = finish(None, [(0, 1)])
+    assert finish({"a": 1.0, "b": 1.0}, [(0, 1)]) == [pytest.approx(2 * whole)]
+    assert finish({"a": 3.0, "b": 1.0}, [(0, 1)]) == [pytest.approx(whole / 0.75)]
+    # a service barely seen when the shares were set still gets about MIN_LANE_SHARE
+    assert finish({"a": 1e-6, "b": 1.0}, [(0, 1)]) == [pytest.approx(whole * 1.1 / 0.1)]
+    # both services at once: one after the other on the whole GPU, side by side in lanes
+    assert finish(None, [(0, 1), (1, 1)]) == [pytest.approx(whole), pytest.approx(2 * whole)]
+    assert finish({"a": 1.0, "b": 1.0}, [(0, 1), (1, 1)]) == [pytest.approx(2 * whole)] * 2
+    # decode steps too: 50 more tokens take twice as long in a half lane
+    (long_whole,) = finish(None, [(0, 51)])
+    (long_lane,) = finish({"a": 1.0, "b": 1.0}, [(0, 51)])
+    assert long_lane == pytest.approx(2 * long_whole, rel=1e-6)
