@@ -37,7 +37,9 @@ import functools
 import logging
 import multiprocessing
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
 
 from hermes.core.multillm.replacement import AdaptiveInterval
@@ -56,6 +58,12 @@ HISTORY = 100
 
 def _engines(plan: dict[str, Any]) -> set[tuple[str, str]]:
     return {(e["name"], e["model"]) for g in plan["groups"] for e in g["engines"]}
+
+
+def _search_pool() -> ProcessPoolExecutor:
+    """One spawned worker process for the placement search (no fork of a process with
+    threads)."""
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
 
 
 class Placer:
@@ -79,8 +87,7 @@ class Placer:
         """Replan now, then every interval, until cancelled. The placement search (CPU-bound
         simulation, ``draws`` x a few seconds) runs in one worker process, so that it does not
         hold the gateway's interpreter while requests are served."""
-        ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads
-        self._pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+        self._pool = _search_pool()
         try:
             while True:
                 try:
@@ -91,8 +98,24 @@ class Placer:
                     log.exception("placement: replan failed; next try in %.0f s", self.interval_s)
                 await asyncio.sleep(self.sched.ctx.clock.wall_s(self.interval_s))
         finally:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            if self._pool is not None:
+                self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+    async def _search(self, search: Callable[[], tuple[Any, float]]) -> tuple[Any, float]:
+        """Run ``search`` in the worker process (a worker thread when :meth:`run` is not
+        running); a worker that died (killed, out of memory) is replaced once and the search
+        run again, so one lost process does not end re-placement."""
+        if self._pool is None:
+            return await asyncio.to_thread(search)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, search)
+        except BrokenProcessPool:
+            log.warning("placement: the search process died; starting another")
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = _search_pool()
+            return await loop.run_in_executor(self._pool, search)
 
     def _observed_rate(self, now: float) -> float | None:
         """LLM calls per second dispatched since the last replan (None: first replan)."""
@@ -116,10 +139,7 @@ class Placer:
         search = functools.partial(place, services, gpus, device, tps=tuple(cfg.tps),
                                    max_per_group=cfg.max_per_group, current=current,
                                    min_gain=cfg.min_gain, draws=cfg.draws)
-        if self._pool is not None:
-            plan, score = await asyncio.get_running_loop().run_in_executor(self._pool, search)
-        else:  # replan() called on its own (no run loop): a worker thread
-            plan, score = await asyncio.to_thread(search)
+        plan, score = await self._search(search)
         new = emit_placement(services, plan, device, gpus, score)
         row: dict[str, Any] = {"gpus": gpus, "device": device, "share": share,
                                "nodes": [n.name for n in nodes], "plan": plan.describe(),

@@ -235,3 +235,38 @@ def test_hermeslet_gpus_need_accept_placement_and_a_known_device(
     assert "--device: unknown device 'Z80'" in capsys.readouterr().err
     assert hermeslet_main(["run", "--accept-placement", "--gpus", "0"]) == 2
     assert "--gpus must be >= 1" in capsys.readouterr().err
+
+
+def test_a_dead_search_process_is_replaced(make_gateway) -> None:  # noqa: ANN001
+    """The placement search runs in a worker process; killed (out of memory, an operator), it
+    is replaced at the next round and re-placement goes on."""
+    import os
+    import signal
+    import time
+
+    from hermes.gateway.server import gateway_state
+
+    srv = make_gateway(placement={"auto": True, "gpus": 2, "interval_s": 30.0,
+                                  "min_interval_s": 30.0, "draws": 1})
+    http = httpx.Client(base_url=srv.url, timeout=30)
+    assert http.put("/admin/apps/agent", content=agent_graph().to_json()).status_code in (200, 201)
+    http.post("/v1/runs", json={"app": "agent"})
+    placer = gateway_state(srv).placer
+
+    def placed_rounds() -> int:
+        return sum("plan" in r for r in http.get("/admin/placement").json()["rounds"])
+
+    deadline = time.monotonic() + 30
+    while placed_rounds() < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert placed_rounds() >= 1
+    pids = list(placer._pool._processes)  # the search's worker, started by the first round
+    assert pids
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    before = placed_rounds()
+    deadline = time.monotonic() + 30
+    while placed_rounds() < before + 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert placed_rounds() >= before + 2, "re-placement stopped with its search process"
+    assert set(placer._pool._processes).isdisjoint(pids)
