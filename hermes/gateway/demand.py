@@ -16,21 +16,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hermes.core.backend import BackendSpec
 from hermes.core.multillm.forecast import (
     AppTable,
     RunInFlight,
     forecast_demand,
+    mean_or_zero,
     pdgraph_table,
     unit_service,
 )
 
 if TYPE_CHECKING:
     from hermes.gateway.scheduler import LiveScheduler
-
-
-def _mean(xs: list[int]) -> float:
-    return sum(xs) / len(xs) if xs else 0.0
 
 
 def forecast_doc(sched: LiveScheduler, horizon_s: float, window_s: float) -> dict[str, Any]:
@@ -61,13 +57,13 @@ def forecast_doc(sched: LiveScheduler, horizon_s: float, window_s: float) -> dic
     rows: dict[str, dict[str, float]] = {}
     for (app, unit), calls in fc.unit_calls.items():
         node = graphs[app].units[unit]
-        if BackendSpec.parse(node.backend).kind != "llm" or calls <= 0:
+        if not node.is_llm or calls <= 0:
             continue
         row = rows.setdefault(unit_service(node.backend), {"calls": 0.0, "in": 0.0, "out": 0.0})
         c = node.consumption
         row["calls"] += calls
-        row["in"] += calls * _mean(c.input_tokens)
-        row["out"] += calls * _mean(c.output_tokens)
+        row["in"] += calls * mean_or_zero(c.input_tokens)
+        row["out"] += calls * mean_or_zero(c.output_tokens)
     services = [
         {"model": m, "calls_per_s": r["calls"] / horizon_s,
          "tokens_per_s": fc.tokens.get(m, 0.0) / horizon_s,

@@ -13,7 +13,7 @@ A node applies it as on ``SIGHUP``, for the models the plan names (its engines o
 models stay): engines kept, drained, started. Each node places on its own GPUs (its ``hello``
 says how many and of which type: ``hermeslet run --accept-placement --gpus N --device D``; else
 ``[placement] gpus`` / ``device``) for its part of the forecast
-(:func:`hermes.plan.placement.split_demand`): each model goes to the kinds of node whose GPUs
+(:func:`hermes.plan.nodes.split_demand`): each model goes to the kinds of node whose GPUs
 can hold it, its calls split between their nodes in proportion to GPUs times achieved memory
 bandwidth; nodes alike get one search and the same plan. This splits the demand, it does not
 search placements across nodes jointly (the router spreads a model's requests over the nodes
@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from hermes.gateway.config import PlacementConfig
     from hermes.gateway.scheduler import LiveScheduler
     from hermes.gateway.state import Node
+    from hermes.plan.nodes import NodeKind
     from hermes.plan.placement import ServiceSpec
 
 log = logging.getLogger("hermes.gateway.placer")
@@ -125,14 +126,15 @@ class Placer:
             return None
         return (calls - prev[1]) / (now - prev[0])
 
-    async def _place_kind(self, services: list[ServiceSpec], gpus: int, device: str,
-                          nodes: list[Node], share: float) -> dict[str, Any]:
+    async def _place_kind(self, services: list[ServiceSpec], kind: NodeKind,
+                          nodes: list[Node]) -> dict[str, Any]:
         """Place ``services`` (one node's part of the forecast) on each of ``nodes`` (alike:
-        ``gpus`` GPUs of ``device``) and send the plan to those whose plan in force has other
-        engines. ``share``: the node's part of the capacity, for the round's record."""
+        ``kind``) and send the plan to those whose plan in force has other engines. Returns
+        the round's record of it: ``plan``, ``score``, ``sent`` and, unsent, ``why``."""
         from hermes.plan.placement import emit_placement, place, plan_of
         from hermes.protocol import Place
 
+        gpus, device = kind.gpus, kind.device
         cfg = self.cfg
         in_force = self.plans.get(nodes[0].name)
         current = plan_of(in_force) if in_force is not None else None
@@ -141,9 +143,7 @@ class Placer:
                                    min_gain=cfg.min_gain, draws=cfg.draws)
         plan, score = await self._search(search)
         new = emit_placement(services, plan, device, gpus, score)
-        row: dict[str, Any] = {"gpus": gpus, "device": device, "share": share,
-                               "nodes": [n.name for n in nodes], "plan": plan.describe(),
-                               "score": score, "sent": False}
+        row: dict[str, Any] = {"plan": plan.describe(), "score": score, "sent": False}
         targets = [n for n in nodes if n.name not in self.plans
                    or _engines(self.plans[n.name]) != _engines(new)]
         if not targets:
@@ -154,9 +154,8 @@ class Placer:
             self.sched.node_table.send(node, Place(plan=new))
             self.plans[node.name] = new
         row["sent"] = True
-        log.info("placement: sent %s to %s (%.0f%% of the capacity, %d %s GPUs each; next "
-                 "replan in %.0f s)", plan.describe(), [n.name for n in targets], 100 * share,
-                 gpus, device, self.interval_s)
+        log.info("placement: sent %s to %s (%d %s GPUs each; next replan in %.0f s)",
+                 plan.describe(), [n.name for n in targets], gpus, device, self.interval_s)
         return row
 
     async def replan(self) -> dict[str, Any]:
@@ -178,12 +177,8 @@ class Placer:
             out["why"] = "no node accepts plans" if not nodes else "no LLM demand forecast"
             self.history.append(out)
             return out
-        from hermes.plan.placement import (
-            NodeKind,
-            node_capacity,
-            services_from_forecast,
-            split_demand,
-        )
+        from hermes.plan.nodes import NodeKind, node_capacity, split_demand
+        from hermes.plan.placement import services_from_forecast
 
         groups: dict[tuple[int, str], list[Node]] = {}
         for n in nodes:
@@ -198,22 +193,20 @@ class Placer:
         rows: list[dict[str, Any]] = []
         for k, part in zip(kinds, parts, strict=True):
             members = groups[(k.gpus, k.device)]
-            share = node_capacity(k.gpus, k.device) / total
+            row: dict[str, Any] = {"gpus": k.gpus, "device": k.device,
+                                   "share": node_capacity(k.gpus, k.device) / total,
+                                   "nodes": [n.name for n in members], "sent": False}
+            rows.append(row)
             if not part:
-                rows.append({"gpus": k.gpus, "device": k.device, "share": share,
-                             "nodes": [n.name for n in members], "sent": False,
-                             "why": f"no forecast model fits {k.gpus} {k.device}"})
+                row["why"] = f"no forecast model fits {k.gpus} {k.device}"
                 continue
             try:
-                row = await self._place_kind(part, k.gpus, k.device, members, share)
+                row.update(await self._place_kind(part, k, members))
             except ValueError as e:  # e.g. the models together fit no plan of these GPUs
                 log.error("placement: nodes %s (%d %s GPUs): %s", [n.name for n in members],
                           k.gpus, k.device, e)
-                row = {"gpus": k.gpus, "device": k.device, "share": share,
-                       "nodes": [n.name for n in members], "sent": False,
-                       "why": f"cannot place on {k.gpus} {k.device}: {e}"}
+                row["why"] = f"cannot place on {k.gpus} {k.device}: {e}"
             row["models"] = [s.served for s in part]
-            rows.append(row)
         out["sent"] = any(r["sent"] for r in rows)
         if len(rows) == 1:
             out.update({k: rows[0][k] for k in ("plan", "score", "why") if k in rows[0]})

@@ -53,7 +53,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -267,46 +267,6 @@ def place(services: Sequence[ServiceSpec], n_gpus: int, device: str = DEVICE, *,
     except ValueError as e:
         raise ValueError(f"{e} (at most {max_per_group} services per group; give more GPUs "
                          "or fewer services)") from None
-
-
-# ----------------------------------------------------------------------------- several nodes
-@dataclass(frozen=True)
-class NodeKind:
-    """``count`` nodes alike, each with ``gpus`` GPUs of ``device`` for placement plans."""
-
-    gpus: int
-    device: str
-    count: int = 1
-
-
-def node_capacity(gpus: int, device: str) -> float:
-    """A node's serving capacity, to split demand between nodes: its GPUs times their achieved
-    memory bandwidth (decoding, most of a served request's time, is bound by it)."""
-    return gpus * get_device(device).achieved_hbm
-
-
-def split_demand(services: Sequence[ServiceSpec], kinds: Sequence[NodeKind], *,
-                 tps: Sequence[int] = (1, 2, 4), node_gpus: int = 8,
-                 ) -> tuple[list[list[ServiceSpec]], list[ServiceSpec]]:
-    """The services each kind of node places, with the rates of *one* of its nodes: a service
-    goes only to the kinds whose GPUs can hold its model (a group of some TP size in ``tps``,
-    :func:`group_fits`), its rate split between all their nodes in proportion to
-    :func:`node_capacity`. Returns one list per kind (in ``kinds``' order) and the services
-    that no kind can hold."""
-    holds = [[any(group_fits((s.model,), k.device, t) for t in usable_tps(tps, k.gpus, node_gpus))
-              for s in services] for k in kinds]
-    cap = [node_capacity(k.gpus, k.device) for k in kinds]
-    out: list[list[ServiceSpec]] = [[] for _ in kinds]
-    homeless = []
-    for j, s in enumerate(services):
-        total = sum(c * k.count for c, k, h in zip(cap, kinds, holds, strict=True) if h[j])
-        if total <= 0:
-            homeless.append(s)
-            continue
-        for i, c in enumerate(cap):
-            if holds[i][j]:
-                out[i].append(replace(s, rate=s.rate * c / total))
-    return out, homeless
 
 
 # ----------------------------------------------------------------------------- the document

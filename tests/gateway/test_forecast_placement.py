@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from threaded_node import ThreadedNode
 
 from hermes.cli import main
 from hermes.core.pdgraph import Consumption, PDGraph, UnitNode
@@ -129,39 +131,23 @@ def test_the_gateway_re_places_its_models_by_itself(make_gateway, tmp_path: Path
     assert rounds[2]["interval_s"] == pytest.approx(rounds[1]["interval_s"] * 0.9)
 
 
-class _PlacingNode:
+class _PlacingNode(ThreadedNode):
     """A HermesLet that accepts plans, with ``gpus`` GPUs of ``device``, on its own event loop
     in a thread (one built-in engine of an unplanned model to start with)."""
 
     def __init__(self, name: str, address: str, gpus: int, device: str) -> None:
-        import asyncio
-        import threading
+        self.name, self.gpus, self.device = name, gpus, device
+        super().__init__(address)
 
-        self.name = name
-        self.loop = asyncio.new_event_loop()
-        self.agent = None
-        self.thread = threading.Thread(target=self._main, args=(address, gpus, device),
-                                       daemon=True)
-        self.thread.start()
-
-    def _main(self, address: str, gpus: int, device: str) -> None:
-        import asyncio
-
+    def make(self, address: str) -> Any:
         from hermeslet.agent import HermesLet
         from hermeslet.engines.sim_engine import SimEngine
         from hermeslet.placement import build_engines
 
-        asyncio.set_event_loop(self.loop)
-        self.agent = HermesLet(
+        return HermesLet(
             self.name, address, [SimEngine(name="base", model="other", time_scale=50.0)],
-            heartbeat_s=0.1, placement_gpus=gpus, placement_device=device,
+            heartbeat_s=0.1, placement_gpus=self.gpus, placement_device=self.device,
             placement_builder=lambda launches: build_engines(launches, "sim", time_scale=50.0))
-        self.loop.run_until_complete(self.agent.run())
-
-    def stop(self) -> None:
-        if self.agent is not None:
-            self.loop.call_soon_threadsafe(self.agent.stop)
-        self.thread.join(10)
 
 
 def test_nodes_with_other_gpus_get_their_own_plans(make_gateway) -> None:  # noqa: ANN001

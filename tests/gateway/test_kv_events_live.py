@@ -5,12 +5,12 @@ holds, and the ``prefix`` and ``hermes`` routers send a prompt to the engine hol
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
+from typing import Any
 
 import httpx
 import pytest
+from threaded_node import ThreadedNode
 
 from hermes.gateway.server import gateway_state
 from hermes.procs import free_port
@@ -24,27 +24,22 @@ def system(i: int) -> str:
     return (f"prompt {i:03d} " + "x" * 1600)[:1600]
 
 
-class _Node:
+class _Node(ThreadedNode):
     """A HermesLet with one built-in engine (a 1 GB KV pool, 0.5 GB host tier) publishing KV
     events, on its own event loop in a thread."""
 
     def __init__(self, name: str, address: str) -> None:
         self.name = name
-        self.loop = asyncio.new_event_loop()
-        self.agent = None
-        self.engine = None
-        self.thread = threading.Thread(target=self._main, args=(address,), daemon=True)
-        self.thread.start()
+        self.engine: Any = None
+        super().__init__(address)
 
-    def _main(self, address: str) -> None:
+    def make(self, address: str) -> Any:
         from hermeslet.agent import HermesLet
         from hermeslet.engines.sim_engine import SimEngine
 
-        asyncio.set_event_loop(self.loop)
         self.engine = SimEngine(name="sim", model=MODEL, time_scale=50.0, kv_cache_gb=1.0,
                                 cpu_cache_gb=0.5, kv_events_endpoint="tcp://127.0.0.1:0")
-        self.agent = HermesLet(self.name, address, [self.engine], heartbeat_s=0.1)
-        self.loop.run_until_complete(self.agent.run())
+        return HermesLet(self.name, address, [self.engine], heartbeat_s=0.1)
 
     def cache(self) -> dict[str, set[int]]:
         """The block hashes of the prefixes the engine's pool holds, per medium."""
@@ -54,10 +49,6 @@ class _Node:
         return {m: {h for p in list(prefixes) for h in eng.kv_tracker.block_hashes(p)}
                 for m, prefixes in (("GPU", pool.gpu), ("CPU", pool.cpu))}
 
-    def stop(self) -> None:
-        if self.agent is not None:
-            self.loop.call_soon_threadsafe(self.agent.stop)
-        self.thread.join(10)
 
 
 def _wait(pred, why, timeout: float = 10.0) -> None:  # noqa: ANN001

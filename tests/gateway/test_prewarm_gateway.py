@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
+from typing import Any
 
 import httpx
+from threaded_node import ThreadedNode
 
 from hermes.gateway.server import gateway_state
 from hermes.procs import free_port
@@ -79,7 +79,7 @@ def _ask(http: httpx.Client, run: str, model: str, system: str, *, max_tokens: i
     assert r.status_code == 200, r.text
 
 
-class _Node:
+class _Node(ThreadedNode):
     """A HermesLet with a DNN prewarmer, on its own event loop in a thread."""
 
     def __init__(self, address: str) -> None:
@@ -87,25 +87,14 @@ class _Node:
 
         self.hook = DnnHook(load_fn=lambda: time.sleep(0.05) or object())
         self.prewarmer = NodePrewarmer(dnn={"resnet50": self.hook})
-        self.loop = asyncio.new_event_loop()
-        self.agent = None
-        self.thread = threading.Thread(target=self._main, args=(address,), daemon=True)
-        self.thread.start()
+        super().__init__(address)
 
-    def _main(self, address: str) -> None:
+    def make(self, address: str) -> Any:
         from hermeslet.agent import HermesLet
         from hermeslet.engines.sim_engine import SimEngine
 
-        asyncio.set_event_loop(self.loop)
         engine = SimEngine(name="sim", model=MODEL, time_scale=50.0)
-        self.agent = HermesLet("pw-node", address, [engine], heartbeat_s=0.2,
-                               prewarmer=self.prewarmer)
-        self.loop.run_until_complete(self.agent.run())
-
-    def stop(self) -> None:
-        if self.agent is not None:
-            self.loop.call_soon_threadsafe(self.agent.stop)
-        self.thread.join(10)
+        return HermesLet("pw-node", address, [engine], heartbeat_s=0.2, prewarmer=self.prewarmer)
 
 
 def test_gateway_prewarms_the_next_units_dnn_model_on_the_node(make_gateway) -> None:  # noqa: ANN001

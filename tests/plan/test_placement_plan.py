@@ -224,7 +224,7 @@ def test_split_demand_sends_each_model_to_the_nodes_that_hold_it() -> None:
     """Two one-GPU RTX 3090 Ti nodes (24 GB: no 13B model) and one node of four H100s: the
     13B model's calls all go to the H100 node, the 7B model's are split between the three
     nodes by GPUs x achieved memory bandwidth; a model no node holds is returned apart."""
-    from hermes.plan.placement import NodeKind, node_capacity, split_demand
+    from hermes.plan.nodes import NodeKind, node_capacity, split_demand
 
     services = parse_services([{"name": "a", "model": "llama-2-7b", "rate": 6.0},
                                {"name": "b", "model": "llama-2-13b", "rate": 2.0}])

@@ -79,7 +79,7 @@ class AppTable:
         units = {}
         for name, node in graph.units.items():
             c = node.consumption
-            tok = (_mean(c.input_tokens) + _mean(c.output_tokens)) * (_mean(c.parallelism) or 1.0)
+            tok = (mean_or_zero(c.input_tokens) + mean_or_zero(c.output_tokens)) * (mean_or_zero(c.parallelism) or 1.0)
             units[name] = Unit(service_of[name], tok, step_s[name])
         return cls(graph.app, units, dict(graph.entry), {u: dict(n.next) for u, n in graph.units.items()})
 
@@ -195,10 +195,10 @@ def pdgraph_table(graph: PDGraph, cost: CostModel) -> AppTable:
         c = node.consumption
         service[name] = unit_service(node.backend)
         if node.is_llm:
-            run_s = cost.request_service_s(_mean(c.input_tokens), _mean(c.output_tokens))
+            run_s = cost.request_service_s(mean_or_zero(c.input_tokens), mean_or_zero(c.output_tokens))
         else:
-            run_s = _mean(c.duration_s)
-        step[name] = _mean(c.gap_s) + run_s
+            run_s = mean_or_zero(c.duration_s)
+        step[name] = mean_or_zero(c.gap_s) + run_s
     return AppTable.from_pdgraph(graph, service, step)
 
 
@@ -241,8 +241,8 @@ def learn_table(app: str, runs: Iterable[tuple[Sequence[ObservedCall], bool]],
                 row[END] = row.get(END, 0.0) + 1.0
     if not entry:
         return None
-    units = {u: Unit(service[u], _mean(toks[u]),
-                     _mean(gaps[u]) if gaps.get(u) else default_step_s.get(service[u], 0.0))
+    units = {u: Unit(service[u], mean_or_zero(toks[u]),
+                     mean_or_zero(gaps[u]) if gaps.get(u) else default_step_s.get(service[u], 0.0))
              for u in service}
     return AppTable(app, units, _normalise(entry), {u: _normalise(r) for u, r in nxt.items()})
 
@@ -257,6 +257,7 @@ def _step(table: AppTable, dist: Mapping[str, float]) -> float:
     return sum(p * table.units[u].step_s for u, p in dist.items() if u != END) / total if total else 0.0
 
 
-def _mean(xs: Iterable[float]) -> float:
+def mean_or_zero(xs: Iterable[float]) -> float:
+    """The mean of ``xs``; 0 when there are none (a PDGraph sample list may be empty)."""
     xs = list(xs)
     return float(sum(xs)) / len(xs) if xs else 0.0
