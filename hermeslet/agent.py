@@ -29,7 +29,7 @@ import itertools
 import logging
 import sys
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +78,8 @@ class _EngineSlot:
     prompt_tokens: int = 0
     #: a new engine of a placement change, not started yet: its requests wait in its queue
     starting: bool = False
+    #: why a drained engine's in-flight requests were cut (its drain timed out); None: not cut
+    abandoned: str | None = None
 
 
 class HermesLet:
@@ -106,9 +108,12 @@ class HermesLet:
         placement_builder: Callable[[Sequence[EngineLaunch]], list[EngineAdapter]] | None = None,
         placement_gpus: int | None = None,
         placement_device: str | None = None,
+        drain_timeout_s: float = 300.0,
     ) -> None:
         if not engines:
             raise ValueError("a HermesLet needs at least one engine")
+        if not drain_timeout_s > 0:
+            raise ValueError(f"drain_timeout_s must be > 0, got {drain_timeout_s}")
         names = [e.name for e in engines]
         if len(set(names)) != len(names):
             raise ValueError(f"engine names must be unique: {names}")
@@ -121,6 +126,10 @@ class HermesLet:
         #: the GPUs plans may use here and their type (told in ``hello``; None: the gateway's)
         self.placement_gpus = placement_gpus
         self.placement_device = placement_device
+        #: how long a placement change waits for a drained engine's requests to finish; then
+        #: they are failed (retryable when nothing was streamed yet) and the change goes on,
+        #: so a hung engine or a very long generation cannot hold placement up for ever
+        self.drain_timeout_s = drain_timeout_s
         self._placed: set[str] = set()  # names of the engines the last plan sent made
         self.tools = tools if tools is not None else ToolRunner()
         self.tool_concurrency = tool_concurrency
@@ -625,8 +634,12 @@ class HermesLet:
                 response=result.response,
             ))
         except asyncio.CancelledError:
-            await self._send(P.Failed(request_id=sub.request_id, error="cancelled",
-                                      retryable=False))
+            if slot.abandoned is not None:  # its engine's drain timed out (_abandon)
+                await self._send(P.Failed(request_id=sub.request_id, error=slot.abandoned,
+                                          retryable=ttft is None))
+            else:
+                await self._send(P.Failed(request_id=sub.request_id, error="cancelled",
+                                          retryable=False))
         except EngineError as e:
             err = str(e) if load_err is None else f"{e}; {load_err}"
             await self._send(P.Failed(request_id=sub.request_id, error=err,
@@ -693,7 +706,12 @@ class HermesLet:
             self.draining.update(old)
             moved = sum(self._move_queued(s) for s in old.values())
             await self._send(self.hello())  # no new work for the drained engines
+            deadline = time.monotonic() + self.drain_timeout_s
+            abandoned = 0
             while any(s.queue or s.inflight for s in old.values()) and not self._stop.is_set():
+                if time.monotonic() >= deadline:
+                    abandoned = await self._abandon(old.values())
+                    break
                 await asyncio.sleep(0.02)
             for name, s in old.items():
                 self._unfollow_kv(name)
@@ -725,7 +743,30 @@ class HermesLet:
                 log.error("hermeslet %s: placement: engines failed to start, serving without "
                           "them (their waiting requests failed, retryable): %s", self.node,
                           failed)
-            return PlacementChange(change.kept, change.drained, change.started, moved, failed)
+            return PlacementChange(change.kept, change.drained, change.started, moved, failed,
+                                   abandoned)
+
+    async def _abandon(self, slots: Iterable[_EngineSlot]) -> int:
+        """The drain timed out: fail what the drained engines still hold (queued: retryable;
+        in flight: cancelled at the engine, retryable unless tokens were streamed, since a
+        retry would stream them again) and wait for their tasks. Returns how many."""
+        n = 0
+        for slot in slots:
+            if not (slot.queue or slot.inflight):
+                continue
+            slot.abandoned = (f"engine {slot.engine.name} was stopped by a placement change: "
+                              f"still busy after the {self.drain_timeout_s:g} s drain timeout")
+            log.warning("hermeslet %s: %s (%d queued, %d in flight failed)", self.node,
+                        slot.abandoned, len(slot.queue), len(slot.inflight))
+            n += len(slot.queue) + len(slot.inflight)
+            await self._fail_queued(slot, slot.abandoned)
+            tasks = list(slot.inflight.items())
+            for rid, task in tasks:
+                task.cancel()
+                with contextlib.suppress(Exception):
+                    await slot.engine.abort(rid)
+            await asyncio.gather(*(t for _, t in tasks), return_exceptions=True)
+        return n
 
     async def _on_place(self, msg: P.Place) -> None:
         """A plan from the scheduler, applied as :meth:`apply_placement`: its engines replace
@@ -772,16 +813,20 @@ class HermesLet:
     async def _fail_start(self, slot: _EngineSlot, error: str) -> None:
         """A new engine did not start: fail what waits for it, serve without it."""
         self.slots.pop(slot.engine.name, None)
+        await self._fail_queued(slot, f"engine {slot.engine.name} did not start: {error}")
+        with contextlib.suppress(Exception):
+            await slot.engine.close()
+
+    async def _fail_queued(self, slot: _EngineSlot, error: str) -> None:
+        """Fail the requests waiting in ``slot``'s queue, retryable (they never reached the
+        engine; a KV prewarm's waiter gets the error)."""
         while slot.queue:
             item = slot.queue.pop()
             if item.outcome is not None:
                 item.outcome.set_exception(EngineError(error))
             else:
                 await self._send(P.Failed(request_id=item.msg.request_id, retryable=True,
-                                          error=f"engine {slot.engine.name} did not start: "
-                                                f"{error}"))
-        with contextlib.suppress(Exception):
-            await slot.engine.close()
+                                          error=error))
 
     def _unfollow_kv(self, name: str) -> None:
         self.kv_followers.pop(name, None)

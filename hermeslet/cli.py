@@ -65,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--device", default=None,
                    help="with --accept-placement: their type, e.g. A100-80, H100 (default: the "
                         "gateway's [placement] device)")
+    r.add_argument("--drain-timeout", dest="drain_timeout_s", type=_positive_float,
+                   default=300.0, metavar="S",
+                   help="with --placement or --accept-placement: how long a placement change "
+                        "waits for a drained engine's requests; then they fail (retryable "
+                        "unless tokens were streamed) and the change goes on (default "
+                        "%(default)s)")
     r.add_argument("--max-inflight", type=int, default=8,
                    help="requests released to each engine at once (default %(default)s)")
     r.add_argument("--kv-gate", dest="kv_gate", action="store_true",
@@ -273,6 +279,7 @@ def build_agent(args: argparse.Namespace) -> HermesLet:
     return HermesLet(args.node, args.scheduler, engines, placement_builder=builder,
                      placement_gpus=getattr(args, "gpus", None),
                      placement_device=getattr(args, "device", None),
+                     drain_timeout_s=getattr(args, "drain_timeout_s", 300.0),
                      tools=ToolRunner(docker=docker, unsafe_unsandboxed=bool(
                          getattr(args, "unsafe_unsandboxed_tools", False))),
                      tool_concurrency=args.tool_concurrency,
@@ -312,7 +319,9 @@ async def reload_placement(agent: HermesLet, args: argparse.Namespace) -> None:
     print(f"hermeslet {agent.node}: placement {args.placement} applied: kept "
           f"{', '.join(change.kept) or '-'}; drained and stopped "
           f"{', '.join(change.drained) or '-'}; started {', '.join(change.started) or '-'}"
-          + (f"; failed {change.failed}" if change.failed else ""), file=sys.stderr, flush=True)
+          + (f"; failed {change.failed}" if change.failed else "")
+          + (f"; {change.abandoned} requests failed at the {agent.drain_timeout_s:g} s drain "
+             "timeout" if change.abandoned else ""), file=sys.stderr, flush=True)
 
 
 async def _run_agent(args: argparse.Namespace) -> None:

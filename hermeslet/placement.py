@@ -63,6 +63,9 @@ class PlacementChange:
     moved: int = 0
     #: engines that failed to start: name -> error (their queued requests failed)
     failed: dict[str, str] = field(default_factory=dict)
+    #: requests a drained engine still held at the drain timeout, failed (retryable unless
+    #: tokens had been streamed) so that the change goes on
+    abandoned: int = 0
 
 
 def plan_change(current: Mapping[str, str], new: Sequence[tuple[str, str]]) -> PlacementChange:

@@ -143,7 +143,8 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
             tools = ToolRunner(unsafe_unsandboxed=config.tools.unsafe_unsandboxed)
             agent = HermesLet("embedded", sched.inproc_address, engines, ctx=ctx,
                               link=sched.inproc_link("embedded"), prewarmer=prewarmer,
-                              tools=tools, placement_builder=_embedded_builder(config))
+                              tools=tools, placement_builder=_embedded_builder(config),
+                              drain_timeout_s=config.placement.drain_timeout_s)
             from hermeslet.metrics import NodeCollector
 
             app.state.metrics.add_collector(NodeCollector(agent))

@@ -213,6 +213,9 @@ class PlacementConfig(_Section):
     #: candidate plans are scored on the mean over this many simulated request streams (the
     #: search runs in a separate process; its time grows with this)
     draws: int = Field(default=8, ge=1, le=64)
+    #: how long the embedded node waits for a drained engine's requests before failing them
+    #: (retryable unless tokens were streamed) and going on (``hermeslet run --drain-timeout``)
+    drain_timeout_s: float = Field(default=300.0, gt=0.0)
 
     @model_validator(mode="after")
     def _check(self) -> PlacementConfig:

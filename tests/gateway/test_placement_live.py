@@ -218,3 +218,7 @@ def test_hermeslet_run_placement_bad_flags(tmp_path: Any,
     assert main(["run", "--placement", str(path), "--engine", "sim",
                  "--scheduler", "tcp://127.0.0.1:1"]) == 1
     assert "give --placement or --engine, not both" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--placement", str(path), "--drain-timeout", "0"])
+    assert exit_.value.code == 2 and "--drain-timeout: expected a number > 0, got '0'" in \
+        capsys.readouterr().err

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from hermeslet.engines.base import EngineAdapter
+from hermeslet.engines.base import EngineAdapter, GenChunk
 from hermeslet.engines.sim_engine import SimEngine
 from tests.hermeslet.test_agent import running, submit
 
@@ -65,6 +65,42 @@ async def test_engine_that_fails_to_start() -> None:
         assert set(agent.slots) == {"g0-a"}
         hello = await sched.recv("hello", pred=lambda m: len(m.engines) == 1)
         assert [e.name for e in hello.engines] == ["g0-a"]
+        await sched.send(submit("a1", [0.0], model="a"))
+        (m,) = await sched.collect({"done", "failed"}, 1, 10)
+        assert (m.type, m.engine) == ("done", "g0-a")
+
+
+class HungEngine(SimEngine):
+    """An engine that never finishes: a streamed request gets one token, then nothing."""
+
+    async def generate(self, endpoint, body, stream, *, request_id=None, priority=None):  # type: ignore[override]
+        if stream:
+            yield GenChunk(text="x", n_tokens=1)
+        await asyncio.Event().wait()
+
+
+async def test_a_drain_that_times_out_fails_what_the_engine_holds_and_goes_on() -> None:
+    """A drained engine that never finishes its requests cannot hold a placement change up:
+    at ``drain_timeout_s`` what it still holds fails, retryable (the gateway resends it to an
+    engine of the plan) unless tokens were already streamed (a resend would stream them
+    again), and the change goes on. Without the timeout the change waits for ever."""
+    hung = HungEngine(name="g0-b", model="b", max_inflight=2, time_scale=20.0)
+    async with running([sim("g0-a", "a"), hung], drain_timeout_s=0.5) as (sched, agent, _, released):
+        for rid, stream in (("b-quiet", False), ("b-streamed", True), ("b-queued", False)):
+            m = submit(rid, [0.0], model="b", stream=stream)
+            m.engine = "g0-b"
+            await sched.send(m)
+        await sched.recv("token", pred=lambda m: m.request_id == "b-streamed")
+        assert "b-queued" in agent.holding() and "b-queued" not in released
+        applying = asyncio.create_task(agent.apply_placement([sim("g0-a", "a")]))
+        failed = {m.request_id: m for m in await sched.collect({"done", "failed"}, 3, 10)}
+        change = await asyncio.wait_for(applying, 10)
+        assert {r: (m.type, m.retryable) for r, m in failed.items()} == {
+            "b-quiet": ("failed", True), "b-streamed": ("failed", False),
+            "b-queued": ("failed", True)}
+        assert all("0.5 s drain timeout" in m.error for m in failed.values())
+        assert (change.drained, change.abandoned) == (("g0-b",), 3)
+        assert set(agent.slots) == {"g0-a"} and not agent.draining
         await sched.send(submit("a1", [0.0], model="a"))
         (m,) = await sched.collect({"done", "failed"}, 1, 10)
         assert (m.type, m.engine) == ("done", "g0-a")
