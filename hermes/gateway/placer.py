@@ -18,7 +18,8 @@ can hold it, its calls split between their nodes in proportion to GPUs times ach
 bandwidth; nodes alike get one search and the same plan. This splits the demand, it does not
 search placements across nodes jointly (the router spreads a model's requests over the nodes
 serving it by load). A plan
-whose engines (names and models) equal the last one sent is not sent again, and the plan in
+whose engines (names and models) a node already announces is not sent to it again (a node
+that restarted, or whose engine of the plan failed to start, gets it again), and the plan in
 force is kept unless the search's new plan scores ``min_gain`` better on the same simulated
 requests (a re-placement pauses the groups that change and drops their KV; measured in
 ``hermes bench seallm`` as ``seallm-keep``).
@@ -144,8 +145,12 @@ class Placer:
         plan, score = await self._search(search)
         new = emit_placement(services, plan, device, gpus, score)
         row: dict[str, Any] = {"plan": plan.describe(), "score": score, "sent": False}
-        targets = [n for n in nodes if n.name not in self.plans
-                   or _engines(self.plans[n.name]) != _engines(new)]
+        # a node that does not announce every engine of the plan gets it (again): a new
+        # plan, or the same one to a node that restarted with its own engines, or whose
+        # engine of the plan failed to start (the node retries it)
+        want = _engines(new)
+        targets = [n for n in nodes
+                   if not want <= {(name, e.model) for name, e in n.engines.items()}]
         if not targets:
             row["why"] = ("same engines as the plan in force" if plan != current else
                           f"the plan in force stays: no plan found {cfg.min_gain:.1%} better")

@@ -256,3 +256,50 @@ def test_a_dead_search_process_is_replaced(make_gateway) -> None:  # noqa: ANN00
         time.sleep(0.1)
     assert placed_rounds() >= before + 2, "re-placement stopped with its search process"
     assert set(placer._pool._processes).isdisjoint(pids)
+
+
+def test_a_node_that_restarts_gets_the_plan_in_force_again(make_gateway) -> None:  # noqa: ANN001
+    """A node that comes back with only its own engines (restarted) announces none of the
+    plan's: the next round sends it the plan again, though the plan did not change."""
+    import time
+
+    from hermes.gateway.server import gateway_state
+    from hermes.procs import free_port
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    srv = make_gateway(bind=address, embedded_node=False,
+                       placement={"auto": True, "gpus": 2, "interval_s": 30.0,
+                                  "min_interval_s": 30.0, "max_interval_s": 30.0, "draws": 1})
+    sched = gateway_state(srv).scheduler
+    http = httpx.Client(base_url=srv.url, timeout=30)
+
+    def served() -> set[str]:
+        return {e["model"] for e in http.get("/admin/engines").json()["engines"]
+                if e["node"] == "n1"}
+
+    def wait_until(cond: Any, what: str, timeout: float = 40.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert cond(), what
+
+    node = _PlacingNode("n1", address, 2, "A100-80")
+    try:
+        wait_until(lambda: "n1" in sched.nodes, "the node did not connect", 20)
+        assert http.put("/admin/apps/agent", content=agent_graph().to_json()).status_code in (200, 201)
+        for _ in range(3):
+            http.post("/v1/runs", json={"app": "agent"})
+        wait_until(lambda: {"llama-2-7b", "llama-2-13b"} <= served(), "the plan was not applied")
+        sent_rounds = [r for r in http.get("/admin/placement").json()["rounds"] if r["sent"]]
+        sent, first = len(sent_rounds), sent_rounds[-1]["plan"]
+        node.stop()
+        node = _PlacingNode("n1", address, 2, "A100-80")  # back with its own engine only
+        wait_until(lambda: served() == {"other"}, "the restarted node did not announce itself", 20)
+        wait_until(lambda: {"llama-2-7b", "llama-2-13b"} <= served(),
+                   "the restarted node never got the plan in force again")
+        rounds = http.get("/admin/placement").json()["rounds"]
+        resent = [r for r in rounds if r["sent"]][sent:]
+        # the same plan (not a new one that a changed forecast would have sent anyway)
+        assert resent and resent[0]["plan"] == first, (first, rounds)
+    finally:
+        node.stop()
