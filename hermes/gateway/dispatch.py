@@ -294,6 +294,7 @@ class Dispatcher(RunObserver):
             return
         if req.tokens is not None:
             req.tokens.put_nowait(msg)
+            req.streamed = True
         if msg.n_tokens:
             # decode service of these tokens alone (the rest is credited when the request is done)
             cost = self.ctx.cost
@@ -318,6 +319,11 @@ class Dispatcher(RunObserver):
     def _on_failed(self, msg: Failed) -> None:
         req = self.requests.get(msg.request_id)
         if req is None:
+            return
+        if msg.retryable and req.streamed:
+            # a resend would stream the start of the answer to the client a second time
+            self.fail_request(req, RequestFailed(
+                f"{msg.error} (not retried: part of the answer was already streamed)"))
             return
         if msg.retryable and req.retries < self.ctx.config.scheduler.max_retries:
             req.retries += 1
@@ -411,7 +417,8 @@ class Dispatcher(RunObserver):
     # ------------------------------------------------------------------ node faults
     def redispatch(self, node_name: str) -> None:
         """A node died: requests it had queued (as of its last report) are sent to other
-        nodes; an LLM request that was in flight is retried once, a second loss fails it; a
+        nodes; an LLM request that was in flight is retried once, a second loss fails it (one
+        that had streamed part of its answer is not retried: the client would get it twice); a
         tool call that was (or may have been) running fails with a reason rather than run
         twice (tool code may have side effects)."""
         held = self.nodes.held
@@ -424,6 +431,10 @@ class Dispatcher(RunObserver):
             req.node = None
             if state == "queued":
                 (self.send_llm if req.kind == "llm" else self.send_tool)(req)
+            elif req.kind == "llm" and req.streamed:
+                self.fail_request(req, RequestFailed(
+                    f"request {req.request_id} was streaming on node {node_name!r} when it "
+                    "died; not retried (part of the answer was already streamed)"))
             elif req.kind == "llm" and req.fault_retries < 1:
                 req.fault_retries = 1
                 self.ctx.stats["resent"] = self.ctx.stats.get("resent", 0) + 1

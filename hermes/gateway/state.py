@@ -46,6 +46,9 @@ class PendingRequest:
     tokens: asyncio.Queue[Token | None] | None = None  # streamed chunks, None: the end
     sent_at: float = 0.0  # scheduler clock
     credited_s: float = 0.0  # service already credited from streamed tokens
+    #: part of the answer went to the client (a streamed chunk): a resend would stream it
+    #: again, so the request is no longer retried
+    streamed: bool = False
     retries: int = 0
     #: times it was re-sent because the node it ran on died (an LLM request: once at most)
     fault_retries: int = 0

@@ -179,3 +179,45 @@ def test_sigkill_one_of_two_hermeslets_during_100_runs(tmp_path: Path) -> None:
     finally:
         for p in (gw, *nodes):
             kill(p)
+
+
+def test_a_stream_on_a_node_that_dies_is_not_resent(tmp_path: Path) -> None:
+    """An LLM request in flight on a node that dies is resent once, unless it has streamed
+    part of its answer: a resend would stream that part to the client again. The client gets
+    what was streamed once, then an error naming why it was not retried."""
+    port, zport = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    n0 = start_node(zport, "n0", tmp_path / "n0.log", "--time-scale", "1")
+    gw = start_gateway(port, zport, tmp_path / "state", tmp_path / "gw.log")
+    n1 = None
+    try:
+        wait_healthy(url, gw, nodes=1)
+        texts: list[str] = []
+        errors: list[str] = []
+        with httpx.stream("POST", url + "/v1/completions", timeout=120,
+                          json={"model": "llama-2-7b", "prompt": "hi", "max_tokens": 400,
+                                "ignore_eos": True, "stream": True}) as r:
+            lines = r.iter_lines()
+            for line in lines:
+                if line.startswith("data:") and "choices" in line:
+                    texts += [c["text"] for c in json.loads(line[5:])["choices"]]
+                    break
+            n1 = start_node(zport, "n1", tmp_path / "n1.log", "--time-scale", "1")
+            wait_healthy(url, gw, nodes=2)
+            kill(n0)  # the stream was on n0, the only node when it started
+            for line in lines:
+                if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                    continue
+                doc = json.loads(line[5:])
+                if "error" in doc:
+                    errors.append(doc["error"]["message"])
+                else:
+                    texts += [c["text"] for c in doc["choices"]]
+        assert errors and "not retried (part of the answer was already streamed)" in errors[0], \
+            errors
+        assert 0 < len(texts) < 400, len(texts)  # cut short, and never restarted from the top
+        assert httpx.get(url + "/healthz").json()["resent"] == 0
+    finally:
+        for p in (gw, n0, n1):
+            if p is not None:
+                kill(p)

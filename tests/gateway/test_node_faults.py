@@ -5,16 +5,17 @@ its engine slot."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import numpy as np
 import pytest
 import uvicorn
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from hermes.gateway.server import gateway_state
 from hermes.procs import free_port
@@ -35,10 +36,12 @@ class FakeEngine:
             return {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
 
         @app.post("/v1/completions")
-        async def completions() -> JSONResponse:
+        async def completions(request: Request) -> Response:
             self.calls.append(time.monotonic())
             if len(self.calls) <= self.fail_first:
                 return JSONResponse({"error": {"message": "overloaded"}}, status_code=503)
+            if (await request.json()).get("stream"):
+                return StreamingResponse(self._broken_stream(), media_type="text/event-stream")
             await asyncio.sleep(self.delay_s)
             return JSONResponse({"id": "c", "object": "text_completion", "model": "fake-model",
                                  "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
@@ -49,6 +52,16 @@ class FakeEngine:
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
                                                     log_level="error", lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @staticmethod
+    async def _broken_stream() -> AsyncIterator[bytes]:
+        """Two chunks of an answer, then the connection breaks (the server process dies)."""
+        for text in ("Hel", "lo"):
+            chunk = {"id": "c", "object": "text_completion", "model": "fake-model",
+                     "choices": [{"index": 0, "text": text, "finish_reason": None}]}
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+            await asyncio.sleep(0.05)
+        raise RuntimeError("engine died mid-stream")
 
     @property
     def url(self) -> str:
@@ -97,6 +110,28 @@ def test_engine_errors_are_retried_with_backoff(make_gateway, flaky: FakeEngine)
                    json={"model": "fake-model", "prompt": "hi", "max_tokens": 1})
     assert r.status_code == 502 and "503" in r.json()["error"]["message"]
     assert len(flaky.calls) == 3  # max_retries = 2
+
+
+def test_a_stream_cut_after_part_of_the_answer_is_not_retried(make_gateway, flaky: FakeEngine) -> None:  # noqa: ANN001
+    """An engine error is retryable, but not once part of the answer went to the client: a
+    resend would stream its start again (the client would read "HelloHello...")."""
+    flaky.fail_first = 0
+    srv = make_gateway(engines=_engine(flaky), time_scale=1.0)
+    texts, errors = [], []
+    with httpx.stream("POST", srv.url + "/v1/completions", timeout=30,
+                      json={"model": "fake-model", "prompt": "hi", "max_tokens": 8,
+                            "stream": True}) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            doc = json.loads(line[5:])
+            if "error" in doc:
+                errors.append(doc["error"]["message"])
+            else:
+                texts += [c["text"] for c in doc["choices"]]
+    assert "".join(texts) == "Hello", texts
+    assert len(flaky.calls) == 1  # not resent
+    assert errors and "not retried: part of the answer was already streamed" in errors[0], errors
 
 
 def test_a_slow_engine_does_not_block_the_event_loop(make_gateway, slow: FakeEngine) -> None:  # noqa: ANN001
