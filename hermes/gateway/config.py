@@ -84,7 +84,8 @@ class SchedulerConfig(_Section):
     route_unknown_models: bool = False
     #: finished runs kept in memory for GET /v1/runs/{id}
     keep_finished_runs: int = Field(default=10_000, ge=1)
-    #: how long a request may wait for an engine before it fails (wall s)
+    #: wall s a request may take in all (a streamed one: between two chunks) before it is
+    #: cancelled at its node and fails
     request_timeout_s: float = Field(default=600.0, gt=0.0)
 
     @model_validator(mode="after")

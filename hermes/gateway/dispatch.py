@@ -211,12 +211,24 @@ class Dispatcher(RunObserver):
             self.cancel_request(req, RequestFailed(f"request {req.request_id} timed out after {t} s"))
             raise RequestFailed(f"request {req.request_id} timed out after {t} s") from None
 
-    async def stream(self, req: PendingRequest) -> AsyncIterator[Token]:
+    async def stream(self, req: PendingRequest, timeout: float | None = None) -> AsyncIterator[Token]:
         """The streamed chunks (the node's :class:`~hermes.protocol.Token` messages, the
-        engine's chunk object in each) of a request submitted with ``stream=True``."""
+        engine's chunk object in each) of a request submitted with ``stream=True``. No chunk
+        for ``timeout`` s (default ``scheduler.request_timeout_s``, the limit a request that
+        does not stream has in all) cancels the request at its node and raises
+        :class:`RequestFailed`: an engine that stops producing must not hold the client for
+        ever."""
         assert req.tokens is not None
+        t = timeout if timeout is not None else self.ctx.config.scheduler.request_timeout_s
         while True:
-            item = await req.tokens.get()
+            try:
+                item = await asyncio.wait_for(req.tokens.get(), t)
+            except TimeoutError:
+                what = "its first output" if not req.streamed else "more output"
+                err = RequestFailed(f"request {req.request_id}: no {what} for {t:g} s "
+                                    "(scheduler.request_timeout_s)")
+                self.cancel_request(req, err)
+                raise err from None
             if item is None:
                 break
             yield item

@@ -28,6 +28,7 @@ class FakeEngine:
 
     def __init__(self, fail_first: int = 0, delay_s: float = 0.0) -> None:
         self.fail_first, self.delay_s = fail_first, delay_s
+        self.stall_s = 0.0
         self.calls: list[float] = []
         app = FastAPI()
 
@@ -53,14 +54,16 @@ class FakeEngine:
                                                     log_level="error", lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    @staticmethod
-    async def _broken_stream() -> AsyncIterator[bytes]:
-        """Two chunks of an answer, then the connection breaks (the server process dies)."""
+    async def _broken_stream(self) -> AsyncIterator[bytes]:
+        """Two chunks of an answer, then the connection breaks (the server process dies), or
+        with ``stall_s`` nothing more for that long (a hung engine)."""
         for text in ("Hel", "lo"):
             chunk = {"id": "c", "object": "text_completion", "model": "fake-model",
                      "choices": [{"index": 0, "text": text, "finish_reason": None}]}
             yield f"data: {json.dumps(chunk)}\n\n".encode()
             await asyncio.sleep(0.05)
+        if self.stall_s:
+            await asyncio.sleep(self.stall_s)
         raise RuntimeError("engine died mid-stream")
 
     @property
@@ -112,13 +115,10 @@ def test_engine_errors_are_retried_with_backoff(make_gateway, flaky: FakeEngine)
     assert len(flaky.calls) == 3  # max_retries = 2
 
 
-def test_a_stream_cut_after_part_of_the_answer_is_not_retried(make_gateway, flaky: FakeEngine) -> None:  # noqa: ANN001
-    """An engine error is retryable, but not once part of the answer went to the client: a
-    resend would stream its start again (the client would read "HelloHello...")."""
-    flaky.fail_first = 0
-    srv = make_gateway(engines=_engine(flaky), time_scale=1.0)
+def _stream_texts(url: str) -> tuple[list[str], list[str]]:
+    """The texts and error messages of a streamed completion of ``fake-model``."""
     texts, errors = [], []
-    with httpx.stream("POST", srv.url + "/v1/completions", timeout=30,
+    with httpx.stream("POST", url + "/v1/completions", timeout=30,
                       json={"model": "fake-model", "prompt": "hi", "max_tokens": 8,
                             "stream": True}) as r:
         for line in r.iter_lines():
@@ -129,9 +129,36 @@ def test_a_stream_cut_after_part_of_the_answer_is_not_retried(make_gateway, flak
                 errors.append(doc["error"]["message"])
             else:
                 texts += [c["text"] for c in doc["choices"]]
+    return texts, errors
+
+
+def test_a_stream_cut_after_part_of_the_answer_is_not_retried(make_gateway, flaky: FakeEngine) -> None:  # noqa: ANN001
+    """An engine error is retryable, but not once part of the answer went to the client: a
+    resend would stream its start again (the client would read "HelloHello...")."""
+    flaky.fail_first = 0
+    srv = make_gateway(engines=_engine(flaky), time_scale=1.0)
+    texts, errors = _stream_texts(srv.url)
     assert "".join(texts) == "Hello", texts
     assert len(flaky.calls) == 1  # not resent
     assert errors and "not retried: part of the answer was already streamed" in errors[0], errors
+
+
+def test_a_stream_that_stalls_ends_at_the_request_timeout(make_gateway, flaky: FakeEngine) -> None:  # noqa: ANN001
+    """An engine that stops producing mid-stream (the node alive) does not hold the client for
+    ever: after ``request_timeout_s`` without a chunk the request is cancelled at its node and
+    the client gets an error saying so."""
+    flaky.fail_first, flaky.stall_s = 0, 60.0
+    srv = make_gateway(engines=_engine(flaky), time_scale=1.0,
+                       scheduler={"request_timeout_s": 1.0})
+    t0 = time.monotonic()
+    texts, errors = _stream_texts(srv.url)
+    assert time.monotonic() - t0 < 10
+    assert "".join(texts) == "Hello"
+    assert errors and "no more output for 1 s" in errors[0], errors
+    deadline = time.monotonic() + 5
+    while httpx.get(srv.url + "/healthz").json()["requests_pending"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert httpx.get(srv.url + "/healthz").json()["requests_pending"] == 0
 
 
 def test_a_slow_engine_does_not_block_the_event_loop(make_gateway, slow: FakeEngine) -> None:  # noqa: ANN001
