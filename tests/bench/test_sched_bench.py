@@ -115,15 +115,15 @@ def test_cli_parsers_are_wired():
     p = argparse.ArgumentParser()
     add_bench_parsers(p.add_subparsers(dest="bench"))
     args = p.parse_args(["sched", "--apps", "5", "--window", "1,2", "--policies", "vllm"])
-    assert args.func.__name__ == "cmd_sched" and args.window == "1,2"
+    assert args.func.__name__ == "cmd_sched" and args.window == [1.0, 2.0]
     assert args.mix == "stratified" and args.seeds is None and args.seed is None
     args = p.parse_args(["sched", "--seeds", "0,1,2,3,4", "--mix", "random"])
-    assert args.seeds == "0,1,2,3,4" and args.mix == "random"
+    assert args.seeds == [0, 1, 2, 3, 4] and args.mix == "random"
     for sub in ("ddl", "ablation"):
         args = p.parse_args([sub, "--seeds", "3,4", "--mix", "stratified"])
-        assert args.seeds == "3,4"
+        assert args.seeds == [3, 4]
     args = p.parse_args(["overhead", "--active-runs", "10", "--buckets", "5"])
-    assert args.active_runs == "10"
+    assert args.active_runs == [10] and args.buckets == [5]
 
 
 def test_tool_capacity_override_changes_only_the_tool_queues():
