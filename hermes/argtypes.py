@@ -62,3 +62,11 @@ def int_list(text: str) -> list[int]:
     if not out:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
     return out
+
+
+def fraction(text: str) -> float:
+    """A number in [0, 1)."""
+    v = _finite(text, True, "a fraction in [0, 1)")
+    if v >= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
+    return v

@@ -59,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from hermes.argtypes import fraction, positive_float, positive_int
 from hermes.core.cluster.devices import get_device
 from hermes.core.cluster.models import get_model
 from hermes.core.multillm.budget import DoublingBudget
@@ -443,9 +444,9 @@ def add_placement_parser(psub: Any) -> None:
                           "in flight, their PDGraphs, recent arrivals: GET /admin/forecast)")
     s.add_argument("--token", default=os.environ.get("HERMES_ADMIN_TOKEN"),
                    help="with --from-gateway: admin token (default $HERMES_ADMIN_TOKEN)")
-    s.add_argument("--horizon", type=float, default=60.0,
+    s.add_argument("--horizon", type=positive_float, default=60.0,
                    help="with --from-gateway: forecast horizon, s (default %(default)g)")
-    s.add_argument("--window", type=float, default=300.0,
+    s.add_argument("--window", type=positive_float, default=300.0,
                    help="with --from-gateway: arrival-rate window, s (default %(default)g)")
     s.add_argument("--model-map", dest="model_map", action="append", metavar="SERVED=MODEL",
                    help="with --from-gateway: the planner's model for a served model name "
@@ -453,12 +454,12 @@ def add_placement_parser(psub: Any) -> None:
     s.add_argument("--gpus", type=int, default=8, help="GPUs of the node (default %(default)s)")
     s.add_argument("--device", default=DEVICE, help="GPU type (default %(default)s)")
     s.add_argument("--tps", default="1,2,4", help="TP sizes tried (default %(default)s)")
-    s.add_argument("--max-per-group", dest="max_per_group", type=int, default=2,
+    s.add_argument("--max-per-group", dest="max_per_group", type=positive_int, default=2,
                    help="services sharing one group at most (default %(default)s)")
     s.add_argument("--current", metavar="PLAN", help="the plan in force (a hermes-placement-plan/1 "
                    "file): kept unless the new plan scores --min-gain better (a re-placement "
                    "pauses the groups that change and drops their KV)")
-    s.add_argument("--min-gain", dest="min_gain", type=float, default=0.1,
+    s.add_argument("--min-gain", dest="min_gain", type=fraction, default=0.1,
                    help="with --current: the fraction by which a new plan must score better "
                         "(default %(default)g)")
     s.add_argument("--draws", type=int, default=1,

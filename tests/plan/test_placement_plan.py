@@ -152,6 +152,21 @@ def test_bad_input(services: Any, extra: list[str], msg: str, tmp_path: Path,
     assert err.startswith("hermes: error: ") and msg in err, err
 
 
+@pytest.mark.parametrize("extra, msg", [
+    (["--min-gain", "2"], "argument --min-gain: expected a fraction in [0, 1), got '2'"),
+    (["--min-gain", "-0.1"], "argument --min-gain: expected a fraction in [0, 1)"),
+    (["--max-per-group", "0"], "argument --max-per-group: expected a positive integer"),
+    (["--horizon", "-5"], "argument --horizon: expected a number > 0, got '-5'"),
+])
+def test_bad_flags_stop_at_the_command_line(extra: list[str], msg: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Values no search can use are refused by argparse (exit 2, the flag named), where
+    --min-gain 2 without --current was silently ignored."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "placement", "--preset", "seallm", *extra])
+    assert exit_.value.code == 2 and msg in capsys.readouterr().err
+
+
 def test_malformed_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = tmp_path / "s.json"
     src.write_text("[{name: a}")
