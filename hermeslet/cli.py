@@ -72,16 +72,16 @@ def _parser() -> argparse.ArgumentParser:
                         "waits for a drained engine's requests; then they fail (retryable "
                         "unless tokens were streamed) and the change goes on (default "
                         "%(default)s)")
-    r.add_argument("--max-inflight", type=int, default=8,
+    r.add_argument("--max-inflight", type=positive_int, default=8,
                    help="requests released to each engine at once (default %(default)s)")
     r.add_argument("--kv-gate", dest="kv_gate", action="store_true",
                    help="hold a request in the node's queue until its whole prompt fits in "
                         "the engine's KV beside the prompts already released "
                         "(hermes/core/kv_gate.py; avoids preemption thrash on long prompts)")
-    r.add_argument("--kv-gate-tokens", dest="kv_gate_tokens", type=int, default=None,
+    r.add_argument("--kv-gate-tokens", dest="kv_gate_tokens", type=positive_int, default=None,
                    help="the KV gate's budget in tokens (default: the engine's KV capacity: a "
                         "sim engine's, a vLLM server's from its /metrics cache_config_info)")
-    r.add_argument("--time-scale", type=float, default=1.0,
+    r.add_argument("--time-scale", type=positive_float, default=1.0,
                    help="sim engine speed-up factor (default %(default)s)")
     r.add_argument("--setup", default="llama2-7b-a100", help="sim engine cost model")
     r.add_argument("--max-num-seqs", type=int, default=None,
@@ -97,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--priority", action=argparse.BooleanOptionalAction, default=None,
                    help="pass vLLM `priority` (default: on for vllm and sim, off for openai)")
     r.add_argument("--enable-lora", action="store_true", help="vllm: --enable-lora")
-    r.add_argument("--max-loras", type=int, default=4, help="vllm: --max-loras")
+    r.add_argument("--max-loras", type=positive_int, default=4, help="vllm: --max-loras")
     r.add_argument("--max-cpu-loras", type=positive_int, default=None, metavar="N",
                    help="LoRA adapters kept loaded per engine (vllm: --max-cpu-loras; "
                         "default --max-loras)")
@@ -110,7 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--vllm-python", help="python with vllm (default $HERMES_VLLM_PYTHON)")
     r.add_argument("--docker", nargs="?", const="", default=None, metavar="BASE_URL",
                    help="run docker:IMAGE tools in Docker (optional daemon URL)")
-    r.add_argument("--tool-concurrency", type=int, default=2)
+    r.add_argument("--tool-concurrency", type=positive_int, default=2,
+                   help="tool calls run at once on this node (default %(default)s)")
     r.add_argument("--unsafe-unsandboxed-tools", dest="unsafe_unsandboxed_tools",
                    action="store_true",
                    help="UNSAFE: without bubblewrap, run tool code as a plain subprocess of "
@@ -120,7 +121,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="act on the scheduler's prewarm signals: warm container pool (with "
                         "--docker), LoRA adapters (with --enable-lora) and KV prefixes on "
                         "HTTP engines")
-    r.add_argument("--heartbeat-s", type=float, default=1.0)
+    r.add_argument("--heartbeat-s", type=positive_float, default=1.0,
+                   help="seconds between heartbeats to the scheduler (default %(default)s)")
     r.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics on this port (GET /metrics; 0: any free port)")
     r.add_argument("--metrics-host", default="127.0.0.1",
@@ -134,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, required=True)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--setup", default="llama2-7b-a100", help="cost model (engine setup)")
-    s.add_argument("--time-scale", type=float, default=1.0, help="speed-up factor")
+    s.add_argument("--time-scale", type=positive_float, default=1.0, help="speed-up factor")
     s.add_argument("--model", default="sim-llama2-7b", help="served model name")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--max-num-seqs", type=int, default=None,

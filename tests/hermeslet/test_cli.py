@@ -46,3 +46,21 @@ async def test_hermeslet_run_process(sim_url):
         sched.sock.close(linger=0)
         ctx.term()
     assert rc == 0, proc.stderr.read().decode()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--tool-concurrency", "0"], "argument --tool-concurrency: expected a positive integer"),
+    (["--heartbeat-s", "0"], "argument --heartbeat-s: expected a number > 0, got '0'"),
+    (["--max-inflight", "0"], "argument --max-inflight: expected a positive integer"),
+    (["--kv-gate", "--kv-gate-tokens", "-3"], "argument --kv-gate-tokens: expected a positive"),
+    (["--time-scale", "inf"], "argument --time-scale: expected a number > 0, got 'inf'"),
+    (["--max-loras", "0"], "argument --max-loras: expected a positive integer"),
+])
+def test_hermeslet_run_refuses_values_it_cannot_run_with(argv, says, capsys):
+    """A node started with no tool slots (its tool calls would wait for ever) or a zero
+    heartbeat (a busy loop) is refused at the command line, exit 2, the flag named."""
+    from hermeslet.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", *argv])
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
