@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 from gw_procs import kill, start_gateway, start_node, wait_healthy
+from sse_lines import completion_events
 
 from hermes.gateway.run_store import SqliteRunStore
 from hermes.procs import free_port
@@ -205,14 +206,7 @@ def test_a_stream_on_a_node_that_dies_is_not_resent(tmp_path: Path) -> None:
             n1 = start_node(zport, "n1", tmp_path / "n1.log", "--time-scale", "1")
             wait_healthy(url, gw, nodes=2)
             kill(n0)  # the stream was on n0, the only node when it started
-            for line in lines:
-                if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                    continue
-                doc = json.loads(line[5:])
-                if "error" in doc:
-                    errors.append(doc["error"]["message"])
-                else:
-                    texts += [c["text"] for c in doc["choices"]]
+            completion_events(lines, texts, errors)
         assert errors and "not retried (part of the answer was already streamed)" in errors[0], \
             errors
         assert 0 < len(texts) < 400, len(texts)  # cut short, and never restarted from the top

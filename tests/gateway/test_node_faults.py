@@ -16,6 +16,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from sse_lines import completion_events
 
 from hermes.gateway.server import gateway_state
 from hermes.procs import free_port
@@ -117,18 +118,12 @@ def test_engine_errors_are_retried_with_backoff(make_gateway, flaky: FakeEngine)
 
 def _stream_texts(url: str) -> tuple[list[str], list[str]]:
     """The texts and error messages of a streamed completion of ``fake-model``."""
-    texts, errors = [], []
+    texts: list[str] = []
+    errors: list[str] = []
     with httpx.stream("POST", url + "/v1/completions", timeout=30,
                       json={"model": "fake-model", "prompt": "hi", "max_tokens": 8,
                             "stream": True}) as r:
-        for line in r.iter_lines():
-            if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                continue
-            doc = json.loads(line[5:])
-            if "error" in doc:
-                errors.append(doc["error"]["message"])
-            else:
-                texts += [c["text"] for c in doc["choices"]]
+        completion_events(r.iter_lines(), texts, errors)
     return texts, errors
 
 
