@@ -218,17 +218,24 @@ class Dispatcher(RunObserver):
         does not stream has in all) cancels the request at its node and raises
         :class:`RequestFailed`: an engine that stops producing must not hold the client for
         ever."""
-        assert req.tokens is not None
+        tokens = req.tokens
+        assert tokens is not None
         t = timeout if timeout is not None else self.ctx.config.scheduler.request_timeout_s
         while True:
-            try:
-                item = await asyncio.wait_for(req.tokens.get(), t)
-            except TimeoutError:
-                what = "its first output" if not req.streamed else "more output"
-                err = RequestFailed(f"request {req.request_id}: no {what} for {t:g} s "
-                                    "(scheduler.request_timeout_s)")
-                self.cancel_request(req, err)
-                raise err from None
+            # per chunk: a chunk already queued is taken at once, and only an empty queue arms
+            # the timer (asyncio.wait_for made a task per chunk: ~8 us each)
+            if not tokens.empty():
+                item = tokens.get_nowait()
+            else:
+                try:
+                    async with asyncio.timeout(t):
+                        item = await tokens.get()
+                except TimeoutError:
+                    what = "its first output" if not req.streamed else "more output"
+                    err = RequestFailed(f"request {req.request_id}: no {what} for {t:g} s "
+                                        "(scheduler.request_timeout_s)")
+                    self.cancel_request(req, err)
+                    raise err from None
             if item is None:
                 break
             yield item
