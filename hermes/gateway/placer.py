@@ -58,10 +58,6 @@ log = logging.getLogger("hermes.gateway.placer")
 HISTORY = 100
 
 
-def _engines(plan: dict[str, Any]) -> set[tuple[str, str]]:
-    return {(e["name"], e["model"]) for g in plan["groups"] for e in g["engines"]}
-
-
 def _search_pool() -> ProcessPoolExecutor:
     """One spawned worker process for the placement search (no fork of a process with
     threads)."""
@@ -132,7 +128,7 @@ class Placer:
         """Place ``services`` (one node's part of the forecast) on each of ``nodes`` (alike:
         ``kind``) and send the plan to those whose plan in force has other engines. Returns
         the round's record of it: ``plan``, ``score``, ``sent`` and, unsent, ``why``."""
-        from hermes.plan.placement import emit_placement, place, plan_of
+        from hermes.plan.placement import emit_placement, place, plan_engines, plan_of
         from hermes.protocol import Place
 
         gpus, device = kind.gpus, kind.device
@@ -148,9 +144,10 @@ class Placer:
         # a node that does not announce every engine of the plan gets it (again): a new
         # plan, or the same one to a node that restarted with its own engines, or whose
         # engine of the plan failed to start (the node retries it)
-        want = _engines(new)
+        want = plan_engines(new)
         targets = [n for n in nodes
-                   if not want <= {(name, e.model) for name, e in n.engines.items()}]
+                   if any(n.engines.get(name) is None or n.engines[name].model != model
+                          for name, model in want.items())]
         if not targets:
             row["why"] = ("same engines as the plan in force" if plan != current else
                           f"the plan in force stays: no plan found {cfg.min_gain:.1%} better")

@@ -320,6 +320,12 @@ def plan_of(doc: Mapping[str, Any], where: str = "plan") -> PlacementPlan:
         raise ValueError(f"{where}: a group without gpus/services ({e!r})") from None
 
 
+def plan_engines(doc: Mapping[str, Any]) -> dict[str, str]:
+    """The engines a plan document starts: engine name -> the model it serves (what a node
+    announces once it has applied the plan)."""
+    return {e["name"]: e["model"] for g in doc["groups"] for e in g["engines"]}
+
+
 def plan_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One table row per engine of a plan document."""
     return [{"group": i, "gpus": ",".join(map(str, g["gpus"])), "tp": g["tp"],

@@ -423,8 +423,9 @@ async def placement(request: Request) -> dict[str, Any]:
     placer = getattr(request.app.state, "placer", None)
     if placer is None:
         return {"auto": False}
-    nodes = {node: {e["name"]: e["model"] for g in plan["groups"] for e in g["engines"]}
-             for node, plan in placer.plans.items()}
+    from hermes.plan.placement import plan_engines
+
+    nodes = {node: plan_engines(plan) for node, plan in placer.plans.items()}
     return {"auto": True, "interval_s": placer.interval_s,
             "engines": {k: v for eng in nodes.values() for k, v in eng.items()} or None,
             "nodes": nodes, "rounds": list(placer.history)[-20:]}
