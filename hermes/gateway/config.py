@@ -411,6 +411,24 @@ class GatewayConfig(_Section):
     identity: IdentityConfig = Field(default_factory=IdentityConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
 
+    @model_validator(mode="after")
+    def _placement_keeps_real_engines(self) -> GatewayConfig:
+        """``placement.auto`` makes the embedded node re-place its models with built-in
+        simulated engines (the planner's costs): an ``openai`` or ``vllm`` generation engine
+        configured for it would be drained and replaced by a simulation, answers and all.
+        Refused, naming the engine; real engines take plans through ``hermeslet run
+        --accept-placement --placement-engine vllm``."""
+        if self.placement.auto and self.scheduler.embedded_node:
+            real = [f"{e.name} ({e.kind})" for e in self.engines
+                    if e.task == "generate" and e.kind != "sim"]
+            if real:
+                raise ValueError(
+                    "placement.auto with the embedded node re-places its models with built-in "
+                    f"simulated engines, which would replace {', '.join(real)}; serve real "
+                    "engines from `hermeslet run --accept-placement --placement-engine vllm` "
+                    "(scheduler.embedded_node = false), or leave placement.auto off")
+        return self
+
 
 class ConfigError(ValueError):
     """The configuration is invalid; the message names the source and the key."""
@@ -538,7 +556,8 @@ def load_config(
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"{source}: key {loc}: {err['msg']}") from None
+        raise ConfigError(f"{source}: key {loc}: {err['msg']}" if loc
+                          else f"{source}: {err['msg']}") from None
 
 
 def resolve_state_dir(state_dir: str) -> Path:

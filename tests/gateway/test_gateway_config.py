@@ -151,3 +151,18 @@ def test_engine_kv_gate_from_config() -> None:
     assert pending.kv_gate_pending and pending.kv_gate_tokens is None
     ext = ext.model_copy(update={"kv_gate_tokens": 30_000})
     assert make_engine_adapter(ext, 1.0).kv_gate_tokens == 30_000
+
+
+def test_placement_auto_never_swaps_a_real_engine_for_a_simulation() -> None:
+    """With the embedded node, placement.auto re-places models with built-in simulated
+    engines; a configured vLLM or OpenAI-compatible generation engine would silently become a
+    simulation, so the configuration is refused naming it. Remote nodes, or only built-in
+    engines, are fine."""
+    real = [{"name": "v0", "kind": "vllm", "model": "llama-2-7b"},
+            {"name": "embed0", "model": "sim-embed", "task": "embed"}]
+    with pytest.raises(ConfigError, match=r"would replace v0 \(vllm\).*--accept-placement"):
+        load_config(None, environ={}, placement={"auto": True}, engines=real)
+    assert load_config(None, environ={}, placement={"auto": True}).placement.auto
+    assert load_config(None, environ={}, placement={"auto": True}, engines=real,
+                       embedded_node=False).placement.auto
+    assert not load_config(None, environ={}, engines=real).placement.auto
