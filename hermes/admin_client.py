@@ -1,5 +1,5 @@
 """A client of a running gateway's admin API (``/admin/...``): what the ``hermes`` admin
-commands (:mod:`hermes.admin`) and ``hermes plan placement --from-gateway`` talk through.
+commands (:mod:`hermes.cli.admin`) and ``hermes plan placement --from-gateway`` talk through.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the ``hermes`` commands print: row dicts as ``rich`` tables, and JSON output.
 
 One place for the output helpers of the command line (:mod:`hermes.cli`, the admin commands in
-:mod:`hermes.admin` and :mod:`hermes.keys_cli`, the benchmarks under :mod:`hermes.bench`,
+:mod:`hermes.cli.admin` and :mod:`hermes.cli.keys`, the benchmarks under :mod:`hermes.bench`,
 ``hermes load``). It imports nothing of Hermes, so any command module can use it.
 
 - :func:`print_table`: rows (dicts) as a table; a column is right-aligned unless its first
@@ -9,7 +9,8 @@ One place for the output helpers of the command line (:mod:`hermes.cli`, the adm
   100 on, as the benchmarks print them);
 - :func:`print_json`: ``--json`` on stdout, one document per line;
 - :func:`print_json_pretty`: a JSON document, indented and coloured, for people;
-- :func:`write_json`: the rows of ``--json FILE``.
+- :func:`write_json`: the rows of ``--json FILE``;
+- :func:`progress_bar`: a ``tqdm`` bar on stderr (hidden when stderr is not a terminal).
 """
 
 from __future__ import annotations
@@ -85,3 +86,11 @@ def write_json(path: str | Path | None, rows: Iterable[Mapping[str, Any]], *, in
     Path(path).write_text(json.dumps(rows, indent=indent) + "\n")
     if not quiet:
         print(f"wrote {len(rows)} rows to {path}", file=sys.stderr)
+
+
+def progress_bar(total: int, desc: str, unit: str = "run") -> Any:
+    """A progress bar of ``total`` steps on stderr, cleared when done (``tqdm``, imported here
+    so that building the command line does not load it)."""
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, disable=None)

@@ -45,10 +45,10 @@ from hermes.core.limits import Admission, TenantLimits, TokenBucket
 from hermes.gateway.errors import error_body
 from hermes.gateway.keys import (
     AuthError,
-    FileKeyStore,  # noqa: F401 - its old import path (hermes.keys_cli uses it)
+    FileKeyStore,  # noqa: F401 - its old import path (hermes.cli.keys uses it)
     KeyEntry,
     KeyStore,
-    RedisKeyStore,  # noqa: F401 - its old import path (hermes.keys_cli uses it)
+    RedisKeyStore,  # noqa: F401 - its old import path (hermes.cli.keys uses it)
     open_key_store,
     split_key,
     verify_secret,

@@ -62,7 +62,7 @@ def emit_plan(app: App, schedule: Schedule, gpus: str,
               gpu_ids: Sequence[Mapping[str, list[list[int]]]], *,
               adjustment_rule: str = "") -> dict[str, Any]:
     """The ``hermes-batch-plan/1`` document of ``schedule`` (module doc); ``gpu_ids``: per
-    stage, each model's GPU ids per replica (``hermes.plan.cli.assign_gpus``)."""
+    stage, each model's GPU ids per replica (``hermes.cli.plan.assign_gpus``)."""
     n, device = parse_gpus(gpus)
     ids = list(gpu_ids)
     if len(ids) != len(schedule.stages):

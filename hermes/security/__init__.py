@@ -1,2 +1,2 @@
 """Security helpers shared by the gateway and the HermesLet: ZeroMQ CURVE keys (the ``hermes keys``
-commands are in :mod:`hermes.keys_cli`)."""
+commands are in :mod:`hermes.cli.keys`)."""

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hermes.bench import sched as B
-from hermes.bench.cli import add_bench_parsers
+from hermes.cli.bench import add_bench_parsers
 
 
 def test_sched_rows_and_outputs(tmp_path, capsys):

@@ -10,8 +10,8 @@ import pytest
 
 from hermes.bench.sched import build_arrivals
 from hermes.cli import main
+from hermes.cli.load import load
 from hermes.gateway.server import gateway_state
-from hermes.loadgen import load
 from hermes.workloads.registry import get_app
 
 pytestmark = pytest.mark.timeout(240)

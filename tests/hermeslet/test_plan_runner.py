@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
+from hermes.cli.plan import assign_gpus
 from hermes.core.batchplan.oracle import EngineOracle
 from hermes.core.batchplan.search import plan
 from hermes.core.batchplan.workload import App, ModelNode, Request
 from hermes.core.cluster.devices import get_device
 from hermes.core.cluster.models import get_model
-from hermes.plan.cli import assign_gpus
 from hermes.plan.emit import emit_plan
 from hermeslet.cli import main
 from hermeslet.plan_runner import parse_plan, run_plan, sim_factory

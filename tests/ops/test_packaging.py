@@ -79,7 +79,7 @@ def test_a_missing_extra_is_one_clear_error(monkeypatch: pytest.MonkeyPatch, tmp
     err = capsys.readouterr().err
     assert rc != 0 and "hermes-gateway[plot]" in err and "Traceback" not in err
     monkeypatch.setitem(sys.modules, "openai", None)
-    from hermes.loadgen import LoadDriver
+    from hermes.cli.load import LoadDriver
 
     with pytest.raises(MissingExtraError, match=r"hermes-gateway\[load\]"):
         LoadDriver("http://127.0.0.1:1")

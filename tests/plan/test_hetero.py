@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from hermes.cli.plan import add_plan_parser
 from hermes.core.cluster.cost import Placement, StageSpec
 from hermes.core.cluster.models import get_model
-from hermes.plan.cli import add_plan_parser
 from hermes.plan.hetero import PRESETS, price_per_hour, vllm_args
 
 

@@ -275,7 +275,7 @@ def test_bench_sched_default_runs_without_the_extra(monkeypatch: pytest.MonkeyPa
     """A core install's default `hermes bench sched` swaps in llmsched-lite and says so."""
     import importlib.util
 
-    from hermes.bench.cli import _default_policies
+    from hermes.cli.bench import _default_policies
 
     assert "llmsched," in _default_policies() + ","  # pgmpy here (the dev extra)
     real = importlib.util.find_spec

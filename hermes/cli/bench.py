@@ -1,6 +1,9 @@
-"""``hermes bench sched|ddl|ablation|overhead``: argparse wiring of :mod:`hermes.bench.sched`.
+"""``hermes bench ...``: the benchmarks' command line (simulator and live).
 
-``hermes.cli`` calls :func:`add_bench_parsers` with the ``bench`` sub-parsers; each handler
+:func:`add_parsers` adds the ``bench`` group; :func:`add_bench_parsers` its simulator
+benchmarks (``sched``, ``ddl``, ``ablation``, ``overhead``, ``prewarm``, ``knob``, ``routing``,
+``gateway``, ``seallm``), argparse wiring of :mod:`hermes.bench.sched` and its siblings; the
+other benchmark modules (``soak``, ``calibrate``, ``forward``) add their own. Each handler
 takes the parsed namespace and returns an exit status.
 """
 
@@ -9,10 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 from hermes.argtypes import int_list, positive_float, positive_floats, positive_int
 from hermes.bench import sched as B
 from hermes.bench.prewarm import DEFAULT_CPU_CACHE_GB
+from hermes.cliout import print_table, progress_bar, write_json
 
 
 def _floats(text: str) -> list[float]:
@@ -241,6 +246,55 @@ def cmd_knob(args: argparse.Namespace) -> int:
                    t0)
 
 
+# ----------------------------------------------------------------------------- bench estimator
+def cmd_bench_estimator(args: argparse.Namespace) -> int:
+    from hermes.bench.estimator import (
+        REFINE_APPS,
+        rank_agreement,
+        refinement_accuracy,
+        walks_per_second,
+    )
+    from hermes.bench.sched import load_graphs
+    from hermes.core.costmodel import get_cost_model
+    from hermes.kb import open_store
+    from hermes.workloads.isolated import profile_app
+
+    cost = get_cost_model(args.setup)
+    store = open_store(args.pdgraphs)
+    apps = args.apps.split(",") if args.apps else store.list_apps()
+    speed = [walks_per_second(store.get(a), cost, n_walks=args.walks) for a in apps if store.get(a)]
+    print_table(speed, title="Monte Carlo walks from the start of each app")
+    rows = []
+    for app in args.refine_apps.split(","):
+        graph = store.get(app)
+        if graph is None:
+            raise SystemExit(f"no PDGraph for {app!r} in {store.describe()}")
+        with progress_bar(args.runs, f"fresh runs of {app}") as bar:
+            recs = profile_app(app, args.runs, args.seed, cost)
+            rows.append(refinement_accuracy(graph, recs, cost, n_walks=args.walks, progress=bar.update))
+    print_table(rows, title="Remaining-service MAE when the first unit finishes")
+    agree = []
+    graphs = load_graphs(args.pdgraphs) if args.rank_apps else {}
+    for app in (args.rank_apps.split(",") if args.rank_apps else []):
+        graph = graphs.get(app)
+        if graph is None:
+            raise SystemExit(f"no PDGraph for {app!r} in {store.describe()} or the agent "
+                             "PDGraphs")
+        with progress_bar(args.rank_runs, f"rank agreement, runs of {app}") as bar:
+            recs = profile_app(app, args.rank_runs, args.seed, cost)
+            agree.append(rank_agreement(graph, recs, cost, n_walks=args.walks,
+                                        progress=bar.update)[0])
+    if agree:
+        print_table(agree, title="Gittins vs SRPT-on-the-mean at every unit boundary "
+                    "(Kendall tau over all pairs of states; discordant: pairs ordered "
+                    "differently)")
+    write_json(args.json, [dict(r, table="walks") for r in speed]
+               + [dict(r, table="refinement") for r in rows]
+               + [dict(r, table="rank_agreement") for r in agree])
+    assert REFINE_APPS
+    return 0
+
+
 def _prewarm_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", default="conversation", help="conversation | synthetic | PATH")
@@ -449,3 +503,34 @@ def add_gateway_parser(bsub: argparse._SubParsersAction) -> None:
     from hermes.bench.seallm import add_parser as add_seallm_parser
 
     add_seallm_parser(bsub)
+
+
+def add_parsers(sub: Any) -> None:
+    """Add the ``bench`` group to the ``hermes`` sub-parsers."""
+    b = sub.add_parser("bench", help="benchmarks (simulator and live)")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    s = bsub.add_parser("estimator", help="walks per second and the refinement accuracy table")
+    s.add_argument("--pdgraphs", help="knowledge base (default: $HERMES_KB, else the shipped PDGraphs)")
+    s.add_argument("--apps", help="apps for the speed table (default: all)")
+    s.add_argument("--refine-apps", dest="refine_apps", default="got_docmerge,factool_kbqa,langchain_mapreduce")
+    s.add_argument("--runs", type=int, default=1000)
+    s.add_argument("--seed", type=int, default=12345, help="seed of the fresh runs (shipped graphs use 0)")
+    s.add_argument("--walks", type=int, default=1000)
+    s.add_argument("--rank-apps", dest="rank_apps", default="",
+                   help="apps for the Gittins-vs-mean rank agreement table, e.g. "
+                        "swe_agent,research_agent,got_docmerge (default: none)")
+    s.add_argument("--rank-runs", dest="rank_runs", type=int, default=200,
+                   help="fresh runs per app for the rank agreement table")
+    s.add_argument("--setup", default="llama2-7b-a100")
+    s.add_argument("--json")
+    s.set_defaults(func=cmd_bench_estimator)
+    add_bench_parsers(bsub)
+    from hermes.bench.soak import add_soak_parser
+
+    add_soak_parser(bsub)
+    from hermes.bench.calibrate import add_calibrate_parser
+
+    add_calibrate_parser(bsub)
+    from hermes.bench.forward_check import add_forward_parser
+
+    add_forward_parser(bsub)
