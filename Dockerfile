@@ -2,6 +2,12 @@
 #
 #   docker build -t hermes:latest .
 #   docker run --rm -p 8000:8000 hermes:latest                        # gateway, built-in engine
+#
+# The gateway listens on all interfaces inside the container, so it needs authentication: on a
+# start whose auth file (/var/lib/hermes/auth.json, in the state volume) holds no key, it creates
+# an API key for tenant "default" and prints it once (docker logs). Keep the state with
+# `-v hermes-state:/var/lib/hermes`; more keys: `docker exec CONTAINER hermes keys create
+# --tenant T --auth-file /var/lib/hermes/auth.json`.
 #   docker run --rm --entrypoint hermeslet hermes:latest run --help   # node agent
 #
 # Two stages: `build` installs the package into a virtual environment; `runtime` copies only
@@ -45,12 +51,15 @@ COPY --from=build /opt/hermes /opt/hermes
 COPY hermes/data/hermes.example.toml /etc/hermes/hermes.toml
 # Container defaults (docs/configuration.md): listen on all interfaces inside the container,
 # accept HermesLets on 5557, the shipped PDGraphs (package data, read-only: the default
-# knowledge base), learned state in /var/lib/hermes.
+# knowledge base), learned state and the API keys' hashes in /var/lib/hermes (a first key
+# printed on the first start).
 ENV PATH=/opt/hermes/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HERMES_HOST=0.0.0.0 \
     HERMES_BIND=tcp://0.0.0.0:5557 \
-    HERMES_STATE_DIR=/var/lib/hermes
+    HERMES_STATE_DIR=/var/lib/hermes \
+    HERMES_SECURITY__AUTH_FILE=/var/lib/hermes/auth.json \
+    HERMES_SECURITY__FIRST_KEY_TENANT=default
 WORKDIR /var/lib/hermes
 USER 10001:10001
 # 8000: HTTP (API, /metrics, /admin); 5557: ZeroMQ for HermesLets; 9100: HermesLet metrics

@@ -137,7 +137,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--setup", default="llama2-7b-a100", help="cost model (engine setup)")
     s.add_argument("--time-scale", type=positive_float, default=1.0, help="speed-up factor")
-    s.add_argument("--model", default="sim-llama2-7b", help="served model name")
+    s.add_argument("--model", default="llama-2-7b",
+                   help="served model name (default %(default)s: the gateway's default engine's)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--max-num-seqs", type=int, default=None,
                    help="override the setup's running-batch limit (e.g. 1 to saturate)")

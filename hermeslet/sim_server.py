@@ -261,7 +261,7 @@ async def _sse(endpoint: str, rid: str, model: str, first: GenChunk | GenResult,
 
 
 def serve(*, host: str = "127.0.0.1", port: int = 8000, setup: str = "llama2-7b-a100",
-          time_scale: float = 1.0, model: str = "sim-llama2-7b", seed: int = 0,
+          time_scale: float = 1.0, model: str = "llama-2-7b", seed: int = 0,
           max_num_seqs: int | None = None, kv_cache_gb: float | None = None,
           cpu_cache_gb: float = 0.0, log_level: str = "warning", task: Task = "generate",
           behaviour: AgentBehaviour | None = None) -> None:

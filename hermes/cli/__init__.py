@@ -21,6 +21,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "example-config": ("hermes.cli.serve:add_parsers",
                        "print the commented example hermes.toml (every key and its default): "
                        "hermes example-config > hermes.toml"),
+    "run": ("hermes.cli.run:add_run_parser",
+            "run a hosted app once on a gateway and wait for its end (waits for the gateway to "
+            "be ready; non-zero exit on any failure)"),
     "profile": ("hermes.cli.profile:add_parsers",
                 "run a benchmark app in simulation and/or learn a PDGraph from run records"),
     "estimate": ("hermes.cli.profile:add_parsers", "an app's total demand before it starts"),

@@ -31,6 +31,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except GatewayStartupError as exc:  # one line, not uvicorn's traceback
         print(f"hermes: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down; it re-raises the signal
+        print("hermes: gateway stopped", file=sys.stderr)
     return 0
 
 
@@ -52,7 +54,9 @@ def add_parsers(sub: Any) -> None:
     """Add ``serve`` and ``example-config`` to the ``hermes`` sub-parsers."""
     s = sub.add_parser("serve", help="run the gateway and scheduler (embedded defaults: no arguments needed)",
                        description="Run the gateway. Flags override the config file and HERMES_* "
-                       "environment variables (docs/configuration.md).")
+                       "environment variables (HERMES_SECTION__KEY, e.g. HERMES_SCHEDULER__K=0.3; "
+                       "every key: `hermes example-config`). It says on stdout when it is "
+                       "ready: its URL, model names and where its state is.")
     s.add_argument("--config", metavar="FILE",
                    help="hermes.toml (`hermes example-config` prints the commented example)")
     s.add_argument("--host", help="HTTP listen address (default 127.0.0.1; another needs --auth-file)")
@@ -60,7 +64,9 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--policy", help=f"scheduling policy (default hermes): {_policy_names()}")
     s.add_argument("--time-scale", dest="time_scale", type=float, metavar="X",
                    help="the built-in engine and the scheduler clock run X times faster (default 1)")
-    s.add_argument("--state-dir", dest="state_dir", help="durable state: runs, records, learned PDGraphs (default: the user data dir, ~/.local/share/hermes)")
+    s.add_argument("--state-dir", dest="state_dir", help="durable state: runs, run records, learned PDGraphs (default: the user's data "
+                   "directory, ~/.local/share/hermes on Linux, shared by the user's gateways "
+                   "that have no --state-dir; shown at start)")
     s.add_argument("--apps", action="append", metavar="MODULE",
                    help="Python module registering hosted apps (repeatable)")
     s.add_argument("--kb", help="PDGraph knowledge base: 'shipped' (default: the PDGraphs shipped "

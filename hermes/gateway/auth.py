@@ -294,7 +294,19 @@ def build_security(config: Any) -> Security:
                  sec.max_body_bytes, store)
     if store is not None:
         s.admission.per_tenant = store.tenant_limits()  # also fails early on a bad file
+        if sec.first_key_tenant and not store.entries():
+            first_key(store, sec.first_key_tenant, sec.auth_redis or sec.auth_file)
     return s
+
+
+def first_key(store: KeyStore, tenant: str, where: str) -> str:
+    """The first API key of an empty key store (``security.first_key_tenant``: a container's
+    first start), printed once on stdout; only its hash is kept."""
+    key = store.create(tenant)
+    print(f"hermes: no API key yet in {where}: created one for tenant {tenant!r}, shown only "
+          f"once (Authorization: Bearer KEY; more with `hermes keys create`):\n{key}",
+          flush=True)
+    return key
 
 
 # ---------------------------------------------------------------------------------- middleware

@@ -46,6 +46,17 @@ class SchedulerConfig(_Section):
     """The live scheduler (decision core driver)."""
 
     policy: str = "hermes"
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        """An unknown policy is refused with the config (naming the file and key, or the
+        variable or flag), not later by the scheduler."""
+        from hermes.core.policies import policy_names
+
+        if name not in policy_names():
+            raise ValueError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
+        return name
     k: float = Field(default=0.5, ge=0.0, le=1.0)
     #: engine choice among the engines serving a model (hermes.core.routing):
     #: least-loaded | prefix | session | hermes
@@ -172,6 +183,10 @@ class SecurityConfig(_Section):
     auth_file: str = ""
     #: Redis URL holding the hashed API keys instead of a file
     auth_redis: str = ""
+    #: with an auth file (or Redis) that holds no key yet: create one API key for this tenant
+    #: at start and print it once on stdout ("" = never). The container image sets it, so its
+    #: first start serves with authentication and says which key to use
+    first_key_tenant: str = ""
     #: request bodies over this many bytes get 413
     max_body_bytes: int = Field(default=4 << 20, ge=1024)
     #: default per-tenant limits (the auth file's ``tenants`` override them); 0 = unlimited
@@ -493,8 +508,13 @@ def _place(flat: Mapping[str, Any], source: str) -> dict:
     return out
 
 
-def _env_layer(environ: Mapping[str, str]) -> dict:
+def _env_layer(environ: Mapping[str, str], origin: dict[str, str] | None = None) -> dict:
+    """The ``HERMES_*`` variables that are configuration keys (``HERMES_SECTION__KEY``, or
+    ``HERMES_KEY`` for a key that is in one section only), in the nested layout; ``origin``
+    gets ``section.key -> "environment variable NAME"``. A ``HERMES_X__Y`` whose section is
+    not one is refused, naming it (a misspelled variable was silently ignored)."""
     flat: dict[str, Any] = {}
+    unique = _unique_keys()
     for name, text in environ.items():
         if not name.startswith("HERMES_"):
             continue
@@ -502,12 +522,21 @@ def _env_layer(environ: Mapping[str, str]) -> dict:
         if "__" in rest:
             sec, key = rest.split("__", 1)
             if sec not in _SECTIONS:
-                continue
+                raise ConfigError(
+                    f"environment variable {name}: no config section {sec!r} (sections: "
+                    f"{', '.join(_SECTIONS)}; the form is HERMES_SECTION__KEY)")
             flat[f"{sec}.{key}"] = _parse_env_value(text)
-        elif rest in _unique_keys():
+            where = f"{sec}.{key}"
+        elif rest in unique:
             flat[rest] = _parse_env_value(text)
+            where = f"{unique[rest]}.{rest}"
         elif rest == "engines":
             flat["engines"] = _parse_env_value(text)
+            where = "engines"
+        else:
+            continue
+        if origin is not None:
+            origin[where] = f"environment variable {name}"
     return _place(flat, "environment") if flat else {}
 
 
@@ -540,6 +569,13 @@ def load_config(
         unknown = set(data) - set(_SECTIONS) - {"engines"}
         if unknown:
             raise ConfigError(f"{p}: unknown section(s) {sorted(unknown)}")
+    # where each key's value came from (the file, an environment variable, a flag): an
+    # invalid value's error names it
+    origin: dict[str, str] = {}
+    for sec, values in data.items():
+        origin[sec] = source
+        if isinstance(values, Mapping):
+            origin.update({f"{sec}.{key}": source for key in values})
     from hermes.kb import check_kb_environment
 
     env = os.environ if environ is None else environ
@@ -547,17 +583,26 @@ def load_config(
         check_kb_environment(env)  # HERMES_PDGRAPHS is now HERMES_KB
     except ValueError as e:
         raise ConfigError(f"environment: {e}") from None
-    data = _deep_merge(data, _env_layer(env))
+    data = _deep_merge(data, _env_layer(env, origin))
     clean = {k: v for k, v in overrides.items() if v is not None}
     if clean:
-        data = _deep_merge(data, _place(clean, "overrides"))
+        flags = _place(clean, "overrides")
+        for sec, values in flags.items():
+            origin[sec] = "command line"
+            if isinstance(values, Mapping):
+                origin.update({f"{sec}.{key}": "command line" for key in values})
+        data = _deep_merge(data, flags)
     try:
         return GatewayConfig.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"{source}: key {loc}: {err['msg']}" if loc
-                          else f"{source}: {err['msg']}") from None
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        parts = [str(p) for p in err["loc"]]
+        loc = ".".join(parts)
+        if not loc:
+            raise ConfigError(f"{source}: {msg}") from None
+        where = origin.get(".".join(parts[:2])) or origin.get(parts[0]) or "defaults"
+        raise ConfigError(f"{where}: key {loc}: {msg}") from None
 
 
 def resolve_state_dir(state_dir: str) -> Path:

@@ -9,6 +9,8 @@ unknown policy, an unreachable store) raises :class:`GatewayStartupError` with o
 from __future__ import annotations
 
 import asyncio
+import errno
+import json
 import logging
 import socket
 import sys
@@ -26,11 +28,20 @@ from hermes.gateway.config import GatewayConfig
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    """The HTTP listening socket; a port that is taken (or an address this host does not
+    have) is a :class:`GatewayStartupError` naming the address."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # accepted connections inherit it: without it, small responses wait on delayed ACKs (40 ms)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        hint = (" (another gateway? stop it, or give --port N; 0 picks a free one)"
+                if e.errno == errno.EADDRINUSE else "")
+        raise GatewayStartupError(f"cannot listen on {host}:{port}: "
+                                  f"{e.strerror or e}{hint}") from None
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
@@ -166,6 +177,43 @@ def _uvicorn_config(config: GatewayConfig) -> uvicorn.Config:
     return cfg
 
 
+def state_location(config: GatewayConfig) -> str:
+    """Where the gateway keeps its runs, run records and learned PDGraphs."""
+    from hermes.gateway.config import resolve_state_dir
+
+    where = str(resolve_state_dir(config.stores.state_dir))
+    if config.durability.state_redis:
+        return f"{config.durability.state_redis} (runs), {where} (records, learned PDGraphs)"
+    return where
+
+
+def ready_banner(config: GatewayConfig, host: str, port: int) -> str:
+    """What ``hermes serve`` prints once it serves: where, which models, how to call it, where
+    its state is, how to stop it."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    base = f"http://[{shown}]:{port}" if ":" in shown else f"http://{shown}:{port}"
+    models = ([e.model for e in config.engines if e.task == "generate"]
+              if config.scheduler.embedded_node else [])
+    model = models[0] if models else "MODEL"
+    authed = bool(config.security.auth_file or config.security.auth_redis)
+    key = "$HERMES_API_KEY" if authed else "none"
+    auth = ' -H "Authorization: Bearer $HERMES_API_KEY"' if authed else ""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+    served = ", ".join(models) or "those of the HermesLets that connect"
+    return "\n".join([
+        f"hermes gateway ready on {base} (policy {config.scheduler.policy}, time scale "
+        f"{config.scheduler.time_scale:g}, {evloop.loop_name()})",
+        f"  OpenAI base URL: {base}/v1   model: {served}   API key: {key}",
+        f"  curl {base}/v1/chat/completions{auth} -H 'content-type: application/json' "
+        f"-d '{body}'",
+        f'  python: OpenAI(base_url="{base}/v1", api_key="{key}").chat.completions.create('
+        f'model="{model}", messages=[...])',
+        f"  an app run: hermes run factool_kbqa --url {base}   (the apps: hermes apps list)",
+        f"  state: {state_location(config)} (--state-dir DIR for another)",
+        "  stop: Ctrl-C",
+    ])
+
+
 def serve(config: GatewayConfig) -> None:
     """Run the gateway in the foreground until interrupted (port 0: any free port)."""
     from hermes.gateway.auth import check_exposure
@@ -174,8 +222,7 @@ def serve(config: GatewayConfig) -> None:
     sock = _bind(config.server.host, config.server.port)
     host, port = sock.getsockname()[:2]
     cfg = _uvicorn_config(config)
-    banner = (f"hermes gateway on http://{host}:{port} (policy {config.scheduler.policy}, "
-              f"time scale {config.scheduler.time_scale:g}, {evloop.loop_name()})")
+    banner = ready_banner(config, str(host), int(port))
     cfg.lifespan_class = type("_ServeLifespan", (_Lifespan,), {"banner": banner, "tune_gc": True})
     server = uvicorn.Server(cfg)
     try:

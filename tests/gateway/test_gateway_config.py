@@ -166,3 +166,32 @@ def test_placement_auto_never_swaps_a_real_engine_for_a_simulation() -> None:
     assert load_config(None, environ={}, placement={"auto": True}, engines=real,
                        embedded_node=False).placement.auto
     assert not load_config(None, environ={}, engines=real).placement.auto
+
+
+def test_an_invalid_environment_value_names_its_variable() -> None:
+    """It was reported as coming from "defaults"."""
+    with pytest.raises(ConfigError, match=r"^environment variable HERMES_SCHEDULER__N_WALKS: "
+                                          r"key scheduler.n_walks: .*integer"):
+        load_config(None, environ={"HERMES_SCHEDULER__N_WALKS": "abc"})
+    with pytest.raises(ConfigError, match=r"^environment variable HERMES_K: key scheduler.k"):
+        load_config(None, environ={"HERMES_K": "2"})
+
+
+def test_a_misspelled_section_variable_is_refused_naming_it() -> None:
+    """HERMES_SCHEDULR__K was silently ignored: the gateway ran with the default K."""
+    with pytest.raises(ConfigError, match=r"environment variable HERMES_SCHEDULR__K: no config "
+                                          r"section 'schedulr'"):
+        load_config(None, environ={"HERMES_SCHEDULR__K": "0.3"})
+    # other HERMES_* variables (no section) are not configuration keys and stay allowed
+    assert load_config(None, environ={"HERMES_URL": "http://x", "HERMES_ADMIN_TOKEN": "t"})
+
+
+def test_an_unknown_policy_names_the_file_and_key(tmp_path: Path) -> None:
+    p = tmp_path / "hermes.toml"
+    p.write_text('[scheduler]\npolicy = "hermez"\n')
+    with pytest.raises(ConfigError, match=r"hermes.toml: key scheduler.policy: unknown policy "
+                                          r"'hermez'; known: .*hermes"):
+        load_config(p, environ={})
+    with pytest.raises(ConfigError, match=r"^command line: key scheduler.policy: unknown "
+                                          r"policy 'nope'"):
+        load_config(None, environ={}, policy="nope")

@@ -91,10 +91,12 @@ def test_sim_engine_server_flags(capsys):
     from tests.hermeslet.conftest import running_sim
 
     with running_sim("--time-scale", "1000", "--kv-cache-gb", "1", "--cpu-cache-gb", "1") as url:
+        # the default model name is the one the docs and the gateway's default engine use
+        assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["llama-2-7b"]
         hits = []
         for i in [0, 0, 1, 2, 3, 4, 5, 0]:
             r = httpx.post(url + "/v1/chat/completions", timeout=10, json={
-                "model": "sim-llama2-7b", "max_tokens": 1,
+                "model": "llama-2-7b", "max_tokens": 1,
                 "messages": [{"role": "system", "content": system(i)},
                              {"role": "user", "content": "go"}]})
             assert r.status_code == 200, r.text

@@ -110,14 +110,18 @@ def test_compose_services_and_mounts() -> None:
     assert f"hermeslet:{port}" in targets and "gateway:8000" in targets
 
 
-def test_compose_config_validates() -> None:
-    if shutil.which("docker-compose"):
-        base = ["docker-compose"]
-    elif shutil.which("docker") and subprocess.run(["docker", "compose", "version"],
-                                                    capture_output=True).returncode == 0:
-        base = ["docker", "compose"]
-    else:
-        pytest.skip("no docker-compose (apt-get install -y docker-compose)")
+@pytest.mark.parametrize("base", [["docker-compose"], ["docker", "compose"]],
+                         ids=["compose-v1", "compose-v2"])
+def test_compose_config_validates(base: list[str]) -> None:
+    """With both compose versions where they are installed: Debian's ``docker-compose`` (v1)
+    and the ``docker compose`` plugin (v2); each skips with the reason where it is not."""
+    if base == ["docker-compose"] and not shutil.which("docker-compose"):
+        pytest.skip("no docker-compose v1 (apt-get install -y docker-compose)")
+    if base == ["docker", "compose"] and not (
+            shutil.which("docker") and subprocess.run(["docker", "compose", "version"],
+                                                      capture_output=True).returncode == 0):
+        pytest.skip("no docker compose v2 plugin (apt-get install -y docker-compose-plugin, "
+                    "or Docker's own packages)")
     env = {**os.environ, "HERMES_ADMIN_TOKEN": "test-token"}
     f = ["-f", str(DEPLOY / "docker-compose.yml")]
     for profile in ([], ["--profile", "gpu"]):
