@@ -13,6 +13,7 @@ import pytest
 from hermes.core.records import read_records
 from hermes.gateway.server import gateway_state
 from hermes.workloads.registry import get_app
+from tests.sandbox import require_tool_sandbox
 
 
 def _wait(http: httpx.Client, run_id: str, timeout: float = 30.0) -> dict:
@@ -81,6 +82,7 @@ async def broken_agent(ctx, input):
 
 
 def test_module_hosted_apps(make_gateway, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    require_tool_sandbox()  # its app calls a tool
     (tmp_path / "my_hosted_apps.py").write_text(APP_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
     sys.modules.pop("my_hosted_apps", None)

@@ -20,6 +20,7 @@ from sse_lines import completion_events
 
 from hermes.gateway.server import gateway_state
 from hermes.procs import free_port
+from tests.sandbox import require_tool_sandbox
 
 
 class FakeEngine:
@@ -206,6 +207,7 @@ def test_client_disconnect_mid_stream_frees_the_engine_slot(make_gateway) -> Non
 
 
 def test_a_tool_call_on_a_dead_node_fails_clearly_and_is_not_rerun(make_gateway) -> None:  # noqa: ANN001
+    require_tool_sandbox()
     import subprocess
     import sys
 

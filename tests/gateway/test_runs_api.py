@@ -13,6 +13,7 @@ import pytest
 
 from hermes.core.records import read_records
 from hermes.gateway.server import gateway_state
+from tests.sandbox import require_tool_sandbox
 
 MODEL = "llama-2-7b"  # the embedded simulated engine's model (config default)
 
@@ -138,6 +139,7 @@ def test_cancel_drops_queued_requests(make_gateway) -> None:  # noqa: ANN001
 
 
 def test_tool_calls_and_client_unit_events(gateway) -> None:  # noqa: ANN001
+    require_tool_sandbox()
     http = httpx.Client(base_url=gateway.url, timeout=30)
     run_id = http.post("/v1/runs", json={"app": "coder"}).json()["run_id"]
     r = http.post(f"/v1/runs/{run_id}/tools", json={

@@ -17,6 +17,7 @@ import pytest
 from hermes.gateway.config import load_config
 from hermes.gateway.server import BackgroundServer, gateway_state, start_background
 from hermes.kb import shipped_pdgraphs_dir
+from tests.sandbox import require_tool_sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = shipped_pdgraphs_dir()
@@ -70,7 +71,10 @@ def wait_nodes(srv: BackgroundServer, n: int, procs: list[subprocess.Popen],
 def drive_load(url: str, *, runs: int = 12, chats: int = 10, tools: int = 2,
                seed: int = 0) -> dict[str, Any]:
     """A short mixed load: hosted benchmark runs (half with a tight deadline, half loose),
-    OpenAI chat requests with a shared system prompt, tool calls. Returns what it did."""
+    OpenAI chat requests with a shared system prompt, tool calls. Returns what it did.
+    With tool calls, the calling test skips (with the reason) where there is no tool sandbox."""
+    if tools:
+        require_tool_sandbox()
 
     async def go() -> dict[str, Any]:
         async with httpx.AsyncClient(base_url=url, timeout=120) as http:
