@@ -4,7 +4,8 @@ Pure functions (no I/O, no clock, no asyncio): given an endpoint, a request body
 :class:`random.Random`, :func:`plan_output` decides what a real model would have produced,
 token by token, so that the engine model can decode exactly that many tokens and agent
 frameworks (tool loops, structured outputs, logprobs, ``n`` choices) get well-formed answers.
-:func:`stream_chunk`, :func:`role_chunk`, :func:`finish_chunk` and :func:`response` build the
+:func:`stream_chunk` (over the spans of :func:`stream_spans`: one tool call a chunk, its id
+and name first), :func:`role_chunk`, :func:`finish_chunk` and :func:`response` build the
 OpenAI objects the client sees; :func:`embedding_response` answers ``/v1/embeddings``.
 
 The behaviour (the documented contract; :mod:`hermeslet.engines.sim_engine` repeats it for
@@ -1020,6 +1021,26 @@ def finish_chunk(plan: OutputPlan, index: int, env: Envelope) -> dict[str, Any]:
     else:
         c = {"index": index, "text": "", "logprobs": None, "finish_reason": fr}
     return _chunk(plan, env, [c])
+
+
+def stream_spans(plan: OutputPlan, index: int, start: int, end: int) -> list[tuple[int, int]]:
+    """Tokens ``start:end`` of choice ``index`` cut into the spans OpenAI's service streams
+    as separate chunks: a tool call's name token (its id and name) alone, then its argument
+    pieces, never two calls in one chunk (clients such as llama-index's streamed agents key
+    a call by the first id in a chunk and lose a second call sharing it). Text tokens stay
+    together. Concatenated, the spans are ``start:end``."""
+    toks = plan.choices[index].tokens
+    spans: list[tuple[int, int]] = []
+    s = start
+    for i in range(start + 1, end):
+        t, prev = toks[i], toks[i - 1]
+        if t.kind == "name" or prev.kind == "name" or t.call != prev.call \
+                or (t.kind == "text") != (prev.kind == "text"):
+            spans.append((s, i))
+            s = i
+    if s < end:
+        spans.append((s, end))
+    return spans
 
 
 def stream_chunk(plan: OutputPlan, index: int, start: int, end: int, env: Envelope
