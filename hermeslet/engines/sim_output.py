@@ -31,7 +31,8 @@ users):
   words with finish ``length`` whatever else is asked (the load generators rely on it);
   ``min_tokens`` lengthens a natural answer. ``stop`` strings end a text at their first
   occurrence (after ``min_tokens`` tokens, as vLLM), finish ``stop``, the stop string not
-  included; the token in which it begins is the last one counted.
+  included; the token in which it begins is the last one counted. The choice then names the
+  string in ``stop_reason``, as vLLM does (what Anthropic's ``stop_sequence`` reports).
 - **Tokens**: a text word, a ~4-character piece of JSON text or of a tool call's arguments, and
   a tool call's name are one token each. Prompts count ``ceil(chars / 4)`` of all message text
   (tool calls in the history and the tools' JSON included) plus 4 per message.
@@ -163,6 +164,7 @@ class ChoicePlan:
     finish_reason: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # per content token, when asked
+    stop: str | None = None  # the stop string the text ended at (vLLM's ``stop_reason``)
     _offsets: list[int] | None = field(default=None, repr=False, compare=False)
 
     def text_offset(self, i: int) -> int:
@@ -410,7 +412,8 @@ def _plan_choice(index: int, req: _Request, beh: AgentBehaviour, rng: random.Ran
     if req.ignore_eos:
         tokens = [Token("text", " " + rng.choice(VOCAB)) for _ in range(req.cap)]
         tokens, stopped = _stopped(tokens, req)
-        return _with_logprobs(ChoicePlan(index, tokens, "stop" if stopped else "length"),
+        return _with_logprobs(ChoicePlan(index, tokens, "stop" if stopped else "length",
+                                         stop=stopped),
                               req, rng)
     if _calls_tools(req, beh, rng):
         return _plan_calls(index, req, beh, rng)
@@ -427,7 +430,8 @@ def _plan_choice(index: int, req: _Request, beh: AgentBehaviour, rng: random.Ran
     if len(tokens) > req.cap:
         tokens, finish = tokens[:req.cap], "length"
     tokens, stopped = _stopped(tokens, req)
-    return _with_logprobs(ChoicePlan(index, tokens, "stop" if stopped else finish), req, rng)
+    return _with_logprobs(ChoicePlan(index, tokens, "stop" if stopped else finish,
+                                     stop=stopped), req, rng)
 
 
 def _natural_length(beh: AgentBehaviour, rng: random.Random) -> int:
@@ -438,20 +442,21 @@ def _natural_length(beh: AgentBehaviour, rng: random.Random) -> int:
     return max(1, round(rng.lognormvariate(mu, sigma)))
 
 
-def _stopped(tokens: list[Token], req: _Request) -> tuple[list[Token], bool]:
+def _stopped(tokens: list[Token], req: _Request) -> tuple[list[Token], str | None]:
     """``tokens`` cut before the first stop string that ends after ``min_tokens`` tokens
-    (the token it begins in is kept, shortened); whether one was found."""
+    (the token it begins in is kept, shortened); the stop string found (``None``: none)."""
     if not req.stops:
-        return tokens, False
+        return tokens, None
     text = "".join(t.text for t in tokens)
     floor = sum(len(t.text) for t in tokens[:req.min_tokens])
     best = -1
+    matched: str | None = None
     for s in req.stops:
         at = text.find(s, max(0, floor - len(s) + 1))
         if at >= 0 and (best < 0 or at < best):
-            best = at
+            best, matched = at, s
     if best < 0:
-        return tokens, False
+        return tokens, None
     out: list[Token] = []
     pos = 0
     for t in tokens:
@@ -461,7 +466,7 @@ def _stopped(tokens: list[Token], req: _Request) -> tuple[list[Token], bool]:
             break
         out.append(t)
         pos = end
-    return out, True
+    return out, matched
 
 
 def _calls_tools(req: _Request, beh: AgentBehaviour, rng: random.Random) -> bool:
@@ -1015,11 +1020,14 @@ def role_chunk(plan: OutputPlan, index: int, env: Envelope) -> dict[str, Any] | 
 
 def finish_chunk(plan: OutputPlan, index: int, env: Envelope) -> dict[str, Any]:
     """The chunk that ends choice ``index`` with its finish reason."""
-    fr = plan.choices[index].finish_reason
+    ch = plan.choices[index]
+    fr = ch.finish_reason
     if plan.endpoint == "chat":
         c: dict[str, Any] = {"index": index, "delta": {}, "logprobs": None, "finish_reason": fr}
     else:
         c = {"index": index, "text": "", "logprobs": None, "finish_reason": fr}
+    if ch.stop is not None:
+        c["stop_reason"] = ch.stop
     return _chunk(plan, env, [c])
 
 
@@ -1108,6 +1116,8 @@ def response(plan: OutputPlan, env: Envelope, prompt_tokens: int) -> dict[str, A
             lp = _completion_logprobs(ch.logprobs, 0) if ch.logprobs is not None else None
             choices.append({"index": ch.index, "text": ch.content, "logprobs": lp,
                             "finish_reason": ch.finish_reason})
+        if ch.stop is not None:
+            choices[-1]["stop_reason"] = ch.stop
     out = plan.output_tokens
     return {"id": env.id, "object": "chat.completion" if plan.endpoint == "chat"
             else "text_completion", "created": env.created, "model": env.model,

@@ -331,7 +331,12 @@ def test_stop_strings() -> None:
         cut = plan(chat(stop=[word, "never appears"]), s).choices[0]
         assert cut.finish_reason == "stop" and word not in cut.content
         assert cut.content == text[:text.index(word)]
+        assert cut.stop == word  # named as vLLM's stop_reason, in the answer and last chunk
+        assert response(plan(chat(stop=[word]), s), ENV, 1)["choices"][0]["stop_reason"] == word
+        assert finish_chunk(plan(chat(stop=[word]), s), 0, ENV)["choices"][0][
+            "stop_reason"] == word
         assert plan(chat(stop="\u2603"), s).choices[0].content == text
+        assert "stop_reason" not in response(plan(chat(stop="\u2603"), s), ENV, 1)["choices"][0]
     first = plan(chat(), 3).choices[0].tokens[0].text
     at_start = plan(chat(stop=first), 3).choices[0]
     assert at_start.content == "" and at_start.n_tokens == 1  # the token that stopped it

@@ -217,8 +217,29 @@ def parse_body(raw: bytes, cls: type[_Common]) -> _Common:
         if err["type"] == "model_type" and not err["loc"]:
             raise MessagesError("the request body must be a JSON object") from None
         raise MessagesError(err["msg"], param=_field_path(err["loc"]) or None) from None
+    check_turns(body)
     check_tools(body)
     return body
+
+
+#: the block types each role's turn may hold
+_ROLE_BLOCKS: dict[str, tuple[type[BaseModel], ...]] = {
+    "user": (TextBlock, ImageBlock, ToolResultBlock),
+    "assistant": (TextBlock, ToolUseBlock, ThinkingBlock),
+    "system": (TextBlock,),
+}
+
+
+def check_turns(body: _Common) -> None:
+    """Each turn holds the blocks of its role: ``tool_use`` and ``thinking`` in an assistant
+    turn, ``tool_result`` and images in a user turn, text in any."""
+    for i, m in enumerate(body.messages):
+        allowed = _ROLE_BLOCKS[m.role]
+        for j, b in enumerate(m.content):
+            if not isinstance(b, allowed):
+                kind = getattr(b, "type", "?")
+                raise MessagesError(f"a {kind} block cannot be in a {m.role} turn",
+                                    param=f"messages.{i}.content.{j}")
 
 
 def check_tools(body: _Common) -> None:
@@ -337,9 +358,6 @@ def message_to_chat(msg: Message) -> list[dict[str, Any]]:
             parts.append({"type": "text", "text": b.text})
         elif isinstance(b, ImageBlock):
             parts.append(_image_part(b))
-        elif isinstance(b, ToolUseBlock):
-            raise MessagesError("a tool_use block belongs to an assistant turn",
-                                param="content")
     if parts or not tools:
         tools.append({"role": "user", "content": _parts_content(parts) if parts else ""})
     return tools
