@@ -9,12 +9,15 @@ that an SDK reports what happened rather than a parse failure. On the routes of 
 Messages API (``/v1/messages...``) every error takes Anthropic's shape instead,
 ``{"type": "error", "error": {"type", "message"}}`` (:func:`wire_error` picks by path).
 
-Pure: no FastAPI, no I/O; imports nothing of the gateway.
+Pure: no FastAPI, no I/O; imports nothing of the gateway (Anthropic's error shape is
+:mod:`hermes.anthropic_wire`'s).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from hermes import anthropic_wire
 
 #: OpenAI's error ``type`` by HTTP status
 ERROR_TYPES: dict[int, str] = {
@@ -39,29 +42,6 @@ def error_body(status: int, message: str, *, param: str | None = None, code: str
 
 #: the routes of Anthropic's Messages API: their errors take Anthropic's shape
 ANTHROPIC_PATH = "/v1/messages"
-#: Anthropic's error ``type`` by HTTP status (its API reference's error list)
-ANTHROPIC_TYPES: dict[int, str] = {
-    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-    404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
-    413: "request_too_large", 415: "invalid_request_error", 422: "invalid_request_error",
-    429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error"}
-
-
-def anthropic_status(status: int) -> int:
-    """The status an Anthropic client gets: 529 (overloaded) for the gateway's 503 (no
-    engine can take the request now), the status itself otherwise."""
-    return 529 if status == 503 else status
-
-
-def anthropic_error_type(status: int) -> str:
-    """Anthropic's error ``type`` of an HTTP status (``api_error`` for other 5xx)."""
-    status = anthropic_status(status)
-    return ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-
-
-def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
-    """An error in Anthropic's shape: ``{"type": "error", "error": {"type", "message"}}``."""
-    return {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
 
 
 def wire_error(path: str, status: int, message: str, *, param: str | None = None,
@@ -69,7 +49,7 @@ def wire_error(path: str, status: int, message: str, *, param: str | None = None
     """``(status, body)`` of an error answered on ``path``: Anthropic's shape on the Messages
     API's routes, OpenAI's everywhere else."""
     if path.startswith(ANTHROPIC_PATH):
-        return anthropic_status(status), anthropic_error_body(status, message)
+        return anthropic_wire.status(status), anthropic_wire.error_body(status, message)
     return status, error_body(status, message, param=param, code=code, type_=type_)
 
 

@@ -14,16 +14,17 @@ from typing import Any
 import httpx
 import pytest
 
-from hermes.gateway.api.anthropic_bodies import (
+from hermes.anthropic_wire import (
     MessagesBody,
     MessagesError,
     MessageStreamer,
     assistant_reply,
     from_chat,
-    parse_body,
+    status,
     to_chat,
 )
-from hermes.gateway.errors import anthropic_status, wire_error
+from hermes.gateway.api.anthropic_bodies import parse_body
+from hermes.gateway.errors import wire_error
 from hermes.gateway.resolve.canon import canonical_message
 from hermeslet.engines.sim_output import VOCAB
 
@@ -193,7 +194,7 @@ def test_streamer_events_follow_anthropics_order() -> None:
 def test_error_shape_by_path() -> None:
     assert wire_error("/v1/messages", 413, "too big") == (413, {
         "type": "error", "error": {"type": "request_too_large", "message": "too big"}})
-    assert wire_error("/v1/messages/count_tokens", 503, "busy")[0] == 529 == anthropic_status(503)
+    assert wire_error("/v1/messages/count_tokens", 503, "busy")[0] == 529 == status(503)
     assert wire_error("/v1/messages", 503, "busy")[1]["error"]["type"] == "overloaded_error"
     assert wire_error("/v1/chat/completions", 401, "no")[1]["error"]["type"] == \
         "authentication_error"  # OpenAI's shape elsewhere

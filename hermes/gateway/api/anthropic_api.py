@@ -11,14 +11,14 @@ OpenAI request is (:func:`hermes.gateway.api.binding.submit_call`: ``X-Hermes-*`
 inferred from the conversation it continues, or a session id such as Claude Code's
 ``X-Claude-Code-Session-Id`` header or the ``_session_`` part of its ``metadata.user_id``),
 ranked by its run, served by an engine of the model. The body is checked and translated to a
-chat completion (:mod:`hermes.gateway.api.anthropic_bodies`), and the answer back: a
+chat completion (:mod:`hermes.anthropic_wire`, :mod:`hermes.gateway.api.anthropic_bodies`), and the answer back: a
 ``message``, or (``stream: true``) Anthropic's event stream as server-sent events
 (``event: TYPE`` / ``data: JSON``). Every error on these routes takes Anthropic's shape,
 ``{"type": "error", "error": {"type", "message"}}``, the gateway's own too (401, 413, 429, a
 503 without engines as 529 ``overloaded_error``: :func:`hermes.gateway.errors.wire_error`).
 
 ``count_tokens`` answers ``{"input_tokens": N}``, the gateway's estimate
-(:func:`~hermes.gateway.api.anthropic_bodies.count_tokens`): no engine is asked.
+(:func:`hermes.anthropic_wire.count_tokens`): no engine is asked.
 """
 
 from __future__ import annotations
@@ -30,19 +30,19 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from hermes.gateway.api.anthropic_bodies import (
+from hermes.anthropic_wire import (
     CountTokensBody,
     MessagesBody,
     MessagesError,
     MessageStreamer,
     assistant_reply,
-    check_version,
     count_tokens,
+    error_body,
     from_chat,
-    parse_body,
-    resolver_body,
+    status,
     to_chat,
 )
+from hermes.gateway.api.anthropic_bodies import check_version, parse_body, resolver_body
 from hermes.gateway.api.appstate import scheduler_of
 from hermes.gateway.api.binding import (
     BoundCall,
@@ -54,11 +54,7 @@ from hermes.gateway.api.binding import (
     wait_call,
 )
 from hermes.gateway.api.openai_api import completion_object
-from hermes.gateway.errors import (
-    SchedulerError,
-    anthropic_error_body,
-    anthropic_status,
-)
+from hermes.gateway.errors import SchedulerError
 from hermes.gateway.scheduler import LiveScheduler
 from hermes.protocol import Done
 
@@ -67,9 +63,8 @@ router = APIRouter()
 VERSION_HEADER = "anthropic-version"
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse(anthropic_error_body(status, message),
-                        status_code=anthropic_status(status))
+def _error(code: int, message: str) -> JSONResponse:
+    return JSONResponse(error_body(code, message), status_code=status(code))
 
 
 def _refused(e: MessagesError | SchedulerError) -> JSONResponse:
@@ -152,7 +147,7 @@ async def _events(sched: LiveScheduler, call: BoundCall, tr: MessageStreamer
         call_ended(sched, call)
     except SchedulerError as e:
         call_ended(sched, call, str(e))
-        yield _sse("error", anthropic_error_body(e.status, str(e)))
+        yield _sse("error", error_body(e.status, str(e)))
         completed = True
     finally:
         if not completed:  # client disconnected mid-stream
