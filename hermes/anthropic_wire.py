@@ -470,8 +470,14 @@ def from_chat(chat: dict[str, Any], *, message_id: str, model: str,
 
 def assistant_reply(content: list[dict[str, Any]]) -> dict[str, Any]:
     """An answer's content blocks as the chat message :func:`to_chat` makes of them when the
-    client sends them back (the resolver's conversation evidence)."""
-    return message_to_chat(Message.model_validate({"role": "assistant", "content": content}))[0]
+    client sends them back (the resolver's conversation evidence): its text and tool calls
+    (other blocks, e.g. an engine's ``thinking``, are not part of it)."""
+    kept = [b for b in content if isinstance(b, dict) and b.get("type") in ("text", "tool_use")]
+    try:
+        msg = Message.model_validate({"role": "assistant", "content": kept})
+    except ValidationError:  # an engine's malformed block: no evidence rather than a failure
+        return {"role": "assistant", "content": ""}
+    return message_to_chat(msg)[0]
 
 
 class MessageStreamer:
@@ -587,4 +593,39 @@ class MessageStreamer:
             "type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": seq},
             "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens}}))
         out.append(("message_stop", {"type": "message_stop"}))
+        return out
+
+
+class EventContent:
+    """The content blocks an Anthropic event stream amounts to (an engine that streams the
+    events itself): text deltas joined per block, a ``tool_use`` block's ``input_json_delta``
+    pieces parsed once it ends. Other blocks (``thinking``) are kept as they started."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[int, dict[str, Any]] = {}
+        self._json: dict[int, list[str]] = {}
+
+    def feed(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        index = event.get("index")
+        if not isinstance(index, int):
+            return
+        if kind == "content_block_start" and isinstance(event.get("content_block"), dict):
+            self._blocks[index] = dict(event["content_block"])
+        elif kind == "content_block_delta" and index in self._blocks:
+            delta = event.get("delta") or {}
+            block = self._blocks[index]
+            if delta.get("type") == "text_delta":
+                block["text"] = block.get("text", "") + str(delta.get("text", ""))
+            elif delta.get("type") == "input_json_delta":
+                self._json.setdefault(index, []).append(str(delta.get("partial_json", "")))
+
+    @property
+    def content(self) -> list[dict[str, Any]]:
+        out = []
+        for i in sorted(self._blocks):
+            block = dict(self._blocks[i])
+            if block.get("type") == "tool_use" and i in self._json:
+                block["input"] = tool_input("".join(self._json[i]))
+            out.append(block)
         return out

@@ -76,10 +76,11 @@ def make_engine_adapter(e: EngineConfig, time_scale: float) -> Any:
                           time_scale=time_scale, setup=e.cost_model, **kv, **task)
     elif e.kind == "openai":
         eng = make_engine(f"openai:{e.url}", name=e.name, model=e.model or None,
-                          max_inflight=e.max_inflight, task=e.task)
+                          max_inflight=e.max_inflight, task=e.task, messages_api=e.messages_api)
     else:
         eng = make_engine(f"vllm:{e.url}" if e.url else "vllm", name=e.name,
-                          model=e.model or None, max_inflight=e.max_inflight, task=e.task)
+                          model=e.model or None, max_inflight=e.max_inflight, task=e.task,
+                          messages_api=e.messages_api)
     for lora in e.loras:
         if lora not in eng.loras:
             eng.loras.append(lora)

@@ -1,18 +1,23 @@
-"""The Anthropic SDK against the gateway's Messages API (``/v1/messages``), on both paths (the
-built-in engine in the gateway's process, and ``openai``-kind engines over HTTP that only
-speak chat completions, so that the request is translated): a tool loop, plain and streamed,
+"""The Anthropic SDK against the gateway's Messages API (``/v1/messages``), on every path: the
+built-in engine in the gateway's process; an ``openai``-kind engine over HTTP that gets the
+request translated to chat completions; and the same server as an engine that serves
+``/v1/messages`` itself (``messages_api = "native"``), which gets it as sent: a tool loop,
+plain and streamed,
 with tool arguments valid against their ``input_schema``; the agent's loop is one inferred run
 (``GET /v1/runs``); a bad request is Anthropic's error shape, raised by the SDK as its own
 error class with the gateway's message."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from hermes.gateway.server import BackgroundServer
 from tests.compat.agents import (
     CHAT_MODEL,
     DESCRIPTIONS,
@@ -22,15 +27,47 @@ from tests.compat.agents import (
     SCHEMAS,
     ToolLog,
 )
-from tests.compat.conftest import PATHS
+from tests.compat.conftest import PATHS, Upstreams, _gateway
 
 TOOLS = [{"name": n, "description": DESCRIPTIONS[n], "input_schema": s}
          for n, s in SCHEMAS.items()]
 
 
-@pytest.fixture(params=PATHS)
-def gateway(request: pytest.FixtureRequest) -> Any:
-    return request.getfixturevalue(f"{request.param}_gateway")
+@pytest.fixture(scope="module")
+def native_gateway(tmp_path_factory: pytest.TempPathFactory,
+                   upstreams: Upstreams) -> Iterator[BackgroundServer]:
+    """A gateway whose ``openai``-kind engine serves ``/v1/messages`` itself
+    (``messages_api = "native"``): the request passes through untranslated."""
+    engines = [{"name": "up-native", "kind": "openai", "url": upstreams.chat,
+                "model": CHAT_MODEL, "messages_api": "native"}]
+    srv = _gateway(str(tmp_path_factory.mktemp("gw-native")), engines=engines)
+    yield srv
+    srv.stop()
+
+
+def upstream_requests(url: str) -> dict[str, float]:
+    """Requests the upstream engine server received, by route (its /metrics)."""
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for sample in fam.samples:
+            if sample.name == "hermes_sim_requests_total":
+                out[sample.labels["route"]] = sample.value
+    return out
+
+
+@pytest.fixture(params=[*PATHS, "native"])
+def gateway(request: pytest.FixtureRequest, upstreams: Upstreams) -> Iterator[Any]:
+    """Each path: the built-in engine, an engine that gets the request translated to chat,
+    and one that gets it as sent (the upstream's request counts say which route served)."""
+    before = upstream_requests(upstreams.chat)
+    yield request.getfixturevalue(f"{request.param}_gateway")
+    after = upstream_requests(upstreams.chat)
+    grew = {r for r in after if after[r] > before.get(r, 0)}
+    want = {"embedded": set(), "http": {"/v1/chat/completions"},
+            "native": {"/v1/messages"}}[request.param]
+    assert grew <= want, (request.param, before, after)  # no other route served
+    if "tool_loop" in request.node.name:  # it reached the engine: by the expected route
+        assert grew == want, (request.param, before, after)
 
 
 class RunHeaders:

@@ -10,10 +10,15 @@ A request goes the chat endpoint's way through the scheduler: bound to a run and
 OpenAI request is (:func:`hermes.gateway.api.binding.submit_call`: ``X-Hermes-*`` headers, or
 inferred from the conversation it continues, or a session id such as Claude Code's
 ``X-Claude-Code-Session-Id`` header or the ``_session_`` part of its ``metadata.user_id``),
-ranked by its run, served by an engine of the model. The body is checked and translated to a
-chat completion (:mod:`hermes.anthropic_wire`, :mod:`hermes.gateway.api.anthropic_bodies`), and the answer back: a
-``message``, or (``stream: true``) Anthropic's event stream as server-sent events
-(``event: TYPE`` / ``data: JSON``). Every error on these routes takes Anthropic's shape,
+ranked by its run, served by an engine of the model. The body is checked
+(:mod:`hermes.gateway.api.anthropic_bodies`) and goes to the engine in one of two forms
+(:attr:`hermes.protocol.Submit.native`), chosen where the engine is known, at its node: as
+sent, to an engine that serves ``/v1/messages`` itself (``messages_api = "native"``: vLLM),
+whose ``message`` or events pass back untranslated (with the gateway's message id and the
+model asked for); translated to a chat completion (:mod:`hermes.anthropic_wire`) for the
+others, the built-in engine included, whose answer is translated back: a ``message``, or
+(``stream: true``) Anthropic's event stream as server-sent events (``event: TYPE`` /
+``data: JSON``). Every error on these routes takes Anthropic's shape,
 ``{"type": "error", "error": {"type", "message"}}``, the gateway's own too (401, 413, 429, a
 503 without engines as 529 ``overloaded_error``: :func:`hermes.gateway.errors.wire_error`).
 
@@ -32,6 +37,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from hermes.anthropic_wire import (
     CountTokensBody,
+    EventContent,
     MessagesBody,
     MessagesError,
     MessageStreamer,
@@ -91,11 +97,14 @@ async def create_message(request: Request) -> Response:
         return parsed
     assert isinstance(parsed, MessagesBody)
     body = parsed
+    raw = json.loads(await request.body())  # valid: parsed above
+    native = {"endpoint": "messages",
+              "body": {k: v for k, v in raw.items() if k not in ("model", "stream")}}
     try:
         chat = to_chat(body)
         call = await submit_call(sched, request, model=body.model, endpoint="chat", body=chat,
                                  stream=body.stream, client_body=resolver_body(body, chat),
-                                 messages=chat["messages"])
+                                 messages=chat["messages"], native=native)
     except (MessagesError, SchedulerError) as e:
         return _refused(e)
     message_id = f"msg_{call.req.request_id}"
@@ -110,9 +119,12 @@ async def create_message(request: Request) -> Response:
         done = await wait_call(sched, call)
     except SchedulerError as e:
         return _refused(e)
-    completion = completion_object("chat", call.req.request_id, body.model, done)
-    message = from_chat(completion, message_id=message_id, model=body.model,
-                        stop_sequences=body.stop_sequences)
+    if isinstance(done.response, dict) and done.response.get("type") == "message":
+        message = {**done.response, "id": message_id, "model": body.model}  # served natively
+    else:
+        completion = completion_object("chat", call.req.request_id, body.model, done)
+        message = from_chat(completion, message_id=message_id, model=body.model,
+                            stop_sequences=body.stop_sequences)
     response = answer(sched, call, message, replies=assistant_reply(message["content"]))
     response.headers["request-id"] = call.req.request_id
     return response
@@ -124,25 +136,49 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
 
 async def _events(sched: LiveScheduler, call: BoundCall, tr: MessageStreamer
                   ) -> AsyncIterator[bytes]:
-    """Anthropic's event stream of a streamed request. The resolver is told the reply before
+    """Anthropic's event stream of a streamed request: the engine's own events when it serves
+    ``/v1/messages`` itself (the message's ``id`` and ``model`` the gateway's), else the chat
+    chunks translated (:class:`MessageStreamer`). The resolver is told the reply before
     ``message_stop`` leaves, so that a client continuing at once finds the run; a failure
     mid-stream is an ``error`` event (Anthropic's shape) and fails a one-request run; a client
     that went away has its request abandoned at its node."""
     completed = False
+    started = False  # message_start has left (the engine's or the translation's)
+    native: EventContent | None = None
     try:
-        for ev in tr.start():
-            yield _sse(*ev)
         async for tok in sched.stream(call.req):
-            events = tr.feed_chunk(tok.chunk) if tok.chunk is not None else tr.feed_text(tok.text)
-            for ev in events:
-                yield _sse(*ev)
-        done = call.req.result
-        assert isinstance(done, Done)
-        final = tr.finish(done.finish_reason, input_tokens=done.input_tokens,
-                          output_tokens=done.output_tokens)
-        call_answered(sched, call, assistant_reply(tr.content))
-        for ev in final:
-            yield _sse(*ev)
+            ev = tok.chunk
+            if ev is not None and "type" in ev and "choices" not in ev:  # Anthropic's event
+                if native is None:
+                    native = EventContent()
+                started = True
+                kind = str(ev["type"])
+                if kind == "message_start":
+                    ev = {**ev, "message": {**(ev.get("message") or {}), "id": tr.message_id,
+                                            "model": tr.model}}
+                elif kind == "message_stop":
+                    call_answered(sched, call, assistant_reply(native.content))
+                native.feed(ev)
+                yield _sse(kind, ev)
+                continue
+            if not started:
+                started = True
+                for e in tr.start():
+                    yield _sse(*e)
+            events = tr.feed_chunk(ev) if ev is not None else tr.feed_text(tok.text)
+            for e in events:
+                yield _sse(*e)
+        if native is None:
+            if not started:
+                for e in tr.start():
+                    yield _sse(*e)
+            done = call.req.result
+            assert isinstance(done, Done)
+            final = tr.finish(done.finish_reason, input_tokens=done.input_tokens,
+                              output_tokens=done.output_tokens)
+            call_answered(sched, call, assistant_reply(tr.content))
+            for e in final:
+                yield _sse(*e)
         completed = True
         call_ended(sched, call)
     except SchedulerError as e:
