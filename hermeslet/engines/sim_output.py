@@ -58,6 +58,8 @@ import zlib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+import rstr
+
 from hermeslet.engines.base import EngineError
 
 #: the words plain text is made of (one word, with its leading space, per token)
@@ -560,9 +562,9 @@ def schema_instance(schema: Any, rng: random.Random) -> Any:
     array ``items``/``prefixItems``/``minItems``/``maxItems``/``uniqueItems``, ``anyOf``/
     ``oneOf`` (one branch picked: a ``oneOf`` whose branches overlap may match several),
     ``allOf`` (merged), ``$ref`` into ``$defs``/``definitions`` (recursion bounded: deep
-    levels generate only what is required). ``pattern`` is best effort: a string is sampled
-    from the regular expression (classes, groups, alternatives, repeats) and checked; when
-    that fails, a plain string is returned."""
+    levels generate only what is required). ``pattern``: a string drawn from the regular
+    expression (:func:`regex_sample`, ``rstr``) and checked against it and the length bounds;
+    when eight draws fail, a plain string is returned."""
     return _SchemaGen(schema, rng).value(schema, 0)
 
 
@@ -845,79 +847,16 @@ def _formatted(fmt: str, rng: random.Random) -> str | None:
     return None
 
 
-def regex_sample(pattern: str, rng: random.Random, *, max_repeat: int = 3) -> str | None:
-    """A string in which ``pattern`` is found (``re.search``), sampled from the regular
-    expression's parse tree; ``None`` when that fails (best effort: look-arounds and back
-    references are not honoured, the result is checked)."""
+def regex_sample(pattern: str, rng: random.Random) -> str | None:
+    """A string in which ``pattern`` is found (``re.search``), drawn from the regular
+    expression by ``rstr``'s ``xeger`` with ``rng`` (so one seed gives one string); ``None``
+    when the pattern does not compile or the draw does not match (``xeger`` emits nothing for
+    a look-ahead, so one that demands a character it did not draw fails the check)."""
     try:
-        # CPython's parse tree (3.11+): private modules, not in typeshed
-        from re import _constants as C  # type: ignore[attr-defined]  # noqa: N812
-        from re import _parser as P  # type: ignore[attr-defined]  # noqa: N812
-
-        tree = P.parse(pattern)
-    except Exception:
+        text = rstr.Rstr(rng).xeger(pattern)
+    except (re.error, ValueError, KeyError, IndexError, TypeError, RecursionError):
         return None
-
-    def one_of(items: list[Any]) -> str:
-        negate = any(op is C.NEGATE for op, _ in items)
-        chars: list[str] = []
-        for op, av in items:
-            if op is C.LITERAL:
-                chars.append(chr(av))
-            elif op is C.RANGE:
-                lo, hi = av
-                chars.extend(chr(c) for c in range(lo, min(hi, lo + 200) + 1))
-            elif op is C.CATEGORY:
-                chars.extend(_CATEGORY.get(str(av), ""))
-        if negate:
-            pool = [c for c in _ALNUM + " -_." if c not in chars]
-            return rng.choice(pool) if pool else "~"
-        return rng.choice(chars) if chars else "a"
-
-    def walk(seq: Any, groups: dict[int, str]) -> str:
-        out: list[str] = []
-        for op, av in seq:
-            if op is C.LITERAL:
-                out.append(chr(av))
-            elif op is C.NOT_LITERAL:
-                out.append(rng.choice([c for c in _ALNUM if ord(c) != av]))
-            elif op is C.ANY:
-                out.append(rng.choice(string.ascii_lowercase))
-            elif op is C.IN:
-                out.append(one_of(av))
-            elif op in (C.MAX_REPEAT, C.MIN_REPEAT, getattr(C, "POSSESSIVE_REPEAT", None)):
-                lo, hi, sub = av
-                hi = min(hi, lo + max_repeat)
-                out.extend(walk(sub, groups) for _ in range(rng.randint(lo, hi)))
-            elif op is C.SUBPATTERN:
-                gid, _, _, sub = av
-                text = walk(sub, groups)
-                if gid is not None:
-                    groups[gid] = text
-                out.append(text)
-            elif op is getattr(C, "ATOMIC_GROUP", None):
-                out.append(walk(av, groups))
-            elif op is C.BRANCH:
-                out.append(walk(rng.choice(av[1]), groups))
-            elif op is C.GROUPREF:
-                out.append(groups.get(av, ""))
-            elif op is C.CATEGORY:
-                out.append(rng.choice(_CATEGORY.get(str(av), "a")))
-            # AT (anchors), ASSERT, ASSERT_NOT: nothing to emit
-        return "".join(out)
-
-    try:
-        text = walk(tree, {})
-        return text if re.search(pattern, text) else None
-    except Exception:
-        return None
-
-
-_CATEGORY = {
-    "CATEGORY_DIGIT": string.digits, "CATEGORY_NOT_DIGIT": string.ascii_letters,
-    "CATEGORY_WORD": _ALNUM + "_", "CATEGORY_NOT_WORD": " -.,",
-    "CATEGORY_SPACE": " ", "CATEGORY_NOT_SPACE": _ALNUM,
-}
+    return text if re.search(pattern, text) else None
 
 
 # ---------------------------------------------------------------------------------- prompts
