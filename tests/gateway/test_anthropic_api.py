@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hermes.anthropic_wire import (
     MessagesBody,
@@ -299,3 +301,39 @@ def test_gateway_errors_take_anthropics_shape(make_gateway: Any, tmp_path: Path)
         error(http.post("/v1/messages/batches", json=ask, headers=h), 404, "not_found_error")
         assert http.post("/v1/chat/completions", json={}).json()["error"]["code"] == \
             "invalid_api_key"  # OpenAI's shape on OpenAI's routes
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                     | st.text(max_size=5),
+                     lambda kids: st.lists(kids, max_size=3)
+                     | st.dictionaries(st.text(max_size=5), kids, max_size=3), max_leaves=8)
+_block = st.fixed_dictionaries({"type": st.sampled_from(
+    ["text", "image", "tool_use", "tool_result", "thinking", "document", 3])},
+    optional={"text": _json, "id": _json, "name": _json, "input": _json, "tool_use_id": _json,
+              "content": _json | st.lists(st.fixed_dictionaries(
+                  {"type": st.sampled_from(["text", "image"])},
+                  optional={"text": _json, "source": _json}), max_size=2),
+              "source": _json | st.fixed_dictionaries(
+                  {"type": st.sampled_from(["base64", "url", "file"])},
+                  optional={"media_type": _json, "data": _json, "url": _json})})
+_turn = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "x"]),
+                               "content": st.text(max_size=5) | st.lists(_block, max_size=3)})
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(messages=st.lists(_turn, max_size=3) | _json,
+       extra=st.dictionaries(st.sampled_from(
+           ["system", "tools", "tool_choice", "stop_sequences", "metadata", "max_tokens",
+            "temperature", "top_k", "stream"]), _json, max_size=3))
+def test_any_body_is_answered_or_refused_by_name(messages: Any, extra: dict[str, Any]) -> None:
+    """Whatever the body, the edge either translates it or raises :class:`MessagesError`
+    (a 400 naming the field), never anything else (which would be a 500)."""
+    raw = {"model": MODEL, "max_tokens": 16, "messages": messages, **extra}
+    try:
+        b = parse_body(json.dumps(raw).encode(), MessagesBody)
+        assert isinstance(b, MessagesBody)
+        chat = to_chat(b)
+    except MessagesError as e:
+        assert e.status == 400 and str(e)
+        return
+    assert chat["messages"] and chat["max_tokens"] == b.max_tokens
