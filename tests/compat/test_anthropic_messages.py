@@ -172,5 +172,9 @@ def test_bad_requests_get_anthropic_errors(gateway: Any) -> None:
                               extra_body={"temperature": 1.5})
         with pytest.raises(anthropic.NotFoundError, match="no-such-model"):
             c.messages.create(model="no-such-model", max_tokens=16, messages=user)
+        # the engine's own refusal (prompt + max_tokens beyond its KV capacity), relayed
+        with pytest.raises(anthropic.BadRequestError, match="KV tokens") as e:
+            c.messages.create(model=CHAT_MODEL, max_tokens=131_072, messages=user, timeout=30)
+        assert e.value.body["error"]["type"] == "invalid_request_error"
         n = c.messages.count_tokens(model=CHAT_MODEL, messages=user, tools=TOOLS)
         assert n.input_tokens > 0
