@@ -224,6 +224,11 @@ class Submit(_Msg):
     #: (additive) the gateway's estimate of the prompt's tokens: what the node's KV gate
     #: counts (None: the node estimates it from ``body``)
     prompt_tokens: int | None = Field(default=None, ge=0)
+    #: (additive) the request in the API the client spoke when ``body`` is its translation:
+    #: ``{"endpoint": "messages", "body": {...}}`` (Anthropic's, without ``model``/``stream``).
+    #: An engine that serves that endpoint itself gets it instead of ``body``; its chunks and
+    #: answer are then that API's (Anthropic's events and ``message``)
+    native: dict[str, Any] | None = None
 
     def prompt_estimate(self) -> int:
         """The prompt's tokens as the gateway estimated them, else estimated from ``body``."""

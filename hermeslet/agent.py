@@ -40,7 +40,7 @@ from hermes import protocol as P
 from hermes.core.kv_gate import KvGate
 from hermes.core.ordering import KeyedQueue
 from hermes.core.prewarm import resource_kind, resource_model
-from hermeslet.engines.base import EngineAdapter, EngineError, GenChunk, GenResult
+from hermeslet.engines.base import Endpoint, EngineAdapter, EngineError, GenChunk, GenResult
 from hermeslet.kv_events import EngineKVFollower
 from hermeslet.placement import EngineLaunch, PlacementChange, parse_placement, plan_change
 from hermeslet.tools import ToolRunner
@@ -608,12 +608,17 @@ class HermesLet:
         ttft: float | None = None
         prio = sub.priority if sub.priority is not None else \
             P.key_to_priority(key, self.priority_scale)
+        endpoint: Endpoint = sub.endpoint
         body = {**sub.body, "model": sub.model}
+        if sub.native is not None and sub.native.get("endpoint") == "messages" \
+                and "messages" in eng.native_endpoints:
+            endpoint = "messages"  # the client's API, served as it was sent
+            body = {**(sub.native.get("body") or {}), "model": sub.model}
         load_err: str | None = None
         try:
             load_err = await self._ensure_adapter(slot, sub.model)
             result: GenResult | None = None
-            async for out in eng.generate(sub.endpoint, body, sub.stream,
+            async for out in eng.generate(endpoint, body, sub.stream,
                                           request_id=sub.request_id, priority=prio):
                 if isinstance(out, GenChunk):
                     if ttft is None:

@@ -2,7 +2,8 @@
 
 - ``hermeslet run --scheduler tcp://HOST:PORT --node NAME --engine sim|openai:URL|vllm[:URL]
   [--model M] [--max-inflight N] [--time-scale X] [--metrics-port P]`` connects to a scheduler
-  and serves (Prometheus metrics on ``--metrics-port``). ``--placement FILE
+  and serves (Prometheus metrics on ``--metrics-port``; ``--messages-api native``: openai/vllm
+  servers get Anthropic's ``/v1/messages`` as sent). ``--placement FILE
   [--placement-engine sim|vllm]`` serves the engines of a placement plan (``hermes plan
   placement --emit FILE``) instead of ``--engine``: built-in engines with the planner's costs
   (``--time-scale``), or vLLM servers on the plan's GPUs; ``SIGHUP`` re-reads FILE and applies
@@ -96,6 +97,11 @@ def _parser() -> argparse.ArgumentParser:
                    "needs a multiple of 32; default %(default)s)")
     r.add_argument("--priority", action=argparse.BooleanOptionalAction, default=None,
                    help="pass vLLM `priority` (default: on for vllm and sim, off for openai)")
+    r.add_argument("--messages-api", dest="messages_api", choices=("translate", "native"),
+                   default="translate",
+                   help="openai/vllm engines: Anthropic's /v1/messages goes to the server as "
+                        "sent (native: it serves /v1/messages itself, as vLLM does) or "
+                        "translated to chat completions (default; sim engines always are)")
     r.add_argument("--enable-lora", action="store_true", help="vllm: --enable-lora")
     r.add_argument("--max-loras", type=positive_int, default=4, help="vllm: --max-loras")
     r.add_argument("--max-cpu-loras", type=positive_int, default=None, metavar="N",
@@ -203,6 +209,8 @@ def build_agent(args: argparse.Namespace) -> HermesLet:
         kw: dict[str, Any] = {}
         if args.priority is not None:
             kw["use_priority"] = args.priority
+        if kind in ("openai", "vllm"):
+            kw["messages_api"] = getattr(args, "messages_api", "translate")
         if kind == "sim":
             from hermes.core.costmodel import get_cost_model
 

@@ -4,9 +4,12 @@
 ``POST /v1/completions`` and ``/v1/chat/completions`` (``stream: true`` as server-sent events
 in OpenAI's chunk format, ``stream_options.include_usage`` honoured), ``POST /v1/embeddings``
 (an engine started with ``--task embed``), ``GET /v1/models`` (the
-base model and loaded LoRA adapters, with ``parent``), the ``priority`` field (vLLM's
+base model and loaded LoRA adapters, with ``parent``), ``POST /v1/messages`` (Anthropic's
+Messages API, plain and streamed, translated to the engine's chat completions and back as
+vLLM does: :mod:`hermes.anthropic_wire`), the ``priority`` field (vLLM's
 ``--scheduling-policy priority``), ``POST /v1/load_lora_adapter`` / ``unload_lora_adapter``,
-``GET /metrics`` (vLLM metric names) and ``GET /health``. Errors use OpenAI's error JSON.
+``GET /metrics`` (vLLM metric names, and ``hermes_sim_requests_total`` by route) and
+``GET /health``. Errors use OpenAI's error JSON.
 A client that disconnects aborts its request in the engine, as in vLLM.
 
 The bodies are the engine's own objects (:attr:`GenChunk.chunk` for each server-sent event,
@@ -33,6 +36,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from hermes import anthropic_wire as wire
+from hermes.anthropic_wire import MessagesBody, MessagesError, validate_body
 from hermeslet.engines.base import EngineError, GenChunk, GenResult, Task
 from hermeslet.engines.sim_engine import SimEngine
 from hermeslet.engines.sim_output import AgentBehaviour
@@ -51,8 +56,9 @@ def error_response(status: int, message: str, type_: str | None = None) -> JSONR
 class _EngineCollector:
     """Prometheus collector reading the engine's state at scrape time (vLLM names)."""
 
-    def __init__(self, engine: SimEngine) -> None:
+    def __init__(self, engine: SimEngine, served: dict[str, int]) -> None:
         self.engine = engine
+        self.served = served
 
     def collect(self) -> Iterator[Metric]:
         m = self.engine.stats()
@@ -80,6 +86,11 @@ class _EngineCollector:
         yield counter("vllm:prompt_tokens", "Prompt tokens.", x["prompt_tokens"])
         yield counter("vllm:generation_tokens", "Generated tokens.", x["generation_tokens"])
         yield counter("vllm:request_success", "Finished requests.", x["request_success"])
+        by_route = CounterMetricFamily("hermes_sim_requests", "Requests received, by route.",
+                                       labels=["route"])
+        for route, n in sorted(self.served.items()):
+            by_route.add_metric([route], n)
+        yield by_route
 
 
 def create_app(engine: SimEngine) -> FastAPI:
@@ -93,8 +104,13 @@ def create_app(engine: SimEngine) -> FastAPI:
 
     app = FastAPI(title="Hermes simulated engine (vLLM-compatible)", lifespan=lifespan)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_EngineCollector(engine))
+    served: dict[str, int] = {}  # requests received by route (hermes_sim_requests_total)
+    registry.register(_EngineCollector(engine, served))
     app.state.engine = engine
+
+    def count(request: Request) -> None:
+        """(not a middleware: Starlette's would hide a client's disconnect from the routes)"""
+        served[request.url.path] = served.get(request.url.path, 0) + 1
 
     @app.get("/health")
     async def health() -> Response:
@@ -154,6 +170,41 @@ def create_app(engine: SimEngine) -> FastAPI:
     async def embeddings(request: Request) -> Response:
         return await _serve(request, "embeddings")
 
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        """Anthropic's Messages API, answered as vLLM does: translated to a chat completion
+        of the engine, and back (:mod:`hermes.anthropic_wire`); errors in Anthropic's shape."""
+        count(request)
+        try:
+            body = validate_body(await request.body(), MessagesBody)
+        except MessagesError as e:
+            return JSONResponse(wire.error_body(e.status, str(e)), status_code=e.status)
+        assert isinstance(body, MessagesBody)
+        try:
+            chat = {**wire.to_chat(body), "model": body.model}
+        except MessagesError as e:
+            return JSONResponse(wire.error_body(e.status, str(e)), status_code=e.status)
+        mid = "msg_" + (request.headers.get("x-request-id") or uuid.uuid4().hex)
+        gen = engine.generate("chat", chat, body.stream, request_id=mid)
+        if body.stream:
+            try:
+                first = await anext(gen)
+            except EngineError as e:
+                code = e.status or 500
+                return JSONResponse(wire.error_body(code, str(e)), status_code=wire.status(code))
+            tr = wire.MessageStreamer(message_id=mid, model=body.model,
+                                      input_tokens=wire.count_tokens(body),
+                                      stop_sequences=body.stop_sequences)
+            return StreamingResponse(_message_events(tr, first, gen),
+                                     media_type="text/event-stream")
+        try:
+            res = await _collect(gen)
+        except EngineError as e:
+            code = e.status or 500
+            return JSONResponse(wire.error_body(code, str(e)), status_code=wire.status(code))
+        return JSONResponse(wire.from_chat(res.response or {}, message_id=mid, model=body.model,
+                                           stop_sequences=body.stop_sequences))
+
     async def _json(request: Request) -> dict[str, Any] | Response:
         try:
             body = await request.json()
@@ -164,6 +215,7 @@ def create_app(engine: SimEngine) -> FastAPI:
         return body
 
     async def _serve(request: Request, endpoint: str) -> Response:
+        count(request)
         body = await _json(request)
         if isinstance(body, Response):
             return body
@@ -256,6 +308,33 @@ async def _sse(endpoint: str, rid: str, model: str, first: GenChunk | GenResult,
     except EngineError as e:
         err = {"error": {"message": str(e), "type": "InternalServerError", "code": 500}}
         yield event(err)
+    finally:
+        await gen.aclose()  # client gone: aborts the request in the engine
+
+
+async def _message_events(tr: wire.MessageStreamer, first: GenChunk | GenResult,
+                          gen: AsyncGenerator[GenChunk | GenResult, None]
+                          ) -> AsyncIterator[bytes]:
+    """The engine's chat chunks as Anthropic's event stream; an engine error mid-stream is an
+    ``error`` event."""
+    def event(kind: str, data: dict[str, Any]) -> bytes:
+        return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
+    try:
+        for e in tr.start():
+            yield event(*e)
+        item: GenChunk | GenResult | None = first
+        while isinstance(item, GenChunk):
+            for e in tr.feed_chunk(item.chunk) if item.chunk is not None else \
+                    tr.feed_text(item.text):
+                yield event(*e)
+            item = await anext(gen, None)
+        if item is not None:
+            for e in tr.finish(item.finish_reason, input_tokens=item.input_tokens,
+                               output_tokens=item.output_tokens):
+                yield event(*e)
+    except EngineError as e:
+        yield event("error", wire.error_body(e.status or 500, str(e)))
     finally:
         await gen.aclose()  # client gone: aborts the request in the engine
 

@@ -24,7 +24,14 @@ from typing import Any
 import zmq.asyncio
 from fastapi import FastAPI
 
-from hermes.gateway.api import admin_api, apps_api, openai_api, responses_api, runs_api
+from hermes.gateway.api import (
+    admin_api,
+    anthropic_api,
+    apps_api,
+    openai_api,
+    responses_api,
+    runs_api,
+)
 from hermes.gateway.api.errors import install_error_handlers
 from hermes.gateway.api.fastpath import OpenAIFastPath
 from hermes.gateway.auth import install_security
@@ -69,10 +76,11 @@ def make_engine_adapter(e: EngineConfig, time_scale: float) -> Any:
                           time_scale=time_scale, setup=e.cost_model, **kv, **task)
     elif e.kind == "openai":
         eng = make_engine(f"openai:{e.url}", name=e.name, model=e.model or None,
-                          max_inflight=e.max_inflight, task=e.task)
+                          max_inflight=e.max_inflight, task=e.task, messages_api=e.messages_api)
     else:
         eng = make_engine(f"vllm:{e.url}" if e.url else "vllm", name=e.name,
-                          model=e.model or None, max_inflight=e.max_inflight, task=e.task)
+                          model=e.model or None, max_inflight=e.max_inflight, task=e.task,
+                          messages_api=e.messages_api)
     for lora in e.loras:
         if lora not in eng.loras:
             eng.loras.append(lora)
@@ -189,7 +197,8 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     app.include_router(apps_api.router)
     app.include_router(openai_api.router)
     app.include_router(responses_api.router)  # POST /v1/responses, translated to chat
+    app.include_router(anthropic_api.router)  # POST /v1/messages (Anthropic's Messages API)
     app.state.metrics = GatewayMetrics()  # its own registry: several apps per process
     admin_api.install(app)  # /admin/... (HERMES_ADMIN_TOKEN) and GET /metrics
-    install_error_handlers(app)  # every error in OpenAI's shape
+    install_error_handlers(app)  # every error in OpenAI's shape (Anthropic's on /v1/messages)
     return app

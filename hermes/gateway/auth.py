@@ -42,7 +42,7 @@ from typing import Any
 from fastapi import HTTPException, Request
 
 from hermes.core.limits import Admission, TenantLimits, TokenBucket
-from hermes.gateway.errors import error_body
+from hermes.gateway.errors import wire_error
 from hermes.gateway.keys import (
     AuthError,
     FileKeyStore,  # noqa: F401 - its old import path (hermes.cli.keys uses it)
@@ -317,9 +317,12 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, f"request body is over the limit of {limit} bytes")
 
 
-def _json_error(status: int, message: str, code: str, headers: list[tuple[bytes, bytes]] | None = None
-                ) -> tuple[dict, bytes]:
-    body = json.dumps(error_body(status, message, code=code)).encode()
+def _json_error(status: int, message: str, code: str, headers: list[tuple[bytes, bytes]] | None = None,
+                path: str = "") -> tuple[dict, bytes]:
+    """The answer's start and body, in the error shape of ``path``'s API
+    (:func:`hermes.gateway.errors.wire_error`)."""
+    status, err = wire_error(path, status, message, code=code)
+    body = json.dumps(err).encode()
     hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     hdrs += headers or []
     return {"type": "http.response.start", "status": status, "headers": hdrs}, body
@@ -334,8 +337,8 @@ class SecurityMiddleware:
         self._last_limits = 0.0
 
     async def _reply(self, send: Any, status: int, message: str, code: str,
-                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
-        start, body = _json_error(status, message, code, headers)
+                     headers: list[tuple[bytes, bytes]] | None = None, path: str = "") -> None:
+        start, body = _json_error(status, message, code, headers, path)
         await send(start)
         await send({"type": "http.response.body", "body": body})
 
@@ -344,6 +347,7 @@ class SecurityMiddleware:
             await self.app(scope, receive, send)
             return
         sec = self.security
+        path: str = scope.get("path", "")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         limit = sec.max_body_bytes
         clen = headers.get("content-length")
@@ -351,13 +355,12 @@ class SecurityMiddleware:
             try:
                 n = int(clen)
             except ValueError:
-                await self._reply(send, 400, "bad Content-Length header", "invalid_request")
+                await self._reply(send, 400, "bad Content-Length header", "invalid_request", path=path)
                 return
             if n > limit:
                 await self._reply(send, 413, f"request body of {n} bytes is over the limit of "
-                                  f"{limit} bytes", "body_too_large")
+                                  f"{limit} bytes", "body_too_large", path=path)
                 return
-        path: str = scope.get("path", "")
         public = path.startswith(PUBLIC_PATHS) or path.startswith("/admin")
         tenant: str | None = None
         if sec.auth_on and not public:
@@ -370,12 +373,12 @@ class SecurityMiddleware:
                 await self._reply(send, 429, "too many failed API-key checks from this "
                                   "client or for this key id (or too many checks in "
                                   "progress); retry later", "auth_throttled",
-                                  [(b"retry-after", retry.encode())])
+                                  [(b"retry-after", retry.encode())], path=path)
                 return
             if tenant is None:
                 await self._reply(send, 401, "missing or invalid API key (Authorization: "
-                                  "Bearer hk-...)", "invalid_api_key",
-                                  [(b"www-authenticate", b"Bearer")])
+                                  "Bearer hk-... or X-API-Key: hk-...)", "invalid_api_key",
+                                  [(b"www-authenticate", b"Bearer")], path=path)
                 return
         admitted_as: str | None = None
         if not public:
@@ -390,7 +393,7 @@ class SecurityMiddleware:
             ok, wait, reason = sec.admission.admit(who, now)
             if not ok:
                 retry = str(max(1, math.ceil(wait))) if math.isfinite(wait) else "60"
-                await self._reply(send, 429, reason, "rate_limited", [(b"retry-after", retry.encode())])
+                await self._reply(send, 429, reason, "rate_limited", [(b"retry-after", retry.encode())], path=path)
                 return
             admitted_as = who
         scope.setdefault("state", {})["tenant"] = tenant
@@ -419,7 +422,7 @@ class SecurityMiddleware:
         except BodyTooLarge:
             if not started:
                 await self._reply(send, 413, f"request body is over the limit of {limit} bytes",
-                                  "body_too_large")
+                                  "body_too_large", path=path)
         finally:
             current_tenant.reset(token)
             if admitted_as is not None:

@@ -149,6 +149,18 @@ class EngineConfig(_Section):
     #: ``generate`` (chat and text completions) or ``embed`` (``/v1/embeddings``; a ``sim``
     #: engine then serves the built-in deterministic embedding model)
     task: Literal["generate", "embed"] = "generate"
+    #: Anthropic's ``/v1/messages``: ``translate`` it to chat completions for this engine, or
+    #: pass it ``native`` (an ``openai``/``vllm`` server that serves ``/v1/messages``, as vLLM
+    #: does); a ``sim`` engine always translates
+    messages_api: Literal["translate", "native"] = "translate"
+
+    @model_validator(mode="after")
+    def _native_needs_a_server(self) -> EngineConfig:
+        if self.messages_api == "native" and self.kind == "sim":
+            raise ValueError(f"engine {self.name!r}: messages_api = \"native\" needs an "
+                             "openai or vllm engine (a sim engine answers /v1/messages "
+                             "translated)")
+        return self
 
 
 class AppsConfig(_Section):

@@ -91,8 +91,10 @@ class Dispatcher(RunObserver):
         endpoint: Literal["chat", "completions", "embeddings"],
         body: dict[str, Any],
         stream: bool = False,
+        native: dict[str, Any] | None = None,
     ) -> PendingRequest:
-        """Queue an LLM request of ``run`` (in ``inv``) at the least-loaded engine of ``model``."""
+        """Queue an LLM request of ``run`` (in ``inv``) at the least-loaded engine of ``model``
+        (``native``: the request in the client's own API, :attr:`hermes.protocol.Submit.native`)."""
         if run.status not in ACTIVE:
             raise RunNotActive(f"run {run.run_id!r} is {run.status}")
         if not self.nodes.nodes:
@@ -106,7 +108,7 @@ class Dispatcher(RunObserver):
         key = policy_key(self.ctx.policy, run.state, view, now)
         msg = Submit(
             request_id=rid, run_id=run.run_id, unit=inv.unit, model=model, endpoint=endpoint,
-            body=body, stream=stream, key=list(key), prompt_tokens=prompt_tokens,
+            body=body, stream=stream, key=list(key), prompt_tokens=prompt_tokens, native=native,
         )
         req = PendingRequest(
             request_id=rid, run=run, inv=inv, kind="llm", msg=msg, view=view, key=key,

@@ -1,18 +1,23 @@
-"""The errors of the gateway's services, and the one wire shape every gateway error takes.
+"""The errors of the gateway's services, and the wire shapes gateway errors take.
 
 Services (the run registry, dispatch, hosted apps) raise :class:`SchedulerError` subclasses;
 each carries the HTTP ``status``, the OpenAI error ``code`` and the request field at fault
 (``param``) that the edge answers with (:mod:`hermes.gateway.api.errors`). :func:`error_body`
 is OpenAI's error object, ``{"error": {"message", "type", "param", "code"}}``: the edge and the
 security middleware (which answers before any route runs) both build their errors with it, so
-that an SDK reports what happened rather than a parse failure.
+that an SDK reports what happened rather than a parse failure. On the routes of Anthropic's
+Messages API (``/v1/messages...``) every error takes Anthropic's shape instead,
+``{"type": "error", "error": {"type", "message"}}`` (:func:`wire_error` picks by path).
 
-Pure: no FastAPI, no I/O; imports nothing of the gateway.
+Pure: no FastAPI, no I/O; imports nothing of the gateway (Anthropic's error shape is
+:mod:`hermes.anthropic_wire`'s).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from hermes import anthropic_wire
 
 #: OpenAI's error ``type`` by HTTP status
 ERROR_TYPES: dict[int, str] = {
@@ -33,6 +38,19 @@ def error_body(status: int, message: str, *, param: str | None = None, code: str
     """An error in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
     return {"error": {"message": message, "type": type_ or error_type(status), "param": param,
                       "code": code}}
+
+
+#: the routes of Anthropic's Messages API: their errors take Anthropic's shape
+ANTHROPIC_PATH = "/v1/messages"
+
+
+def wire_error(path: str, status: int, message: str, *, param: str | None = None,
+               code: str | None = None, type_: str | None = None) -> tuple[int, dict[str, Any]]:
+    """``(status, body)`` of an error answered on ``path``: Anthropic's shape on the Messages
+    API's routes, OpenAI's everywhere else."""
+    if path.startswith(ANTHROPIC_PATH):
+        return anthropic_wire.status(status), anthropic_wire.error_body(status, message)
+    return status, error_body(status, message, param=param, code=code, type_=type_)
 
 
 class SchedulerError(Exception):

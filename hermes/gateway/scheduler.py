@@ -367,9 +367,10 @@ class LiveScheduler:
 
     async def submit_llm(self, run: LiveRun, inv: UnitInvocation, *, model: str,
                          endpoint: Literal["chat", "completions", "embeddings"],
-                         body: dict[str, Any], stream: bool = False) -> PendingRequest:
+                         body: dict[str, Any], stream: bool = False,
+                         native: dict[str, Any] | None = None) -> PendingRequest:
         return await self.dispatch.submit_llm(run, inv, model=model, endpoint=endpoint,
-                                              body=body, stream=stream)
+                                              body=body, stream=stream, native=native)
 
     async def submit_tool(self, run: LiveRun, inv: UnitInvocation, *, backend: str,
                           code: str | None = None, command: list[str] | None = None,

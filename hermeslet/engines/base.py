@@ -26,7 +26,8 @@ from hermeslet.kv_events import KVEventsSource
 
 log = logging.getLogger("hermeslet.engines")
 
-Endpoint = Literal["chat", "completions", "embeddings"]
+#: ``messages``: Anthropic's Messages API, for an engine that lists it in ``native_endpoints``
+Endpoint = Literal["chat", "completions", "embeddings", "messages"]
 #: what runs behind an adapter: the built-in engine, an OpenAI-compatible server, vLLM
 EngineKind = Literal["sim", "openai", "vllm"]
 #: what an engine's model does: ``generate`` (chat and text completions) or ``embed``
@@ -110,6 +111,10 @@ class EngineAdapter(ABC):
         self.kv_gate_tokens: int | None = None
         #: a gate was asked for without a budget, and the capacity is not known yet
         self.kv_gate_pending = False
+        #: the client APIs the engine serves itself beside its task's endpoints (e.g.
+        #: ``messages``: Anthropic's ``/v1/messages``): a request carrying its client's body
+        #: (:attr:`hermes.protocol.Submit.native`) goes to it as sent, untranslated
+        self.native_endpoints: frozenset[str] = frozenset()
 
     async def start(self) -> None:
         """Get ready to serve (launch, connect, learn the model name). Default: nothing."""

@@ -19,7 +19,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import aiohttp
 
@@ -42,7 +42,9 @@ _HTTP_OR_BODY_ERRORS: tuple[type[BaseException], ...] = (*HTTP_ERRORS, ValueErro
 _SHORT = aiohttp.ClientTimeout(total=2.0)
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
-          "embeddings": "/v1/embeddings"}
+          "embeddings": "/v1/embeddings", "messages": "/v1/messages"}
+#: the Anthropic protocol version asked of a server's ``/v1/messages`` (what every SDK sends)
+ANTHROPIC_VERSION = "2023-06-01"
 
 
 def _choice_text(choice: dict[str, Any], chat: bool) -> str:
@@ -113,9 +115,14 @@ class OpenAIHTTPEngine(EngineAdapter):
         timeout_s: float = 600.0,
         session: aiohttp.ClientSession | None = None,
         task: Task = "generate",
+        messages_api: Literal["translate", "native"] = "translate",
     ) -> None:
         super().__init__(name=name, model=model, max_inflight=max_inflight,
                          use_priority=use_priority, task=task)
+        if messages_api not in ("translate", "native"):
+            raise ValueError(f"messages_api must be 'translate' or 'native', not {messages_api!r}")
+        if messages_api == "native":  # the server answers /v1/messages itself (vLLM does)
+            self.native_endpoints = frozenset(("messages",))
         self.url = url.rstrip("/")
         if self.url.endswith("/v1"):
             self.url = self.url[:-3]
@@ -269,6 +276,10 @@ class OpenAIHTTPEngine(EngineAdapter):
             path = _PATHS[endpoint]
         except KeyError:
             raise EngineError(f"unknown endpoint {endpoint!r}") from None
+        if endpoint == "messages":
+            async for item in self._messages(body, stream, request_id, priority):
+                yield item
+            return
         payload = json.dumps(self._body(body, stream, priority)).encode()
         headers = {"X-Request-Id": request_id, "Content-Type": "application/json"}
         try:
@@ -340,4 +351,72 @@ class OpenAIHTTPEngine(EngineAdapter):
             raise EngineError(f"engine {self.url}: {type(e).__name__}: {e}",
                               retryable=True) from e
         except ValueError as e:  # a body that is not JSON
+            raise EngineError(f"engine {self.url}: bad response: {e}", retryable=True) from e
+
+    async def _messages(self, body: dict[str, Any], stream: bool, request_id: str,
+                        priority: int | None) -> AsyncGenerator[GenChunk | GenResult, None]:
+        """Anthropic's ``/v1/messages`` as the server answers it: each event of a stream is a
+        :class:`GenChunk` (``chunk``: the event; ``text``: a ``text_delta``'s text), the
+        ``message`` (or the stream's usage and ``stop_reason``) the :class:`GenResult`; an
+        ``error`` (HTTP or event) an :class:`EngineError` with the server's message."""
+        out = {**body, "model": body.get("model") or self.model, "stream": stream}
+        if self.use_priority and priority is not None:
+            out["priority"] = priority
+        headers = {"X-Request-Id": request_id, "Content-Type": "application/json",
+                   "anthropic-version": ANTHROPIC_VERSION}
+        try:
+            async with self._http().post("/v1/messages", data=json.dumps(out).encode(),
+                                         headers=headers) as r:
+                if r.status != 200:
+                    raise self._error(r.status, (await r.read()).decode(errors="replace"))
+                if not stream:
+                    j = json.loads(await r.read())
+                    used = j.get("usage") or {}
+                    yield GenResult(
+                        input_tokens=int(used.get("input_tokens") or 0),
+                        output_tokens=int(used.get("output_tokens") or 0),
+                        text="".join(b.get("text", "") for b in j.get("content") or ()
+                                     if isinstance(b, dict) and b.get("type") == "text"),
+                        finish_reason=j.get("stop_reason"), response=j)
+                    return
+                usage: dict[str, Any] = {}
+                finish: str | None = None
+                parts: list[str] = []
+                n_out = 0
+                async for raw_line in r.content:
+                    line = raw_line.decode().strip()
+                    if not line.startswith("data:"):
+                        continue  # the ``event:`` line repeats the data's type
+                    ev = json.loads(line[5:].strip())
+                    if not isinstance(ev, dict):
+                        raise ValueError(f"a stream event is not a JSON object: {line[:200]}")
+                    kind = ev.get("type")
+                    if kind == "error":
+                        err = ev.get("error") or {}
+                        raise EngineError(f"engine error mid-stream: {err.get('message')}",
+                                          retryable=False, status=500)
+                    if kind == "message_start":
+                        usage.update((ev.get("message") or {}).get("usage") or {})
+                    elif kind == "message_delta":
+                        usage.update({k: v for k, v in (ev.get("usage") or {}).items()
+                                      if v is not None})
+                        finish = (ev.get("delta") or {}).get("stop_reason") or finish
+                    text = ""
+                    produced = 0
+                    if kind == "content_block_delta":
+                        delta = ev.get("delta") or {}
+                        text = delta.get("text", "") if delta.get("type") == "text_delta" else ""
+                        produced = 1
+                    parts.append(text)
+                    n_out += produced
+                    yield GenChunk(text=text, n_tokens=produced, chunk=ev)
+                    if kind == "message_stop":
+                        break
+                yield GenResult(input_tokens=int(usage.get("input_tokens") or 0),
+                                output_tokens=int(usage.get("output_tokens") or n_out),
+                                text="".join(parts), finish_reason=finish)
+        except HTTP_ERRORS as e:
+            raise EngineError(f"engine {self.url}: {type(e).__name__}: {e}",
+                              retryable=True) from e
+        except ValueError as e:
             raise EngineError(f"engine {self.url}: bad response: {e}", retryable=True) from e

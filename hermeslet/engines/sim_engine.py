@@ -47,9 +47,12 @@ exactly the tokens of the answer it planned, so timing stays the engine model's.
   the KV cache hold ``n`` sequences, and ``completion_tokens`` is the sum over the choices
   (each sequence prefills the prompt; ``prompt_tokens`` is reported once).
 - **Streaming**: the adapter yields OpenAI chunk objects (:attr:`GenChunk.chunk`): for chat a
-  first chunk per choice with ``delta: {"role": "assistant", "content": ""}``, then one chunk
-  per choice and engine iteration with that iteration's tokens (content, ``tool_calls`` deltas
-  by call index, logprobs), then a chunk with the choice's ``finish_reason`` (the first and
+  first chunk per choice with ``delta: {"role": "assistant", "content": ""}``, then per choice
+  and engine iteration that iteration's tokens (content, ``tool_calls`` deltas by call index,
+  logprobs) in chunks as OpenAI's service sends them: one tool call a chunk, its ``id`` and
+  ``function.name`` first (``arguments: ""``), then its argument pieces
+  (:func:`~hermeslet.engines.sim_output.stream_spans`), then a chunk with the choice's
+  ``finish_reason`` (the first and
   last have ``n_tokens=0``). The final :class:`GenResult` always carries the whole answer
   (``response``: ``chat.completion`` or ``text_completion`` with usage).
 - **Embeddings** (an engine with ``task="embed"``, ``hermeslet sim-engine --task embed``):
@@ -121,6 +124,7 @@ from hermeslet.engines.sim_output import (
     response,
     role_chunk,
     stream_chunk,
+    stream_spans,
     text_tokens,
 )
 from hermeslet.kv_events import KVEventPublisher
@@ -367,7 +371,8 @@ class SimEngine(EngineAdapter):
                 if stream and pos[i] > start:
                     if start == 0 and (first := role_chunk(plan, i, env)) is not None:
                         yield GenChunk(text="", n_tokens=0, chunk=first)
-                    yield self._chunk(plan, i, start, pos[i], env)
+                    for a, b in stream_spans(plan, i, start, pos[i]):
+                        yield self._chunk(plan, i, a, b, env)
             self._forget(request_id)
             c0 = plan.choices[0]
             yield GenResult(input_tokens=n_in, output_tokens=plan.output_tokens,

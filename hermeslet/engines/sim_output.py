@@ -4,7 +4,8 @@ Pure functions (no I/O, no clock, no asyncio): given an endpoint, a request body
 :class:`random.Random`, :func:`plan_output` decides what a real model would have produced,
 token by token, so that the engine model can decode exactly that many tokens and agent
 frameworks (tool loops, structured outputs, logprobs, ``n`` choices) get well-formed answers.
-:func:`stream_chunk`, :func:`role_chunk`, :func:`finish_chunk` and :func:`response` build the
+:func:`stream_chunk` (over the spans of :func:`stream_spans`: one tool call a chunk, its id
+and name first), :func:`role_chunk`, :func:`finish_chunk` and :func:`response` build the
 OpenAI objects the client sees; :func:`embedding_response` answers ``/v1/embeddings``.
 
 The behaviour (the documented contract; :mod:`hermeslet.engines.sim_engine` repeats it for
@@ -30,7 +31,8 @@ users):
   words with finish ``length`` whatever else is asked (the load generators rely on it);
   ``min_tokens`` lengthens a natural answer. ``stop`` strings end a text at their first
   occurrence (after ``min_tokens`` tokens, as vLLM), finish ``stop``, the stop string not
-  included; the token in which it begins is the last one counted.
+  included; the token in which it begins is the last one counted. The choice then names the
+  string in ``stop_reason``, as vLLM does (what Anthropic's ``stop_sequence`` reports).
 - **Tokens**: a text word, a ~4-character piece of JSON text or of a tool call's arguments, and
   a tool call's name are one token each. Prompts count ``ceil(chars / 4)`` of all message text
   (tool calls in the history and the tools' JSON included) plus 4 per message.
@@ -55,6 +57,8 @@ import struct
 import zlib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
+
+import rstr
 
 from hermeslet.engines.base import EngineError
 
@@ -162,6 +166,7 @@ class ChoicePlan:
     finish_reason: str
     tool_calls: list[ToolCall] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # per content token, when asked
+    stop: str | None = None  # the stop string the text ended at (vLLM's ``stop_reason``)
     _offsets: list[int] | None = field(default=None, repr=False, compare=False)
 
     def text_offset(self, i: int) -> int:
@@ -409,7 +414,8 @@ def _plan_choice(index: int, req: _Request, beh: AgentBehaviour, rng: random.Ran
     if req.ignore_eos:
         tokens = [Token("text", " " + rng.choice(VOCAB)) for _ in range(req.cap)]
         tokens, stopped = _stopped(tokens, req)
-        return _with_logprobs(ChoicePlan(index, tokens, "stop" if stopped else "length"),
+        return _with_logprobs(ChoicePlan(index, tokens, "stop" if stopped else "length",
+                                         stop=stopped),
                               req, rng)
     if _calls_tools(req, beh, rng):
         return _plan_calls(index, req, beh, rng)
@@ -426,7 +432,8 @@ def _plan_choice(index: int, req: _Request, beh: AgentBehaviour, rng: random.Ran
     if len(tokens) > req.cap:
         tokens, finish = tokens[:req.cap], "length"
     tokens, stopped = _stopped(tokens, req)
-    return _with_logprobs(ChoicePlan(index, tokens, "stop" if stopped else finish), req, rng)
+    return _with_logprobs(ChoicePlan(index, tokens, "stop" if stopped else finish,
+                                     stop=stopped), req, rng)
 
 
 def _natural_length(beh: AgentBehaviour, rng: random.Random) -> int:
@@ -437,20 +444,21 @@ def _natural_length(beh: AgentBehaviour, rng: random.Random) -> int:
     return max(1, round(rng.lognormvariate(mu, sigma)))
 
 
-def _stopped(tokens: list[Token], req: _Request) -> tuple[list[Token], bool]:
+def _stopped(tokens: list[Token], req: _Request) -> tuple[list[Token], str | None]:
     """``tokens`` cut before the first stop string that ends after ``min_tokens`` tokens
-    (the token it begins in is kept, shortened); whether one was found."""
+    (the token it begins in is kept, shortened); the stop string found (``None``: none)."""
     if not req.stops:
-        return tokens, False
+        return tokens, None
     text = "".join(t.text for t in tokens)
     floor = sum(len(t.text) for t in tokens[:req.min_tokens])
     best = -1
+    matched: str | None = None
     for s in req.stops:
         at = text.find(s, max(0, floor - len(s) + 1))
         if at >= 0 and (best < 0 or at < best):
-            best = at
+            best, matched = at, s
     if best < 0:
-        return tokens, False
+        return tokens, None
     out: list[Token] = []
     pos = 0
     for t in tokens:
@@ -460,7 +468,7 @@ def _stopped(tokens: list[Token], req: _Request) -> tuple[list[Token], bool]:
             break
         out.append(t)
         pos = end
-    return out, True
+    return out, matched
 
 
 def _calls_tools(req: _Request, beh: AgentBehaviour, rng: random.Random) -> bool:
@@ -554,9 +562,9 @@ def schema_instance(schema: Any, rng: random.Random) -> Any:
     array ``items``/``prefixItems``/``minItems``/``maxItems``/``uniqueItems``, ``anyOf``/
     ``oneOf`` (one branch picked: a ``oneOf`` whose branches overlap may match several),
     ``allOf`` (merged), ``$ref`` into ``$defs``/``definitions`` (recursion bounded: deep
-    levels generate only what is required). ``pattern`` is best effort: a string is sampled
-    from the regular expression (classes, groups, alternatives, repeats) and checked; when
-    that fails, a plain string is returned."""
+    levels generate only what is required). ``pattern``: a string drawn from the regular
+    expression (:func:`regex_sample`, ``rstr``) and checked against it and the length bounds;
+    when eight draws fail, a plain string is returned."""
     return _SchemaGen(schema, rng).value(schema, 0)
 
 
@@ -839,79 +847,16 @@ def _formatted(fmt: str, rng: random.Random) -> str | None:
     return None
 
 
-def regex_sample(pattern: str, rng: random.Random, *, max_repeat: int = 3) -> str | None:
-    """A string in which ``pattern`` is found (``re.search``), sampled from the regular
-    expression's parse tree; ``None`` when that fails (best effort: look-arounds and back
-    references are not honoured, the result is checked)."""
+def regex_sample(pattern: str, rng: random.Random) -> str | None:
+    """A string in which ``pattern`` is found (``re.search``), drawn from the regular
+    expression by ``rstr``'s ``xeger`` with ``rng`` (so one seed gives one string); ``None``
+    when the pattern does not compile or the draw does not match (``xeger`` emits nothing for
+    a look-ahead, so one that demands a character it did not draw fails the check)."""
     try:
-        # CPython's parse tree (3.11+): private modules, not in typeshed
-        from re import _constants as C  # type: ignore[attr-defined]  # noqa: N812
-        from re import _parser as P  # type: ignore[attr-defined]  # noqa: N812
-
-        tree = P.parse(pattern)
-    except Exception:
+        text = rstr.Rstr(rng).xeger(pattern)
+    except (re.error, ValueError, KeyError, IndexError, TypeError, RecursionError):
         return None
-
-    def one_of(items: list[Any]) -> str:
-        negate = any(op is C.NEGATE for op, _ in items)
-        chars: list[str] = []
-        for op, av in items:
-            if op is C.LITERAL:
-                chars.append(chr(av))
-            elif op is C.RANGE:
-                lo, hi = av
-                chars.extend(chr(c) for c in range(lo, min(hi, lo + 200) + 1))
-            elif op is C.CATEGORY:
-                chars.extend(_CATEGORY.get(str(av), ""))
-        if negate:
-            pool = [c for c in _ALNUM + " -_." if c not in chars]
-            return rng.choice(pool) if pool else "~"
-        return rng.choice(chars) if chars else "a"
-
-    def walk(seq: Any, groups: dict[int, str]) -> str:
-        out: list[str] = []
-        for op, av in seq:
-            if op is C.LITERAL:
-                out.append(chr(av))
-            elif op is C.NOT_LITERAL:
-                out.append(rng.choice([c for c in _ALNUM if ord(c) != av]))
-            elif op is C.ANY:
-                out.append(rng.choice(string.ascii_lowercase))
-            elif op is C.IN:
-                out.append(one_of(av))
-            elif op in (C.MAX_REPEAT, C.MIN_REPEAT, getattr(C, "POSSESSIVE_REPEAT", None)):
-                lo, hi, sub = av
-                hi = min(hi, lo + max_repeat)
-                out.extend(walk(sub, groups) for _ in range(rng.randint(lo, hi)))
-            elif op is C.SUBPATTERN:
-                gid, _, _, sub = av
-                text = walk(sub, groups)
-                if gid is not None:
-                    groups[gid] = text
-                out.append(text)
-            elif op is getattr(C, "ATOMIC_GROUP", None):
-                out.append(walk(av, groups))
-            elif op is C.BRANCH:
-                out.append(walk(rng.choice(av[1]), groups))
-            elif op is C.GROUPREF:
-                out.append(groups.get(av, ""))
-            elif op is C.CATEGORY:
-                out.append(rng.choice(_CATEGORY.get(str(av), "a")))
-            # AT (anchors), ASSERT, ASSERT_NOT: nothing to emit
-        return "".join(out)
-
-    try:
-        text = walk(tree, {})
-        return text if re.search(pattern, text) else None
-    except Exception:
-        return None
-
-
-_CATEGORY = {
-    "CATEGORY_DIGIT": string.digits, "CATEGORY_NOT_DIGIT": string.ascii_letters,
-    "CATEGORY_WORD": _ALNUM + "_", "CATEGORY_NOT_WORD": " -.,",
-    "CATEGORY_SPACE": " ", "CATEGORY_NOT_SPACE": _ALNUM,
-}
+    return text if re.search(pattern, text) else None
 
 
 # ---------------------------------------------------------------------------------- prompts
@@ -1014,12 +959,35 @@ def role_chunk(plan: OutputPlan, index: int, env: Envelope) -> dict[str, Any] | 
 
 def finish_chunk(plan: OutputPlan, index: int, env: Envelope) -> dict[str, Any]:
     """The chunk that ends choice ``index`` with its finish reason."""
-    fr = plan.choices[index].finish_reason
+    ch = plan.choices[index]
+    fr = ch.finish_reason
     if plan.endpoint == "chat":
         c: dict[str, Any] = {"index": index, "delta": {}, "logprobs": None, "finish_reason": fr}
     else:
         c = {"index": index, "text": "", "logprobs": None, "finish_reason": fr}
+    if ch.stop is not None:
+        c["stop_reason"] = ch.stop
     return _chunk(plan, env, [c])
+
+
+def stream_spans(plan: OutputPlan, index: int, start: int, end: int) -> list[tuple[int, int]]:
+    """Tokens ``start:end`` of choice ``index`` cut into the spans OpenAI's service streams
+    as separate chunks: a tool call's name token (its id and name) alone, then its argument
+    pieces, never two calls in one chunk (clients such as llama-index's streamed agents key
+    a call by the first id in a chunk and lose a second call sharing it). Text tokens stay
+    together. Concatenated, the spans are ``start:end``."""
+    toks = plan.choices[index].tokens
+    spans: list[tuple[int, int]] = []
+    s = start
+    for i in range(start + 1, end):
+        t, prev = toks[i], toks[i - 1]
+        if t.kind == "name" or prev.kind == "name" or t.call != prev.call \
+                or (t.kind == "text") != (prev.kind == "text"):
+            spans.append((s, i))
+            s = i
+    if s < end:
+        spans.append((s, end))
+    return spans
 
 
 def stream_chunk(plan: OutputPlan, index: int, start: int, end: int, env: Envelope
@@ -1087,6 +1055,8 @@ def response(plan: OutputPlan, env: Envelope, prompt_tokens: int) -> dict[str, A
             lp = _completion_logprobs(ch.logprobs, 0) if ch.logprobs is not None else None
             choices.append({"index": ch.index, "text": ch.content, "logprobs": lp,
                             "finish_reason": ch.finish_reason})
+        if ch.stop is not None:
+            choices[-1]["stop_reason"] = ch.stop
     out = plan.output_tokens
     return {"id": env.id, "object": "chat.completion" if plan.endpoint == "chat"
             else "text_completion", "created": env.created, "model": env.model,

@@ -64,3 +64,17 @@ def test_hermeslet_run_refuses_values_it_cannot_run_with(argv, says, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["run", *argv])
     assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_hermeslet_run_messages_api_native_for_openai_engines() -> None:
+    """``--messages-api native``: an openai engine serves Anthropic's /v1/messages as sent;
+    a sim engine beside it still gets it translated."""
+    from hermeslet.cli import _parser, build_agent
+
+    args = _parser().parse_args(["run", "--engine", "openai:http://127.0.0.1:9",
+                                 "--engine", "sim", "--messages-api", "native"])
+    agent = build_agent(args)
+    by_kind = {s.engine.kind: s.engine.native_endpoints for s in agent.slots.values()}
+    assert by_kind == {"openai": frozenset({"messages"}), "sim": frozenset()}
+    plain = build_agent(_parser().parse_args(["run", "--engine", "openai:http://127.0.0.1:9"]))
+    assert [s.engine.native_endpoints for s in plain.slots.values()] == [frozenset()]

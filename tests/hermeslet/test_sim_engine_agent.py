@@ -63,6 +63,39 @@ async def test_streamed_chunks_are_openai_objects_that_add_up_to_the_answer():
         await eng.close()
 
 
+async def test_stream_sends_one_tool_call_a_chunk_its_id_and_name_first():
+    """As OpenAI's service: each chunk carries one call's delta; a call's first delta has its
+    id and name (and ``arguments: ""``), the later ones argument pieces only. A fast engine
+    (time_scale 1e6) hands several tokens a step, so a step spans two calls' tokens."""
+    eng = SimEngine(time_scale=1e6, behaviour=AgentBehaviour(max_parallel=2))
+    body = {"messages": USER, "tools": TOOLS, "tool_choice": "required", "seed": 0}
+    try:
+        two = 0
+        for seed in range(8):
+            out = await run(eng, "chat", {**body, "seed": seed}, True, f"p{seed}")
+            res = out[-1]
+            calls = res.response["choices"][0]["message"]["tool_calls"]
+            two += len(calls) == 2
+            seen: dict[int, dict[str, str]] = {}
+            for c in out[:-1]:
+                deltas = c.chunk["choices"][0]["delta"].get("tool_calls") or []
+                assert len(deltas) <= 1, c.chunk
+                for d in deltas:
+                    if d["index"] not in seen:  # the call's first delta: id and name only
+                        assert d["id"] and d["function"] == {"name": d["function"]["name"],
+                                                             "arguments": ""}, d
+                        seen[d["index"]] = {"id": d["id"], "name": d["function"]["name"],
+                                            "arguments": ""}
+                    else:
+                        assert "id" not in d and "name" not in d["function"], d
+                        seen[d["index"]]["arguments"] += d["function"]["arguments"]
+            assert [seen[i] for i in sorted(seen)] == [
+                {"id": t["id"], **t["function"]} for t in calls]
+        assert two >= 2  # parallel calls were exercised
+    finally:
+        await eng.close()
+
+
 async def test_n_choices_are_sequences_decoded_side_by_side():
     eng = SimEngine(time_scale=20)
     body = {"prompt": "x" * 40, "n": 3, "max_tokens": 40, "ignore_eos": True}

@@ -159,15 +159,18 @@ def re_zip(z: str) -> bool:
     return re.fullmatch(r"\d{5}(-\d{4})?", z) is not None
 
 
-def test_regex_sample_is_checked_and_gives_up_on_look_arounds() -> None:
+def test_regex_sample_is_checked_and_deterministic_per_seed() -> None:
     import re
 
     rng = random.Random(1)
-    for pat in (r"^[a-f0-9]{8}$", r"(cat|dog)s?\d", r"^\w+@\w+\.(com|org)$", r"[^xyz]{3}"):
+    for pat in (r"^[a-f0-9]{8}$", r"(cat|dog)s?\d", r"^\w+@\w+\.(com|org)$", r"[^xyz]{3}",
+                r"(a|b)\1c", r"(?<=b)c"):  # back references and look-behinds too (rstr)
         for _ in range(20):
             assert re.search(pat, regex_sample(pat, rng) or "") is not None, pat
-    assert regex_sample(r"(?!a)(?<=b)c", rng) is None  # look-behind cannot be satisfied
+    assert regex_sample(r"(?=x)y", rng) is None  # a look-ahead that the draw ignored: checked
     assert regex_sample("(unclosed", rng) is None
+    draws = [regex_sample(r"^[A-Z]{3}-\d{2,4}$", random.Random(s)) for s in (7, 7, 8)]
+    assert draws[0] == draws[1] != draws[2]
 
 
 # ---------------------------------------------------------------------------------- tools
@@ -331,7 +334,12 @@ def test_stop_strings() -> None:
         cut = plan(chat(stop=[word, "never appears"]), s).choices[0]
         assert cut.finish_reason == "stop" and word not in cut.content
         assert cut.content == text[:text.index(word)]
+        assert cut.stop == word  # named as vLLM's stop_reason, in the answer and last chunk
+        assert response(plan(chat(stop=[word]), s), ENV, 1)["choices"][0]["stop_reason"] == word
+        assert finish_chunk(plan(chat(stop=[word]), s), 0, ENV)["choices"][0][
+            "stop_reason"] == word
         assert plan(chat(stop="\u2603"), s).choices[0].content == text
+        assert "stop_reason" not in response(plan(chat(stop="\u2603"), s), ENV, 1)["choices"][0]
     first = plan(chat(), 3).choices[0].tokens[0].text
     at_start = plan(chat(stop=first), 3).choices[0]
     assert at_start.content == "" and at_start.n_tokens == 1  # the token that stopped it

@@ -133,12 +133,14 @@ async def submit_call(sched: LiveScheduler, request: Request, *, model: str,
                       endpoint: Literal["chat", "completions", "embeddings"],
                       body: dict[str, Any], stream: bool = False,
                       task: str = "generate", client_body: Mapping[str, Any] | None = None,
-                      messages: Sequence[Any] | None = None) -> BoundCall:
+                      messages: Sequence[Any] | None = None,
+                      native: dict[str, Any] | None = None) -> BoundCall:
     """Resolve the model (for ``task``), bind the request to its run and unit, open its unit
     invocation and queue it by the run's rank. ``client_body``: the body as the client sent
     it, when ``body`` (what the engine gets) differs (the Responses API), and ``messages`` its
-    chat form. A :class:`SchedulerError` fails the one-request run the request created (if
-    it got that far) and propagates."""
+    chat form; ``native``: the request in the client's API for an engine that serves it
+    itself (:attr:`hermes.protocol.Submit.native`). A :class:`SchedulerError` fails the
+    one-request run the request created (if it got that far) and propagates."""
     run: LiveRun | None = None
     ident: Identity | None = None
     try:
@@ -147,7 +149,7 @@ async def submit_call(sched: LiveScheduler, request: Request, *, model: str,
                                     messages=messages, infer=endpoint != "embeddings")
         inv = sched.unit_for_request(run, ident.unit, f"llm:{served}")
         req = await sched.submit_llm(run, inv, model=served, endpoint=endpoint, body=body,
-                                     stream=stream)
+                                     stream=stream, native=native)
     except SchedulerError as e:
         if ident is not None:
             sched.identities.abandoned(ident)

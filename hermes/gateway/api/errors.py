@@ -6,7 +6,8 @@ error_body`): :func:`error_response` builds one, :func:`scheduler_error` answers
 :func:`body_error` a body that failed validation (``param`` names the field), and
 :func:`install_error_handlers` makes the errors FastAPI and Starlette answer themselves
 (unknown route 404, 405, 413, 422, and 500 for anything unhandled) take the same shape, so
-that SDKs report what happened, not a parse failure.
+that SDKs report what happened, not a parse failure; on the routes of Anthropic's Messages
+API (``/v1/messages...``) they take Anthropic's shape (:func:`path_error`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hermes.gateway.errors import SchedulerError, error_body
+from hermes.gateway.errors import SchedulerError, error_body, wire_error
 
 log = logging.getLogger("hermes.gateway")
 
@@ -34,6 +35,15 @@ def error_response(status: int, message: str, *, param: str | None = None,
     """An error in OpenAI's shape (used by every gateway endpoint)."""
     return JSONResponse(error_body(status, message, param=param, code=code, type_=type_),
                         status_code=status, headers=headers)
+
+
+def path_error(request: Request, status: int, message: str, *, code: str | None = None,
+               param: str | None = None, headers: dict[str, str] | None = None
+               ) -> JSONResponse:
+    """An error in the shape of the API ``request`` was sent to: Anthropic's on the Messages
+    API's routes, OpenAI's elsewhere (:func:`hermes.gateway.errors.wire_error`)."""
+    status, body = wire_error(request.url.path, status, message, param=param, code=code)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def scheduler_error(e: SchedulerError) -> JSONResponse:
@@ -60,7 +70,8 @@ def body_error(e: ValidationError) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Answer the errors FastAPI and Starlette raise in OpenAI's shape (module doc)."""
+    """Answer the errors FastAPI and Starlette raise in OpenAI's shape, Anthropic's on the
+    Messages API's routes (module doc)."""
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -72,14 +83,14 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"unknown route: {request.method} {request.url.path}"
         elif exc.status_code == 405:
             message = f"method {request.method} is not allowed on {request.url.path}"
-        return error_response(exc.status_code, message, code=code,
-                              headers=getattr(exc, "headers", None))
+        return path_error(request, exc.status_code, message, code=code,
+                          headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _server_error(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(
-            500, f"internal error ({type(exc).__name__}); the gateway logged it",
+        return path_error(
+            request, 500, f"internal error ({type(exc).__name__}); the gateway logged it",
             code="internal_error")
 
     @app.exception_handler(RequestValidationError)
@@ -88,4 +99,4 @@ def install_error_handlers(app: FastAPI) -> None:
         loc = [str(p) for p in err.get("loc", ()) if p != "body"]
         param = ".".join(loc) or None
         msg = f"{param}: {err.get('msg')}" if param else str(err.get("msg"))
-        return error_response(422, msg, param=param, code="invalid_value")
+        return path_error(request, 422, msg, param=param, code="invalid_value")
