@@ -249,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hermes.bench.forward_check import add_forward_parser
 
     add_forward_parser(bsub)
+    from hermes.bench.quota import add_quota_parser
+
+    add_quota_parser(bsub)
     try:
         from hermes.admin import add_admin_parsers
     except ImportError:
