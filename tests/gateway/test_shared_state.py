@@ -271,3 +271,57 @@ def test_key_store_down_is_503_not_500(make_gateway, tmp_path) -> None:  # noqa:
     assert httpx.get(f"{local.url}/v1/models", headers=auth).status_code == 200
     other = {"Authorization": "Bearer hk-1a2b3c4d.never-verified"}
     assert httpx.get(f"{local.url}/v1/models", headers=other).status_code == 503
+
+
+def test_next_turn_joins_its_run_after_the_gateway_was_killed(tmp_path, redis_url: str) -> None:  # noqa: ANN001, F811
+    """kill -9 of the process that opened an inferred run (no clean stop, so no snapshot of
+    the resolver): the restarted one recovers the run from durable state and, finding the
+    conversation in the shared evidence index, the next turn joins that run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from hermes.procs import wait_http
+
+    env = {**os.environ, "HERMES_LOG_LEVEL": "warning", "HERMES_TIME_SCALE": "50",
+           "HERMES_CLUSTER__STORE": redis_url,
+           "HERMES_CLUSTER__STORE_PREFIX": f"k{uuid.uuid4().hex[:8]}:",
+           "HERMES_DURABILITY__RECOVERY_GRACE_S": "0.5"}
+
+    def start() -> tuple[subprocess.Popen, str]:
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hermes.cli", "serve", "--host", "127.0.0.1", "--port",
+             str(port), "--bind", "", "--state-dir", str(tmp_path), "--kb",
+             str(tmp_path / "kb")],
+            stdout=(tmp_path / "gw.log").open("ab"), stderr=subprocess.STDOUT, env=env,
+            start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/healthz", proc, timeout=60)
+        return proc, url
+
+    msgs = [{"role": "system", "content": "You plan trips step by step."},
+            {"role": "user", "content": "Plan two days in Porto for me."}]
+    proc, url = start()
+    try:
+        r1 = httpx.post(f"{url}/v1/chat/completions", timeout=30,
+                        json={"model": MODEL, "max_tokens": 5, "messages": msgs})
+        assert r1.status_code == 200
+        run = r1.headers["x-hermes-run"]
+        reply = r1.json()["choices"][0]["message"]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    proc, url = start()
+    try:
+        turn2 = [*msgs, {"role": "assistant", "content": reply["content"]},
+                 {"role": "user", "content": "Add a wine tasting."}]
+        r2 = httpx.post(f"{url}/v1/chat/completions", timeout=30,
+                        json={"model": MODEL, "max_tokens": 5, "messages": turn2})
+        assert r2.status_code == 200
+        assert r2.headers["x-hermes-run"] == run
+        assert httpx.get(f"{url}/v1/runs/{run}").json()["state"] in ("queued", "running")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
