@@ -173,7 +173,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
             await sched.stop()
             ctx.term()
             if shared is not None:
-                shared.close()
+                await shared.aclose()
 
     app = FastAPI(
         **_telemetry_option(),

@@ -426,8 +426,10 @@ class SecurityMiddleware:
                     sec.refresh_limits()
                 except Exception:  # a half-edited file: keep the limits we had
                     pass
-            try:
-                ok, wait, reason = sec.admission.admit(who, now)
+            adm = sec.admission
+            try:  # shared admission: one round trip to the store, the loop free meanwhile
+                ok, wait, reason = (await adm.admit_async(who, now)
+                                    if isinstance(adm, SharedAdmission) else adm.admit(who, now))
             except StoreUnavailable as e:
                 await self._unavailable(send, str(e))
                 return
@@ -466,7 +468,10 @@ class SecurityMiddleware:
         finally:
             current_tenant.reset(token)
             if admitted_as is not None:
-                sec.admission.release(admitted_as)
+                if isinstance(sec.admission, SharedAdmission):
+                    await sec.admission.release_async(admitted_as)
+                else:
+                    sec.admission.release(admitted_as)
 
 
 def tenant_for(request: Request, asked: str | None) -> str | None:

@@ -273,6 +273,7 @@ def test_key_store_down_is_503_not_500(make_gateway, tmp_path) -> None:  # noqa:
     assert httpx.get(f"{local.url}/v1/models", headers=other).status_code == 503
 
 
+@pytest.mark.slow
 def test_next_turn_joins_its_run_after_the_gateway_was_killed(tmp_path, redis_url: str) -> None:  # noqa: ANN001, F811
     """kill -9 of the process that opened an inferred run (no clean stop, so no snapshot of
     the resolver): the restarted one recovers the run from durable state and, finding the

@@ -45,6 +45,9 @@ class SharedState:
     def close(self) -> None:
         self.store.close()
 
+    async def aclose(self) -> None:
+        await self.store.aclose()
+
 
 def open_shared_state(config: Any) -> SharedState | None:
     """The shared-state services of ``config.cluster.store``, or None without one (one

@@ -92,6 +92,7 @@ class SharedAdmission:
     #: tenant -> in-flight members this process admitted (None: admitted locally)
     _held: dict[str, list[str | None]] = field(default_factory=dict)
     _script: Any = None
+    _ascript: Any = None
     _ids: Any = None
     _edge: str = ""
 
@@ -106,11 +107,36 @@ class SharedAdmission:
 
     def admit(self, tenant: str, now: float) -> tuple[bool, float, str]:
         """``(ok, retry_after_s, reason)`` as :meth:`Admission.admit`, decided in the shared
-        store (``now`` is used only by the local fallback)."""
+        store (``now`` is used only by the local fallback); blocking."""
+        lim, call = self._call(tenant)
+        if call is None:
+            return self._admitted(tenant, lim, "")
+        try:
+            got = self.store.call("admission", lambda: self._script(**call))
+        except StoreUnavailable:
+            return self._unavailable(tenant, now)
+        return self._decide(tenant, lim, call, got)
+
+    async def admit_async(self, tenant: str, now: float) -> tuple[bool, float, str]:
+        """:meth:`admit` on the asyncio client (the event loop serves other requests during
+        the round trip): what the security middleware calls."""
+        lim, call = self._call(tenant)
+        if call is None:
+            return self._admitted(tenant, lim, "")
+        if self._ascript is None:
+            self._ascript = self.store.register_async_script(_ADMIT)
+        script = self._ascript
+        try:
+            got = await self.store.acall("admission", lambda: script(**call))
+        except StoreUnavailable:
+            return self._unavailable(tenant, now)
+        return self._decide(tenant, lim, call, got)
+
+    def _call(self, tenant: str) -> tuple[TenantLimits, dict[str, Any] | None]:
+        """The tenant's limits and the script's keys and arguments (None: nothing to count)."""
         lim = self.limits(tenant)
-        if (lim.rate is None and lim.rpm is None and lim.max_concurrent is None):
-            self._held.setdefault(tenant, []).append("")  # nothing to count anywhere
-            return True, 0.0, ""
+        if lim.rate is None and lim.rpm is None and lim.max_concurrent is None:
+            return lim, None
         member = f"{self._edge}:{next(self._ids)}"
         rate = lim.rate or 0.0
         burst = lim.burst if lim.burst is not None else max(1.0, rate)
@@ -119,23 +145,30 @@ class SharedAdmission:
                 self.store.key("q", tag, "inflight")]
         args = [repr(float(rate)), repr(float(burst)), lim.max_concurrent or 0, lim.rpm or 0,
                 member, repr(float(self.lease_s))]
-        try:
-            ok, wait, why = self.store.call("admission", lambda: self._script(keys=keys,
-                                                                              args=args))
-        except StoreUnavailable:
-            if self.store.policy != "admit-local":
-                self.store.count("admission", "refused")
-                raise
-            self.store.count("admission", "admitted-local")
-            self.local.per_tenant = self.per_tenant
-            self.local.default = self.default
-            got = self.local.admit(tenant, now)
-            if got[0]:
-                self._held.setdefault(tenant, []).append(None)
-            return got
+        return lim, {"keys": keys, "args": args}
+
+    def _admitted(self, tenant: str, lim: TenantLimits, member: str) -> tuple[bool, float, str]:
+        self._held.setdefault(tenant, []).append(member if lim.max_concurrent else "")
+        return True, 0.0, ""
+
+    def _unavailable(self, tenant: str, now: float) -> tuple[bool, float, str]:
+        """The store did not answer: refuse (raise) or decide locally, per the policy."""
+        if self.store.policy != "admit-local":
+            self.store.count("admission", "refused")
+            raise StoreUnavailable("admission", "the shared store did not answer")
+        self.store.count("admission", "admitted-local")
+        self.local.per_tenant = self.per_tenant
+        self.local.default = self.default
+        got = self.local.admit(tenant, now)
+        if got[0]:
+            self._held.setdefault(tenant, []).append(None)
+        return got
+
+    def _decide(self, tenant: str, lim: TenantLimits, call: dict[str, Any],
+                got: Any) -> tuple[bool, float, str]:
+        ok, wait, why = got
         if int(ok) == 1:
-            self._held.setdefault(tenant, []).append(member if lim.max_concurrent else "")
-            return True, 0.0, ""
+            return self._admitted(tenant, lim, str(call["args"][4]))
         why = why.decode() if isinstance(why, bytes) else str(why)
         wait_s = float(wait)
         if why == "concurrent":
@@ -145,24 +178,40 @@ class SharedAdmission:
             return False, max(wait_s, 0.001), (
                 f"tenant {tenant!r} is over its limit of {lim.rpm} requests a minute")
         return False, wait_s if math.isfinite(wait_s) else math.inf, (
-            f"tenant {tenant!r} is over its rate limit of {rate:g}/s")
+            f"tenant {tenant!r} is over its rate limit of {lim.rate or 0.0:g}/s")
 
-    def release(self, tenant: str) -> None:
-        """An admitted request ended: its in-flight slot is freed (in the store, or locally
-        for one admitted by the local fallback). A store that does not answer now leaves the
-        slot to its lease."""
+    def _pop(self, tenant: str) -> str | None:
+        """The in-flight member an ending request gives back ("" none, None local)."""
         held = self._held.get(tenant)
         if not held:
-            return
+            return ""
         member = held.pop()
         if not held:
             del self._held[tenant]
         if member is None:
             self.local.release(tenant)
-        elif member:
+        return member
+
+    def release(self, tenant: str) -> None:
+        """An admitted request ended: its in-flight slot is freed (in the store, or locally
+        for one admitted by the local fallback). A store that does not answer now leaves the
+        slot to its lease."""
+        member = self._pop(tenant)
+        if member:
             key = self.store.key("q", "{" + tenant + "}", "inflight")
             try:
                 self.store.call("admission-release", lambda: self.store.client.zrem(key, member))
+            except StoreUnavailable:
+                pass
+
+    async def release_async(self, tenant: str) -> None:
+        """:meth:`release` on the asyncio client."""
+        member = self._pop(tenant)
+        if member:
+            key = self.store.key("q", "{" + tenant + "}", "inflight")
+            try:
+                await self.store.acall("admission-release",
+                                       lambda: self.store.aclient.zrem(key, member))
             except StoreUnavailable:
                 pass
 

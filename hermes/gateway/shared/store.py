@@ -11,8 +11,11 @@ goes through :meth:`SharedStore.call`, which turns any Redis error into
 - one WARNING log line when the store goes down (naming the operation, the error and the
   ``cluster.store_unavailable`` setting in force) and one when it answers again;
 - a circuit breaker: after a failure, calls fail at once for ``retry_s`` instead of each
-  waiting for the socket timeout (the calls are synchronous, on the event loop: a store that
-  times out must not stall every request).
+  waiting for the socket timeout (most calls are synchronous, on the event loop: a store
+  that times out must not stall every request).
+
+Admission, on every request, uses the asyncio client (:meth:`SharedStore.acall`): the event
+loop serves other requests during its round trip.
 
 What a service does with :class:`StoreUnavailable` is its own: admission refuses (503) or
 admits by the process's own limits (``admit-local``), never silently.
@@ -23,10 +26,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
-from typing import Literal, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, TypeVar
 
 import redis
+import redis.asyncio
 
 log = logging.getLogger("hermes.gateway.shared")
 
@@ -52,6 +56,8 @@ class SharedStore:
         self.client: redis.Redis = client if client is not None else redis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
             decode_responses=False)
+        self._timeout_s = timeout_s
+        self._aclient: redis.asyncio.Redis | None = None
         self.prefix = prefix
         self.policy: Policy = policy
         self.retry_s = retry_s
@@ -67,38 +73,76 @@ class SharedStore:
     def call(self, op: str, fn: Callable[[], T]) -> T:
         """``fn()`` (Redis commands); :class:`StoreUnavailable` when the store fails or is in
         its retry pause."""
-        now = time.monotonic()
-        if not self.up and now < self._down_until:
-            raise StoreUnavailable(op, "in the retry pause after a failure")
+        self._check(op)
         try:
             out = fn()
         except redis.RedisError as e:
-            self._down_until = time.monotonic() + self.retry_s
-            if self.up:
-                self.up = False
-                log.warning("shared store %s unavailable during %s: %s; cluster."
-                            "store_unavailable = %r: %s", self._where(), op, e, self.policy,
-                            "refusing with 503" if self.policy == "refuse" else
-                            "admitting by this process's own limits (per instance)")
-            raise StoreUnavailable(op, str(e)) from None
+            raise self._failed(op, e) from None
+        self._answered(op)
+        return out
+
+    @property
+    def aclient(self) -> redis.asyncio.Redis:
+        """The asyncio client (made on first use, on the loop that uses it)."""
+        if self._aclient is None:
+            self._aclient = redis.asyncio.Redis.from_url(
+                self.url, socket_timeout=self._timeout_s,
+                socket_connect_timeout=self._timeout_s, decode_responses=False)
+        return self._aclient
+
+    async def acall(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """:meth:`call` for the asyncio client: ``await fn()``."""
+        self._check(op)
+        try:
+            out = await fn()
+        except redis.RedisError as e:
+            raise self._failed(op, e) from None
+        self._answered(op)
+        return out
+
+    def _check(self, op: str) -> None:
+        if not self.up and time.monotonic() < self._down_until:
+            raise StoreUnavailable(op, "in the retry pause after a failure")
+
+    def _failed(self, op: str, e: Exception) -> StoreUnavailable:
+        self._down_until = time.monotonic() + self.retry_s
+        if self.up:
+            self.up = False
+            log.warning("shared store %s unavailable during %s: %s; cluster."
+                        "store_unavailable = %r: %s", self._where(), op, e, self.policy,
+                        "refusing with 503" if self.policy == "refuse" else
+                        "admitting by this process's own limits (per instance)")
+        return StoreUnavailable(op, str(e))
+
+    def _answered(self, op: str) -> None:
         if not self.up:
             self.up = True
             log.warning("shared store %s answers again (%s)", self._where(), op)
-        return out
 
     def count(self, op: str, action: Literal["refused", "admitted-local"]) -> None:
         """Count a call the store did not answer and what the caller did instead."""
         self.unavailable[(op, action)] += 1
 
-    def register_script(self, lua: str) -> Callable[..., object]:
+    def register_script(self, lua: str) -> Callable[..., Any]:
         """redis-py's :class:`~redis.commands.core.Script` (EVALSHA, loaded on first use)."""
         return self.client.register_script(lua)
+
+    def register_async_script(self, lua: str) -> Callable[..., Any]:
+        """The same on the asyncio client (:class:`~redis.commands.core.AsyncScript`)."""
+        return self.aclient.register_script(lua)
 
     def _where(self) -> str:
         kw = self.client.connection_pool.connection_kwargs
         return f"{kw.get('host', '?')}:{kw.get('port', '?')}" if "host" in kw else self.url
 
     def close(self) -> None:
+        self.client.close()
+
+    async def aclose(self) -> None:
+        """Close both clients (the asyncio one on its loop)."""
+        if self._aclient is not None:
+            await self._aclient.aclose()
+            self._aclient = None
         self.client.close()
 
 
