@@ -64,8 +64,10 @@ def start_edges(n: int, redis_url: str, workdir: Path, *, shared: bool,
         port = free_port()
         state = workdir / f"edge{i}"
         state.mkdir(parents=True, exist_ok=True)
+        # a generous store timeout: the burst measures the limit, not how fast a loaded
+        # machine answers 400 requests at once
         env = {**os.environ, "HERMES_LOG_LEVEL": "warning", "HERMES_TIME_SCALE": "50",
-               "HERMES_SECURITY__AUTH_REDIS": redis_url}
+               "HERMES_SECURITY__AUTH_REDIS": redis_url, "HERMES_CLUSTER__STORE_TIMEOUT_S": "5"}
         if shared:
             env["HERMES_CLUSTER__STORE"] = redis_url
             env["HERMES_CLUSTER__STORE_PREFIX"] = prefix

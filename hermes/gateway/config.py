@@ -259,8 +259,8 @@ class ClusterConfig(_Section):
     #: ``hermes_shared_store_unavailable_total`` and logged
     store_unavailable: Literal["refuse", "admit-local"] = "refuse"
     #: socket timeout of a shared-store command (s): a store that answers slower is
-    #: unavailable for that request
-    store_timeout_s: float = Field(default=0.5, gt=0.0, le=30.0)
+    #: unavailable for that request (and, after 3 such in a row, down for a second)
+    store_timeout_s: float = Field(default=1.0, gt=0.0, le=30.0)
 
     @field_validator("store")
     @classmethod

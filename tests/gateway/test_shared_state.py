@@ -76,6 +76,30 @@ def test_an_unreachable_store_refuses_or_admits_locally_and_says_so() -> None:
     assert local.store.unavailable[("admission", "admitted-local")] == 4
 
 
+def test_one_slow_reply_fails_alone_three_in_a_row_mean_down() -> None:
+    """A store that accepts connections and never answers: each call times out; the store
+    counts as down (and the next calls fail at once) only after 3 in a row."""
+    import socket
+    import time
+
+    hang = socket.socket()
+    hang.bind(("127.0.0.1", 0))
+    hang.listen(16)
+    store = SharedStore(f"redis://127.0.0.1:{hang.getsockname()[1]}/0", timeout_s=0.1)
+    try:
+        for i in range(3):
+            with pytest.raises(StoreUnavailable):
+                store.call("ping", store.client.ping)
+            assert store.up == (i < 2)
+        t = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="retry pause"):
+            store.call("ping", store.client.ping)
+        assert time.monotonic() - t < 0.05  # no wait for the timeout while down
+    finally:
+        store.close()
+        hang.close()
+
+
 # ---------------------------------------------------------------------------------- responses
 def test_one_tenants_flood_never_evicts_anothers_response_in_memory() -> None:
     store = ResponseStore(max_items=100)

@@ -9,10 +9,13 @@ goes through :meth:`SharedStore.call`, which turns any Redis error into
   ``hermes_shared_store_unavailable_total{op, action}`` (``action``: ``refused`` or
   ``admitted-local``, what the caller then did; :meth:`SharedStore.count`);
 - one WARNING log line when the store goes down (naming the operation, the error and the
-  ``cluster.store_unavailable`` setting in force) and one when it answers again;
-- a circuit breaker: after a failure, calls fail at once for ``retry_s`` instead of each
-  waiting for the socket timeout (most calls are synchronous, on the event loop: a store
-  that times out must not stall every request).
+  ``cluster.store_unavailable`` setting in force) and one when it answers again; a single
+  slow reply (a timeout) is logged at most every 10 s;
+- a circuit breaker: the store is down after a connection error (refused, reset) or
+  ``max_timeouts`` timeouts in a row; calls then fail at once for ``retry_s`` instead of
+  each waiting for the socket timeout (most calls are synchronous, on the event loop: a
+  store that hangs must not stall every request). One slow reply under load fails only its
+  own call.
 
 Admission, on every request, uses the asyncio client (:meth:`SharedStore.acall`): the event
 loop serves other requests during its round trip.
@@ -50,7 +53,7 @@ class SharedStore:
     """A Redis client for the shared-state services, with outage accounting (module doc)."""
 
     def __init__(self, url: str, *, prefix: str = "hermes:", policy: Policy = "refuse",
-                 timeout_s: float = 0.5, retry_s: float = 1.0,
+                 timeout_s: float = 1.0, retry_s: float = 1.0,
                  client: redis.Redis | None = None) -> None:
         self.url = url
         self.client: redis.Redis = client if client is not None else redis.Redis.from_url(
@@ -61,8 +64,11 @@ class SharedStore:
         self.prefix = prefix
         self.policy: Policy = policy
         self.retry_s = retry_s
+        self.max_timeouts = 3
         self.up = True
         self._down_until = 0.0
+        self._timeouts = 0  # in a row
+        self._slow_logged = 0.0
         #: (op, action) -> count of calls the store did not answer
         self.unavailable: Counter[tuple[str, str]] = Counter()
 
@@ -105,7 +111,16 @@ class SharedStore:
             raise StoreUnavailable(op, "in the retry pause after a failure")
 
     def _failed(self, op: str, e: Exception) -> StoreUnavailable:
-        self._down_until = time.monotonic() + self.retry_s
+        now = time.monotonic()
+        if isinstance(e, redis.TimeoutError):
+            self._timeouts += 1
+            if self._timeouts < self.max_timeouts:
+                if now - self._slow_logged >= 10.0:
+                    self._slow_logged = now
+                    log.warning("shared store %s slow: %s timed out (%s); that call is "
+                                "treated as unavailable", self._where(), op, e)
+                return StoreUnavailable(op, str(e))
+        self._down_until = now + self.retry_s
         if self.up:
             self.up = False
             log.warning("shared store %s unavailable during %s: %s; cluster."
@@ -115,6 +130,7 @@ class SharedStore:
         return StoreUnavailable(op, str(e))
 
     def _answered(self, op: str) -> None:
+        self._timeouts = 0
         if not self.up:
             self.up = True
             log.warning("shared store %s answers again (%s)", self._where(), op)
