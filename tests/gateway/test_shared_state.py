@@ -230,6 +230,10 @@ def test_gateway_refuses_when_the_store_is_down_and_counts_it(make_gateway) -> N
     m = httpx.get(f"{gw.url}/metrics").text
     assert "hermes_shared_store_up 0.0" in m
     assert 'hermes_shared_store_unavailable_total{action="refused",op="admission"}' in m
+    nolimit = make_gateway(store=dead, store_timeout_s=0.2)  # admission needs no store here
+    r = httpx.get(f"{nolimit.url}/v1/responses/resp_x", timeout=30)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable"
+    assert 'action="refused",op="responses-get"' in httpx.get(f"{nolimit.url}/metrics").text
     local = make_gateway(store=dead, tenant_rpm=100, store_timeout_s=0.2,
                          store_unavailable="admit-local")
     r = httpx.post(f"{local.url}/v1/chat/completions", json=body, timeout=30,

@@ -112,7 +112,7 @@ class SharedAdmission:
         if call is None:
             return self._admitted(tenant, lim, "")
         try:
-            got = self.store.call("admission", lambda: self._script(**call))
+            got = self.store.call("admission", lambda: self._script(**call), counted=False)
         except StoreUnavailable:
             return self._unavailable(tenant, now)
         return self._decide(tenant, lim, call, got)
@@ -127,7 +127,7 @@ class SharedAdmission:
             self._ascript = self.store.register_async_script(_ADMIT)
         script = self._ascript
         try:
-            got = await self.store.acall("admission", lambda: script(**call))
+            got = await self.store.acall("admission", lambda: script(**call), counted=False)
         except StoreUnavailable:
             return self._unavailable(tenant, now)
         return self._decide(tenant, lim, call, got)

@@ -81,7 +81,7 @@ class RedisKeyIndex:
         ``store_unavailable = "admit-local"`` (the request resolves as if there were no
         evidence: a new run), else :class:`StoreUnavailable` (503)."""
         try:
-            return self.store.call(op, fn)
+            return self.store.call(op, fn, counted=False)
         except StoreUnavailable:
             if self.store.policy != "admit-local":
                 self.store.count(op, "refused")

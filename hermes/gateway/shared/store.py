@@ -76,14 +76,21 @@ class SharedStore:
         """A key under the prefix: ``key("q", tenant)`` -> ``hermes:q:{tenant}``."""
         return self.prefix + ":".join(parts)
 
-    def call(self, op: str, fn: Callable[[], T]) -> T:
+    def call(self, op: str, fn: Callable[[], T], *, counted: bool = True) -> T:
         """``fn()`` (Redis commands); :class:`StoreUnavailable` when the store fails or is in
-        its retry pause."""
-        self._check(op)
+        its retry pause, counted as ``refused`` (``counted=False``: the caller counts what it
+        did instead, e.g. admitted by its own limits)."""
         try:
+            self._check(op)
             out = fn()
         except redis.RedisError as e:
+            if counted:
+                self.count(op, "refused")
             raise self._failed(op, e) from None
+        except StoreUnavailable:
+            if counted:
+                self.count(op, "refused")
+            raise
         self._answered(op)
         return out
 
@@ -96,13 +103,20 @@ class SharedStore:
                 socket_connect_timeout=self._timeout_s, decode_responses=False)
         return self._aclient
 
-    async def acall(self, op: str, fn: Callable[[], Awaitable[T]]) -> T:
+    async def acall(self, op: str, fn: Callable[[], Awaitable[T]], *,
+                    counted: bool = True) -> T:
         """:meth:`call` for the asyncio client: ``await fn()``."""
-        self._check(op)
         try:
+            self._check(op)
             out = await fn()
         except redis.RedisError as e:
+            if counted:
+                self.count(op, "refused")
             raise self._failed(op, e) from None
+        except StoreUnavailable:
+            if counted:
+                self.count(op, "refused")
+            raise
         self._answered(op)
         return out
 
