@@ -534,3 +534,6 @@ def add_parsers(sub: Any) -> None:
     from hermes.bench.forward_check import add_forward_parser
 
     add_forward_parser(bsub)
+    from hermes.bench.quota import add_quota_parser
+
+    add_quota_parser(bsub)

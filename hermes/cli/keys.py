@@ -3,7 +3,8 @@
 - ``hermes keys create --tenant T [--auth-file FILE | --redis URL]`` prints a new key once and
   stores only its scrypt hash;
 - ``hermes keys list`` / ``hermes keys revoke ID``;
-- ``hermes keys limits --tenant T --rate R --burst B --max-concurrent N --max-active-runs N``;
+- ``hermes keys limits --tenant T --rate R --burst B --max-concurrent N --max-active-runs N
+  --rpm N``;
 - ``hermes keys curve --dir DIR --node NAME ...``: ZeroMQ CURVE certificates for the
   scheduler and its HermesLets (:mod:`hermes.security.curve`).
 """
@@ -54,7 +55,8 @@ def cmd_revoke(args: argparse.Namespace) -> int:
 def cmd_limits(args: argparse.Namespace) -> int:
     limits = {k: v for k, v in (("rate", args.rate), ("burst", args.burst),
                                 ("max_concurrent", args.max_concurrent),
-                                ("max_active_runs", args.max_active_runs)) if v is not None}
+                                ("max_active_runs", args.max_active_runs),
+                                ("rpm", args.rpm)) if v is not None}
     _store(args).set_limits(args.tenant, limits)
     print_json({args.tenant: limits})
     return 0
@@ -97,6 +99,9 @@ def add_keys_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--burst", type=float)
     s.add_argument("--max-concurrent", dest="max_concurrent", type=int)
     s.add_argument("--max-active-runs", dest="max_active_runs", type=int)
+    s.add_argument("--rpm", type=int,
+                   help="requests in any 60 s (exact sliding window; with [cluster] store, "
+                        "over every gateway process together)")
     store_args(s)
     s.set_defaults(func=cmd_limits)
     s = ksub.add_parser("curve", help="CURVE certificates for the scheduler and HermesLets")

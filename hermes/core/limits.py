@@ -9,7 +9,11 @@ could drive the same objects in virtual time.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
+
+#: the window of a per-minute limit (s)
+MINUTE_S = 60.0
 
 
 @dataclass(slots=True)
@@ -48,16 +52,38 @@ class TokenBucket:
         return (cost - self.tokens) / self.rate
 
 
+@dataclass(slots=True)
+class SlidingWindow:
+    """At most ``limit`` events in any ``window_s`` seconds: the times of the last ``limit``
+    admitted events are kept (memory O(limit)), so the count is exact, unlike a token bucket
+    whose refill lets ``burst + rate * t`` through in ``t`` seconds."""
+
+    limit: int
+    window_s: float = MINUTE_S
+    times: deque[float] = field(default_factory=deque)
+
+    def take(self, now: float) -> float:
+        """Record an event now (0.0), or the seconds until the oldest one leaves the window."""
+        times = self.times
+        while times and times[0] <= now - self.window_s:
+            times.popleft()
+        if len(times) >= self.limit:
+            return times[0] + self.window_s - now
+        times.append(now)
+        return 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class TenantLimits:
     """What one tenant may do: request rate (``rate`` per second, ``burst``), requests in
-    flight at once (``max_concurrent``) and runs active at once (``max_active_runs``).
-    ``None`` means unlimited."""
+    flight at once (``max_concurrent``), runs active at once (``max_active_runs``) and
+    requests in any 60 s (``rpm``: a sliding window, exact). ``None`` means unlimited."""
 
     rate: float | None = None
     burst: float | None = None
     max_concurrent: int | None = None
     max_active_runs: int | None = None
+    rpm: int | None = None
 
 
 @dataclass(slots=True)
@@ -72,6 +98,7 @@ class Admission:
     per_tenant: dict[str, TenantLimits] = field(default_factory=dict)
     buckets: dict[str, TokenBucket] = field(default_factory=dict)
     inflight: dict[str, int] = field(default_factory=dict)
+    windows: dict[str, SlidingWindow] = field(default_factory=dict)
     #: Retry-After for a concurrency refusal: requests end at an unknown time, so a short hint
     concurrency_retry_s: float = 1.0
 
@@ -83,14 +110,27 @@ class Admission:
         if lim.max_concurrent is not None and self.inflight.get(tenant, 0) >= lim.max_concurrent:
             return False, self.concurrency_retry_s, (
                 f"tenant {tenant!r} has {lim.max_concurrent} requests in flight (its quota)")
+        bucket = None
         if lim.rate is not None:
             bucket = self.buckets.get(tenant)
             if bucket is None:
                 burst = lim.burst if lim.burst is not None else max(1.0, lim.rate)
                 bucket = self.buckets[tenant] = TokenBucket(lim.rate, burst)
-            wait = bucket.take(now)
+            bucket._refill(now)
+            if bucket.tokens < 1.0:
+                return False, bucket.take(now), (
+                    f"tenant {tenant!r} is over its rate limit of {lim.rate:g}/s")
+        if lim.rpm is not None:
+            window = self.windows.get(tenant)
+            if window is None or window.limit != lim.rpm:
+                window = self.windows[tenant] = SlidingWindow(
+                    lim.rpm, times=window.times if window is not None else deque())
+            wait = window.take(now)
             if wait > 0:
-                return False, wait, f"tenant {tenant!r} is over its rate limit of {lim.rate:g}/s"
+                return False, wait, (
+                    f"tenant {tenant!r} is over its limit of {lim.rpm} requests a minute")
+        if bucket is not None:
+            bucket.take(now)  # checked above: spends a token
         self.inflight[tenant] = self.inflight.get(tenant, 0) + 1
         return True, 0.0, ""
 

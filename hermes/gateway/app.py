@@ -38,6 +38,7 @@ from hermes.gateway.auth import install_security
 from hermes.gateway.config import EngineConfig, GatewayConfig
 from hermes.gateway.hosted import HostedRegistry
 from hermes.gateway.scheduler import LiveScheduler
+from hermes.gateway.shared import open_shared_state
 from hermes.metrics import GatewayMetrics
 
 log = logging.getLogger("hermes.gateway")
@@ -130,7 +131,8 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ctx = zmq.asyncio.Context()
-        sched = LiveScheduler(config, context=ctx)
+        sched = LiveScheduler(config, context=ctx,
+                              evidence_index=shared.evidence if shared is not None else None)
         app.state.metrics.attach(sched)
         await sched.start()
         app.state.scheduler = sched
@@ -178,6 +180,8 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
                     await asyncio.wait_for(node_task, 10.0)
             await sched.stop()
             ctx.term()
+            if shared is not None:
+                await shared.aclose()
 
     app = FastAPI(
         **_telemetry_option(),
@@ -191,14 +195,25 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     app.state.node = None  # the embedded HermesLet, once started
     app.state.placer = None  # the re-placement loop, with placement.auto
     app.state.hosted = HostedRegistry.from_config(config)
+    # state exact across gateway processes, in the shared store ([cluster] store; else None:
+    # in memory) -- admission, idempotency keys, stored Responses, the resolver's index
+    shared = app.state.shared = open_shared_state(config)
+    if shared is not None:
+        app.state.responses = shared.responses
+        app.state.idempotency = shared.idempotency
     app.add_middleware(OpenAIFastPath)  # completions past FastAPI's router (inside security)
-    install_security(app, config)  # body limits, API keys, tenant admission (issue 7)
+    install_security(app, config,  # body limits, API keys, tenant admission (issue 7)
+                     shared.store if shared is not None else None)
     app.include_router(runs_api.router)
     app.include_router(apps_api.router)
     app.include_router(openai_api.router)
     app.include_router(responses_api.router)  # POST /v1/responses, translated to chat
     app.include_router(anthropic_api.router)  # POST /v1/messages (Anthropic's Messages API)
     app.state.metrics = GatewayMetrics()  # its own registry: several apps per process
+    if shared is not None:
+        from hermes.gateway.shared.store import SharedStoreCollector
+
+        app.state.metrics.add_collector(SharedStoreCollector(shared.store))
     admin_api.install(app)  # /admin/... (HERMES_ADMIN_TOKEN) and GET /metrics
     install_error_handlers(app)  # every error in OpenAI's shape (Anthropic's on /v1/messages)
     return app

@@ -18,7 +18,13 @@ Middleware (:class:`SecurityMiddleware`, pure ASGI so streamed responses pass th
        budget, 429 with ``Retry-After`` without running scrypt;
     3. per-tenant admission (:class:`hermes.core.limits.Admission`): rate limit (token bucket)
        and requests in flight; 429 with ``Retry-After`` when over. Limits changed in the auth
-       file or in Redis apply within a second, to the buckets already in use too.
+       file or in Redis apply within a second, to the buckets already in use too. With a
+       shared store (``cluster.store``) admission is
+       :class:`~hermes.gateway.shared.SharedAdmission` (exact across gateway processes);
+       when that store or the Redis key store does not answer: 503 ``store_unavailable``,
+       or, with ``cluster.store_unavailable = "admit-local"``, this process's own limits
+       and recently verified keys (counted in ``hermes_shared_store_unavailable_total`` and
+       logged, never silent).
 
 Admin: the ``/admin`` routes check ``HERMES_ADMIN_TOKEN`` themselves
 (:func:`hermes.gateway.api.admin_api.require_admin`).
@@ -33,6 +39,7 @@ import asyncio
 import hashlib
 import ipaddress
 import json
+import logging
 import math
 import time
 from collections import OrderedDict
@@ -48,12 +55,16 @@ from hermes.gateway.keys import (
     FileKeyStore,  # noqa: F401 - its old import path (hermes.cli.keys uses it)
     KeyEntry,
     KeyStore,
+    KeyStoreUnavailable,
     RedisKeyStore,  # noqa: F401 - its old import path (hermes.cli.keys uses it)
     open_key_store,
     split_key,
     verify_secret,
 )
+from hermes.gateway.shared import SharedAdmission, SharedStore, StoreUnavailable
 from hermes.gateway.tenancy import current_tenant
+
+log = logging.getLogger("hermes.gateway.auth")
 
 ADMIN_TOKEN_ENV = "HERMES_ADMIN_TOKEN"
 PUBLIC_PATHS = ("/healthz", "/metrics", "/docs", "/redoc", "/openapi.json")
@@ -114,6 +125,10 @@ class Authenticator:
     verify_concurrency: int = 2
     #: checks waiting for a slot before further ones get 429
     max_pending: int = 64
+    #: while the key store does not answer, accept a key verified within ``cache_ttl_s``
+    #: (``cluster.store_unavailable = "admit-local"``; a key revoked meanwhile passes until
+    #: then); else every check fails with :class:`KeyStoreUnavailable` (503)
+    admit_cached_when_unavailable: bool = False
 
     def __init__(self, store: KeyStore, cache_size: int = 4096,
                  throttle: AuthThrottle | None = None) -> None:
@@ -124,7 +139,8 @@ class Authenticator:
         self.throttle = throttle or AuthThrottle()
         self._sem: asyncio.Semaphore | None = None
         self._pending = 0
-        self.stats = {"verified": 0, "failed": 0, "throttled": 0, "cache_hits": 0}
+        self.stats = {"verified": 0, "failed": 0, "throttled": 0, "cache_hits": 0,
+                      "cached_while_unavailable": 0}
 
     def _lookup(self, key: str | None) -> tuple[str, str, KeyEntry | None, str] | None:
         """``(id, secret, stored entry or None, fingerprint)`` of a well-formed key."""
@@ -134,8 +150,18 @@ class Authenticator:
         if parts is None:
             return None
         key_id, secret = parts
-        entry = self.store.get(key_id)  # revocation takes effect at once
-        return key_id, secret, entry, hashlib.sha256(key.encode()).hexdigest()
+        fp = hashlib.sha256(key.encode()).hexdigest()
+        try:
+            entry = self.store.get(key_id)  # revocation takes effect at once
+        except KeyStoreUnavailable:
+            hit = self._cache.get(fp) if self.admit_cached_when_unavailable else None
+            if hit is None or time.monotonic() - hit[3] >= self.cache_ttl_s:
+                raise
+            entry = KeyEntry(hit[0], hit[1], hit[2])  # verified lately: the local view
+            self.stats["cached_while_unavailable"] += 1
+            log.warning("key store unavailable: key id %s accepted from this process's cache "
+                        "(cluster.store_unavailable = 'admit-local')", key_id)
+        return key_id, secret, entry, fp
 
     def _cached(self, fp: str, entry: KeyEntry, now: float) -> bool:
         hit = self._cache.get(fp)
@@ -233,6 +259,8 @@ class Security:
     admission: Admission
     max_body_bytes: int
     store: KeyStore | None = None
+    #: the shared store (``cluster.store``): its outages are counted here too
+    shared: SharedStore | None = None
 
     @property
     def auth_on(self) -> bool:
@@ -251,6 +279,8 @@ class Security:
         if new == old:
             return
         adm.per_tenant = new
+        if not isinstance(adm, Admission):
+            return  # shared admission: the limits go with every call
         for tenant in list(adm.buckets):
             if old.get(tenant, adm.default) == new.get(tenant, adm.default):
                 continue
@@ -282,16 +312,25 @@ def check_exposure(config: Any) -> None:
             "--auth-file FILE (keys from `hermes keys create`) or security.auth_redis")
 
 
-def build_security(config: Any) -> Security:
-    """The gateway's :class:`Security`; refuses to serve off loopback without authentication."""
+def build_security(config: Any, shared: SharedStore | None = None) -> Security:
+    """The gateway's :class:`Security`; refuses to serve off loopback without authentication.
+    ``shared``: the shared store, where per-tenant admission then lives (exact across
+    gateway processes)."""
     check_exposure(config)
     sec = config.security
     store = open_key_store(sec.auth_file, sec.auth_redis)
     default = TenantLimits(rate=sec.tenant_rate or None, burst=sec.tenant_burst or None,
                            max_concurrent=sec.tenant_max_concurrent or None,
-                           max_active_runs=sec.tenant_max_active_runs or None)
-    s = Security(Authenticator(store) if store is not None else None, Admission(default=default),
-                 sec.max_body_bytes, store)
+                           max_active_runs=sec.tenant_max_active_runs or None,
+                           rpm=sec.tenant_rpm or None)
+    admission: Admission | SharedAdmission = Admission(default=default)
+    if shared is not None:
+        admission = SharedAdmission(shared, default=default,
+                                    lease_s=config.scheduler.request_timeout_s)
+    auth = Authenticator(store) if store is not None else None
+    if auth is not None and shared is not None:
+        auth.admit_cached_when_unavailable = shared.policy == "admit-local"
+    s = Security(auth, admission, sec.max_body_bytes, store, shared)
     if store is not None:
         s.admission.per_tenant = store.tenant_limits()  # also fails early on a bad file
         if sec.first_key_tenant and not store.entries():
@@ -342,6 +381,11 @@ class SecurityMiddleware:
         await send(start)
         await send({"type": "http.response.body", "body": body})
 
+    async def _unavailable(self, send: Any, why: str) -> None:
+        """503: the shared state a request needs cannot be read (never admitted silently)."""
+        await self._reply(send, 503, f"{why}; refused (cluster.store_unavailable = "
+                          "'refuse'); retry later", "store_unavailable", [(b"retry-after", b"1")])
+
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
@@ -367,7 +411,14 @@ class SecurityMiddleware:
             key = _bearer(headers.get("authorization")) or headers.get("x-api-key")
             assert sec.authenticator is not None
             client = scope.get("client")
-            tenant, wait = await sec.authenticator.authenticate(key, client[0] if client else None)
+            try:
+                tenant, wait = await sec.authenticator.authenticate(
+                    key, client[0] if client else None)
+            except KeyStoreUnavailable as e:
+                if sec.shared is not None:
+                    sec.shared.count("api-keys", "refused")
+                await self._unavailable(send, str(e))
+                return
             if wait > 0:
                 retry = str(max(1, math.ceil(wait)))
                 await self._reply(send, 429, "too many failed API-key checks from this "
@@ -390,7 +441,13 @@ class SecurityMiddleware:
                     sec.refresh_limits()
                 except Exception:  # a half-edited file: keep the limits we had
                     pass
-            ok, wait, reason = sec.admission.admit(who, now)
+            adm = sec.admission
+            try:  # shared admission: one round trip to the store, the loop free meanwhile
+                ok, wait, reason = (await adm.admit_async(who, now)
+                                    if isinstance(adm, SharedAdmission) else adm.admit(who, now))
+            except StoreUnavailable as e:
+                await self._unavailable(send, str(e))
+                return
             if not ok:
                 retry = str(max(1, math.ceil(wait))) if math.isfinite(wait) else "60"
                 await self._reply(send, 429, reason, "rate_limited", [(b"retry-after", retry.encode())], path=path)
@@ -426,7 +483,10 @@ class SecurityMiddleware:
         finally:
             current_tenant.reset(token)
             if admitted_as is not None:
-                sec.admission.release(admitted_as)
+                if isinstance(sec.admission, SharedAdmission):
+                    await sec.admission.release_async(admitted_as)
+                else:
+                    sec.admission.release(admitted_as)
 
 
 def tenant_for(request: Request, asked: str | None) -> str | None:
@@ -440,9 +500,9 @@ def tenant_for(request: Request, asked: str | None) -> str | None:
     return auth
 
 
-def install_security(app: Any, config: Any) -> Security:
+def install_security(app: Any, config: Any, shared: SharedStore | None = None) -> Security:
     """Build :class:`Security` from ``config`` and wrap ``app`` in the middleware."""
-    sec = build_security(config)
+    sec = build_security(config, shared)
     app.state.security = sec
     app.add_middleware(SecurityMiddleware, security=sec)
     return sec

@@ -205,6 +205,8 @@ class SecurityConfig(_Section):
     tenant_rate: float = Field(default=0.0, ge=0)
     tenant_burst: float = Field(default=0.0, ge=0)
     tenant_max_concurrent: int = Field(default=0, ge=0)
+    #: default per-tenant requests in any 60 s (a sliding window, exact); 0 = unlimited
+    tenant_rpm: int = Field(default=0, ge=0)
     tenant_max_active_runs: int = Field(default=0, ge=0)
     #: directory from ``hermes keys curve``: HermesLets must authenticate with CURVE
     curve_dir: str = ""
@@ -266,6 +268,33 @@ class DurabilityConfig(_Section):
     state_redis: str = ""
     #: after a restart, how long (wall s) to wait for HermesLets to report what they hold
     recovery_grace_s: float = Field(default=5.0, ge=0.0)
+
+
+class ClusterConfig(_Section):
+    """``[cluster]``: state that must be exact across several gateway processes (edges),
+    kept in a shared store (:mod:`hermes.gateway.shared`): per-tenant admission (rate,
+    per-minute and in-flight limits), idempotency keys, stored Responses and the run
+    resolver's evidence index. Empty ``store``: one process, everything in memory."""
+
+    #: the shared store, ``redis://HOST:PORT/DB``; "" = none (single process, in memory)
+    store: str = ""
+    #: key prefix in the shared store (several clusters may share one Redis)
+    store_prefix: str = "hermes:"
+    #: what an edge does when the shared store does not answer: ``refuse`` (503
+    #: ``store_unavailable``) or ``admit-local`` (admit by this process's own in-memory
+    #: limits, per instance); either way it is counted in
+    #: ``hermes_shared_store_unavailable_total`` and logged
+    store_unavailable: Literal["refuse", "admit-local"] = "refuse"
+    #: socket timeout of a shared-store command (s): a store that answers slower is
+    #: unavailable for that request (and, after 3 such in a row, down for a second)
+    store_timeout_s: float = Field(default=1.0, gt=0.0, le=30.0)
+
+    @field_validator("store")
+    @classmethod
+    def _redis_url(cls, v: str) -> str:
+        if v and not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"expected a redis://, rediss:// or unix:// URL, got {v!r}")
+        return v
 
 
 #: session headers that agent tools and gateways send, strongest first (sources: the
@@ -437,6 +466,7 @@ class GatewayConfig(_Section):
     durability: DurabilityConfig = Field(default_factory=DurabilityConfig)
     identity: IdentityConfig = Field(default_factory=IdentityConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
     @model_validator(mode="after")
     def _placement_keeps_real_engines(self) -> GatewayConfig:
@@ -471,6 +501,7 @@ _SECTIONS: dict[str, type[_Section]] = {
     "durability": DurabilityConfig,
     "identity": IdentityConfig,
     "placement": PlacementConfig,
+    "cluster": ClusterConfig,
 }
 
 

@@ -91,6 +91,13 @@ class NoCapacity(SchedulerError):
     code = "no_engine"
 
 
+class SharedStateUnavailable(SchedulerError):
+    """The shared store (``cluster.store``) did not answer and the request needs it."""
+
+    status = 503
+    code = "store_unavailable"
+
+
 class RequestFailed(SchedulerError):
     status = 502
     code = "engine_error"

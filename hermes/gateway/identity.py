@@ -46,8 +46,11 @@ from typing import Any
 from hermes.fsutil import atomic_write_text
 from hermes.gateway.config import IdentityConfig
 from hermes.gateway.context import SchedulerContext
+from hermes.gateway.errors import SharedStateUnavailable
 from hermes.gateway.resolve import AppInfo, AppNames, Identity, Resolver
 from hermes.gateway.runs import RunObserver, RunRegistry
+from hermes.gateway.shared import StoreUnavailable
+from hermes.gateway.shared.evidence import RedisKeyIndex
 from hermes.gateway.state import ACTIVE, LiveRun
 
 log = logging.getLogger("hermes.gateway.identity")
@@ -65,11 +68,18 @@ class RunIdentities(RunObserver):
     """Requests -> runs and units, through the run resolver (see the module docstring)."""
 
     def __init__(self, ctx: SchedulerContext, registry: RunRegistry, config: IdentityConfig,
-                 *, state_dir: Path | None = None, kb: Any | None = None) -> None:
+                 *, state_dir: Path | None = None, kb: Any | None = None,
+                 shared_index: RedisKeyIndex | None = None) -> None:
+        """``shared_index``: the evidence index in the shared store (``cluster.store``): a
+        run's evidence then leads to it from any gateway process, and after a crash of this
+        one (the recovered run is adopted: :meth:`_adopt`)."""
         self.ctx = ctx
         self.registry = registry
         self.kb = kb
-        self.resolver = Resolver(config, names=self._stored_names(), new_run_id=_new_run_id)
+        self.shared_index = shared_index
+        self.resolver = Resolver(config, names=self._stored_names(), new_run_id=_new_run_id,
+                                 index=shared_index,
+                                 adopt=self._adopt if shared_index is not None else None)
         self.path = None if state_dir is None else Path(state_dir) / SNAPSHOT_FILE
         #: requests by the kind of evidence that placed them (``header``, ``continuation``,
         #: ``session``, ``new``, ...), for ``/metrics``
@@ -87,7 +97,10 @@ class RunIdentities(RunObserver):
         registry's errors for a named run that is unknown or no longer active."""
         now = self.ctx.now()
         resolver = self.resolver
-        ident = resolver.resolve(tenant, body, headers, now, messages=messages)
+        try:
+            ident = resolver.resolve(tenant, body, headers, now, messages=messages)
+        except StoreUnavailable as e:
+            raise SharedStateUnavailable(f"{e}; retry later") from None
         self.evidence[ident.evidence.split(":", 1)[0]] += 1
         reg = self.registry
         if ident.evidence == "header":
@@ -105,12 +118,30 @@ class RunIdentities(RunObserver):
             ident = resolver.resolve(tenant, body, headers, now, messages=messages)
         run = reg.create_run(ident.app, tenant=tenant, k=k, deadline_s=deadline_s,
                              run_id=ident.run, inferred=True)
+        if self.shared_index is not None:
+            self.shared_index.remember_run(tenant, ident.run, ident.app, ident.app_id)
         return run, ident
+
+    def _adopt(self, run_key: str) -> tuple[str, str, str] | None:
+        """``(tenant, app, app_id)`` of an inferred run the shared evidence names that the
+        registry has active, for the resolver to join (the run lives where runs live: the
+        registry; the resolver of this process did not open it)."""
+        run = self.registry.runs.get(run_key)
+        if run is None or run.status not in ACTIVE or not run.inferred:
+            return None
+        tenant = run.state.tenant
+        assert self.shared_index is not None
+        info = self.shared_index.run_info(tenant, run_key)
+        app, app_id = info if info is not None else (run.app, run.app)
+        return tenant, app, app_id
 
     def answered(self, ident: Identity, replies: Any, *, response_id: str | None = None) -> None:
         """Hermes returned ``replies`` (one assistant message per choice) for the request of
         ``ident``: the conversation they complete now leads to its run."""
-        self.resolver.answered(ident, replies, self.ctx.now(), response_id=response_id)
+        try:
+            self.resolver.answered(ident, replies, self.ctx.now(), response_id=response_id)
+        except StoreUnavailable:
+            pass  # the answer is out; its evidence is lost (the store logged and counts it)
 
     def abandoned(self, ident: Identity) -> None:
         """The request of ``ident`` failed or its client went away."""

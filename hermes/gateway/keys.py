@@ -11,7 +11,7 @@ limits::
     {"version": 1,
      "keys": [{"id": "1a2b3c4d", "tenant": "acme", "hash": "scrypt$...", "created": 1.7e9}],
      "tenants": {"acme": {"rate": 20, "burst": 40, "max_concurrent": 8,
-                          "max_active_runs": 100}}}
+                          "max_active_runs": 100, "rpm": 600}}}
 
 Checking a key against a request (caching, throttling, the middleware) is
 :mod:`hermes.gateway.auth`'s.
@@ -40,6 +40,10 @@ _SCRYPT = (1 << 14, 8, 1)  # N, r, p: ~20 ms and 16 MiB per hash
 
 class AuthError(ValueError):
     """A bad auth file or key store (the message names the file and the field)."""
+
+
+class KeyStoreUnavailable(RuntimeError):
+    """The key store (Redis) did not answer: no key can be checked against it now."""
 
 
 # ---------------------------------------------------------------------------------- hashing
@@ -95,7 +99,7 @@ class KeyEntry:
 def _limits(obj: Any, where: str) -> TenantLimits:
     if not isinstance(obj, dict):
         raise AuthError(f"{where}: expected an object of limits")
-    allowed = {"rate", "burst", "max_concurrent", "max_active_runs"}
+    allowed = {"rate", "burst", "max_concurrent", "max_active_runs", "rpm"}
     extra = set(obj) - allowed
     if extra:
         raise AuthError(f"{where}: unknown field(s) {sorted(extra)}; allowed: {sorted(allowed)}")
@@ -226,11 +230,18 @@ class RedisKeyStore(KeyStore):
     def __init__(self, url: str, prefix: str = "hermes:auth:") -> None:
         import redis
 
-        self.r = redis.Redis.from_url(url, decode_responses=True)
+        # short timeouts: a key is checked on every request, on the event loop
+        self.r = redis.Redis.from_url(url, decode_responses=True, socket_timeout=1.0,
+                                      socket_connect_timeout=1.0)
         self.prefix = prefix
 
     def get(self, key_id: str) -> KeyEntry | None:
-        raw = self.r.hget(self.prefix + "keys", key_id)
+        import redis
+
+        try:
+            raw = self.r.hget(self.prefix + "keys", key_id)
+        except redis.RedisError as e:
+            raise KeyStoreUnavailable(f"key store {self.prefix}keys: {e}") from None
         if raw is None:
             return None
         d = json.loads(raw)

@@ -84,7 +84,10 @@ class LiveScheduler:
         *,
         context: zmq.asyncio.Context | None = None,
         kb: Any | None = None,
+        evidence_index: Any | None = None,
     ) -> None:
+        """``evidence_index``: the run resolver's index in the shared store
+        (:class:`hermes.gateway.shared.evidence.RedisKeyIndex`; default: in memory)."""
         self.config = config
         sc = config.scheduler
         cost: CostModel = get_cost_model(sc.cost_model)
@@ -117,7 +120,8 @@ class LiveScheduler:
         # and the hosted app's code
         # requests -> runs and units: Hermes headers, or runs inferred from plain traffic
         self.identities = RunIdentities(ctx, self.registry, config.identity,
-                                        state_dir=state_dir, kb=self.kb)
+                                        state_dir=state_dir, kb=self.kb,
+                                        shared_index=evidence_index)
         for obs in (self.dispatch, self.prewarm, self.learner, self.durable, self.hosted_runs,
                     self.identities):
             self.registry.add_observer(obs)
@@ -281,11 +285,13 @@ class LiveScheduler:
     def create_run(self, app: str, *, deadline_s: float | None = None, tenant: str | None = None,
                    k: float | None = None, input: Any = None, hosted: bool = False,
                    auto_finish: bool = False,
-                   idempotency: dict[str, str] | None = None) -> LiveRun:
-        """A new run (:meth:`hermes.gateway.runs.RunRegistry.create_run`)."""
+                   idempotency: dict[str, str] | None = None,
+                   run_id: str | None = None) -> LiveRun:
+        """A new run (:meth:`hermes.gateway.runs.RunRegistry.create_run`); ``run_id``: the
+        id an idempotency claim reserved (default: a new one)."""
         return self.registry.create_run(app, deadline_s=deadline_s, tenant=tenant, k=k,
                                         input=input, hosted=hosted, auto_finish=auto_finish,
-                                        idempotency=idempotency)
+                                        idempotency=idempotency, run_id=run_id)
 
     def get_run(self, run_id: str) -> LiveRun | FinishedRun:
         return self.registry.get_run(run_id)

@@ -35,3 +35,24 @@ def test_admission_rate_concurrency_and_runs_per_tenant() -> None:
     assert adm.admit("b", 0.0)[0]
     assert adm.runs_allowed("b", 0)[0] and not adm.runs_allowed("b", 1)[0]
     assert adm.admit("anyone", 0.0)[0]  # default: unlimited
+
+
+def test_rpm_is_an_exact_sliding_window() -> None:
+    """At most ``rpm`` requests in any 60 s, whatever the burst: a token bucket with rate
+    rpm/60 and burst rpm lets more through within the first minute."""
+    from hermes.core.limits import Admission, SlidingWindow, TenantLimits, TokenBucket
+
+    adm = Admission(default=TenantLimits(rpm=5))
+    got = [adm.admit("t", t)[0] for t in (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 59.9)]
+    assert got == [True] * 5 + [False, False]
+    ok, wait, why = adm.admit("t", 30.0)
+    assert not ok and abs(wait - 30.0) < 1e-9 and "5 requests a minute" in why
+    assert adm.admit("t", 60.0)[0]  # the request of t=0 left the window
+    bucket = TokenBucket(5 / 60, 5)
+    assert sum(bucket.take(t) == 0.0 for t in range(0, 60, 2)) > 5
+    w = SlidingWindow(2, window_s=10.0)
+    assert [w.take(0.0), w.take(1.0)] == [0.0, 0.0] and w.take(5.0) == 5.0
+    # a refusal by the window spends no token of the bucket beside it
+    both = Admission(default=TenantLimits(rpm=1, rate=0.001, burst=2))
+    assert both.admit("t", 0.0)[0] and not both.admit("t", 1.0)[0]
+    assert abs(both.buckets["t"].tokens - 1.001) < 1e-9  # refilled, nothing spent

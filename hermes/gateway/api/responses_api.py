@@ -46,6 +46,7 @@ from hermes.gateway.responses import (
     DEFAULT_RETENTION_S,
     ResponsesError,
     ResponsesRequest,
+    ResponseStorage,
     ResponseStore,
     ResponseStreamer,
     assistant_message,
@@ -57,21 +58,28 @@ from hermes.gateway.responses import (
     to_chat,
 )
 from hermes.gateway.scheduler import LiveScheduler
+from hermes.gateway.shared import StoreUnavailable
 from hermes.protocol import Done
 
 router = APIRouter()
 
 RETENTION_S = DEFAULT_RETENTION_S  # how long a stored response can be read or continued
-MAX_STORED = DEFAULT_MAX_STORED  # stored responses per gateway (oldest dropped)
+MAX_STORED = DEFAULT_MAX_STORED  # stored responses per tenant (its oldest dropped)
 
 
-def response_store(request: Request) -> ResponseStore:
-    """The gateway's response store (``app.state.responses``, created on first use)."""
+def response_store(request: Request) -> ResponseStorage:
+    """The gateway's response store (``app.state.responses``: in Redis with a shared store,
+    :mod:`hermes.gateway.shared`; else in memory, created on first use)."""
     state = request.app.state
     store = getattr(state, "responses", None)
     if store is None:
         store = state.responses = ResponseStore(max_age_s=RETENTION_S, max_items=MAX_STORED)
     return store
+
+
+def _unavailable(e: StoreUnavailable) -> JSONResponse:
+    return error_response(503, f"{e}; retry later", code="store_unavailable",
+                          headers={"Retry-After": "1"})
 
 
 def _error(e: ResponsesError) -> JSONResponse:
@@ -111,7 +119,10 @@ async def create_response(request: Request) -> Response:
     store = response_store(request)
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
-        prev = store.get(tenant, req.previous_response_id)
+        try:
+            prev = store.get(tenant, req.previous_response_id)
+        except StoreUnavailable as e:
+            return _unavailable(e)
         if prev is None:
             return error_response(404, f"Previous response with id {req.previous_response_id!r} "
                                   "not found.", param="previous_response_id",
@@ -136,8 +147,19 @@ async def create_response(request: Request) -> Response:
     resp = from_chat(chat, req, response_id=new_response_id(), created_at=time.time())
     reply = assistant_message(resp)
     if req.store:
-        store.put(tenant, resp, input_items(req), [*conversation, reply], run_id=call.run.run_id)
+        _put(store, tenant, resp, input_items(req), [*conversation, reply], call.run.run_id)
     return answer(sched, call, resp, replies=reply, response_id=resp["id"] if req.store else None)
+
+
+def _put(store: ResponseStorage, tenant: str | None, resp: dict[str, Any],
+         items: list[dict[str, Any]], conversation: list[dict[str, Any]],
+         run_id: str) -> None:
+    """Store a response; a shared store that does not answer leaves it unstored (the answer
+    still goes out: it is generated; the store logs and counts the outage)."""
+    try:
+        store.put(tenant, resp, items, conversation, run_id=run_id)
+    except StoreUnavailable:
+        pass
 
 
 def _sse(event: dict[str, Any]) -> bytes:
@@ -145,7 +167,7 @@ def _sse(event: dict[str, Any]) -> bytes:
 
 
 async def _events(sched: LiveScheduler, call: BoundCall, req: ResponsesRequest,
-                  store: ResponseStore, tenant: str | None,
+                  store: ResponseStorage, tenant: str | None,
                   conversation: list[dict[str, Any]]) -> AsyncIterator[bytes]:
     """The Responses event stream of a streamed request. The response is stored before its
     last event leaves, so that a client continuing it at once finds it; a header-less run
@@ -167,8 +189,8 @@ async def _events(sched: LiveScheduler, call: BoundCall, req: ResponsesRequest,
         assert tr.response is not None
         reply = assistant_message(tr.response)
         if req.store:
-            store.put(tenant, tr.response, input_items(req), [*conversation, reply],
-                      run_id=call.run.run_id)
+            _put(store, tenant, tr.response, input_items(req), [*conversation, reply],
+                 call.run.run_id)
         call_answered(sched, call, reply,
                       response_id=tr.response["id"] if req.store else None)
         for ev in final:
@@ -188,7 +210,10 @@ async def _events(sched: LiveScheduler, call: BoundCall, req: ResponsesRequest,
 @router.get("/v1/responses/{response_id}", tags=["openai"])
 async def get_response(request: Request, response_id: str) -> Response:
     """A stored response (404 when unknown, expired, not stored or another tenant's)."""
-    entry = response_store(request).get(tenant_for(request, None), response_id)
+    try:
+        entry = response_store(request).get(tenant_for(request, None), response_id)
+    except StoreUnavailable as e:
+        return _unavailable(e)
     if entry is None:
         return _not_found(response_id)
     return JSONResponse(entry.response)
@@ -197,7 +222,11 @@ async def get_response(request: Request, response_id: str) -> Response:
 @router.delete("/v1/responses/{response_id}", tags=["openai"])
 async def delete_response(request: Request, response_id: str) -> Response:
     """Delete a stored response (it can no longer be read or continued)."""
-    if not response_store(request).delete(tenant_for(request, None), response_id):
+    try:
+        deleted = response_store(request).delete(tenant_for(request, None), response_id)
+    except StoreUnavailable as e:
+        return _unavailable(e)
+    if not deleted:
         return _not_found(response_id)
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
@@ -211,7 +240,10 @@ async def list_input_items(request: Request, response_id: str, limit: int = 20,
         return error_response(400, "limit: must be between 1 and 100", param="limit")
     if order not in ("asc", "desc"):
         return error_response(400, "order: expected 'asc' or 'desc'", param="order")
-    entry = response_store(request).get(tenant_for(request, None), response_id)
+    try:
+        entry = response_store(request).get(tenant_for(request, None), response_id)
+    except StoreUnavailable as e:
+        return _unavailable(e)
     if entry is None:
         return _not_found(response_id)
     items = entry.input_items if order == "asc" else entry.input_items[::-1]

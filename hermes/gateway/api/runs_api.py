@@ -34,8 +34,10 @@ Security (issue 15):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import uuid
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -49,8 +51,9 @@ from hermes.gateway.api.appstate import hosted_of, scheduler_of
 from hermes.gateway.api.errors import error_response, scheduler_error, validation_error
 from hermes.gateway.api.run_params import DeadlineS, Knob
 from hermes.gateway.auth import Security, tenant_for
-from hermes.gateway.errors import SchedulerError
+from hermes.gateway.errors import RunNotFound, SchedulerError
 from hermes.gateway.nodes import NO_SANDBOX
+from hermes.gateway.shared import StoreUnavailable
 from hermes.gateway.state import ACTIVE, LiveRun
 from hermes.gateway.tenancy import current_tenant, visible
 from hermes.protocol import ToolDone
@@ -174,15 +177,64 @@ async def create_run(body: CreateRun, request: Request) -> Response:
             return JSONResponse(run.to_json(sched.now()), status_code=201,
                                 headers={"Location": f"/v1/runs/{run.run_id}",
                                          "Idempotent-Replayed": "true"})
+    shared = getattr(request.app.state, "idempotency", None)
+    run_id = None
+    if idem is not None and shared is not None:  # several edges: claim the key in the store
+        run_id = f"run-{uuid.uuid4().hex[:16]}"
+        try:
+            held = shared.claim(tenant or "default", idem["key"], idem["body"], run_id)
+        except StoreUnavailable as e:
+            return error_response(503, f"{e}; retry later", code="store_unavailable",
+                                  headers={"Retry-After": "1"})
+        if held is not None:
+            return _replay_shared(sched, idem, *held)
     refused = check_run_quota(request, tenant)
-    if refused is not None:
+    if refused is None:
+        try:
+            run = sched.create_run(body.app, deadline_s=body.deadline_s, tenant=tenant,
+                                   k=body.k, input=body.input, hosted=app is not None,
+                                   idempotency=idem, run_id=run_id)
+        except Exception:
+            _drop_claim(shared, tenant, idem, run_id)
+            raise
+    else:
+        _drop_claim(shared, tenant, idem, run_id)
         return refused
-    run = sched.create_run(body.app, deadline_s=body.deadline_s, tenant=tenant, k=body.k,
-                           input=body.input, hosted=app is not None, idempotency=idem)
     if app is not None:
         sched.launch_hosted(run, app)
     return JSONResponse(run.to_json(sched.now()), status_code=201,
                         headers={"Location": f"/v1/runs/{run.run_id}"})
+
+
+def _replay_shared(sched: Any, idem: dict[str, str], run_id: str, fingerprint: str) -> Response:
+    """The answer to a request whose ``Idempotency-Key`` another request (maybe on another
+    edge) claimed in the shared store: its run, 422 for another body, or 409 while that run
+    is not visible here yet (its creation is in progress)."""
+    key = idem["key"]
+    if fingerprint != idem["body"]:
+        return error_response(
+            422, f"{IDEMPOTENCY_HEADER} {key!r} was used for another request body (run "
+            f"{run_id}); use a new key for a new request", param=IDEMPOTENCY_HEADER,
+            code="idempotency_key_reused")
+    try:
+        run = sched.get_run(run_id)
+    except RunNotFound:
+        return error_response(
+            409, f"{IDEMPOTENCY_HEADER} {key!r}: the request that holds it (run {run_id}) "
+            "is still being created; retry", param=IDEMPOTENCY_HEADER,
+            code="idempotency_key_in_progress", headers={"Retry-After": "1"})
+    return JSONResponse(run.to_json(sched.now()), status_code=201,
+                        headers={"Location": f"/v1/runs/{run.run_id}",
+                                 "Idempotent-Replayed": "true"})
+
+
+def _drop_claim(shared: Any, tenant: str | None, idem: dict[str, str] | None,
+                run_id: str | None) -> None:
+    """Give up a claim whose run was not created (a retry may then create it)."""
+    if shared is None or idem is None or run_id is None:
+        return
+    with contextlib.suppress(StoreUnavailable):
+        shared.drop(tenant or "default", idem["key"], idem["body"], run_id)
 
 
 @router.get("/v1/runs", tags=["runs"])

@@ -21,7 +21,34 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
+
+
+class EvidenceIndex(Protocol):
+    """What the resolver asks of its evidence index: :class:`KeyIndex` in one process, or
+    a shared one (:class:`hermes.gateway.shared.evidence.RedisKeyIndex`) that every edge
+    reads and writes, so that evidence left by one edge leads another to the run."""
+
+    evicted: int
+    expired: int
+
+    def __len__(self) -> int: ...
+
+    @property
+    def tenants(self) -> int: ...
+
+    def get(self, tenant: str, key: bytes, now: float) -> str | None: ...
+
+    def get_first(self, tenant: str, keys: Sequence[bytes], now: float
+                  ) -> tuple[bytes, str] | None: ...
+
+    def put(self, tenant: str, key: bytes, value: str, now: float) -> None: ...
+
+    def sweep(self, now: float) -> None: ...
+
+    def dump(self) -> list[list[Any]]: ...
+
+    def load(self, rows: Iterable[Sequence[Any]]) -> None: ...
 
 
 class KeyIndex:
@@ -61,6 +88,16 @@ class KeyIndex:
             self.expired += 1
             return None
         return entry[0]
+
+    def get_first(self, tenant: str, keys: Sequence[bytes], now: float
+                  ) -> tuple[bytes, str] | None:
+        """``(key, run key)`` of the first of ``keys`` that is present, else None (a shared
+        index answers it in one round trip)."""
+        for key in keys:
+            value = self.get(tenant, key, now)
+            if value is not None:
+                return key, value
+        return None
 
     def put(self, tenant: str, key: bytes, value: str, now: float) -> None:
         """Store ``value`` under ``key`` (replacing and refreshing an existing entry)."""

@@ -66,7 +66,7 @@ from hermes.gateway.resolve.evidence import (
     session_of,
 )
 from hermes.gateway.resolve.fanout import FanoutBook
-from hermes.gateway.resolve.index import KeyIndex
+from hermes.gateway.resolve.index import EvidenceIndex, KeyIndex
 from hermes.gateway.resolve.runend import GapBook
 from hermes.gateway.resolve.templates import InstructionTemplates, instructions_of, turn_skeleton
 from hermes.gateway.resolve.units import TurnTemplates, UnitBook, unit_key
@@ -166,12 +166,21 @@ class Resolver:
     """Maps requests to (tenant, app, run, unit); bounded state (module docstring)."""
 
     def __init__(self, config: IdentityConfig | None = None, *, names: AppNames | None = None,
-                 new_run_id: Callable[[], str] | None = None) -> None:
+                 new_run_id: Callable[[], str] | None = None,
+                 index: EvidenceIndex | None = None,
+                 adopt: Callable[[str], tuple[str, str, str] | None] | None = None) -> None:
+        """``index``: the evidence index (default: in memory; a shared one lets evidence left
+        by another edge, or by a scheduler before a failover, lead here). ``adopt(run_key)``:
+        ``(tenant, app, app_id)`` of a run the evidence names that this resolver does not
+        track but the run registry still has active (it then joins it and tracks it), or
+        None (the request starts a new run that ``follows`` it)."""
         cfg = self.config = config or IdentityConfig()
         self.names = names or AppNames()
         self.new_run_id = new_run_id or _counter_ids()
-        self.index = KeyIndex(max_entries=cfg.index_max_entries,
-                              max_per_tenant=cfg.index_max_per_tenant, ttl_s=cfg.index_ttl_s)
+        self.adopt = adopt
+        self.index: EvidenceIndex = index if index is not None else KeyIndex(
+            max_entries=cfg.index_max_entries, max_per_tenant=cfg.index_max_per_tenant,
+            ttl_s=cfg.index_ttl_s)
         #: reply passages (dataflow), apart so that they never evict conversation evidence
         self.passages = KeyIndex(max_entries=cfg.dataflow_max_entries,
                                  max_per_tenant=cfg.dataflow_max_per_tenant,
@@ -245,12 +254,10 @@ class Resolver:
                 if run_key is None:
                     run_key = index.get(tenant, skey, now)
                     evidence = f"session:{session[0]}"
-        if run_key is None:
-            for digest in reversed(candidates):
-                run_key = index.get(tenant, digest, now)
-                if run_key is not None:
-                    evidence = "continuation"
-                    break
+        if run_key is None and candidates:
+            hit = index.get_first(tenant, candidates[::-1], now)
+            if hit is not None:
+                run_key, evidence = hit[1], "continuation"
         if run_key is None and cfg.dataflow and msgs and not has_session:
             passages = self.passages
             run_key = vote([passages.get(tenant, d, now) for d in prompt_digests(
@@ -278,6 +285,10 @@ class Resolver:
             if fanout is not None:
                 run_key, evidence = fanout, "fanout"
         run = self._open.get(run_key) if run_key is not None else None
+        adopted = False  # its last activity was elsewhere: no gap to learn from here
+        if run is None and run_key is not None and self.adopt is not None:
+            run = self._adopt(run_key, now)
+            adopted = run is not None
         follows = run_key if run is None else None
         if follows is not None:
             late = self._recently_closed.pop(follows, None)
@@ -289,7 +300,7 @@ class Resolver:
             else:
                 if evidence == "dataflow":
                     run.dataflow += 1
-                if run.busy == 0:
+                if run.busy == 0 and not adopted:
                     self.gaps.add(run.app_id, now - run.last,
                                   conversation=evidence != "dataflow")
             self._by_app[run.app_id].move_to_end(run.key)
@@ -490,6 +501,22 @@ class Resolver:
         if len(self._open) > self.config.max_open_runs:
             self._evict(now)
         return run
+
+    def _adopt(self, run_key: str, now: float) -> _Run | None:
+        """Track a run the evidence names that another edge (or a scheduler before a
+        failover) opened, if the registry still has it active (:attr:`adopt`)."""
+        assert self.adopt is not None
+        got = self.adopt(run_key)
+        if got is None:
+            return None
+        tenant, app, app_id = got
+        # requests=1: its first request was made elsewhere (this is not a new run)
+        run = _Run(run_key, tenant, app, app_id, now, requests=1)
+        self._open[run_key] = run
+        self._by_app.setdefault(app_id, OrderedDict())[run_key] = None
+        if len(self._open) > self.config.max_open_runs:
+            self._evict(now)
+        return run if run_key in self._open else None
 
     def _remember_closed(self, run: _Run) -> None:
         """Keep (app, last activity) of a run closed for idleness, so that a continuation

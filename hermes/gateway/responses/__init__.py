@@ -46,11 +46,11 @@ from hermes.gateway.responses.request import (
     parse_request,
     to_chat,
 )
-from hermes.gateway.responses.store import ResponseStore, StoredResponse
+from hermes.gateway.responses.store import ResponseStorage, ResponseStore, StoredResponse
 
 __all__ = [
     "DEFAULT_MAX_STORED", "DEFAULT_RETENTION_S", "MAX_OUTPUT_TOKENS", "PASS_THROUGH",
-    "RESPONSES_ONLY", "UNSUPPORTED", "ResponseStore", "ResponseStreamer", "ResponsesError",
+    "RESPONSES_ONLY", "UNSUPPORTED", "ResponseStorage", "ResponseStore", "ResponseStreamer", "ResponsesError",
     "ResponsesRequest", "StoredResponse", "assistant_message", "from_chat", "input_items",
     "input_messages", "new_response_id", "parse_request", "response_object", "to_chat",
 ]

@@ -1,5 +1,9 @@
 """Stored responses, per tenant, with the chat conversation each ended with, so that
-``previous_response_id`` continues it (retention by age and count).
+``previous_response_id`` continues it (retention by age and count, per tenant).
+
+:class:`ResponseStorage` is the interface the Responses API uses; :class:`ResponseStore` is
+the in-memory one (one gateway process); the shared one, in Redis, is
+:class:`hermes.gateway.shared.responses.RedisResponseStore` (several gateways, durable).
 """
 
 from __future__ import annotations
@@ -8,9 +12,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from hermes.gateway.responses.request import DEFAULT_MAX_STORED, DEFAULT_RETENTION_S
+
+#: stored responses of all tenants together in one process's memory (the largest tenant's
+#: oldest go first past it, so that one tenant's flood never evicts another's)
+DEFAULT_MAX_TOTAL = 100_000
 
 
 # ---------------------------------------------------------------------------------- store
@@ -28,54 +36,86 @@ class StoredResponse:
     run_id: str | None = None  # the run that made it (for inferring runs from chains later)
 
 
+class ResponseStorage(Protocol):
+    """Where stored responses are kept: an id is visible only to the tenant that created it
+    (another tenant's id is "not found", as an unknown one); each tenant's oldest go first
+    past its cap, and every entry expires after the retention time."""
+
+    def put(self, tenant: str | None, response: dict[str, Any],
+            input_items: list[dict[str, Any]], conversation: list[dict[str, Any]], *,
+            run_id: str | None = None) -> StoredResponse: ...
+
+    def get(self, tenant: str | None, response_id: str) -> StoredResponse | None: ...
+
+    def delete(self, tenant: str | None, response_id: str) -> bool: ...
+
+
 class ResponseStore:
-    """Stored responses, per tenant: an id is visible only to the tenant that created it
-    (another tenant's id is "not found", as an unknown one). Oldest first out: entries older
-    than ``max_age_s`` expire, and past ``max_items`` the oldest is dropped. In memory, one
-    per gateway (``clock`` is injectable for tests)."""
+    """Stored responses in memory, per tenant: entries older than ``max_age_s`` expire; past
+    ``max_items`` for one tenant that tenant's oldest is dropped, and past ``max_total`` in
+    all the oldest of the tenant holding the most (``clock`` is injectable for tests)."""
 
     def __init__(self, *, max_age_s: float = DEFAULT_RETENTION_S,
-                 max_items: int = DEFAULT_MAX_STORED,
+                 max_items: int = DEFAULT_MAX_STORED, max_total: int = DEFAULT_MAX_TOTAL,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.max_age_s = max_age_s
         self.max_items = max_items
+        self.max_total = max_total
         self.clock = clock
-        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._tenants: dict[str | None, OrderedDict[str, StoredResponse]] = {}
+        self._n = 0
 
     def __len__(self) -> int:
-        self._expire()
-        return len(self._items)
+        for tenant in list(self._tenants):
+            self._expire(tenant)
+        return self._n
 
-    def _expire(self) -> None:
+    def _expire(self, tenant: str | None) -> None:
+        items = self._tenants.get(tenant)
+        if items is None:
+            return
         cutoff = self.clock() - self.max_age_s
-        while self._items:
-            first = next(iter(self._items.values()))
+        while items:
+            first = next(iter(items.values()))
             if first.stored_at > cutoff:
                 break
-            self._items.popitem(last=False)
+            items.popitem(last=False)
+            self._n -= 1
+        if not items:
+            del self._tenants[tenant]
 
     def put(self, tenant: str | None, response: dict[str, Any], input_items: list[dict[str, Any]],
             conversation: list[dict[str, Any]], *, run_id: str | None = None) -> StoredResponse:
         """Store a finished response (replacing one with the same id)."""
         entry = StoredResponse(tenant, response, input_items, conversation, self.clock(), run_id)
-        self._items.pop(response["id"], None)
-        self._items[response["id"]] = entry
-        self._expire()
-        while len(self._items) > self.max_items:
-            self._items.popitem(last=False)
+        items = self._tenants.setdefault(tenant, OrderedDict())
+        if items.pop(response["id"], None) is not None:
+            self._n -= 1
+        items[response["id"]] = entry
+        self._n += 1
+        self._expire(tenant)
+        while len(items) > self.max_items:
+            items.popitem(last=False)
+            self._n -= 1
+        while self._n > self.max_total:
+            largest = max(self._tenants.values(), key=len)
+            largest.popitem(last=False)
+            self._n -= 1
         return entry
 
     def get(self, tenant: str | None, response_id: str) -> StoredResponse | None:
         """The stored response, or None when unknown, expired or another tenant's."""
-        self._expire()
-        entry = self._items.get(response_id)
-        if entry is None or entry.tenant != tenant:
-            return None
-        return entry
+        self._expire(tenant)
+        items = self._tenants.get(tenant)
+        return None if items is None else items.get(response_id)
 
     def delete(self, tenant: str | None, response_id: str) -> bool:
         """Forget a response; False when :meth:`get` would not find it."""
         if self.get(tenant, response_id) is None:
             return False
-        del self._items[response_id]
+        items = self._tenants[tenant]
+        del items[response_id]
+        self._n -= 1
+        if not items:
+            del self._tenants[tenant]
         return True
