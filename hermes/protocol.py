@@ -224,6 +224,9 @@ class Submit(_Msg):
     #: (additive) the gateway's estimate of the prompt's tokens: what the node's KV gate
     #: counts (None: the node estimates it from ``body``)
     prompt_tokens: int | None = Field(default=None, ge=0)
+    #: (additive) the W3C trace context of the request's span (tracing on): the node sends it
+    #: as the ``traceparent`` header of its request to an OpenAI-compatible engine
+    traceparent: str | None = None
 
     def prompt_estimate(self) -> int:
         """The prompt's tokens as the gateway estimated them, else estimated from ``body``."""

@@ -40,7 +40,7 @@ from hermes import protocol as P
 from hermes.core.kv_gate import KvGate
 from hermes.core.ordering import KeyedQueue
 from hermes.core.prewarm import resource_kind, resource_model
-from hermeslet.engines.base import EngineAdapter, EngineError, GenChunk, GenResult
+from hermeslet.engines.base import TRACEPARENT, EngineAdapter, EngineError, GenChunk, GenResult
 from hermeslet.kv_events import EngineKVFollower
 from hermeslet.placement import EngineLaunch, PlacementChange, parse_placement, plan_change
 from hermeslet.tools import ToolRunner
@@ -610,6 +610,8 @@ class HermesLet:
             P.key_to_priority(key, self.priority_scale)
         body = {**sub.body, "model": sub.model}
         load_err: str | None = None
+        if sub.traceparent is not None:  # this task's context: the adapter sends it on
+            TRACEPARENT.set(sub.traceparent)
         try:
             load_err = await self._ensure_adapter(slot, sub.model)
             result: GenResult | None = None

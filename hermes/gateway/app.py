@@ -31,6 +31,7 @@ from hermes.gateway.auth import install_security
 from hermes.gateway.config import EngineConfig, GatewayConfig
 from hermes.gateway.hosted import HostedRegistry
 from hermes.gateway.scheduler import LiveScheduler
+from hermes.gateway.tracing import install_tracing
 from hermes.metrics import GatewayMetrics
 
 log = logging.getLogger("hermes.gateway")
@@ -124,6 +125,8 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
         ctx = zmq.asyncio.Context()
         sched = LiveScheduler(config, context=ctx)
         app.state.metrics.attach(sched)
+        if app.state.tracing is not None:  # traces of runs (hermes.gateway.tracing)
+            app.state.tracing.attach(sched)
         await sched.start()
         app.state.scheduler = sched
         node_task: asyncio.Task[None] | None = None
@@ -169,6 +172,8 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await asyncio.wait_for(node_task, 10.0)
             await sched.stop()
+            if app.state.tracing is not None:
+                app.state.tracing.shutdown()  # flushes what is queued
             ctx.term()
 
     app = FastAPI(
@@ -191,5 +196,6 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     app.include_router(responses_api.router)  # POST /v1/responses, translated to chat
     app.state.metrics = GatewayMetrics()  # its own registry: several apps per process
     admin_api.install(app)  # /admin/... (HERMES_ADMIN_TOKEN) and GET /metrics
+    install_tracing(app, config)  # traces of runs, where [tracing] or OTEL_* turns them on
     install_error_handlers(app)  # every error in OpenAI's shape
     return app
