@@ -203,6 +203,9 @@ class TracingConfig(_Section):
     service_name: str = "hermes-gateway"
     #: export prompts, completions, tool code and output (off: never exported)
     capture_content: bool = False
+    #: make and export the spans in a process of their own (the SDK's CPU off the gateway's);
+    #: false: in a thread of the gateway (the ``memory`` exporter always is)
+    process: bool = True
 
 
 class PlacementConfig(_Section):

@@ -27,11 +27,14 @@ Re-ranks (``hermes.rerank``), prewarm decisions (``hermes.prewarm``), retries
 inferred run (``hermes.run_end_inferred``) are span events. Prompt and completion text (and a
 tool's code and output) are exported only with ``[tracing] capture_content = true``.
 
-Spans are made on the event loop (microseconds each) and exported off it: the SDK's
-``BatchSpanProcessor`` (a background thread, a bounded queue: ``OTEL_BSP_MAX_QUEUE_SIZE``,
-``OTEL_BSP_SCHEDULE_DELAY``, ...); spans it drops for a full queue are counted
-(``hermes_trace_spans_dropped_total``, :class:`TracingCollector`). With tracing off none of
-this is installed: dispatch checks one attribute per request.
+Off the hot path: on the event loop the tracer only picks ids and, as a span ends, describes
+it as a plain record (a few microseconds) put in a bounded queue (:class:`Tracing`); the
+OpenTelemetry SDK, which costs ~50 us to make a span and ~100 us to encode it, makes the real
+spans from those records in an export process of its own (:mod:`hermes.gateway.
+trace_export`: the SDK's ``BatchSpanProcessor`` and OTLP exporter, ``OTEL_BSP_*`` as usual),
+or in a thread of the gateway (``[tracing] process = false``). Records or spans dropped for a
+full queue are counted (``hermes_trace_spans_dropped_total``, :class:`TracingCollector`).
+With tracing off none of this is installed: dispatch checks one attribute per request.
 
 Turned on by ``[tracing] enabled = true`` or the standard OpenTelemetry variables
 (``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``;
@@ -41,12 +44,17 @@ exporter come with the ``tracing`` extra (:mod:`hermes.extras`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
-from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+import random
+import subprocess
+import sys
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -107,36 +115,59 @@ class TraceContextMiddleware:
 
 
 @dataclass(slots=True, eq=False)
-class _RunSpans:
-    """What the tracer keeps of one active run."""
+class _RunTrace:
+    """What the tracer keeps of one active run: its ids, open units and root events."""
 
-    root: Any  # opentelemetry.trace.Span
-    ctx: Any  # the context with ``root`` in it (the units' parent)
-    #: open unit invocations: id(inv) -> (inv, span, context with the span)
-    units: dict[int, tuple[UnitInvocation, Any, Any]] = field(default_factory=dict)
+    trace: str  # trace id, 32 hex digits
+    root: int  # the root span's id
+    parent: int  # the caller's span (0: none)
+    parent_flags: int
+    links: list[list[Any]]
+    #: open unit invocations: id(inv) -> (inv, span id)
+    units: dict[int, tuple[UnitInvocation, int]] = field(default_factory=dict)
+    events: list[list[Any]] = field(default_factory=list)
     rank: float = math.nan
     reranks: int = 0
     prewarms: int = 0
 
 
+@dataclass(slots=True, eq=False)
+class _RequestTrace:
+    """What the tracer keeps of one pending request or tool call until its span is emitted
+    (the request's message is dropped once it is done: what the span needs is kept here)."""
+
+    span: int
+    op: str  # gen_ai.operation.name
+    rank: float  # the run's rank (its key's first part) when it was dispatched
+    max_tokens: int | None = None
+    backend: str | None = None
+    prompt: str | None = None  # content, only when captured
+    arguments: str | None = None
+    retries: int = 0
+    events: list[list[Any]] = field(default_factory=list)
+    links: list[list[Any]] = field(default_factory=list)
+
+
+def _span_id() -> int:
+    return random.getrandbits(64) or 1
+
+
 class RunTracer(RunObserver):
-    """Runs, units, requests and tool calls as OpenTelemetry spans (see the module doc)."""
+    """Runs, units, requests and tool calls as OpenTelemetry spans (see the module doc).
 
-    def __init__(self, ctx: SchedulerContext, provider: Any, *, capture_content: bool = False,
-                 keep_trace_ids: int = 10_000) -> None:
-        from opentelemetry import trace
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    It chooses the ids and keeps plain facts while a run goes on; each span is described as
+    a record (:data:`hermes.gateway.trace_export.SpanRecord`) when it ends (a unit's and its
+    requests' when the unit closes, the root's when the run ends) and handed to ``emit``
+    (:class:`Tracing`'s queue), which the export side turns into SDK spans."""
 
+    def __init__(self, ctx: SchedulerContext, emit: Callable[[list[Any]], None], *,
+                 capture_content: bool = False, keep_trace_ids: int = 10_000) -> None:
         self.ctx = ctx
-        self.provider = provider
-        self.tracer = provider.get_tracer("hermes.gateway")
+        self.emit = emit
         self.capture_content = capture_content
-        self._trace = trace
-        self._propagator = TraceContextTextMapPropagator()
-        self._runs: dict[str, _RunSpans] = {}
-        #: request id -> [its span, its retries so far] (ended when its unit closes, or its
-        #: run ends)
-        self._reqs: dict[str, list[Any]] = {}
+        self._runs: dict[str, _RunTrace] = {}
+        #: pending requests' spans (emitted when their unit closes)
+        self._reqs: dict[str, _RequestTrace] = {}
         #: run id -> trace id (hex), the last ``keep_trace_ids`` runs (``GET .../timeline``)
         self._trace_ids: OrderedDict[str, str] = OrderedDict()
         self._keep = keep_trace_ids
@@ -155,36 +186,29 @@ class RunTracer(RunObserver):
         """The trace id (32 hex digits) of a run traced by this gateway, if it is kept."""
         return self._trace_ids.get(run_id)
 
+    def traceparent(self, run_id: str, request_id: str) -> str | None:
+        """The W3C ``traceparent`` of a pending request's span (what its engine gets)."""
+        t, r = self._runs.get(run_id), self._reqs.get(request_id)
+        return None if t is None or r is None else f"00-{t.trace}-{r.span:016x}-01"
+
     # ------------------------------------------------------------------ runs and units
     def run_created(self, run: LiveRun) -> None:
         st = run.state
-        carrier = INCOMING.get()
-        parent = self._propagator.extract(carrier) if carrier else None
-        root = self.tracer.start_span(
-            f"run {st.app}", context=parent, kind=self._trace.SpanKind.SERVER,
-            start_time=self._ns(st.submitted),
-            attributes={"hermes.run_id": st.run_id, "hermes.app": st.app,
-                        "hermes.tenant": st.tenant, "hermes.inferred": run.inferred,
-                        "hermes.hosted": run.hosted, "gen_ai.operation.name": "invoke_agent",
-                        "gen_ai.agent.name": st.app, "openinference.span.kind": "AGENT"})
-        self._runs[st.run_id] = _RunSpans(root, self._trace.set_span_in_context(root))
+        caller = _caller()
+        if caller is not None:
+            trace, parent, flags = caller
+        else:
+            trace, parent, flags = format(random.getrandbits(128) or 1, "032x"), 0, 1
+        self._runs[st.run_id] = _RunTrace(trace, _span_id(), parent, flags, [])
         ids = self._trace_ids
-        ids[st.run_id] = format(root.get_span_context().trace_id, "032x")
+        ids[st.run_id] = trace
         if len(ids) > self._keep:
             ids.popitem(last=False)
 
     def unit_started(self, run: LiveRun, inv: UnitInvocation, now: float) -> None:
         t = self._runs.get(run.run_id)
-        if t is None:
-            return
-        attrs: dict[str, Any] = {"hermes.unit": inv.unit, "hermes.backend": inv.backend,
-                                 "hermes.explicit": inv.explicit,
-                                 "openinference.span.kind": "CHAIN"}
-        if inv.upstream:
-            attrs["hermes.upstream"] = inv.upstream
-        span = self.tracer.start_span(f"unit {inv.unit}", context=t.ctx,
-                                      start_time=self._ns(inv.started), attributes=attrs)
-        t.units[id(inv)] = (inv, span, self._trace.set_span_in_context(span))
+        if t is not None:
+            t.units[id(inv)] = (inv, _span_id())
 
     def ranks_changed(self, run: LiveRun, now: float) -> None:
         t = self._runs.get(run.run_id)
@@ -197,17 +221,17 @@ class RunTracer(RunObserver):
             attrs = {"hermes.rank": rank}
             if math.isfinite(t.rank):
                 attrs["hermes.previous_rank"] = t.rank
-            t.root.add_event("hermes.rerank", attrs, timestamp=self._ns(now))
+            t.events.append(["hermes.rerank", self._ns(now), attrs])
             t.reranks += 1
         t.rank = rank
 
     def run_progress(self, run: LiveRun) -> None:
         t = self._runs.get(run.run_id)
         if t is not None and t.units:
-            for key, (inv, span, _) in list(t.units.items()):
+            for key, (inv, span_id) in list(t.units.items()):
                 if inv.closed:
                     del t.units[key]
-                    self._end_unit(inv, span)
+                    self._emit_unit(t, inv, span_id)
 
     def run_ended(self, run: LiveRun) -> None:
         t = self._runs.pop(run.run_id, None)
@@ -215,116 +239,121 @@ class RunTracer(RunObserver):
             return
         st = run.state
         end = st.finished if st.finished is not None else self.ctx.now()
-        for inv, span, _ in t.units.values():
-            self._end_unit(inv, span, end)
-        root = t.root
+        for inv, span_id in t.units.values():
+            self._emit_unit(t, inv, span_id, end)
         if run.inferred and run.status == "finished":
             # the gateway decided that this run had ended (idle past its app's usual gaps)
-            root.add_event("hermes.run_end_inferred", {"hermes.idle_s": max(
-                0.0, self.ctx.now() - end)}, timestamp=self._ns(end))
-        attrs: dict[str, Any] = {"hermes.outcome": run.status, "hermes.act_s": end - st.submitted,
-                                 "hermes.attained_s": st.attained_s,
-                                 "hermes.attained_tokens": st.attained_tokens,
-                                 "hermes.units": len(run.units)}
+            t.events.append(["hermes.run_end_inferred", self._ns(end),
+                             {"hermes.idle_s": max(0.0, self.ctx.now() - end)}])
+        attrs: dict[str, Any] = {
+            "hermes.run_id": st.run_id, "hermes.app": st.app, "hermes.tenant": st.tenant,
+            "hermes.inferred": run.inferred, "hermes.hosted": run.hosted,
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": st.app,
+            "openinference.span.kind": "AGENT", "hermes.outcome": run.status,
+            "hermes.act_s": end - st.submitted, "hermes.attained_s": st.attained_s,
+            "hermes.attained_tokens": st.attained_tokens, "hermes.units": len(run.units)}
         if math.isfinite(st.rank):
             attrs["hermes.rank"] = st.rank
+        error = None
         if run.error:
             attrs["error.type"] = "run_failed"
             attrs["hermes.error"] = run.error
-        root.set_attributes(attrs)
-        if run.status == "failed":
-            root.set_status(self._trace.Status(self._trace.StatusCode.ERROR, run.error or ""))
-        root.end(end_time=self._ns(end))
+            error = run.error if run.status == "failed" else None
+        self.emit([f"run {st.app}", t.trace, t.root, t.parent, 1, t.parent_flags, 1,
+                   self._ns(st.submitted), self._ns(end), attrs, t.events, t.links, error])
 
-    def _end_unit(self, inv: UnitInvocation, span: Any, at: float | None = None) -> None:
+    def _emit_unit(self, t: _RunTrace, inv: UnitInvocation, span_id: int,
+                   at: float | None = None) -> None:
         for req in inv.requests:
             entry = self._reqs.pop(req.request_id, None)
             if entry is not None:
-                self._end_request(req, entry[0], at)
+                self._emit_request(t, span_id, req, entry, at)
         end = inv.finished if inv.finished is not None else at
-        span.set_attribute("hermes.requests", len(inv.requests))
+        attrs: dict[str, Any] = {"hermes.unit": inv.unit, "hermes.backend": inv.backend,
+                                 "hermes.explicit": inv.explicit, "hermes.requests": len(inv.requests),
+                                 "openinference.span.kind": "CHAIN"}
+        if inv.upstream:
+            attrs["hermes.upstream"] = inv.upstream
         if inv.duration_s is not None:
-            span.set_attribute("hermes.duration_s", inv.duration_s)
-        span.end(end_time=self._ns(end) if end is not None else None)
+            attrs["hermes.duration_s"] = inv.duration_s
+        start = self._ns(inv.started)
+        self.emit([f"unit {inv.unit}", t.trace, span_id, t.root, 0, 1, 0, start,
+                   self._ns(end) if end is not None else start, attrs, [], [], None])
 
     # ------------------------------------------------------------------ requests
     def sent(self, req: PendingRequest) -> None:
-        """``req`` goes to its node (first send, a retry or a failover): its span starts (or
-        gets a ``hermes.retry`` / ``hermes.failover`` event), and an LLM request carries the
-        span's context to the engine."""
+        """``req`` goes to its node (first send, a retry or a failover): its span gets an id
+        (or a ``hermes.retry`` / ``hermes.failover`` event), and an LLM request carries the
+        span's context to its engine."""
         entry = self._reqs.get(req.request_id)
+        t = self._runs.get(req.run.run_id)
+        if t is None:
+            return
         msg = req.msg
         if entry is None:
-            t = self._runs.get(req.run.run_id)
-            if t is None:
-                return
-            unit = t.units.get(id(req.inv))
-            parent = unit[2] if unit is not None else t.ctx
-            span = self._start_request(req, parent)
-            self._reqs[req.request_id] = [span, 0]
+            entry = self._reqs[req.request_id] = self._new_request(req)
         else:
-            span = entry[0]
             # a retry after the node said so, or a move off a node that died
-            name = "hermes.retry" if req.retries > entry[1] else "hermes.failover"
-            entry[1] = req.retries
-            span.add_event(name, {"hermes.node": req.node or "", "hermes.engine": req.engine or ""},
-                           timestamp=self._ns(self.ctx.now()))
-            span.set_attributes({"hermes.retries": req.retries + req.fault_retries,
-                                 "hermes.node": req.node or "",
-                                 "hermes.engine": req.engine or ""})
+            name = "hermes.retry" if req.retries > entry.retries else "hermes.failover"
+            entry.retries = req.retries
+            if len(entry.events) < MAX_EVENTS:
+                entry.events.append([name, self._ns(self.ctx.now()), {
+                    "hermes.node": req.node or "", "hermes.engine": req.engine or ""}])
         if isinstance(msg, Submit):
-            carrier: dict[str, str] = {}
-            self._propagator.inject(carrier, self._trace.set_span_in_context(span))
-            msg.traceparent = carrier.get("traceparent")
+            msg.traceparent = f"00-{t.trace}-{entry.span:016x}-01"
 
-    def _start_request(self, req: PendingRequest, parent: Any) -> Any:
+    def _new_request(self, req: PendingRequest) -> _RequestTrace:
         msg = req.msg
-        key0 = req.key[0] if req.key else math.nan
+        rt = _RequestTrace(_span_id(), "chat", req.key[0] if req.key else math.nan)
+        if INCOMING.get() is not None:
+            caller = _caller()
+            if caller is not None:  # the caller's own span for this call (an agent's step)
+                rt.links.append([caller[0], caller[1]])
+        if isinstance(msg, Submit):
+            rt.op = OPERATIONS.get(msg.endpoint, msg.endpoint)
+            mt = msg.body.get("max_tokens") or msg.body.get("max_completion_tokens")
+            rt.max_tokens = mt if isinstance(mt, int) else None
+            if self.capture_content:
+                body = msg.body
+                rt.prompt = json.dumps(
+                    body.get("messages") if msg.endpoint == "chat"
+                    else [{"role": "user", "content": body.get("prompt", body.get("input"))}],
+                    default=str)
+        elif isinstance(msg, Tool):
+            rt.op, rt.backend = "execute_tool", msg.backend
+            if self.capture_content:
+                rt.arguments = msg.code if msg.code is not None else json.dumps(msg.command)
+        return rt
+
+    def _emit_request(self, t: _RunTrace, unit_span: int, req: PendingRequest,
+                      entry: _RequestTrace, at: float | None) -> None:
+        span_id, events, links, rank0 = entry.span, entry.events, entry.links, entry.rank
+        res = req.result
+        sent = req.sent_at
         attrs: dict[str, Any] = {"hermes.request_id": req.request_id,
                                  "hermes.policy": self.ctx.config.scheduler.policy,
-                                 "hermes.node": req.node or "", "hermes.retries": 0}
-        if math.isfinite(key0):
-            attrs["hermes.rank"] = key0
-        links = None
-        carrier = INCOMING.get()
-        if carrier:
-            # the caller's own span for this call (an agent's LLM step): linked
-            caller = self._trace.get_current_span(self._propagator.extract(carrier))
-            sc = caller.get_span_context()
-            if sc.is_valid:
-                links = [self._trace.Link(sc)]
-        if isinstance(msg, Tool):
-            attrs.update({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": req.inv.unit,
-                          "gen_ai.tool.call.id": req.request_id, "hermes.backend": msg.backend,
+                                 "hermes.node": req.node or "",
+                                 "hermes.retries": req.retries + req.fault_retries}
+        if math.isfinite(rank0):
+            attrs["hermes.rank"] = rank0  # the run's rank when the request was dispatched
+        if req.kind == "tool":
+            name, kind = f"execute_tool {req.inv.unit}", 0
+            attrs.update({"gen_ai.operation.name": "execute_tool",
+                          "gen_ai.tool.name": req.inv.unit, "gen_ai.tool.call.id": req.request_id,
                           "openinference.span.kind": "TOOL"})
-            if self.capture_content:
-                attrs["gen_ai.tool.call.arguments"] = (msg.code if msg.code is not None
-                                                       else json.dumps(msg.command))
-            name = f"execute_tool {req.inv.unit}"
-            kind = self._trace.SpanKind.INTERNAL
+            if entry.backend is not None:
+                attrs["hermes.backend"] = entry.backend
+            if entry.arguments is not None:
+                attrs["gen_ai.tool.call.arguments"] = entry.arguments
         else:
-            op = OPERATIONS.get(msg.endpoint, msg.endpoint) if isinstance(msg, Submit) else "chat"
+            op = entry.op
+            name, kind = f"{op} {req.model or ''}".rstrip(), 2
             attrs.update({"gen_ai.operation.name": op, "gen_ai.request.model": req.model or "",
                           "hermes.engine": req.engine or "", "openinference.span.kind": "LLM"})
-            if isinstance(msg, Submit):
-                body = msg.body
-                mt = body.get("max_tokens") or body.get("max_completion_tokens")
-                if isinstance(mt, int):
-                    attrs["gen_ai.request.max_tokens"] = mt
-                if self.capture_content:
-                    attrs["gen_ai.input.messages"] = json.dumps(
-                        body.get("messages") if msg.endpoint == "chat"
-                        else [{"role": "user", "content": body.get("prompt", body.get("input"))}],
-                        default=str)
-            name = f"{op} {req.model or ''}".rstrip()
-            kind = self._trace.SpanKind.CLIENT
-        return self.tracer.start_span(name, context=parent, kind=kind, attributes=attrs,
-                                      links=links, start_time=self._ns(req.sent_at))
-
-    def _end_request(self, req: PendingRequest, span: Any, at: float | None) -> None:
-        res = req.result
-        attrs: dict[str, Any] = {"hermes.retries": req.retries + req.fault_retries}
-        sent = req.sent_at
+            if entry.max_tokens is not None:
+                attrs["gen_ai.request.max_tokens"] = entry.max_tokens
+            if entry.prompt is not None:
+                attrs["gen_ai.input.messages"] = entry.prompt
         if isinstance(res, Done):
             attrs.update({"gen_ai.usage.input_tokens": res.input_tokens,
                           "gen_ai.usage.output_tokens": res.output_tokens,
@@ -332,8 +361,6 @@ class RunTracer(RunObserver):
                           "hermes.engine": res.engine})
             if res.finish_reason:
                 attrs["gen_ai.response.finish_reasons"] = [res.finish_reason]
-            if res.ttft_s is not None:
-                attrs["hermes.ttft_s"] = res.ttft_s
             resp = res.response
             if isinstance(resp, dict):
                 if isinstance(resp.get("id"), str):
@@ -345,9 +372,10 @@ class RunTracer(RunObserver):
                     attrs["hermes.cached_tokens"] = cached
                     attrs["gen_ai.usage.cache_read.input_tokens"] = cached
             released = sent + res.queue_s
-            span.add_event("hermes.dispatched", timestamp=self._ns(released))
+            events = [["hermes.dispatched", self._ns(released), {}], *events]
             if res.ttft_s is not None:
-                span.add_event("hermes.first_token", timestamp=self._ns(released + res.ttft_s))
+                attrs["hermes.ttft_s"] = res.ttft_s
+                events.insert(1, ["hermes.first_token", self._ns(released + res.ttft_s), {}])
             if self.capture_content:
                 attrs["gen_ai.output.messages"] = json.dumps(
                     [{"role": "assistant", "content": res.text,
@@ -356,15 +384,17 @@ class RunTracer(RunObserver):
             attrs.update({"hermes.queue_s": res.queue_s, "hermes.service_s": res.duration_s,
                           "hermes.exit_code": res.exit_code, "hermes.cold": res.cold,
                           "hermes.timed_out": res.timed_out})
-            span.add_event("hermes.dispatched", timestamp=self._ns(sent + res.queue_s))
+            events = [["hermes.dispatched", self._ns(sent + res.queue_s), {}], *events]
             if self.capture_content:
                 attrs["gen_ai.tool.call.result"] = res.stdout
+        error = None
         if req.error is not None:
             attrs["error.type"] = "request_failed"
-            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, req.error))
-        span.set_attributes(attrs)
+            error = req.error
         end = req.finished_at if req.finished_at is not None else at
-        span.end(end_time=self._ns(end) if end is not None else None)
+        start = self._ns(sent)
+        self.emit([name, t.trace, span_id, unit_span, 0, 1, kind, start,
+                   self._ns(end) if end is not None else start, attrs, events, links, error])
 
     # ------------------------------------------------------------------ prewarm
     def prewarm_action(self, action: PrewarmAction, now: float) -> None:
@@ -373,26 +403,39 @@ class RunTracer(RunObserver):
         if t is None or t.prewarms >= MAX_EVENTS:
             return
         t.prewarms += 1
-        t.root.add_event("hermes.prewarm", {
+        t.events.append(["hermes.prewarm", self._ns(now), {
             "hermes.action": action.action, "hermes.resource": action.resource,
             "hermes.unit": action.unit, "hermes.used": action.used,
-            "hermes.prefetch": action.prefetch}, timestamp=self._ns(now))
+            "hermes.prefetch": action.prefetch}])
 
-    # ------------------------------------------------------------------ lifecycle
-    def shutdown(self) -> None:
-        """End the spans of runs still active (their state as it is) and flush what is
-        queued to the exporter (a clean shutdown loses nothing queued)."""
+    def close(self) -> None:
+        """The gateway stops: the runs still active are exported as they are (their open
+        units and requests ending now, the root's outcome ``active_at_shutdown``)."""
+        now = self.ctx.now()
         for run_id in list(self._runs):
             t = self._runs.pop(run_id)
-            for _, span, _ in t.units.values():
-                span.end()
-            t.root.set_attribute("hermes.outcome", "active_at_shutdown")
-            t.root.end()
-        for span, _ in self._reqs.values():
-            span.end()
+            for inv, span_id in t.units.values():
+                self._emit_unit(t, inv, span_id, now)
+            self.emit([f"run {run_id}", t.trace, t.root, t.parent, 1, t.parent_flags, 1,
+                       self._ns(now), self._ns(now), {"hermes.run_id": run_id,
+                                                      "hermes.outcome": "active_at_shutdown"},
+                       t.events, t.links, None])
         self._reqs.clear()
-        self.provider.force_flush()
-        self.provider.shutdown()
+
+
+def _caller() -> tuple[str, int, int] | None:
+    """``(trace id hex, span id, flags)`` of the request's valid ``traceparent``, if any (read
+    by the W3C propagator of ``opentelemetry-api``)."""
+    carrier = INCOMING.get()
+    if not carrier:
+        return None
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    sc = trace.get_current_span(TraceContextTextMapPropagator().extract(carrier)).get_span_context()
+    if not sc.is_valid:
+        return None
+    return format(sc.trace_id, "032x"), sc.span_id, int(sc.trace_flags) & 1
 
 
 def _cached_tokens(resp: dict[str, Any]) -> int | None:
@@ -404,129 +447,183 @@ def _cached_tokens(resp: dict[str, Any]) -> int | None:
     return cached if isinstance(cached, int) else None
 
 
-# ----------------------------------------------------------------------------- setup
-@dataclass(eq=False)
+# ----------------------------------------------------------------------------- export side
 class Tracing:
-    """Tracing of one gateway: the SDK's provider and processor, the exporter, the drop
-    counter's reader and (once the scheduler exists) the :class:`RunTracer`."""
+    """Tracing of one gateway: the bounded queue of span records (``OTEL_BSP_MAX_QUEUE_SIZE``,
+    default 2048; a record that finds it full is dropped and counted), a thread that hands
+    them every 0.2 s to the exporting side, and that side: a child process (``python -m
+    hermes.gateway.trace_export``, fed msgpack batches; ``[tracing] process = true``, the
+    default) or, in this process, a :class:`~hermes.gateway.trace_export.SpanBuilder`
+    (``process = false``, and always with the ``memory`` exporter, whose spans tests read from
+    :attr:`exporter`). Both end in the SDK's ``BatchSpanProcessor``."""
 
-    provider: Any
-    exporter: Any
-    metric_reader: Any
-    config: TracingConfig
-    tracer: RunTracer | None = None
+    INTERVAL_S = 0.2
+
+    def __init__(self, config: TracingConfig) -> None:
+        from hermes.extras import require
+
+        require("tracing")
+        from hermes.gateway import trace_export
+
+        self.config = config
+        self.inline = config.exporter == "memory" or not config.process
+        # built here, also for a child's: a bad protocol or a missing gRPC exporter is a
+        # startup error of the gateway, not a silent child's
+        exporter = trace_export.make_exporter(config.exporter, config.endpoint, config.protocol)
+        self.exporter: Any = exporter if self.inline else None
+        self.builder: Any = None
+        self._reader: Any = None
+        if self.inline:
+            meters, self._reader = trace_export.counting_meters()
+            self.builder = trace_export.SpanBuilder(exporter, config.service_name, meters)
+        try:
+            self.max_queue = max(1, int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE", "2048")))
+        except ValueError:
+            raise ValueError("OTEL_BSP_MAX_QUEUE_SIZE must be an integer, got "
+                             f"{os.environ['OTEL_BSP_MAX_QUEUE_SIZE']!r}") from None
+        self.queue: deque[list[Any]] = deque()
+        self.dropped = 0
+        self.tracer: RunTracer | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.child_counts: dict[str, float] = {}
+        self._broken = False
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ gateway side
+    def emit(self, record: list[Any]) -> None:
+        """Queue one span record (the event loop's only cost beyond making the record)."""
+        if len(self.queue) >= self.max_queue:
+            self.dropped += 1
+            return
+        self.queue.append(record)
 
     def attach(self, sched: Any) -> RunTracer:
-        """Observe ``sched`` (a :class:`~hermes.gateway.scheduler.LiveScheduler`)."""
-        rt = RunTracer(sched.ctx, self.provider, capture_content=self.config.capture_content,
+        """Observe ``sched`` (a :class:`~hermes.gateway.scheduler.LiveScheduler`) and start
+        the export side."""
+        rt = RunTracer(sched.ctx, self.emit, capture_content=self.config.capture_content,
                        keep_trace_ids=sched.config.scheduler.keep_finished_runs)
         sched.registry.add_observer(rt)
         sched.dispatch.trace = rt
         sched.prewarm.on_action = rt.prewarm_action
         self.tracer = rt
+        if not self.inline:
+            self._start_process()
+        self._thread = threading.Thread(target=self._loop, name="hermes-trace-queue", daemon=True)
+        self._thread.start()
         return rt
 
-    def shutdown(self) -> None:
-        """Flush and stop (the gateway's clean shutdown)."""
+    def _start_process(self) -> None:
+        c = self.config
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "hermes.gateway.trace_export", c.exporter, c.service_name,
+             c.endpoint, c.protocol], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        threading.Thread(target=self._read_counts, name="hermes-trace-counts",
+                         daemon=True).start()
+
+    def _read_counts(self) -> None:
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                got = json.loads(line)
+            except ValueError:
+                continue
+            if "error" in got:
+                log.warning("trace export: %s", got["error"])
+            else:
+                self.child_counts = got
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.INTERVAL_S):
+            self._drain()
+
+    def _drain(self) -> None:
+        """Hand what is queued to the exporting side (the queue thread, or a flush)."""
+        with self._lock:
+            q = self.queue
+            batch = []
+            while q:
+                batch.append(q.popleft())
+            if not batch:
+                return
+            if self.builder is not None:
+                self.builder.add(batch)
+                return
+            self._send(batch)
+
+    def _send(self, batch: list[list[Any]]) -> None:
+        import msgspec
+
+        from hermes.gateway.trace_export import FRAME
+
+        proc = self.proc
+        if proc is None or proc.stdin is None or self._broken:
+            self.dropped += len(batch)
+            return
+        body = msgspec.msgpack.encode(batch)
+        try:
+            proc.stdin.write(FRAME.pack(len(body)) + body)
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            self._broken = True
+            self.dropped += len(batch)
+            log.error("the trace export process exited (code %s): spans are dropped from now on",
+                      proc.poll())
+
+    def flush(self) -> None:
+        """Everything queued goes to the exporter now (in-process: exported when this returns)."""
+        self._drain()
+        if self.builder is not None:
+            self.builder.flush()
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """The gateway's clean shutdown: active runs are exported as they are, the queue is
+        drained and the exporter flushed (the export process finishes what it has, then
+        exits)."""
         if self.tracer is not None:
-            self.tracer.shutdown()
-        else:
-            self.provider.shutdown()
+            self.tracer.close()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self._drain()
+        if self.builder is not None:
+            self.builder.flush()
+            self.builder.shutdown()
+        proc = self.proc
+        if proc is not None and proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("the trace export process did not finish in %.0f s: killed", timeout_s)
+                proc.kill()
+                proc.wait()
 
     def counts(self) -> dict[str, float]:
-        """Spans exported, dropped (queue full) and queued now (the SDK's processor metrics)."""
-        out = {"exported": 0.0, "dropped": 0.0, "queued": 0.0}
-        data = self.metric_reader.get_metrics_data()
-        for rm in getattr(data, "resource_metrics", ()) or ():
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    for p in m.data.data_points:
-                        if m.name == "otel.sdk.processor.span.processed":
-                            err = p.attributes.get("error.type")
-                            if err is None:
-                                out["exported"] += p.value
-                            else:
-                                out["dropped"] += p.value
-                        elif m.name == "otel.sdk.processor.span.queue.size":
-                            out["queued"] += p.value
-        return out
+        """Spans exported, dropped (a full queue here or in the export side's processor) and
+        queued now."""
+        from hermes.gateway.trace_export import processor_counts
+
+        got = (processor_counts(self._reader) if self._reader is not None
+               else dict(self.child_counts))
+        return {"exported": float(got.get("exported", 0.0)),
+                "dropped": float(got.get("dropped", 0.0)) + self.dropped,
+                "queued": float(got.get("queued", 0.0)) + len(self.queue)}
 
 
-def make_exporter(config: TracingConfig) -> Any:
-    """The span exporter ``[tracing] exporter`` names: ``otlp`` (OTLP over HTTP/protobuf, or
-    gRPC when ``protocol`` or ``OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL`` says ``grpc``; the
-    endpoint from ``[tracing] endpoint`` or the ``OTEL_EXPORTER_OTLP_*`` variables),
-    ``memory`` (kept in this process: tests), ``none`` (made and dropped: the SDK's cost
-    alone)."""
-    from hermes.extras import require
-
-    require("tracing")
-    if config.exporter == "memory":
-        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-        return InMemorySpanExporter()
-    if config.exporter == "none":
-        from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-        class _Drop(SpanExporter):
-            def export(self, spans: Any) -> SpanExportResult:
-                return SpanExportResult.SUCCESS
-
-        return _Drop()
-    env = os.environ
-    protocol = (config.protocol or env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf")
-    if protocol == "grpc":
-        try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found]
-                OTLPSpanExporter as GrpcExporter,
-            )
-        except ImportError:
-            from hermes.extras import MissingExtraError
-
-            raise MissingExtraError(
-                "OTLP over gRPC needs opentelemetry-exporter-otlp-proto-grpc, which is not "
-                "installed: pip install opentelemetry-exporter-otlp-proto-grpc (or use "
-                "protocol http/protobuf)") from None
-        return GrpcExporter(endpoint=config.endpoint or None)
-    if protocol != "http/protobuf":
-        raise ValueError(f"tracing protocol must be http/protobuf or grpc, not {protocol!r}")
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    endpoint = config.endpoint or None
-    if endpoint and not endpoint.rstrip("/").endswith("/v1/traces"):
-        endpoint = endpoint.rstrip("/") + "/v1/traces"  # the base URL, as the variable takes
-    return OTLPSpanExporter(endpoint=endpoint)
-
-
-def build_tracing(config: GatewayConfig, exporter: Any | None = None) -> Tracing | None:
+def build_tracing(config: GatewayConfig) -> Tracing | None:
     """The gateway's tracing, or None when it is off (:func:`tracing_wanted`)."""
-    tc = config.tracing
-    if exporter is None and not tracing_wanted(tc):
+    if not tracing_wanted(config.tracing):
         return None
-    exporter = exporter if exporter is not None else make_exporter(tc)
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    attrs = {"service.name": tc.service_name} if tc.service_name else {}
-    resource = Resource.create(attrs)  # OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES too
-    if tc.service_name and os.environ.get("OTEL_SERVICE_NAME"):
-        resource = Resource.create({})  # the variable names the service
-    # the processor counts what it exported and dropped only with the SDK's own metrics on
-    os.environ.setdefault("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "true")
-    reader = InMemoryMetricReader()
-    meters = MeterProvider(metric_readers=[reader])
-    provider = TracerProvider(resource=resource)
-    provider.add_span_processor(BatchSpanProcessor(exporter, meter_provider=meters))
-    return Tracing(provider=provider, exporter=exporter, metric_reader=reader, config=tc)
+    return Tracing(config.tracing)
 
 
 class TracingCollector:
     """Prometheus collector: ``hermes_trace_spans_{exported,dropped}_total`` and
-    ``hermes_trace_queue_spans`` (the batch processor's queue)."""
+    ``hermes_trace_queue_spans``."""
 
     def __init__(self, tracing: Tracing) -> None:
         self.tracing = tracing
@@ -538,10 +635,10 @@ class TracingCollector:
         yield CounterMetricFamily("hermes_trace_spans_exported",
                                   "Spans of runs handed to the trace exporter", value=c["exported"])
         yield CounterMetricFamily("hermes_trace_spans_dropped",
-                                  "Spans of runs dropped: the export queue was full "
+                                  "Spans of runs dropped: an export queue was full "
                                   "(OTEL_BSP_MAX_QUEUE_SIZE)", value=c["dropped"])
         yield GaugeMetricFamily("hermes_trace_queue_spans",
-                                "Spans waiting in the export queue", value=c["queued"])
+                                "Spans waiting to be exported", value=c["queued"])
 
     def describe(self) -> list[Any]:
         return []
@@ -549,7 +646,7 @@ class TracingCollector:
 
 def install_tracing(app: Any, config: GatewayConfig) -> None:
     """``app.state.tracing``: the gateway's :class:`Tracing` (None when off); with it on, the
-    middleware that reads the callers' trace context and the drop counter on ``/metrics``."""
+    middleware that reads the callers' trace context and the counters on ``/metrics``."""
     tracing = build_tracing(config)
     app.state.tracing = tracing
     if tracing is not None:
