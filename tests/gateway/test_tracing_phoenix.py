@@ -104,7 +104,13 @@ def _check_llm(span: dict[str, Any], model: str) -> None:
 
 
 def test_agent_and_hosted_runs_in_phoenix(make_gateway, phoenix) -> None:  # noqa: ANN001
-    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from agents import (
+        Agent,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
     from openai import AsyncOpenAI
 
     srv = make_gateway(
