@@ -100,7 +100,7 @@ def render_timeline(tl: dict[str, Any], width: int = 60) -> Group:
             where = r.get("engine") or r.get("node") or ""
             wait = _secs(d - q) if d is not None and q is not None else "-"
             serve = _secs(done - d) if d is not None else "-"
-            label = Text(f"  {what} {where}", style="dim" if r.get("state") != "done" else None)
+            label = Text(f" └ {what} {where}", style="dim" if r.get("state") != "done" else None)
             if r.get("state") == "failed":
                 label.append(" failed", style="red")
             table.add_row(label, _bar(segs, t0, t1, width), wait, serve)

@@ -1,8 +1,10 @@
 """The exporting half of run tracing: span records in, OpenTelemetry spans out.
 
 The gateway (:mod:`hermes.gateway.tracing`) describes each finished span as a plain record
-(:data:`SpanRecord`: a list of numbers, strings and dicts, its ids chosen by the gateway, so
-that a request's context can go to its engine before the span ends). :class:`SpanBuilder`
+(``RUN``, ``UNIT``, ``LLM``, ``TOOL``: a list of numbers and strings, its ids chosen by the
+gateway, so that a request's context can go to its engine before the span ends);
+:func:`expand` names the facts (the GenAI conventions, ``hermes.*``) as a
+:data:`SpanRecord`. :class:`SpanBuilder`
 makes real spans of them with the OpenTelemetry SDK (its tracer, with the record's ids
 through :class:`_GivenIds`, an SDK ``IdGenerator``) and hands them to a
 ``BatchSpanProcessor`` whose exporter sends them on (OTLP/HTTP or gRPC, per the standard
@@ -19,6 +21,7 @@ is the same code.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -33,8 +36,114 @@ from typing import Any
 #: span id]], error message or None]``
 SpanRecord = list[Any]
 
+#: the gateway's records (:class:`hermes.gateway.tracing.RunTracer`): the facts of one span,
+#: positionally, its first item one of these kinds; :func:`expand` names them (what the
+#: attributes are called is decided here, off the gateway's event loop)
+RUN, UNIT, LLM, TOOL = 0, 1, 2, 3
+
 KINDS = ("INTERNAL", "SERVER", "CLIENT")
 FRAME = struct.Struct("!I")  # the byte length of the msgpack batch that follows
+
+
+def expand(rec: list[Any]) -> SpanRecord:
+    """A gateway record -> the span it describes (name, ids, attributes, events)."""
+    kind = rec[0]
+    if kind == RUN:
+        (_, trace, span, parent, flags, start, end, run_id, app, tenant, inferred, hosted,
+         outcome, act_s, attained_s, attained_tokens, units, rank, error, ranks, events,
+         links) = rec
+        attrs: dict[str, Any] = {
+            "hermes.run_id": run_id, "hermes.app": app, "hermes.tenant": tenant,
+            "hermes.inferred": inferred, "hermes.hosted": hosted, "hermes.outcome": outcome,
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": app,
+            "openinference.span.kind": "AGENT"}
+        _put(attrs, "hermes.act_s", act_s)
+        _put(attrs, "hermes.attained_s", attained_s)
+        _put(attrs, "hermes.attained_tokens", attained_tokens)
+        _put(attrs, "hermes.units", units)
+        _put(attrs, "hermes.rank", rank)
+        if error:
+            attrs["hermes.error"] = error
+            attrs["error.type"] = "run_failed"
+        evs, prev = [], None
+        for i in range(0, len(ranks), 2):  # re-ranks: (ns, rank) pairs
+            ev = {"hermes.rank": ranks[i + 1]}
+            if prev is not None:
+                ev["hermes.previous_rank"] = prev
+            evs.append(["hermes.rerank", ranks[i], ev])
+            prev = ranks[i + 1]
+        evs = sorted(evs + list(events), key=lambda e: e[1])
+        return [f"run {app or run_id}", trace, span, parent, 1, flags, 1, start, end, attrs,
+                evs, links, error if outcome == "failed" else None]
+    if kind == UNIT:
+        (_, trace, span, parent, start, end, unit, backend, explicit, n, upstream,
+         duration_s) = rec
+        attrs = {"hermes.unit": unit, "hermes.backend": backend, "hermes.explicit": explicit,
+                 "hermes.requests": n, "openinference.span.kind": "CHAIN"}
+        _put(attrs, "hermes.upstream", upstream)
+        _put(attrs, "hermes.duration_s", duration_s)
+        return [f"unit {unit}", trace, span, parent, 0, 1, 0, start, end, attrs, [], [], None]
+    if kind == LLM:
+        (_, trace, span, parent, start, end, request_id, policy, node, engine, retries, rank,
+         op, model, max_tokens, input_tokens, output_tokens, queue_s, service_s, ttft_s,
+         finish_reason, resp_id, resp_model, cached, released, first, error, events, links,
+         prompt, output) = rec
+        attrs = {"hermes.request_id": request_id, "hermes.policy": policy, "hermes.node": node,
+                 "hermes.engine": engine, "hermes.retries": retries,
+                 "gen_ai.operation.name": op, "gen_ai.request.model": model,
+                 "openinference.span.kind": "LLM"}
+        for key, value in (("hermes.rank", rank), ("gen_ai.request.max_tokens", max_tokens),
+                           ("gen_ai.usage.input_tokens", input_tokens),
+                           ("gen_ai.usage.output_tokens", output_tokens),
+                           ("hermes.queue_s", queue_s), ("hermes.service_s", service_s),
+                           ("hermes.ttft_s", ttft_s), ("hermes.cached_tokens", cached),
+                           ("gen_ai.usage.cache_read.input_tokens", cached),
+                           ("gen_ai.input.messages", prompt),
+                           ("gen_ai.output.messages", output)):
+            _put(attrs, key, value)
+        if finish_reason:
+            attrs["gen_ai.response.finish_reasons"] = [finish_reason]
+        if isinstance(resp_id, str):
+            attrs["gen_ai.response.id"] = resp_id
+        if isinstance(resp_model, str):
+            attrs["gen_ai.response.model"] = resp_model
+        if error is not None:
+            attrs["error.type"] = "request_failed"
+        evs = list(events)
+        if first is not None:
+            evs.insert(0, ["hermes.first_token", first, {}])
+        if released is not None:
+            evs.insert(0, ["hermes.dispatched", released, {}])
+        return [f"{op} {model}".rstrip(), trace, span, parent, 0, 1, 2, start, end, attrs, evs,
+                links, error]
+    if kind == TOOL:
+        (_, trace, span, parent, start, end, request_id, policy, node, retries, rank, unit,
+         backend, released, queue_s, duration_s, exit_code, cold, timed_out, error, events,
+         links, arguments, stdout) = rec
+        attrs = {"hermes.request_id": request_id, "hermes.policy": policy, "hermes.node": node,
+                 "hermes.retries": retries, "gen_ai.operation.name": "execute_tool",
+                 "gen_ai.tool.name": unit, "gen_ai.tool.call.id": request_id,
+                 "openinference.span.kind": "TOOL"}
+        for key, value in (("hermes.rank", rank), ("hermes.backend", backend),
+                           ("hermes.queue_s", queue_s), ("hermes.service_s", duration_s),
+                           ("hermes.exit_code", exit_code), ("hermes.cold", cold),
+                           ("hermes.timed_out", timed_out),
+                           ("gen_ai.tool.call.arguments", arguments),
+                           ("gen_ai.tool.call.result", stdout)):
+            _put(attrs, key, value)
+        if error is not None:
+            attrs["error.type"] = "request_failed"
+        evs = list(events)
+        if released is not None:
+            evs.insert(0, ["hermes.dispatched", released, {}])
+        return [f"execute_tool {unit}", trace, span, parent, 0, 1, 0, start, end, attrs, evs,
+                links, error]
+    return rec  # a span record already
+
+
+def _put(attrs: dict[str, Any], key: str, value: Any) -> None:
+    if value is not None:
+        attrs[key] = value
 
 
 class _GivenIds:
@@ -86,7 +195,7 @@ class SpanBuilder:
         """Make and end one span per record."""
         trace = self._trace
         with self._lock:
-            for rec in records:
+            for rec in map(expand, records):
                 (name, trace_hex, span_id, parent_id, remote, flags, kind, start, end, attrs,
                  events, links, error) = rec
                 trace_id = int(trace_hex, 16)
@@ -197,6 +306,8 @@ def main() -> int:
     import msgspec
 
     kind, service = sys.argv[1], sys.argv[2]
+    with contextlib.suppress(OSError):
+        os.nice(10)  # the gateway's work first: on a busy machine this process waits
     endpoint = sys.argv[3] if len(sys.argv) > 3 else ""
     protocol = sys.argv[4] if len(sys.argv) > 4 else ""
     meters, reader = counting_meters()

@@ -53,14 +53,14 @@ import random
 import subprocess
 import sys
 import threading
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hermes.gateway.runs import RunObserver
 from hermes.gateway.state import LiveRun, PendingRequest, UnitInvocation
+from hermes.gateway.trace_export import LLM, RUN, TOOL, UNIT
 from hermes.protocol import Done, Submit, Tool, ToolDone
 
 if TYPE_CHECKING:
@@ -114,38 +114,44 @@ class TraceContextMiddleware:
         await self.app(scope, receive, send)
 
 
-@dataclass(slots=True, eq=False)
 class _RunTrace:
     """What the tracer keeps of one active run: its ids, open units and root events."""
 
-    trace: str  # trace id, 32 hex digits
-    root: int  # the root span's id
-    parent: int  # the caller's span (0: none)
-    parent_flags: int
-    links: list[list[Any]]
-    #: open unit invocations: id(inv) -> (inv, span id)
-    units: dict[int, tuple[UnitInvocation, int]] = field(default_factory=dict)
-    events: list[list[Any]] = field(default_factory=list)
-    rank: float = math.nan
-    reranks: int = 0
-    prewarms: int = 0
+    __slots__ = ("events", "links", "parent", "parent_flags", "prewarms", "rank", "ranks",
+                 "root", "trace", "units")
+
+    def __init__(self, trace: str, root: int, parent: int, parent_flags: int) -> None:
+        self.trace = trace  # trace id, 32 hex digits
+        self.root = root  # the root span's id
+        self.parent = parent  # the caller's span (0: none)
+        self.parent_flags = parent_flags
+        #: open unit invocations: id(inv) -> (inv, span id)
+        self.units: dict[int, tuple[UnitInvocation, int]] = {}
+        self.events: list[list[Any]] = []  # prewarm decisions, the inferred end
+        self.ranks: list[float] = []  # re-ranks: ns, rank, ns, rank, ... (MAX_EVENTS at most)
+        self.rank = math.nan
+        self.prewarms = 0
+        self.links: list[list[Any]] = []
 
 
-@dataclass(slots=True, eq=False)
 class _RequestTrace:
     """What the tracer keeps of one pending request or tool call until its span is emitted
     (the request's message is dropped once it is done: what the span needs is kept here)."""
 
-    span: int
-    op: str  # gen_ai.operation.name
-    rank: float  # the run's rank (its key's first part) when it was dispatched
-    max_tokens: int | None = None
-    backend: str | None = None
-    prompt: str | None = None  # content, only when captured
-    arguments: str | None = None
-    retries: int = 0
-    events: list[list[Any]] = field(default_factory=list)
-    links: list[list[Any]] = field(default_factory=list)
+    __slots__ = ("arguments", "backend", "events", "links", "max_tokens", "op", "prompt",
+                 "rank", "retries", "span")
+
+    def __init__(self, span: int, rank: float) -> None:
+        self.span = span
+        self.rank = rank  # the run's rank (its key's first part) when it was dispatched
+        self.op = "chat"  # gen_ai.operation.name
+        self.max_tokens: int | None = None
+        self.backend: str | None = None
+        self.prompt: str | None = None  # content, only when captured
+        self.arguments: str | None = None
+        self.retries = 0
+        self.events: list[list[Any]] = []
+        self.links: list[list[Any]] = []
 
 
 def _span_id() -> int:
@@ -155,10 +161,11 @@ def _span_id() -> int:
 class RunTracer(RunObserver):
     """Runs, units, requests and tool calls as OpenTelemetry spans (see the module doc).
 
-    It chooses the ids and keeps plain facts while a run goes on; each span is described as
-    a record (:data:`hermes.gateway.trace_export.SpanRecord`) when it ends (a unit's and its
-    requests' when the unit closes, the root's when the run ends) and handed to ``emit``
-    (:class:`Tracing`'s queue), which the export side turns into SDK spans."""
+    It chooses the ids and keeps plain facts while a run goes on; as a span ends it is
+    described by one compact record of those facts (:mod:`hermes.gateway.trace_export`:
+    ``RUN``, ``UNIT``, ``LLM``, ``TOOL``; a unit's and its requests' when the unit closes, the
+    root's when the run ends) handed to ``emit`` (:class:`Tracing`'s queue). Attribute names
+    and span shapes are the export side's: the event loop pays for the facts alone."""
 
     def __init__(self, ctx: SchedulerContext, emit: Callable[[list[Any]], None], *,
                  capture_content: bool = False, keep_trace_ids: int = 10_000) -> None:
@@ -169,8 +176,9 @@ class RunTracer(RunObserver):
         #: pending requests' spans (emitted when their unit closes)
         self._reqs: dict[str, _RequestTrace] = {}
         #: run id -> trace id (hex), the last ``keep_trace_ids`` runs (``GET .../timeline``)
-        self._trace_ids: OrderedDict[str, str] = OrderedDict()
+        self._trace_ids: dict[str, str] = {}
         self._keep = keep_trace_ids
+        self._policy = ctx.config.scheduler.policy
         clock = ctx.clock
         self._t0, self._scale = clock.start, clock.time_scale
 
@@ -193,40 +201,35 @@ class RunTracer(RunObserver):
 
     # ------------------------------------------------------------------ runs and units
     def run_created(self, run: LiveRun) -> None:
-        st = run.state
-        caller = _caller()
+        rid = run.state.run_id
+        caller = _caller() if INCOMING.get() is not None else None
         if caller is not None:
-            trace, parent, flags = caller
+            t = _RunTrace(caller[0], _span_id(), caller[1], caller[2])
         else:
-            trace, parent, flags = format(random.getrandbits(128) or 1, "032x"), 0, 1
-        self._runs[st.run_id] = _RunTrace(trace, _span_id(), parent, flags, [])
+            t = _RunTrace(f"{random.getrandbits(128) or 1:032x}", _span_id(), 0, 1)
+        self._runs[rid] = t
         ids = self._trace_ids
-        ids[st.run_id] = trace
-        if len(ids) > self._keep:
-            ids.popitem(last=False)
+        ids[rid] = t.trace
+        if len(ids) > self._keep:  # oldest first (insertion order)
+            del ids[next(iter(ids))]
 
     def unit_started(self, run: LiveRun, inv: UnitInvocation, now: float) -> None:
-        t = self._runs.get(run.run_id)
+        t = self._runs.get(run.state.run_id)
         if t is not None:
             t.units[id(inv)] = (inv, _span_id())
 
     def ranks_changed(self, run: LiveRun, now: float) -> None:
-        t = self._runs.get(run.run_id)
+        t = self._runs.get(run.state.run_id)
         if t is None:
             return
         rank = run.state.rank
-        if rank == t.rank or (math.isnan(t.rank) and not math.isfinite(rank)):
-            return
-        if t.reranks < MAX_EVENTS and math.isfinite(rank):
-            attrs = {"hermes.rank": rank}
-            if math.isfinite(t.rank):
-                attrs["hermes.previous_rank"] = t.rank
-            t.events.append(["hermes.rerank", self._ns(now), attrs])
-            t.reranks += 1
-        t.rank = rank
+        if rank != t.rank and (rank - rank == 0.0):  # changed, and finite
+            t.rank = rank
+            if len(t.ranks) < 2 * MAX_EVENTS:
+                t.ranks += (self._ns(now), rank)
 
     def run_progress(self, run: LiveRun) -> None:
-        t = self._runs.get(run.run_id)
+        t = self._runs.get(run.state.run_id)
         if t is not None and t.units:
             for key, (inv, span_id) in list(t.units.items()):
                 if inv.closed:
@@ -234,62 +237,46 @@ class RunTracer(RunObserver):
                     self._emit_unit(t, inv, span_id)
 
     def run_ended(self, run: LiveRun) -> None:
-        t = self._runs.pop(run.run_id, None)
+        st = run.state
+        t = self._runs.pop(st.run_id, None)
         if t is None:
             return
-        st = run.state
         end = st.finished if st.finished is not None else self.ctx.now()
         for inv, span_id in t.units.values():
             self._emit_unit(t, inv, span_id, end)
+        end_ns = self._ns(end)
         if run.inferred and run.status == "finished":
             # the gateway decided that this run had ended (idle past its app's usual gaps)
-            t.events.append(["hermes.run_end_inferred", self._ns(end),
+            t.events.append(["hermes.run_end_inferred", end_ns,
                              {"hermes.idle_s": max(0.0, self.ctx.now() - end)}])
-        attrs: dict[str, Any] = {
-            "hermes.run_id": st.run_id, "hermes.app": st.app, "hermes.tenant": st.tenant,
-            "hermes.inferred": run.inferred, "hermes.hosted": run.hosted,
-            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": st.app,
-            "openinference.span.kind": "AGENT", "hermes.outcome": run.status,
-            "hermes.act_s": end - st.submitted, "hermes.attained_s": st.attained_s,
-            "hermes.attained_tokens": st.attained_tokens, "hermes.units": len(run.units)}
-        if math.isfinite(st.rank):
-            attrs["hermes.rank"] = st.rank
-        error = None
-        if run.error:
-            attrs["error.type"] = "run_failed"
-            attrs["hermes.error"] = run.error
-            error = run.error if run.status == "failed" else None
-        self.emit([f"run {st.app}", t.trace, t.root, t.parent, 1, t.parent_flags, 1,
-                   self._ns(st.submitted), self._ns(end), attrs, t.events, t.links, error])
+        self.emit([RUN, t.trace, t.root, t.parent, t.parent_flags, self._ns(st.submitted),
+                   end_ns, st.run_id, st.app, st.tenant, run.inferred, run.hosted, run.status,
+                   end - st.submitted, st.attained_s, st.attained_tokens, len(run.units),
+                   st.rank if st.rank - st.rank == 0.0 else None, run.error, t.ranks,
+                   t.events, t.links])
 
     def _emit_unit(self, t: _RunTrace, inv: UnitInvocation, span_id: int,
                    at: float | None = None) -> None:
+        reqs = self._reqs
         for req in inv.requests:
-            entry = self._reqs.pop(req.request_id, None)
+            entry = reqs.pop(req.request_id, None)
             if entry is not None:
                 self._emit_request(t, span_id, req, entry, at)
         end = inv.finished if inv.finished is not None else at
-        attrs: dict[str, Any] = {"hermes.unit": inv.unit, "hermes.backend": inv.backend,
-                                 "hermes.explicit": inv.explicit, "hermes.requests": len(inv.requests),
-                                 "openinference.span.kind": "CHAIN"}
-        if inv.upstream:
-            attrs["hermes.upstream"] = inv.upstream
-        if inv.duration_s is not None:
-            attrs["hermes.duration_s"] = inv.duration_s
         start = self._ns(inv.started)
-        self.emit([f"unit {inv.unit}", t.trace, span_id, t.root, 0, 1, 0, start,
-                   self._ns(end) if end is not None else start, attrs, [], [], None])
+        self.emit([UNIT, t.trace, span_id, t.root, start,
+                   self._ns(end) if end is not None else start, inv.unit, inv.backend,
+                   inv.explicit, len(inv.requests), inv.upstream, inv.duration_s])
 
     # ------------------------------------------------------------------ requests
     def sent(self, req: PendingRequest) -> None:
         """``req`` goes to its node (first send, a retry or a failover): its span gets an id
         (or a ``hermes.retry`` / ``hermes.failover`` event), and an LLM request carries the
         span's context to its engine."""
-        entry = self._reqs.get(req.request_id)
-        t = self._runs.get(req.run.run_id)
+        t = self._runs.get(req.run.state.run_id)
         if t is None:
             return
-        msg = req.msg
+        entry = self._reqs.get(req.request_id)
         if entry is None:
             entry = self._reqs[req.request_id] = self._new_request(req)
         else:
@@ -299,22 +286,23 @@ class RunTracer(RunObserver):
             if len(entry.events) < MAX_EVENTS:
                 entry.events.append([name, self._ns(self.ctx.now()), {
                     "hermes.node": req.node or "", "hermes.engine": req.engine or ""}])
-        if isinstance(msg, Submit):
+        msg = req.msg
+        if type(msg) is Submit:
             msg.traceparent = f"00-{t.trace}-{entry.span:016x}-01"
 
     def _new_request(self, req: PendingRequest) -> _RequestTrace:
         msg = req.msg
-        rt = _RequestTrace(_span_id(), "chat", req.key[0] if req.key else math.nan)
+        rt = _RequestTrace(_span_id(), req.key[0] if req.key else math.nan)
         if INCOMING.get() is not None:
             caller = _caller()
             if caller is not None:  # the caller's own span for this call (an agent's step)
                 rt.links.append([caller[0], caller[1]])
         if isinstance(msg, Submit):
             rt.op = OPERATIONS.get(msg.endpoint, msg.endpoint)
-            mt = msg.body.get("max_tokens") or msg.body.get("max_completion_tokens")
-            rt.max_tokens = mt if isinstance(mt, int) else None
+            body = msg.body
+            mt = body.get("max_tokens") or body.get("max_completion_tokens")
+            rt.max_tokens = mt if type(mt) is int else None
             if self.capture_content:
-                body = msg.body
                 rt.prompt = json.dumps(
                     body.get("messages") if msg.endpoint == "chat"
                     else [{"role": "user", "content": body.get("prompt", body.get("input"))}],
@@ -327,74 +315,49 @@ class RunTracer(RunObserver):
 
     def _emit_request(self, t: _RunTrace, unit_span: int, req: PendingRequest,
                       entry: _RequestTrace, at: float | None) -> None:
-        span_id, events, links, rank0 = entry.span, entry.events, entry.links, entry.rank
         res = req.result
         sent = req.sent_at
-        attrs: dict[str, Any] = {"hermes.request_id": req.request_id,
-                                 "hermes.policy": self.ctx.config.scheduler.policy,
-                                 "hermes.node": req.node or "",
-                                 "hermes.retries": req.retries + req.fault_retries}
-        if math.isfinite(rank0):
-            attrs["hermes.rank"] = rank0  # the run's rank when the request was dispatched
-        if req.kind == "tool":
-            name, kind = f"execute_tool {req.inv.unit}", 0
-            attrs.update({"gen_ai.operation.name": "execute_tool",
-                          "gen_ai.tool.name": req.inv.unit, "gen_ai.tool.call.id": req.request_id,
-                          "openinference.span.kind": "TOOL"})
-            if entry.backend is not None:
-                attrs["hermes.backend"] = entry.backend
-            if entry.arguments is not None:
-                attrs["gen_ai.tool.call.arguments"] = entry.arguments
-        else:
-            op = entry.op
-            name, kind = f"{op} {req.model or ''}".rstrip(), 2
-            attrs.update({"gen_ai.operation.name": op, "gen_ai.request.model": req.model or "",
-                          "hermes.engine": req.engine or "", "openinference.span.kind": "LLM"})
-            if entry.max_tokens is not None:
-                attrs["gen_ai.request.max_tokens"] = entry.max_tokens
-            if entry.prompt is not None:
-                attrs["gen_ai.input.messages"] = entry.prompt
-        if isinstance(res, Done):
-            attrs.update({"gen_ai.usage.input_tokens": res.input_tokens,
-                          "gen_ai.usage.output_tokens": res.output_tokens,
-                          "hermes.queue_s": res.queue_s, "hermes.service_s": res.service_s,
-                          "hermes.engine": res.engine})
-            if res.finish_reason:
-                attrs["gen_ai.response.finish_reasons"] = [res.finish_reason]
-            resp = res.response
-            if isinstance(resp, dict):
-                if isinstance(resp.get("id"), str):
-                    attrs["gen_ai.response.id"] = resp["id"]
-                if isinstance(resp.get("model"), str):
-                    attrs["gen_ai.response.model"] = resp["model"]
-                cached = _cached_tokens(resp)
-                if cached is not None:
-                    attrs["hermes.cached_tokens"] = cached
-                    attrs["gen_ai.usage.cache_read.input_tokens"] = cached
-            released = sent + res.queue_s
-            events = [["hermes.dispatched", self._ns(released), {}], *events]
-            if res.ttft_s is not None:
-                attrs["hermes.ttft_s"] = res.ttft_s
-                events.insert(1, ["hermes.first_token", self._ns(released + res.ttft_s), {}])
-            if self.capture_content:
-                attrs["gen_ai.output.messages"] = json.dumps(
-                    [{"role": "assistant", "content": res.text,
-                      "finish_reason": res.finish_reason}])
-        elif isinstance(res, ToolDone):
-            attrs.update({"hermes.queue_s": res.queue_s, "hermes.service_s": res.duration_s,
-                          "hermes.exit_code": res.exit_code, "hermes.cold": res.cold,
-                          "hermes.timed_out": res.timed_out})
-            events = [["hermes.dispatched", self._ns(sent + res.queue_s), {}], *events]
-            if self.capture_content:
-                attrs["gen_ai.tool.call.result"] = res.stdout
-        error = None
-        if req.error is not None:
-            attrs["error.type"] = "request_failed"
-            error = req.error
-        end = req.finished_at if req.finished_at is not None else at
         start = self._ns(sent)
-        self.emit([name, t.trace, span_id, unit_span, 0, 1, kind, start,
-                   self._ns(end) if end is not None else start, attrs, events, links, error])
+        end = req.finished_at if req.finished_at is not None else at
+        end_ns = self._ns(end) if end is not None else start
+        rank = entry.rank if entry.rank - entry.rank == 0.0 else None
+        retries = req.retries + req.fault_retries
+        if req.kind == "tool":
+            tool = res if isinstance(res, ToolDone) else None
+            self.emit([TOOL, t.trace, entry.span, unit_span, start, end_ns, req.request_id,
+                       self._policy, req.node or "", retries, rank, req.inv.unit, entry.backend,
+                       None if tool is None else self._ns(sent + tool.queue_s),
+                       None if tool is None else tool.queue_s,
+                       None if tool is None else tool.duration_s,
+                       None if tool is None else tool.exit_code,
+                       None if tool is None else tool.cold,
+                       None if tool is None else tool.timed_out,
+                       req.error, entry.events, entry.links, entry.arguments,
+                       tool.stdout if tool is not None and self.capture_content else None])
+            return
+        done = res if isinstance(res, Done) else None
+        released = first = cached = resp_id = resp_model = output = None
+        if done is not None:
+            released = self._ns(sent + done.queue_s)
+            if done.ttft_s is not None:
+                first = self._ns(sent + done.queue_s + done.ttft_s)
+            resp = done.response
+            if resp is not None:
+                cached = _cached_tokens(resp)
+                resp_id, resp_model = resp.get("id"), resp.get("model")
+            if self.capture_content:
+                output = json.dumps([{"role": "assistant", "content": done.text,
+                                      "finish_reason": done.finish_reason}])
+        self.emit([LLM, t.trace, entry.span, unit_span, start, end_ns, req.request_id,
+                   self._policy, req.node or "", req.engine or "", retries, rank, entry.op,
+                   req.model or "", entry.max_tokens,
+                   None if done is None else done.input_tokens,
+                   None if done is None else done.output_tokens,
+                   None if done is None else done.queue_s,
+                   None if done is None else done.service_s,
+                   None if done is None else done.ttft_s,
+                   None if done is None else done.finish_reason, resp_id, resp_model, cached,
+                   released, first, req.error, entry.events, entry.links, entry.prompt, output])
 
     # ------------------------------------------------------------------ prewarm
     def prewarm_action(self, action: PrewarmAction, now: float) -> None:
@@ -416,10 +379,9 @@ class RunTracer(RunObserver):
             t = self._runs.pop(run_id)
             for inv, span_id in t.units.values():
                 self._emit_unit(t, inv, span_id, now)
-            self.emit([f"run {run_id}", t.trace, t.root, t.parent, 1, t.parent_flags, 1,
-                       self._ns(now), self._ns(now), {"hermes.run_id": run_id,
-                                                      "hermes.outcome": "active_at_shutdown"},
-                       t.events, t.links, None])
+            self.emit([RUN, t.trace, t.root, t.parent, t.parent_flags, self._ns(now),
+                       self._ns(now), run_id, "", "", False, False, "active_at_shutdown",
+                       None, None, None, None, None, None, t.ranks, t.events, t.links])
         self._reqs.clear()
 
 
