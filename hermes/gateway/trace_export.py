@@ -114,6 +114,7 @@ def expand(rec: list[Any]) -> SpanRecord:
             evs.insert(0, ["hermes.first_token", first, {}])
         if released is not None:
             evs.insert(0, ["hermes.dispatched", released, {}])
+        evs.sort(key=lambda e: e[1])
         return [f"{op} {model}".rstrip(), trace, span, parent, 0, 1, 2, start, end, attrs, evs,
                 links, error]
     if kind == TOOL:
@@ -136,6 +137,7 @@ def expand(rec: list[Any]) -> SpanRecord:
         evs = list(events)
         if released is not None:
             evs.insert(0, ["hermes.dispatched", released, {}])
+        evs.sort(key=lambda e: e[1])
         return [f"execute_tool {unit}", trace, span, parent, 0, 1, 0, start, end, attrs, evs,
                 links, error]
     return rec  # a span record already

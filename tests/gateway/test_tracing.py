@@ -152,12 +152,16 @@ class _EngineProbe:
         from aiohttp import web
 
         self.seen: list[str | None] = []
+        self.fail_next = 0  # answer this many completions with 503 first
 
         async def models(_: web.Request) -> web.Response:
             return web.json_response({"data": [{"id": "probe-model"}]})
 
         async def chat(request: web.Request) -> web.Response:
             self.seen.append(request.headers.get("traceparent"))
+            if self.fail_next > 0:
+                self.fail_next -= 1
+                return web.json_response({"error": {"message": "overloaded"}}, status=503)
             return web.json_response({
                 "id": "chatcmpl-1", "object": "chat.completion", "model": "probe-model",
                 "choices": [{"index": 0, "finish_reason": "stop",
@@ -207,6 +211,22 @@ def test_the_context_goes_on_to_an_openai_compatible_engine(make_gateway, probe)
     assert _hex(llm.context.trace_id, 32) == TRACE  # inferred run, still the caller's trace
     assert llm.attributes["hermes.cached_tokens"] == 2  # the engine's prefix-cache hit
     assert llm.attributes["gen_ai.response.id"] == "chatcmpl-1"
+
+
+def test_a_retry_is_an_event_of_the_request_span(make_gateway, probe) -> None:  # noqa: ANN001
+    srv = make_gateway(tracing=MEMORY, time_scale=1.0, engines=[
+        {"name": "e0", "kind": "openai", "url": probe.url, "model": "probe-model"}])
+    probe.fail_next = 1  # the engine answers 503 once: the node says retry, the gateway does
+    http = httpx.Client(base_url=srv.url, timeout=30)
+    r = http.post("/v1/chat/completions", headers={"X-Hermes-Run": "none"}, json={
+        "model": "probe-model", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200, r.text
+    (llm,) = _named(srv, "chat probe-model")
+    assert llm.attributes["hermes.retries"] == 1
+    assert {e.name for e in llm.events} == {"hermes.retry", "hermes.dispatched",
+                                            "hermes.first_token"}
+    ctx = f"00-{_hex(llm.context.trace_id, 32)}-{_hex(llm.context.span_id, 16)}-01"
+    assert probe.seen == [ctx, ctx]  # both attempts: the same request span
 
 
 def test_tracing_off_installs_nothing(gateway) -> None:  # noqa: ANN001
