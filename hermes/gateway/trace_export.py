@@ -318,9 +318,13 @@ def main() -> int:
     stdin = sys.stdin.buffer
     stop = threading.Event()
 
+    def say(what: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):  # the gateway stopped reading (it exits)
+            print(json.dumps(what), flush=True)
+
     def report() -> None:
         while not stop.wait(1.0):
-            print(json.dumps(processor_counts(reader)), flush=True)
+            say(processor_counts(reader))
 
     threading.Thread(target=report, daemon=True).start()
     while True:
@@ -334,11 +338,11 @@ def main() -> int:
         try:
             builder.add(decode(body))
         except Exception as exc:  # a bad record must not end the exporter
-            print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+            say({"error": f"{type(exc).__name__}: {exc}"})
     stop.set()
     builder.flush()
     builder.shutdown()
-    print(json.dumps({**processor_counts(reader), "final": True, "t": time.time()}), flush=True)
+    say({**processor_counts(reader), "final": True, "t": time.time()})
     return 0
 
 

@@ -443,7 +443,11 @@ class Tracing:
         except ValueError:
             raise ValueError("OTEL_BSP_MAX_QUEUE_SIZE must be an integer, got "
                              f"{os.environ['OTEL_BSP_MAX_QUEUE_SIZE']!r}") from None
-        self.queue: deque[list[Any]] = deque()
+        self.queue: deque[bytes] = deque()
+        import msgspec
+
+        self._encode = msgspec.msgpack.Encoder().encode
+        self._decode = msgspec.msgpack.Decoder(list[Any]).decode
         self.dropped = 0
         self.tracer: RunTracer | None = None
         self.proc: subprocess.Popen[bytes] | None = None
@@ -455,11 +459,14 @@ class Tracing:
 
     # ------------------------------------------------------------------ gateway side
     def emit(self, record: list[Any]) -> None:
-        """Queue one span record (the event loop's only cost beyond making the record)."""
+        """Queue one span record, encoded at once (msgpack, ~1 us): the queue holds bytes,
+        which the garbage collector does not track. Lists and dicts that waited there up to
+        0.2 s were promoted to the old generation and made full collections longer and more
+        frequent."""
         if len(self.queue) >= self.max_queue:
             self.dropped += 1
             return
-        self.queue.append(record)
+        self.queue.append(self._encode(record))
 
     def attach(self, sched: Any) -> RunTracer:
         """Observe ``sched`` (a :class:`~hermes.gateway.scheduler.LiveScheduler`) and start
@@ -511,12 +518,12 @@ class Tracing:
             if not batch:
                 return
             if self.builder is not None:
-                self.builder.add(batch)
+                self.builder.add(map(self._decode, batch))
                 return
             self._send(batch)
 
-    def _send(self, batch: list[list[Any]]) -> None:
-        import msgspec
+    def _send(self, batch: list[bytes]) -> None:
+        from msgspec import Raw
 
         from hermes.gateway.trace_export import FRAME
 
@@ -524,7 +531,7 @@ class Tracing:
         if proc is None or proc.stdin is None or self._broken:
             self.dropped += len(batch)
             return
-        body = msgspec.msgpack.encode(batch)
+        body = self._encode([Raw(b) for b in batch])  # a msgpack array of the records
         try:
             proc.stdin.write(FRAME.pack(len(body)) + body)
             proc.stdin.flush()
