@@ -58,7 +58,7 @@ def _chat(http: httpx.Client, headers: dict[str, str], text: str = "hi") -> http
     return r
 
 
-def test_a_run_is_one_trace_joined_to_the_callers(make_gateway) -> None:  # noqa: ANN001
+def test_a_run_is_one_trace_joined_to_the_callers(make_gateway, capsys) -> None:  # noqa: ANN001
     srv = make_gateway(tracing=MEMORY)
     http = httpx.Client(base_url=srv.url, timeout=30)
     run_id = http.post("/v1/runs", json={"app": "coder"},
@@ -130,6 +130,15 @@ def test_a_run_is_one_trace_joined_to_the_callers(make_gateway) -> None:  # noqa
     req = tl["units"][0]["requests"][0]
     assert req["queued"] <= req["dispatched"] <= req["first_token"] <= req["done"]
     assert tl["units"][-1]["requests"][0]["kind"] == "tool"
+    # ... and as the terminal draws it
+    from hermes.cli import main
+
+    capsys.readouterr()
+    assert main(["runs", "show", run_id, "--timeline", "--url", srv.url]) == 0
+    drawn = capsys.readouterr().out
+    for what in ("plan", "verify", "execute_code", "└ llm sim0", "└ tool embedded", TRACE,
+                 "waiting (queued at its node)", "█"):
+        assert what in drawn, what
     metrics = http.get("/metrics").text
     assert "hermes_trace_spans_dropped_total 0.0" in metrics
     assert "hermes_trace_spans_exported_total" in metrics
