@@ -53,7 +53,7 @@ import random
 import subprocess
 import sys
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -176,7 +176,7 @@ class RunTracer(RunObserver):
         #: pending requests' spans (emitted when their unit closes)
         self._reqs: dict[str, _RequestTrace] = {}
         #: run id -> trace id (hex), the last ``keep_trace_ids`` runs (``GET .../timeline``)
-        self._trace_ids: dict[str, str] = {}
+        self._trace_ids: OrderedDict[str, str] = OrderedDict()
         self._keep = keep_trace_ids
         self._policy = ctx.config.scheduler.policy
         clock = ctx.clock
@@ -210,8 +210,9 @@ class RunTracer(RunObserver):
         self._runs[rid] = t
         ids = self._trace_ids
         ids[rid] = t.trace
-        if len(ids) > self._keep:  # oldest first (insertion order)
-            del ids[next(iter(ids))]
+        if len(ids) > self._keep:
+            # O(1); a plain dict's first key is found by scanning past the deleted ones
+            ids.popitem(last=False)
 
     def unit_started(self, run: LiveRun, inv: UnitInvocation, now: float) -> None:
         t = self._runs.get(run.state.run_id)
