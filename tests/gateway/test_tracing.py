@@ -390,3 +390,48 @@ def test_the_overview_dashboard_links_a_run_to_its_trace() -> None:
     left = json.loads(unquote(link["url"].split("left=", 1)[1]))
     assert left["datasource"] == "${traces}"
     assert left["queries"][0]["query"] == '{ span.hermes.run_id = "${run}" }'
+
+
+def test_prewarm_decisions_reranks_and_an_inferred_end_are_events_of_the_run() -> None:
+    """The tracer's records, named by the export side (no gateway: its hooks called as the
+    registry and the prewarm planner call them)."""
+    from hermes.core.prewarm import PrewarmAction
+    from hermes.core.state import RunState
+    from hermes.gateway.context import SchedulerClock
+    from hermes.gateway.state import LiveRun
+    from hermes.gateway.trace_export import expand
+    from hermes.gateway.tracing import RunTracer
+
+    class Ctx:
+        config = GatewayConfig()
+        clock = SchedulerClock(1.0)
+
+        def now(self) -> float:
+            return time.time()
+
+    records: list[list[Any]] = []
+    tracer = RunTracer(Ctx(), records.append)  # type: ignore[arg-type]
+    t0 = time.time()
+    st = RunState(run_id="run-1", app="agent", submitted=t0, tenant="acme")
+    run = LiveRun(state=st, inferred=True)
+    tracer.run_created(run)
+    for rank in (0.5, 0.5, 0.25, float("inf")):  # a repeat and a non-finite rank: no event
+        st.rank = rank
+        tracer.ranks_changed(run, time.time())
+    tracer.prewarm_action(PrewarmAction("start", "docker:python:3.10-slim", "run-1",
+                                        "execute_code", pid=7), time.time())
+    tracer.prewarm_action(PrewarmAction("start", "kv:m/acme/other/u", "run-9", "u", pid=8),
+                          time.time())  # another run's: not this one's
+    st.finished, run.status = t0 + 2.0, "finished"
+    tracer.run_ended(run)
+    (root,) = [expand(r) for r in records]
+    name, trace, _, parent, _, _, _, start, end, attrs, events, _, error = root
+    assert name == "run agent" and parent == 0 and error is None and len(trace) == 32
+    assert end - start == 2_000_000_000
+    assert attrs["hermes.inferred"] is True and attrs["hermes.tenant"] == "acme"
+    assert [e[0] for e in events] == ["hermes.rerank", "hermes.rerank", "hermes.prewarm",
+                                      "hermes.run_end_inferred"]
+    assert events[1][2] == {"hermes.rank": 0.25, "hermes.previous_rank": 0.5}
+    assert events[2][2]["hermes.resource"] == "docker:python:3.10-slim"
+    assert events[2][2]["hermes.action"] == "start"
+    assert tracer.trace_id("run-1") == trace
