@@ -8,11 +8,13 @@ one clear error naming the extra:
 - ``docker`` (the Docker SDK): ``hermeslet run --docker`` / ``--container-pool`` (the tool
   runner's Docker sandbox and its pre-started containers);
 - ``load`` (the OpenAI SDK): ``hermes load``, whose clients are OpenAI-SDK agents;
+- ``tracing`` (the OpenTelemetry SDK with its OTLP exporter): traces of runs
+  (:mod:`hermes.gateway.tracing`, ``[tracing]``);
 - ``baselines`` (pgmpy): the Bayesian networks of the faithful ``llmsched`` baseline
   (``hermes.core.policies.llmsched_bn``, which checks for it itself: the core imports nothing
   above it).
 
-``pip install 'hermes-gateway[plot,docker,load,baselines]'`` (or ``[all]``) installs every one of them.
+``pip install 'hermes-gateway[plot,docker,load,baselines,tracing]'`` (or ``[all]``) installs every one of them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ EXTRAS: dict[str, tuple[str, str, str]] = {
     "docker": ("docker", "docker", "the Docker tool sandbox and container pool"),
     "load": ("openai", "openai", "hermes load (OpenAI-SDK clients)"),
     "baselines": ("pgmpy", "pgmpy", "the llmsched baseline (Bayesian networks)"),
+    "tracing": ("opentelemetry-exporter-otlp-proto-http", "opentelemetry.sdk.trace",
+                "tracing of runs (OpenTelemetry SDK and OTLP exporter)"),
 }
 
 

@@ -229,6 +229,9 @@ class Submit(_Msg):
     #: An engine that serves that endpoint itself gets it instead of ``body``; its chunks and
     #: answer are then that API's (Anthropic's events and ``message``)
     native: dict[str, Any] | None = None
+    #: (additive) the W3C trace context of the request's span (tracing on): the node sends it
+    #: as the ``traceparent`` header of its request to an OpenAI-compatible engine
+    traceparent: str | None = None
 
     def prompt_estimate(self) -> int:
         """The prompt's tokens as the gateway estimated them, else estimated from ``body``."""

@@ -40,7 +40,14 @@ from hermes import protocol as P
 from hermes.core.kv_gate import KvGate
 from hermes.core.ordering import KeyedQueue
 from hermes.core.prewarm import resource_kind, resource_model
-from hermeslet.engines.base import Endpoint, EngineAdapter, EngineError, GenChunk, GenResult
+from hermeslet.engines.base import (
+    TRACEPARENT,
+    Endpoint,
+    EngineAdapter,
+    EngineError,
+    GenChunk,
+    GenResult,
+)
 from hermeslet.kv_events import EngineKVFollower
 from hermeslet.placement import EngineLaunch, PlacementChange, parse_placement, plan_change
 from hermeslet.tools import ToolRunner
@@ -615,6 +622,8 @@ class HermesLet:
             endpoint = "messages"  # the client's API, served as it was sent
             body = {**(sub.native.get("body") or {}), "model": sub.model}
         load_err: str | None = None
+        if sub.traceparent is not None:  # this task's context: the adapter sends it on
+            TRACEPARENT.set(sub.traceparent)
         try:
             load_err = await self._ensure_adapter(slot, sub.model)
             result: GenResult | None = None

@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 DATASOURCE = {"type": "prometheus", "uid": "hermes-prometheus"}
 OUT = Path(__file__).resolve().parent / "dashboards"
@@ -34,7 +35,31 @@ def _panel(title: str, targets: list[dict], *, unit: str = "short", kind: str = 
             "_w": w, "_h": h}
 
 
-def _dashboard(uid: str, title: str, panels: list[dict], *, app_var: bool = False) -> dict:
+def _trace_link() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A run's trace, where a trace backend is configured (docs/tracing.md): the variables
+    ``traces`` (a Tempo data source, if Grafana has one) and ``run`` (a run id, as ``hermes runs
+    list`` prints it), and a dashboard link that opens Explore on the trace whose root span has
+    ``hermes.run_id = $run`` (TraceQL). The ``datasource`` field of these two variables is
+    unused by Grafana (a data-source picker and a text box)."""
+    left = {"datasource": "${traces}", "queries": [{
+        "refId": "A", "queryType": "traceql", "limit": 20,
+        "query": '{ span.hermes.run_id = "${run}" }'}], "range": {"from": "now-24h", "to": "now"}}
+    variables = [
+        {"name": "traces", "label": "trace backend", "type": "datasource", "query": "tempo",
+         "datasource": DATASOURCE, "refresh": 1, "hide": 0, "current": {}},
+        {"name": "run", "label": "run id", "type": "textbox", "query": "",
+         "datasource": DATASOURCE, "current": {"text": "", "value": ""}, "hide": 0},
+    ]
+    links = [{"title": "Trace of run ${run}", "type": "link", "icon": "external link",
+              "tooltip": "the run's trace in the trace backend (Explore, TraceQL on hermes.run_id)",
+              "targetBlank": True, "includeVars": False, "keepTime": False,
+              "url": "/explore?orgId=1&left=" + quote(json.dumps(left, separators=(",", ":")),
+                                                      safe="${}")}]
+    return variables, links
+
+
+def _dashboard(uid: str, title: str, panels: list[dict], *, app_var: bool = False,
+               trace_link: bool = False) -> dict:
     x = y = row_h = 0
     out = []
     for i, p in enumerate(panels, start=1):
@@ -62,10 +87,14 @@ def _dashboard(uid: str, title: str, panels: list[dict], *, app_var: bool = Fals
             "includeAll": True, "multi": True, "allValue": ".*", "refresh": 2,
             "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
         })
+    links: list[dict[str, Any]] = []
+    if trace_link:
+        variables, links = _trace_link()
+        templating += variables
     return {"uid": uid, "title": title, "tags": ["hermes"], "timezone": "browser",
             "schemaVersion": 39, "version": 1, "editable": True, "refresh": "10s",
             "time": {"from": "now-30m", "to": "now"}, "templating": {"list": templating},
-            "annotations": {"list": []}, "panels": out}
+            "annotations": {"list": []}, "links": links, "panels": out}
 
 
 def _quantile(q: float, metric: str, by: str, sel: str = "") -> str:
@@ -103,7 +132,7 @@ def overview() -> dict:
         _panel("Policy and nodes", [_q("hermes_policy_info", "policy {{policy}}"),
                                     _q("hermes_nodes_connected", "nodes connected")],
                kind="stat", w=8),
-    ], app_var=True)
+    ], app_var=True, trace_link=True)
 
 
 def scheduler() -> dict:

@@ -16,6 +16,16 @@ far that its service time is ~0 and the overhead is what is left):
   ``--messages N`` sends N-message chat requests (an agent's later turns: what the resolver
   hashes) instead of one-line completions.
 
+Tracing (``--tracing off,on``): one gateway per mode and policy, measured in turn in the same
+run: ``off`` (no ``[tracing]``: what every row before it measured) and ``on`` (a trace per
+run, exported over OTLP/HTTP to a receiver in the benchmark's own process that takes and
+discards every batch, :class:`_OtlpSink`: the gateway pays for the spans, the batching and
+the encoding and sending, as with a real receiver; ``export_cpu_ms``: the CPU per request
+of the gateway's trace export process, where the SDK makes and sends the spans, apart from
+``gateway_cpu_ms``). ``--baseline-src DIR`` adds the rows of a
+gateway run from another Hermes source tree (e.g. a checkout of the code before a change,
+``tracing`` column ``base``): before and after in one run, on one busy machine.
+
 Both phases use the same client (aiohttp by default, ``--client httpx`` as before; ``concurrency``
 requests in flight, keep-alive) on the same event loop (:mod:`hermes.evloop`).
 Each concurrency level (``--concurrency 1,32`` by default: the latency added to a lone request,
@@ -82,6 +92,15 @@ def _cpu_s(pid: int) -> float:
     except OSError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux ``/proc``; none where it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
 
 
 class _CpuMeter:
@@ -199,6 +218,8 @@ def _row(path: str, policy: str, concurrency: int, lat: np.ndarray, wall: float,
         "client_cpu_ms": cpu["client_cpu_ms"],
         "gateway_cpu_ms": cpu.get("gateway_cpu_ms", 0.0),
         "engine_cpu_ms": cpu["engine_cpu_ms"],
+        # the gateway's trace export process (tracing on), apart from the gateway's own
+        "export_cpu_ms": cpu.get("export_cpu_ms", 0.0),
     }
 
 
@@ -214,6 +235,8 @@ def bench_gateway(
     fill_history: int = 0,
     identities: tuple[str, ...] = ("none",),
     messages: int = 0,
+    tracing: tuple[str, ...] = ("off",),
+    baseline_src: str | None = None,
 ) -> list[dict[str, Any]]:
     """Direct vs through-the-gateway latency and throughput; one gateway process per policy.
 
@@ -237,6 +260,14 @@ def bench_gateway(
         raise ValueError(f"--identity must list {' | '.join(IDENTITIES)}, got {bad or '[]'}")
     if messages < 0:
         raise ValueError("--messages must be >= 0")
+    if not tracing or set(tracing) - {"off", "on"}:
+        raise ValueError(f"--tracing must list off | on, got {list(tracing)}")
+    if baseline_src is not None and not (Path(baseline_src) / "hermes" / "gateway").is_dir():
+        raise ValueError(f"--baseline-src {baseline_src!r} is not a Hermes source tree "
+                         "(no hermes/gateway in it)")
+    variants: list[tuple[str, str | None]] = [(m, None) for m in tracing]
+    if baseline_src is not None:
+        variants.insert(0, ("base", baseline_src))
     py = sys.executable
     eport = free_port()
     eng = subprocess.Popen(
@@ -248,7 +279,8 @@ def bench_gateway(
     per_gateway = len(levels) * len(identities) * (requests + warmup)
     if fill_history:
         per_gateway = max(per_gateway, fill_history) + requests * len(identities)
-    bar = tqdm(total=len(levels) * (requests + warmup) + len(policies) * per_gateway,
+    bar = tqdm(total=len(levels) * (requests + warmup)
+               + len(policies) * len(variants) * per_gateway,
                desc="requests", file=sys.stderr, disable=not progress)
     try:
         engine_url = f"http://127.0.0.1:{eport}"
@@ -257,10 +289,16 @@ def bench_gateway(
             lat, wall, err, cpu, _ = _phase(engine_url, requests, warmup, c, bar, client,
                                             engine=eng.pid, messages=messages)
             direct[c] = _row("direct", "-", c, lat, wall, err, cpu)
+            direct[c]["tracing"] = "-"
             rows.append(direct[c])
         for policy in policies:
-            rows += _through_gateway(engine_url, eng.pid, policy, requests, warmup, levels,
-                                     bar, client, fill_history, identities, messages)
+            for mode, src in variants:
+                got = _through_gateway(engine_url, eng.pid, policy, requests, warmup, levels,
+                                       bar, client, fill_history, identities, messages,
+                                       tracing=mode, src=src)
+                for r in got:
+                    r["tracing"] = mode
+                rows += got
     finally:
         bar.close()
         stop_group(eng)
@@ -319,11 +357,17 @@ class _LoopLag:
 def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: int, warmup: int,
                      levels: list[int], bar: Any, client: str, fill_history: int = 0,
                      identities: tuple[str, ...] = ("none",),
-                     messages: int = 0) -> list[dict[str, Any]]:
+                     messages: int = 0, *, tracing: str = "off",
+                     src: str | None = None) -> list[dict[str, Any]]:
     from hermes.gateway.config import SchedulerConfig
 
     rows = []
     keep = fill_history or SchedulerConfig().keep_finished_runs
+    sink = _OtlpSink() if tracing == "on" else None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    if src is not None:  # the baseline's code, not this one
+        env["PYTHONPATH"] = str(Path(src).resolve())
     with tempfile.TemporaryDirectory(prefix="hermes-bench-gw-") as tmp:
         cfg = Path(tmp) / "hermes.toml"
         gport = free_port()
@@ -333,22 +377,26 @@ def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: in
             f'[stores]\nstate_dir = "{tmp}/state"\nkb = "{tmp}/kb"\n'
             f'[[engines]]\nname = "e0"\nkind = "openai"\nurl = "{engine_url}"\n'
             f'model = "{MODEL}"\nmax_inflight = {max(64, 2 * max(levels))}\n'
+            + (f'[tracing]\nenabled = true\nendpoint = "{sink.url}"\n' if sink else "")
         )
         gw = subprocess.Popen([sys.executable, "-m", "hermes.cli", "serve", "--config", str(cfg)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                              start_new_session=True, env=env)
         loop: _LoopLag | None = None
         try:
             url = f"http://127.0.0.1:{gport}"
             wait_http(url + "/healthz", gw)
             loop = _LoopLag(url)
+            # tracing on: the gateway's export process, whose CPU is its own column
+            kids = _children(gw.pid)
+            extra = {"export": kids[0]} if kids else {}
             sent = 0  # one-request runs so far: the gateway keeps min(sent, keep) finished
             for c in levels:
                 for mode in identities:
                     lat, wall, err, cpu, pauses = _phase(
                         url, requests, warmup, c, bar, client, loop,
                         headers=IDENTITY_HEADERS[mode], messages=messages,
-                        gateway=gw.pid, engine=engine_pid)
+                        gateway=gw.pid, engine=engine_pid, **extra)
                     rows.append(_row("gateway", policy, c, lat, wall, err, cpu, pauses,
                                      history=min(sent + warmup * (mode == "none"), keep),
                                      identity=mode))
@@ -361,7 +409,7 @@ def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: in
                     lat, wall, err, cpu, pauses = _phase(
                         url, requests, fill, c, bar, client, loop,
                         headers=IDENTITY_HEADERS[mode], messages=messages,
-                        gateway=gw.pid, engine=engine_pid)
+                        gateway=gw.pid, engine=engine_pid, **extra)
                     if mode == "none":
                         sent += fill
                     rows.append(_row("gateway", policy, c, lat, wall, err, cpu, pauses,
@@ -373,4 +421,39 @@ def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: in
             if loop is not None:
                 loop.close()
             stop_group(gw)
+            if sink is not None:
+                sink.close()
     return rows
+
+
+class _OtlpSink:
+    """An OTLP/HTTP trace receiver on loopback that answers every export with 200 and keeps
+    nothing but counts (``--tracing on``: the gateway exports as to a real receiver)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        sink = self
+        self.batches = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                sink.batches += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -164,6 +164,11 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_show(args: argparse.Namespace) -> int:
+    if args.timeline and not args.json:  # units, requests and tools on a time axis
+        from hermes.cli.timeline import print_timeline
+
+        print_timeline(_client(args).call("GET", f"/admin/runs/{args.run_id}/timeline"))
+        return 0
     data = _client(args).call("GET", f"/admin/runs/{args.run_id}")
     if args.json:
         _out(args, data)
@@ -358,6 +363,8 @@ def add_admin_parsers(sub: Any) -> None:
     s.set_defaults(func=_run(cmd_runs_list))
     s = rsub.add_parser("show", parents=[common], help="one run with its units")
     s.add_argument("run_id")
+    s.add_argument("--timeline", action="store_true",
+                   help="draw its units, requests and tools on a time axis (waiting vs serving)")
     s.set_defaults(func=_run(cmd_runs_show))
     s = rsub.add_parser("cancel", parents=[common], help="cancel runs")
     s.add_argument("run_ids", nargs="+")

@@ -451,15 +451,18 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     rows = bench_gateway(args.requests, args.concurrency, tuple(_names(args.policies)),
                          warmup=args.warmup, progress=not args.no_progress, client=args.client,
                          fill_history=args.fill_history,
-                         identities=tuple(_names(args.identity)), messages=args.messages)
+                         identities=tuple(_names(args.identity)), messages=args.messages,
+                         tracing=tuple(_names(args.tracing)), baseline_src=args.baseline_src)
     body = f"{args.messages}-message chats" if args.messages else "one-line completions"
     modes = _names(args.identity)
     # the table stays narrow: the request count (and one identity mode) is in the title, and
     # the stall's CPU columns have short names there (the JSON rows keep every field)
     short = {"concurrency": "conc", "max_pause_cpu_ms": "pause_cpu_ms", "max_busy_ms": "busy_ms",
              "max_gc_ms": "gc_ms", "client_cpu_ms": "client_cpu", "gateway_cpu_ms": "gw_cpu",
-             "engine_cpu_ms": "engine_cpu"}
+             "engine_cpu_ms": "engine_cpu", "export_cpu_ms": "export_cpu"}
     drop = {"requests"} | ({"identity"} if len(modes) == 1 else set())
+    if args.tracing == "off" and not args.baseline_src:
+        drop |= {"tracing", "export_cpu_ms"}
     if len(modes) == 1:
         body += f", identity {modes[0]}"
     shown = [{short.get(k, k): v for k, v in r.items() if k not in drop} for r in rows]
@@ -496,6 +499,13 @@ def add_gateway_parser(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--messages", type=int, default=0, metavar="N",
                    help="send N-message chat requests (an agent's later turns) instead of "
                         "one-line completions (default 0)")
+    s.add_argument("--tracing", default="off",
+                   help="traces of runs, comma-separated modes, one gateway each: off | on "
+                        "(OTLP/HTTP to a receiver in the benchmark that discards them); "
+                        "'off,on' gives what tracing costs per request (default off)")
+    s.add_argument("--baseline-src", dest="baseline_src", default=None, metavar="DIR",
+                   help="also measure a gateway run from the Hermes source tree DIR (e.g. the "
+                        "code before a change): rows with tracing = base, in the same run")
     s.add_argument("--json", default=None)
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=cmd_gateway)

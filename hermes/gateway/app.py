@@ -39,6 +39,7 @@ from hermes.gateway.config import EngineConfig, GatewayConfig
 from hermes.gateway.hosted import HostedRegistry
 from hermes.gateway.scheduler import LiveScheduler
 from hermes.gateway.shared import open_shared_state
+from hermes.gateway.tracing import install_tracing
 from hermes.metrics import GatewayMetrics
 
 log = logging.getLogger("hermes.gateway")
@@ -134,6 +135,8 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
         sched = LiveScheduler(config, context=ctx,
                               evidence_index=shared.evidence if shared is not None else None)
         app.state.metrics.attach(sched)
+        if app.state.tracing is not None:  # traces of runs (hermes.gateway.tracing)
+            app.state.tracing.attach(sched)
         await sched.start()
         app.state.scheduler = sched
         node_task: asyncio.Task[None] | None = None
@@ -179,6 +182,8 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await asyncio.wait_for(node_task, 10.0)
             await sched.stop()
+            if app.state.tracing is not None:
+                app.state.tracing.shutdown()  # flushes what is queued
             ctx.term()
             if shared is not None:
                 await shared.aclose()
@@ -215,5 +220,6 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
 
         app.state.metrics.add_collector(SharedStoreCollector(shared.store))
     admin_api.install(app)  # /admin/... (HERMES_ADMIN_TOKEN) and GET /metrics
+    install_tracing(app, config)  # traces of runs, where [tracing] or OTEL_* turns them on
     install_error_handlers(app)  # every error in OpenAI's shape (Anthropic's on /v1/messages)
     return app

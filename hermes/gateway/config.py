@@ -214,6 +214,29 @@ class SecurityConfig(_Section):
     metrics_token: str = ""
 
 
+class TracingConfig(_Section):
+    """OpenTelemetry traces of runs (:mod:`hermes.gateway.tracing`; the ``tracing`` extra).
+    Also on when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``..._TRACES_ENDPOINT``) is set; the
+    other ``OTEL_*`` variables (headers, ``OTEL_BSP_*`` queue and batch sizes,
+    ``OTEL_SERVICE_NAME``) apply as the SDK reads them."""
+
+    enabled: bool = False
+    #: ``otlp`` (to ``endpoint``), ``memory`` (kept in the process: tests), ``none`` (spans
+    #: made, then dropped: what tracing costs the gateway without a receiver)
+    exporter: Literal["otlp", "memory", "none"] = "otlp"
+    #: the OTLP receiver, e.g. ``http://127.0.0.1:4318`` (empty: the ``OTEL_EXPORTER_OTLP_*``
+    #: variables, else the SDK's default ``http://localhost:4318``)
+    endpoint: str = ""
+    #: ``http/protobuf`` or ``grpc`` (empty: ``OTEL_EXPORTER_OTLP_PROTOCOL``, else HTTP)
+    protocol: Literal["", "http/protobuf", "grpc"] = ""
+    service_name: str = "hermes-gateway"
+    #: export prompts, completions, tool code and output (off: never exported)
+    capture_content: bool = False
+    #: make and export the spans in a process of their own (the SDK's CPU off the gateway's);
+    #: false: in a thread of the gateway (the ``memory`` exporter always is)
+    process: bool = True
+
+
 class PlacementConfig(_Section):
     """The gateway re-places its models on its nodes' GPUs by itself (issue 22;
     :mod:`hermes.gateway.placer`): SeaLLM's adaptive re-placement fed by the PDGraph forecast."""
@@ -467,6 +490,7 @@ class GatewayConfig(_Section):
     identity: IdentityConfig = Field(default_factory=IdentityConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
 
     @model_validator(mode="after")
     def _placement_keeps_real_engines(self) -> GatewayConfig:
@@ -502,6 +526,7 @@ _SECTIONS: dict[str, type[_Section]] = {
     "identity": IdentityConfig,
     "placement": PlacementConfig,
     "cluster": ClusterConfig,
+    "tracing": TracingConfig,
 }
 
 

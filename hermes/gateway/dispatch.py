@@ -67,6 +67,8 @@ class Dispatcher(RunObserver):
         self._by_tenant: dict[str, dict[str, PendingRequest]] = {}
         #: takes a result for a request this gateway does not know (recovery sets it)
         self.on_orphan: Callable[[Done | ToolDone], object] | None = None
+        #: told of every send (tracing on: :meth:`hermes.gateway.tracing.RunTracer.sent`)
+        self.trace: Any | None = None
 
     # ------------------------------------------------------------------ submission
     def request_view(self, run: LiveRun, inv: UnitInvocation, rid: str, input_tokens: int,
@@ -173,6 +175,8 @@ class Dispatcher(RunObserver):
         req.msg.engine = engine.name
         req.msg.key = list(req.key)
         node.outstanding[engine.name] = node.outstanding.get(engine.name, 0) + 1
+        if self.trace is not None:
+            self.trace.sent(req)
         self.nodes.send(node, req.msg)
 
     def _route(self, req: PendingRequest) -> RouteRequest:
@@ -201,6 +205,8 @@ class Dispatcher(RunObserver):
         req.node = node.name
         req.msg.key = list(req.key)
         node.tools_outstanding += 1
+        if self.trace is not None:
+            self.trace.sent(req)
         self.nodes.send(node, req.msg)
 
     # ------------------------------------------------------------------ waiting

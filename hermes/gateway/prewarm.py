@@ -69,6 +69,9 @@ class GatewayPrewarmer(RunObserver):
         self.acks_failed = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
+        #: told of every decision (tracing on: :meth:`hermes.gateway.tracing.RunTracer.
+        #: prewarm_action`)
+        self.on_action: Callable[[PrewarmAction, float], None] | None = None
 
     @classmethod
     def build(cls, ctx: SchedulerContext, nodes: NodeTable, runs: RunRegistry,
@@ -180,6 +183,9 @@ class GatewayPrewarmer(RunObserver):
             log.exception("prewarm wake-up failed")
 
     def _apply(self, actions: list[PrewarmAction], now: float) -> None:
+        if self.on_action is not None:  # tracing: decisions are events of their runs' spans
+            for a in actions:
+                self.on_action(a, now)
         for a in actions:
             if a.action == "release" and a.used and resource_kind(a.resource) in ("docker", "dnn"):
                 self.warm.discard(a.resource)  # the unit took the instance

@@ -99,6 +99,7 @@ class UnitInvocation:
                     "input_tokens": getattr(r.result, "input_tokens", None),
                     "output_tokens": getattr(r.result, "output_tokens", None),
                     "queue_s": getattr(r.result, "queue_s", None),
+                    "ttft_s": getattr(r.result, "ttft_s", None),  # first token, from release
                     "service_s": getattr(r.result, "service_s", None)
                     if isinstance(r.result, Done)
                     else getattr(r.result, "duration_s", None),

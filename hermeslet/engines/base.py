@@ -19,10 +19,16 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from hermeslet.kv_events import KVEventsSource
+
+#: the W3C ``traceparent`` of the request being served (the gateway's span for it, from
+#: ``Submit.traceparent``): set by the node in the request's task; an adapter that speaks HTTP
+#: sends it on as the ``traceparent`` header, so that the engine's own spans join the run's trace
+TRACEPARENT: ContextVar[str | None] = ContextVar("hermes_traceparent", default=None)
 
 log = logging.getLogger("hermeslet.engines")
 

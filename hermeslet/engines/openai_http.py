@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Literal
 import aiohttp
 
 from hermeslet.engines.base import (
+    TRACEPARENT,
     EngineAdapter,
     EngineError,
     EngineKind,
@@ -282,6 +283,9 @@ class OpenAIHTTPEngine(EngineAdapter):
             return
         payload = json.dumps(self._body(body, stream, priority)).encode()
         headers = {"X-Request-Id": request_id, "Content-Type": "application/json"}
+        traceparent = TRACEPARENT.get()
+        if traceparent is not None:  # the run's trace goes on into the engine
+            headers["traceparent"] = traceparent
         try:
             # leaving the ``async with`` early (abort: the generator is closed or its task
             # cancelled) closes a connection whose response was not read to the end

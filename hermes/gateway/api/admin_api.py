@@ -13,6 +13,7 @@ credentials_file``). Its label values are bounded (:class:`hermes.metrics.Gatewa
 - ``GET /admin/apps``; ``GET /admin/apps/{name}`` (summary); ``GET /admin/apps/{name}/pdgraph``
   (the full PDGraph JSON: export); ``PUT /admin/apps/{name}`` (import a PDGraph JSON).
 - ``GET /admin/runs?state=&app=&tenant=&limit=``; ``GET /admin/runs/{id}``;
+  ``GET /admin/runs/{id}/timeline``;
   ``POST /admin/runs/{id}/cancel``.
 - ``GET /admin/policy``; ``PUT /admin/policy {"policy"}``: live switch, every active run is
   ranked afresh and queued requests re-keyed.
@@ -44,7 +45,7 @@ from hermes.gateway.api.apps_api import PDGRAPH_BODY, install_graph
 from hermes.gateway.api.appstate import hosted_of, scheduler_of
 from hermes.gateway.api.errors import error_response, scheduler_error, validation_error
 from hermes.gateway.api.run_params import Knob
-from hermes.gateway.api.runs_api import TENANT_PATTERN
+from hermes.gateway.api.runs_api import TENANT_PATTERN, run_timeline_response
 from hermes.gateway.demand import forecast_doc
 from hermes.gateway.errors import SchedulerError
 from hermes.gateway.finished import FinishedRun
@@ -299,6 +300,12 @@ async def runs_show(run_id: str, request: Request) -> Response:
     except SchedulerError as e:
         return scheduler_error(e)
     return JSONResponse(run.to_json(s.now()))
+
+
+@router.get("/runs/{run_id}/timeline")
+async def runs_timeline(run_id: str, request: Request) -> Response:
+    """The run's units, requests and tool calls on a time axis (``hermes runs show --timeline``)."""
+    return run_timeline_response(run_id, request)
 
 
 @router.post("/runs/{run_id}/cancel")

@@ -3,6 +3,8 @@
 - ``POST /v1/runs {"app", "deadline_s"?, "tenant"?, "k"?, "input"?}`` → 201 with the run.
   With ``input`` the app must be a hosted app: the gateway runs it and ``GET`` returns its
   ``result``. Without, the client drives the run (OpenAI endpoint with ``X-Hermes-Run``).
+- ``GET /v1/runs/{id}/timeline``: its units, requests and tool calls on one time axis
+  (queued, dispatched, first token, done; :mod:`hermes.gateway.timeline`).
 - ``GET /v1/runs/{id}``: state (queued|running|finished|failed|cancelled), units with their
   timings and requests, current rank, ACT (so far, while running).
 - ``POST /v1/runs/{id}/finish``; ``DELETE /v1/runs/{id}`` (cancel: queued requests dropped,
@@ -56,6 +58,7 @@ from hermes.gateway.nodes import NO_SANDBOX
 from hermes.gateway.shared import StoreUnavailable
 from hermes.gateway.state import ACTIVE, LiveRun
 from hermes.gateway.tenancy import current_tenant, visible
+from hermes.gateway.timeline import run_timeline
 from hermes.protocol import ToolDone
 
 router = APIRouter()
@@ -261,6 +264,25 @@ async def get_run(run_id: str, request: Request) -> Response:
     except SchedulerError as e:
         return scheduler_error(e)
     return JSONResponse(run.to_json(sched.now()))
+
+
+@router.get("/v1/runs/{run_id}/timeline", tags=["runs"])
+async def get_run_timeline(run_id: str, request: Request) -> Response:
+    """The run's units, requests (queued, dispatched, first token, done) and tool calls on
+    one time axis (:mod:`hermes.gateway.timeline`), and its trace id when tracing is on."""
+    return run_timeline_response(run_id, request)
+
+
+def run_timeline_response(run_id: str, request: Request) -> Response:
+    sched = scheduler_of(request)
+    try:
+        run = sched.get_run(run_id)
+    except SchedulerError as e:
+        return scheduler_error(e)
+    tracing = getattr(request.app.state, "tracing", None)
+    tracer = tracing.tracer if tracing is not None else None
+    return JSONResponse(run_timeline(run.to_json(sched.now()),
+                                     tracer.trace_id(run_id) if tracer is not None else None))
 
 
 @router.post("/v1/runs/{run_id}/finish", tags=["runs"])
