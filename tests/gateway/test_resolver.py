@@ -510,6 +510,11 @@ def test_a_history_rewritten_as_text_continues_its_run() -> None:
     first = ask(r2, chat(*smol("Oslo", []), tools=TOOLS), call("call_OSLO0000000001", city="O"))
     got = ask(r2, chat(*smol("Oslo", [("call_OSLO0000000001", "rain")]), tools=TOOLS))
     assert (got.run, got.evidence) == (first.run, "rewritten")
+    # a failed step: its calls dropped, the error merged into the task turn with a line break
+    merged = smol("Oslo", [])
+    merged[-1] = user(merged[-1]["content"] + "\nError:\nIf you want to return an answer...")
+    got = ask(r2, chat(*merged, tools=TOOLS))
+    assert (got.run, got.evidence) == (first.run, "rewritten")
     # a first turn with the same task is a new run, and a text reply is not rewritten evidence
     again = ask(r2, chat(*smol("Oslo", []), tools=TOOLS), text("no tools today"))
     assert again.new_run and again.run != first.run

@@ -22,6 +22,9 @@ The evidence ladder (first that applies wins; details in :mod:`hermes.gateway.re
    session's current run (a new one on its first request);
 4. conversation continuation: the longest proper prefix of the request's messages that is a
    conversation Hermes answered (messages + reply): that conversation's run;
+   then the run Hermes issued the tool-call ids the request quotes to (structured or in
+   text), then a history rewritten as text that begins with a request Hermes answered with
+   tool calls (:func:`~hermes.gateway.resolve.canon.conversation_prefixes`);
 5. dataflow: the request's text holds passages (lines) of replies Hermes answered: the run
    most of them were answered in (:mod:`hermes.gateway.resolve.dataflow`: a program's next
    stage works on its earlier outputs, a score prompt holds what it scores);
@@ -97,8 +100,8 @@ class Identity:
     as before). ``new_run``: the edge must create the run, with key ``run``, app ``app``.
     ``inferred``: the run was not named by the client's Hermes headers. ``evidence``: what
     decided (``header``, ``opt-out``, ``off``, ``previous_response_id``,
-    ``session:<source>``, ``continuation``, ``dataflow``, ``affinity:<field>``, ``fanout``,
-    ``new``). ``follows``: the closed run a late continuation would have joined. ``app`` is
+    ``session:<source>``, ``continuation``, ``tool_call_id``, ``rewritten``, ``dataflow``,
+    ``affinity:<field>``, ``fanout``, ``new``). ``follows``: the closed run a late continuation would have joined. ``app`` is
     "" for an ``X-Hermes-Run`` passthrough that names no app (the run's own app applies).
     """
 
