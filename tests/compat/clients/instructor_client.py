@@ -68,12 +68,10 @@ def main(base_url: str, mode: str) -> dict[str, Any]:
     kw: dict[str, Any] = {"model": MODEL, "messages": messages, "max_tokens": 256}
     out: dict[str, Any] = {"runs": [runs], "streamed": streamed}
     if mode == "stream":
-        last = None
-        partials = 0
-        for last in client.chat.completions.create_partial(response_model=CityReport, **kw):
-            partials += 1
-        out["partials"] = partials
-        report = CityReport.model_validate(last.model_dump())
+        partials = list(client.chat.completions.create_partial(response_model=CityReport,
+                                                               **kw))
+        out["partials"] = len(partials)
+        report = CityReport.model_validate(partials[-1].model_dump())
     elif mode == "retry":
         report = client.chat.completions.create(response_model=CheckedReport, max_retries=2,
                                                 **kw)
