@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -371,8 +372,17 @@ class IdentityConfig(_Section):
     #: use the explicit ids clients send (session headers, body fields, metadata keys,
     #: ``previous_response_id``); off: only Hermes headers and conversation continuation
     explicit_ids: bool = True
-    #: join a request to the run whose answered conversation it continues
+    #: join a request to the run whose answered conversation it continues (also when its
+    #: history rewrote Hermes' replies, e.g. as text: it begins with a request Hermes answered)
     continuation: bool = True
+    #: join a request to the run Hermes issued the tool-call ids it quotes to (in
+    #: ``tool_calls``, ``tool_call_id``, or text matching ``call_id_pattern``)
+    call_ids: bool = True
+    #: what a tool-call id looks like in text (OpenAI ``call_``, vLLM ``chatcmpl-tool-``,
+    #: Anthropic ``toolu_``, Responses ``fc_``); read in user and assistant messages only
+    call_id_pattern: str = r"\b(?:call|toolu|fc|chatcmpl-tool)[_-][A-Za-z0-9_-]{8,64}"
+    #: quoted tool-call ids looked up per request (most recent first)
+    max_quoted_call_ids: int = Field(default=32, ge=1, le=1024)
     #: header names (case-insensitive), first present wins
     session_headers: list[str] = Field(default_factory=lambda: list(DEFAULT_SESSION_HEADERS))
     session_fields: list[str] = Field(default_factory=lambda: list(DEFAULT_SESSION_FIELDS))
@@ -420,9 +430,6 @@ class IdentityConfig(_Section):
     #: idle close while an app has fewer than ``close_min_gaps`` observed gaps (never sooner
     #: than ``close_margin`` x the longest gap already seen)
     close_prior_s: float = Field(default=60.0, gt=0.0)
-    #: a run whose last answer called tools (the client owes it the results) is closed only
-    #: after this idle time, whatever its app's gaps say
-    close_tool_call_s: float = Field(default=600.0, gt=0.0)
     close_min_gaps: int = Field(default=20, ge=1)
     #: gaps kept per app (newest)
     gap_samples: int = Field(default=1000, ge=16)
@@ -467,6 +474,15 @@ class IdentityConfig(_Section):
     @classmethod
     def _lower(cls, v: list[str]) -> list[str]:
         return [h.lower() for h in v]
+
+    @field_validator("call_id_pattern")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"not a regular expression: {e}") from None
+        return v
 
     def bounds(self) -> tuple[float, float]:
         """``(close_min_s, close_max_s)``, the max never below the min."""

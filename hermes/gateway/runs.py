@@ -122,8 +122,13 @@ class RunRegistry:
         return (r for r in self.runs.values() if r.status in ACTIVE)
 
     def count_active(self, tenant: str) -> int:
-        """Active runs of ``tenant`` (its active-run quota)."""
-        return sum(1 for r in self.active() if (r.state.tenant or "default") == tenant)
+        """Active runs of ``tenant`` that its active-run quota counts: the runs it started
+        (``POST /v1/runs``, hosted runs). Inferred runs and one-request runs are the gateway's
+        own bookkeeping of plain traffic: they end by themselves (an inferred run only after
+        its app's idle gap), plain requests are already bounded by the rate and concurrency
+        limits, and counting them would let plain traffic refuse the tenant's hosted runs."""
+        return sum(1 for r in self.active() if (r.state.tenant or "default") == tenant
+                   and not r.inferred and not r.auto_finish)
 
     # ------------------------------------------------------------------ idempotency keys
     def remember_idempotency(self, run: LiveRun) -> None:

@@ -13,6 +13,7 @@ live for the session (one each); every test gets its run from its own requests.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ import pytest
 from hermes.gateway.config import load_config
 from hermes.gateway.server import BackgroundServer, start_background
 from hermes.procs import free_port, stop_group
+from tests.compat.venvs import NO_TELEMETRY
 
 CHAT_MODEL = "llama-2-7b"
 EMBED_MODEL = "sim-embed"
@@ -107,3 +109,17 @@ def base_url(request: pytest.FixtureRequest) -> str:
     """The gateway's OpenAI base URL (``.../v1``), once per path."""
     srv = request.getfixturevalue(f"{request.param}_gateway")
     return srv.url + "/v1"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_telemetry() -> Iterator[None]:
+    """Telemetry off for the frameworks imported in this process (LangSmith, smolagents' and
+    others' OpenTelemetry, Hugging Face): nothing may leave loopback."""
+    saved = {k: os.environ.get(k) for k in NO_TELEMETRY}
+    os.environ.update(NO_TELEMETRY)
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -335,3 +335,23 @@ def test_apps_list_rename_and_merge_inferred_apps(make_gateway, tmp_path) -> Non
     h = _chat(_client(gw2), [{"role": "system", "content": "You summarise legal contracts."},
                              {"role": "user", "content": "again"}])[1]
     assert h["x-hermes-app"] == "contract-summary"
+
+
+def test_inferred_runs_never_take_the_tenants_active_run_quota(make_gateway) -> None:  # noqa: ANN001
+    """Structured output through a forced tool call leaves inferred runs open until their
+    app's idle close; they do not count against ``tenant_max_active_runs``, which still
+    bounds the runs the tenant starts itself."""
+    gw = make_gateway(tenant_max_active_runs=1)
+    client = _client(gw)
+    opened = []
+    for city in ("Lima", "Oslo"):
+        msg, h = _chat(client, [{"role": "user", "content": f"Weather in {city} as JSON"}],
+                       tools=TOOLS, tool_choice="required", max_tokens=40)
+        assert msg.get("tool_calls")
+        opened.append(h["x-hermes-run"])
+    assert len(set(opened)) == 2
+    assert all(_run(gw, rid)["state"] in ("queued", "running") for rid in opened)
+    first = httpx.post(f"{gw.url}/v1/runs", json={"app": "mine"})
+    assert first.status_code == 201, first.text
+    refused = httpx.post(f"{gw.url}/v1/runs", json={"app": "mine"})
+    assert refused.status_code == 429 and "quota 1" in refused.json()["error"]["message"]

@@ -424,21 +424,135 @@ def test_idle_close_s_is_p99_times_margin_bounded_with_a_prior() -> None:
     assert idle_close_s([1.0] * 99 + [100.0], min_gaps=20, margin=2.0, min_s=0.5) == 2.0
 
 
-def test_a_run_whose_last_answer_called_tools_waits_for_their_results() -> None:
-    cfg = IdentityConfig(close_min_gaps=1, close_margin=2.0, close_min_s=1.0,
-                         close_tool_call_s=120.0)
+def test_a_run_whose_last_answer_called_tools_closes_by_its_apps_gap() -> None:
+    """No fixed wait for tool results (structured output through a forced tool call ends a
+    run on a tool call): such a run closes by its app's learned gap like any other, and a
+    tool call longer than that, once seen late, teaches the app its gap."""
+    cfg = IdentityConfig(close_min_gaps=1, close_margin=2.0, close_min_s=1.0)
     r = Resolver(cfg)
     done = agent_run(r, "q", 3, run_tag="a")  # gaps ~0.5 s: the app closes after ~1 s idle
     assert r.gaps.close_after(done[0].app_id) == pytest.approx(1.0)
-    # a second run stops after a tool call (its client is running the tool)
     r2 = ask(r, chat(sys_(), user("other question"), tools=TOOLS), call("b-0", city="c0"),
              now=T0 + 100).run
     assert r2 != done[0].run
-    # text-answered run: closed on the app's figure; tool-calling run: kept open
-    closed = {c.run for c in r.sweep(T0 + 150)}
-    assert done[0].run in closed and r2 not in closed and r.is_open(r2)
-    # ... until close_tool_call_s of idleness
-    assert r2 in {c.run for c in r.sweep(T0 + 100.5 + 120.5)}
+    closed = {c.run for c in r.sweep(T0 + 102)}  # answered at T0+100.5: 1.5 s idle
+    assert {done[0].run, r2} <= closed and not r.is_open(r2)
+    # its results come back 30 s later: a new run that follows it, and the app learns
+    late = ask(r, chat(sys_(), user("other question"), call("b-0", city="c0"),
+                       tool("b-0", "sunny"), tools=TOOLS), now=T0 + 130.5)
+    assert late.new_run and late.follows == r2
+    assert r.gaps.close_after(done[0].app_id) >= 60.0
+
+
+def test_quoted_tool_call_ids_join_the_run_that_received_them() -> None:
+    """A client that rewrote the assistant turn (other text, re-serialised calls) but sends
+    back the tool-call ids Hermes issued: structured ids and ids in text both decide."""
+    r = Resolver()
+    a = ask(r, chat(sys_(), user("weather in Paris"), tools=TOOLS),
+            call("call_PARISabcdef012345", city="Paris"))
+    b = ask(r, chat(sys_(), user("weather in Lima"), tools=TOOLS),
+            call("call_LIMAabcdef0123456", city="Lima"))
+    assert a.run != b.run
+    # a history whose assistant turn gained text (no conversation digest matches)
+    edited = {**call("call_LIMAabcdef0123456", city="Lima"), "content": "Let me look."}
+    got = ask(r, chat(sys_(), user("weather in Lima"), edited,
+                      tool("call_LIMAabcdef0123456", "sunny"), tools=TOOLS))
+    assert (got.run, got.evidence) == (b.run, "tool_call_id")
+    # only the tool message carries the id (the assistant turn was dropped)
+    got = ask(r, chat(sys_(), user("other words"), tool("call_PARISabcdef012345", "x"),
+                      tools=TOOLS))
+    assert (got.run, got.evidence) == (a.run, "tool_call_id")
+    # an id quoted in text
+    got = ask(r, chat(sys_(), user("weather in Paris"),
+                      text("I called [{'id': 'call_PARISabcdef012345'}]"), user("and?"),
+                      tools=TOOLS))
+    assert (got.run, got.evidence) == (a.run, "tool_call_id")
+    # an id Hermes never issued is no evidence; ids in the instructions are not read
+    got = ask(r, chat(sys_("call_PARISabcdef012345 is an example"), user("x"),
+                      text("call_UNKNOWNabcdef0123"), user("y"), tools=TOOLS))
+    assert got.evidence == "new"
+    off = Resolver(IdentityConfig(call_ids=False))
+    first = ask(off, chat(sys_(), user("q"), tools=TOOLS), call("call_QQQQabcdef012345", city="c"))
+    got = ask(off, chat(sys_(), user("other"), tool("call_QQQQabcdef012345", "x"), tools=TOOLS))
+    assert got.run != first.run
+
+
+def smol(task: str, steps: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """smolagents' ToolCallingAgent history: its earlier tool calls as assistant text, their
+    results as user ``Observation:`` messages."""
+    msgs = [sys_("You are an expert assistant who can solve any task using tool calls."),
+            user(f"New task:\n{task}")]
+    for cid, obs in steps:
+        msgs.append(text("Calling tools:\n[{'id': '" + cid + "', 'type': 'function', "
+                         "'function': {'name': 'get_weather', 'arguments': {'city': 'x'}}}]"))
+        msgs.append(user(f"Observation:\n{obs}"))
+    return msgs
+
+
+def test_a_history_rewritten_as_text_continues_its_run() -> None:
+    r = Resolver()
+    ids = []
+    for task in ("Paris", "Lima"):  # two runs of one app, interleaved
+        ids.append(ask(r, chat(*smol(task, []), tools=TOOLS),
+                       call(f"call_{task.upper()}000000001", city=task)))
+    for k, task in enumerate(("Paris", "Lima")):
+        steps = [(f"call_{task.upper()}000000001", "sunny")]
+        got = ask(r, chat(*smol(task, steps), tools=TOOLS),
+                  call(f"call_{task.upper()}000000002", city=task), now=T0 + 2)
+        assert (got.run, got.evidence) == (ids[k].run, "tool_call_id")
+        steps.append((f"call_{task.upper()}000000002", "sunny"))
+        got = ask(r, chat(*smol(task, steps), tools=TOOLS), text("done"), now=T0 + 4)
+        assert got.run == ids[k].run
+    assert r.open_runs() == 2
+    # without the ids (a framework that keeps no ids): the messages Hermes answered with a
+    # tool call, then the call as text, continue that run
+    r2 = Resolver(IdentityConfig(call_ids=False))
+    first = ask(r2, chat(*smol("Oslo", []), tools=TOOLS), call("call_OSLO0000000001", city="O"))
+    got = ask(r2, chat(*smol("Oslo", [("call_OSLO0000000001", "rain")]), tools=TOOLS))
+    assert (got.run, got.evidence) == (first.run, "rewritten")
+    # a failed step: its calls dropped, the error merged into the task turn with a line break
+    merged = smol("Oslo", [])
+    merged[-1] = user(merged[-1]["content"] + "\nError:\nIf you want to return an answer...")
+    got = ask(r2, chat(*merged, tools=TOOLS))
+    assert (got.run, got.evidence) == (first.run, "rewritten")
+    # a first turn with the same task is a new run, and a text reply is not rewritten evidence
+    again = ask(r2, chat(*smol("Oslo", []), tools=TOOLS), text("no tools today"))
+    assert again.new_run and again.run != first.run
+    plain = ask(r2, chat(sys_(), user("hello")), text("hi"))
+    other = ask(r2, chat(sys_(), user("hello"), text("a reply Hermes never gave"), user("?")))
+    assert other.run != plain.run
+
+
+def test_apps_without_instructions_or_tools_differ_by_template_schema_and_api() -> None:
+    r = Resolver()
+
+    def app(body: dict[str, Any]) -> str:
+        return ask(r, body, text("x")).app_id
+
+    summarize = [app(chat(user(f"Summarize the article below.\nArticle: {w}")))
+                 for w in ("alpha beta", "the cat sat on the mat", "gamma")]
+    assert len(set(summarize)) == 1  # one template, values vary
+    translate = app(chat(user("Translate the text below into French.\nText: good morning")))
+    assert translate != summarize[0]
+    # free text (a person's question) is one template: plain chat stays one app
+    assert app(chat(user("hi there"))) == app(chat(user("what is the capital of Peru?")))
+    schema = {"type": "json_schema", "json_schema": {"name": "City", "schema": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}
+    structured = app(chat(user("Summarize the article below.\nArticle: eta"),
+                          response_format=schema))
+    assert structured not in (summarize[0], translate)
+    responses = app({"model": "llama-2-7b", "input": "Summarize the article below.\nArticle: x"})
+    assert responses not in (summarize[0], structured)
+    # with a system prompt or tools, the app is what it was: the user's words do not matter
+    sys_apps = {app(chat(sys_(), user(q))) for q in ("Summarize it", "Translate it")}
+    assert len(sys_apps) == 1
+
+
+def test_call_id_pattern_is_checked_and_the_fixed_tool_wait_is_gone() -> None:
+    with pytest.raises(ValidationError, match="call_id_pattern"):
+        IdentityConfig(call_id_pattern="call_[")
+    with pytest.raises(ValidationError, match="close_tool_call_s"):
+        IdentityConfig.model_validate({"close_tool_call_s": 600})
 
 
 def test_sweep_closes_idle_runs_and_a_late_continuation_starts_a_new_run() -> None:

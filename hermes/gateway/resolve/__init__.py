@@ -61,6 +61,15 @@ Evidence, strongest first, and where each comes from:
    answered (its messages plus the reply Hermes returned), then tool results or a new user
    turn. Indexed by rolling digests of message prefixes (:mod:`~hermes.gateway.resolve.canon`):
    O(messages) per request, independent of the number of open runs.
+   Then **tool-call ids**: every id of a tool call Hermes returned names the run that got
+   it; a request quoting one (``tool_calls[].id``, ``tool_call_id``, or the text of a user or
+   assistant message matching ``IdentityConfig.call_id_pattern``) joins that run, the most
+   recently quoted known id deciding. Then a **history rewritten as text**: the request
+   begins with a request Hermes answered with tool calls, followed by an assistant message
+   without structured calls (smolagents sends calls as ``Calling tools: [...]`` text and
+   results as user ``Observation:`` turns), or its last user turn cut at a line break is
+   such a request (a client merging consecutive turns of one role: smolagents appends a
+   failed step's ``Error:`` to the task turn).
 5. Dataflow: the request's text holds lines of replies Hermes answered to the same tenant
    (a program's next stage works on its earlier outputs: a score prompt holds what it
    scores, a reduce prompt the summaries): the run most of them came from
@@ -77,8 +86,11 @@ Evidence, strongest first, and where each comes from:
 8. Otherwise a new run.
 
 Apps are fingerprints of the instructions template, the tool set (names and schemas), the
-model and the tenant; units are (instructions template, last turn's template) mined with
-drain3; runs close when idle past ``p99(gaps) x margin`` of their app.
+model and the tenant (a request with neither instructions nor tools: of its API, its
+structured-output schema and its first user turn's template instead); units are (instructions template, last turn's template) mined with
+drain3; runs close when idle past ``p99(gaps) x margin`` of their app (a run whose last
+answer called tools too: its app's gaps are what its tools took). Inferred runs do not count
+against a tenant's active-run quota (:meth:`hermes.gateway.runs.RunRegistry.count_active`).
 """
 
 from __future__ import annotations

@@ -115,6 +115,11 @@ def conversation_hasher(tenant: str) -> Any:
     return h
 
 
+#: what marks an *asked* digest (a request's messages without the reply): it can never equal
+#: the digest of a message sequence, whose fields all begin with a length
+_ASKED = b"\x00asked"
+
+
 def conversation_digests(tenant: str, messages: Sequence[Any]) -> tuple[Any, list[bytes]]:
     """Hash a request's messages in one pass.
 
@@ -123,17 +128,59 @@ def conversation_digests(tenant: str, messages: Sequence[Any]) -> tuple[Any, lis
     with an assistant message, shortest first: the only prefixes that can be an answered
     conversation (which always ends with the reply) continued by this request.
     """
+    h, candidates, _ = conversation_prefixes(tenant, messages)
+    return h, candidates
+
+
+def conversation_prefixes(tenant: str, messages: Sequence[Any], *, max_splits: int = 32,
+                          max_split_chars: int = 8192) -> tuple[Any, list[bytes], list[bytes]]:
+    """:func:`conversation_digests`, plus the *asked* digests (:func:`asked_digest`) of the
+    proper prefixes that an assistant message *without structured tool calls* follows,
+    shortest first: the requests Hermes may have answered with tool calls that this history
+    holds in another form (smolagents rewrites earlier tool calls as assistant text and their
+    results as user ``Observation:`` messages, keeping the messages it sent). Last come the
+    asked digests of the request with its last user message cut at each of its first
+    ``max_splits`` line breaks within ``max_split_chars`` characters (bounded hashing): a client that merges consecutive messages of one role joins
+    them with a line break (smolagents appends an ``Error:`` turn to the task turn when a
+    step's tool calls failed, and drops the calls)."""
     h = conversation_hasher(tenant)
     candidates: list[bytes] = []
+    asked: list[bytes] = []
     last = len(messages) - 1
+    seen = False
+    before_last = None
     for i, msg in enumerate(messages):
         role = msg.get("role") if isinstance(msg, dict) else None
         if role in INSTRUCTION_ROLES:
             continue
+        if role == "assistant" and seen and not msg.get("tool_calls"):
+            asked.append(asked_digest(h))
+        if i == last and role == "user":
+            before_last = h.copy()
         h.update(canonical_message(msg))
+        seen = True
         if role == "assistant" and i < last:
             candidates.append(h.copy().digest())
-    return h, candidates
+    if before_last is not None and max_splits > 0:
+        text = content_text(messages[last].get("content"))
+        at = text.find("\n")
+        n = 0
+        while 0 < at <= max_split_chars and n < max_splits:
+            cut = before_last.copy()
+            cut.update(canonical_message({"role": "user", "content": text[:at]}))
+            asked.append(asked_digest(cut))
+            at = text.find("\n", at + 1)
+            n += 1
+    return h, candidates, asked
+
+
+def asked_digest(hasher: Any) -> bytes:
+    """The digest of a request's conversation as asked (before any reply): another key space
+    than :func:`answered_digest`'s (the hasher is copied)."""
+    h = hasher.copy()
+    h.update(_ASKED)
+    digest: bytes = h.digest()
+    return digest
 
 
 def answered_digest(hasher: Any, reply: Any) -> bytes:

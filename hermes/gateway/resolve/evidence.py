@@ -1,18 +1,20 @@
 """What a request says about its own identity, read from its body and headers.
 
 Pure functions over one request (no state, no clock): the chat form of any OpenAI body,
-the explicit ids it carries (session ids, weak ids), whether it carries history, and whether
-a reply asks for tool calls. The :class:`~hermes.gateway.resolve.resolver.Resolver` weighs
+the explicit ids it carries (session ids, weak ids, the tool-call ids it quotes), whether it
+carries history, and whether a reply asks for tool calls. The :class:`~hermes.gateway.resolve.resolver.Resolver` weighs
 this evidence against what it remembers; the sources of every id are listed in
 :mod:`hermes.gateway.resolve`.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hermes.gateway.config import IdentityConfig
+from hermes.gateway.resolve.canon import content_text
 
 
 def request_messages(body: Mapping[str, Any]) -> list[Any]:
@@ -122,3 +124,56 @@ def affinity_of(body: Mapping[str, Any], cfg: IdentityConfig) -> tuple[str, str]
         if v is not None:
             return name, v
     return None
+
+
+def reply_call_ids(reply: Any) -> list[str]:
+    """The ids of the tool calls an assistant reply makes (chat ``tool_calls[].id``; a
+    Responses ``function_call`` item's ``call_id``)."""
+    if not isinstance(reply, dict):
+        return []
+    if reply.get("type") == "function_call":
+        cid = reply.get("call_id")
+        return [cid] if isinstance(cid, str) and cid else []
+    calls = reply.get("tool_calls")
+    return [c["id"] for c in calls if isinstance(c, dict) and isinstance(c.get("id"), str)
+            and c["id"]] if isinstance(calls, list) else []
+
+
+def quoted_call_ids(msgs: Sequence[Any], pattern: re.Pattern[str], *, max_ids: int,
+                    max_chars: int) -> list[str]:
+    """Tool-call ids a request quotes, most recent first, at most ``max_ids``: an assistant
+    message's ``tool_calls[].id``, a tool message's ``tool_call_id``, and ids matching
+    ``pattern`` in the text of assistant and user messages (a framework that rewrites its
+    history as text, e.g. smolagents' ``Calling tools: [{'id': 'call_...', ...}]``), of which
+    the last ``max_chars`` characters of each message are read. Instructions are not read."""
+    out: list[str] = []
+    seen: set[str] = set()
+
+    def add(cid: Any) -> bool:
+        if isinstance(cid, str) and cid and cid not in seen:
+            seen.add(cid)
+            out.append(cid)
+        return len(out) >= max_ids
+
+    for m in reversed(msgs):
+        if not isinstance(m, dict):
+            continue
+        role = m.get("role")
+        if role in ("tool", "function"):
+            if add(m.get("tool_call_id")):
+                break
+            continue
+        if role not in ("assistant", "user"):
+            continue
+        calls = m.get("tool_calls")
+        if isinstance(calls, list):
+            for c in reversed(calls):
+                if isinstance(c, dict) and add(c.get("id")):
+                    return out
+        text = content_text(m.get("content"))[-max_chars:]
+        if text:
+            found = pattern.findall(text)
+            for cid in reversed(found):
+                if add(cid):
+                    return out
+    return out

@@ -22,6 +22,9 @@ The evidence ladder (first that applies wins; details in :mod:`hermes.gateway.re
    session's current run (a new one on its first request);
 4. conversation continuation: the longest proper prefix of the request's messages that is a
    conversation Hermes answered (messages + reply): that conversation's run;
+   then the run Hermes issued the tool-call ids the request quotes to (structured or in
+   text), then a history rewritten as text that begins with a request Hermes answered with
+   tool calls (:func:`~hermes.gateway.resolve.canon.conversation_prefixes`);
 5. dataflow: the request's text holds passages (lines) of replies Hermes answered: the run
    most of them were answered in (:mod:`hermes.gateway.resolve.dataflow`: a program's next
    stage works on its earlier outputs, a score prompt holds what it scores);
@@ -44,9 +47,12 @@ its long tool calls instead of splitting every run at them.
 
 from __future__ import annotations
 
+import json
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from hashlib import blake2b
 from typing import Any, NamedTuple
 
 from hermes.gateway.config import IdentityConfig
@@ -54,7 +60,8 @@ from hermes.gateway.resolve.apps import AppBook, AppInfo, AppNames, app_fingerpr
 from hermes.gateway.resolve.canon import (
     INSTRUCTION_ROLES,
     answered_digest,
-    conversation_digests,
+    asked_digest,
+    conversation_prefixes,
     key_digest,
 )
 from hermes.gateway.resolve.dataflow import AMBIGUOUS, prompt_digests, reply_digests, vote
@@ -62,6 +69,8 @@ from hermes.gateway.resolve.evidence import (
     affinity_of,
     asks_tools,
     has_history,
+    quoted_call_ids,
+    reply_call_ids,
     request_messages,
     session_of,
 )
@@ -91,8 +100,8 @@ class Identity:
     as before). ``new_run``: the edge must create the run, with key ``run``, app ``app``.
     ``inferred``: the run was not named by the client's Hermes headers. ``evidence``: what
     decided (``header``, ``opt-out``, ``off``, ``previous_response_id``,
-    ``session:<source>``, ``continuation``, ``dataflow``, ``affinity:<field>``, ``fanout``,
-    ``new``). ``follows``: the closed run a late continuation would have joined. ``app`` is
+    ``session:<source>``, ``continuation``, ``tool_call_id``, ``rewritten``, ``dataflow``,
+    ``affinity:<field>``, ``fanout``, ``new``). ``follows``: the closed run a late continuation would have joined. ``app`` is
     "" for an ``X-Hermes-Run`` passthrough that names no app (the run's own app applies).
     """
 
@@ -132,8 +141,6 @@ class _Run:
     last: float
     busy: int = 0
     requests: int = 0
-    #: the last answer asked for tool calls: the client owes the run a continuation
-    awaiting_tool: bool = False
     #: requests that joined as a fan-out (rule 7), not as a continuation
     fanout: int = 0
     #: requests that joined by dataflow (rule 5), not as a conversation's next turn
@@ -206,6 +213,7 @@ class Resolver:
         self._recently_closed: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self.fanouts = FanoutBook(window_s=cfg.fanout_window_s, max_age_s=cfg.fanout_max_age_s,
                                   max_requests=cfg.fanout_max_requests, max_apps=cfg.max_apps)
+        self._call_id_re = re.compile(cfg.call_id_pattern)
 
     # ------------------------------------------------------------------ per request
     def resolve(self, tenant: str, body: Mapping[str, Any], headers: Mapping[str, str],
@@ -229,9 +237,9 @@ class Resolver:
         msgs = request_messages(body) if messages is None else messages
         index = self.index
         if cfg.continuation and msgs:
-            hasher, candidates = conversation_digests(tenant, msgs)
+            hasher, candidates, asked = conversation_prefixes(tenant, msgs)
         else:
-            hasher, candidates = None, []
+            hasher, candidates, asked = None, [], []
 
         run_key: str | None = None
         evidence = "new"
@@ -258,6 +266,18 @@ class Resolver:
             hit = index.get_first(tenant, candidates[::-1], now)
             if hit is not None:
                 run_key, evidence = hit[1], "continuation"
+        if run_key is None and cfg.call_ids and msgs:
+            quoted = [key_digest(tenant, "call", cid)
+                      for cid in quoted_call_ids(msgs, self._call_id_re,
+                                                 max_ids=cfg.max_quoted_call_ids,
+                                                 max_chars=cfg.dataflow_max_scan_chars)]
+            hit = index.get_first(tenant, quoted, now) if quoted else None
+            if hit is not None:
+                run_key, evidence = hit[1], "tool_call_id"
+        if run_key is None and asked:
+            hit = index.get_first(tenant, asked[::-1], now)
+            if hit is not None:
+                run_key, evidence = hit[1], "rewritten"
         if run_key is None and cfg.dataflow and msgs and not has_session:
             passages = self.passages
             run_key = vote([passages.get(tenant, d, now) for d in prompt_digests(
@@ -280,7 +300,7 @@ class Resolver:
         fanout = None
         app: _AppKey | None = None  # the app a new run would get, computed once
         if run_key is None and self.fanouts.enabled and first_turn and not has_session:
-            app = self._app_key(tenant, body, instr, app_h)
+            app = self._app_key(tenant, body, msgs, instr, app_h)
             fanout = self.fanouts.join(app.app_id, akey, now, self._open.__contains__)
             if fanout is not None:
                 run_key, evidence = fanout, "fanout"
@@ -306,7 +326,7 @@ class Resolver:
             self._by_app[run.app_id].move_to_end(run.key)
             self._open.move_to_end(run.key)
         else:
-            run = self._new_run(tenant, app or self._app_key(tenant, body, instr, app_h),
+            run = self._new_run(tenant, app or self._app_key(tenant, body, msgs, instr, app_h),
                                 instr, now)
             if (self.fanouts.enabled and first_turn and not has_session
                     and self.gaps.fans_out(run.app_id)):
@@ -335,16 +355,22 @@ class Resolver:
             return
         self._release(identity.run, now)
         answers = (replies if isinstance(replies, list) else [replies]) if replies else []
-        run = self._open.get(identity.run)
-        if run is not None:
-            run.awaiting_tool = any(asks_tools(r) for r in answers)
         tenant = identity.tenant
         hasher = identity.conversation
         cfg = self.config
         index, passages = self.index, self.passages
+        asked = False
         for reply in answers:
             if hasher is not None:
                 index.put(tenant, answered_digest(hasher, reply), identity.run, now)
+            if asks_tools(reply):
+                if hasher is not None and not asked:
+                    # what was asked: a client that rewrites tool calls as text still sends it
+                    index.put(tenant, asked_digest(hasher), identity.run, now)
+                    asked = True
+                if cfg.call_ids:
+                    for cid in reply_call_ids(reply)[:cfg.max_quoted_call_ids]:
+                        index.put(tenant, key_digest(tenant, "call", cid), identity.run, now)
             if cfg.dataflow:
                 for d in reply_digests(tenant, reply, min_chars=cfg.dataflow_min_chars,
                                        head_chars=cfg.dataflow_head_chars,
@@ -370,7 +396,6 @@ class Resolver:
         since the last sweep (also those evicted by ``max_open_runs``)."""
         closed, self._closed = self._closed, []
         max_busy = self.config.max_busy_s
-        tool_wait = self.config.close_tool_call_s
         for app_id in list(self._by_app):
             order = self._by_app[app_id]
             limit = self.gaps.close_after(app_id)
@@ -381,8 +406,6 @@ class Resolver:
                 if idle <= limit:
                     break
                 if run.busy and idle <= max_busy:
-                    continue
-                if run.awaiting_tool and idle <= tool_wait:
                     continue
                 done.append(run)
             for run in done:
@@ -464,18 +487,43 @@ class Resolver:
         return out
 
     # ------------------------------------------------------------------ internals
-    def _app_key(self, tenant: str, body: Mapping[str, Any], instr: tuple[bytes, str, str],
-                 app_h: str) -> _AppKey:
-        """Which app a new run of this request belongs to (no side effect): the client's
-        ``X-Hermes-App``, else the fingerprint of its instructions, tools, model and tenant
-        after the operator's merges."""
+    def _app_key(self, tenant: str, body: Mapping[str, Any], msgs: Sequence[Any],
+                 instr: tuple[bytes, str, str], app_h: str) -> _AppKey:
+        """Which app a new run of this request belongs to: the client's ``X-Hermes-App``,
+        else the fingerprint of its instructions, tools, model and tenant after the
+        operator's merges; a request with neither instructions nor tools is fingerprinted by
+        what varies between such programs instead (:meth:`_bare_variant`)."""
         if app_h:  # named by the client; its units and gaps are still the tenant's own
             return _AppKey(f"{tenant}/{app_h}", app_h, "", "", [])
         m = body.get("model")
         model = m if isinstance(m, str) else ""
         tools = tool_signature(body.get("tools"))
-        fp = app_fingerprint(tenant, model, instr[0], tools)
+        shape = instr[0] if instr[0] or tools else self._bare_variant(tenant, body, msgs)
+        fp = app_fingerprint(tenant, model, shape, tools)
         return _AppKey(self.names.canonical(fp), "", fp, model, tools)
+
+    def _bare_variant(self, tenant: str, body: Mapping[str, Any], msgs: Sequence[Any]) -> bytes:
+        """What tells apart programs without instructions or tools: the API (chat,
+        Responses, completions), the structured-output schema (chat ``response_format``,
+        Responses ``text.format``) and the template of the first user turn (mined like the
+        units' turns: the first skeleton of its drain3 cluster, stable as the cluster
+        grows). Empty for a plain chat request of no user turn."""
+        api = "chat" if "messages" in body else "responses" if "input" in body else "completions"
+        text = body.get("text")
+        fmt = body.get("response_format") or (text.get("format") if isinstance(text, dict)
+                                              else None)
+        if isinstance(fmt, dict) and fmt.get("type") == "text":
+            fmt = None
+        first = next((m for m in msgs if isinstance(m, dict) and m.get("role") == "user"), None)
+        cfg = self.config
+        template = "" if first is None else self.turns.template(tenant, turn_skeleton(
+            first, max_chars=cfg.template_max_chars, max_lines=cfg.template_max_lines))
+        if api == "chat" and fmt is None and not template:
+            return b""
+        parts = [api, json.dumps(fmt, sort_keys=True, separators=(",", ":"), default=str)
+                 if fmt is not None else "", template]
+        return blake2b("".join(f"{len(p)}:{p}" for p in parts).encode(), digest_size=16,
+                       person=b"hermes-bare").digest()
 
     def _new_run(self, tenant: str, app: _AppKey, instr: tuple[bytes, str, str],
                  now: float) -> _Run:
