@@ -25,12 +25,6 @@ def test_function_agent(base_url: str) -> None:
     assert_runs(base_url, out["runs"], agent_runs=2)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs the built-in engine to stream one tool call per chunk, its id and name first, in "
-    "every case: it puts pieces of two calls in one chunk (and on a loaded machine a whole "
-    "answer of two calls in one chunk, when one engine step yields all its tokens), and "
-    "llama-index keeps one call of the two; fixed with the built-in engine's streaming of "
-    "tool calls (one call per chunk)"))
 def test_streamed_function_agent_loses_no_parallel_call(base_url: str) -> None:
     out = run_client("llama-index", "llama_index_client.py", base_url, "stream")
     assert out["parallel"] >= 1, "no turn called tools in parallel in 8 agent runs"
