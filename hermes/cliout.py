@@ -26,7 +26,10 @@ TABLE_WIDTH = 200
 
 
 def cell(value: object, *, compact: bool = False) -> str:
-    """A table cell: floats with 3 decimals (``compact``: 1 decimal from 100 on), else ``str``."""
+    """A table cell: floats with 3 decimals (``compact``: 1 decimal from 100 on), ``-`` for
+    None (a figure that does not exist), else ``str``."""
+    if value is None:
+        return "-"
     if isinstance(value, float):
         return f"{value:.1f}" if compact and abs(value) >= 100 else f"{value:.3f}"
     return str(value)

@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--node", default=socket.gethostname(), help="node name (default: hostname)")
     r.add_argument("--engine", action="append", default=None,
                    help="sim | openai:URL | vllm | vllm:URL (repeatable; default sim)")
-    r.add_argument("--model", help="model name (sim: served name; vllm: model to launch)")
+    r.add_argument("--model", help="model name (sim: served name, default llama-2-7b as the gateway's built-in engine; vllm: model to launch)")
     r.add_argument("--placement", metavar="FILE",
                    help="serve the engines of a placement plan (hermes plan placement --emit) "
                    "instead of --engine; SIGHUP re-reads FILE and applies it live")

@@ -1,7 +1,7 @@
 """``hermes bench calibrate``: fit the engine cost model to measured GPU operator times.
 
 Reads Vidur's published per-operator profiles (``$HERMES_VIDUR`` or
-``<repo>/../shared/reference/vidur``: ``compute/<gpu>/meta-llama/<model>/mlp.csv.gz``, medians
+the shipped ``hermes/data/reference/vidur``: ``compute/<gpu>/meta-llama/<model>/mlp.csv.gz``, medians
 in ms against ``num_tokens`` and ``num_tensor_parallel_workers``) and produces the calibrated
 coefficients of :class:`~hermes.core.costmodel.CostModel` for each setup of :data:`SPECS`
 (``--write`` regenerates :mod:`hermes.core.engine_calibration`, the committed table the core
@@ -37,7 +37,7 @@ What each term comes from (one iteration; Vidur's own composition of an iteratio
 - **CPU per iteration** (schedule, sampler, prepare inputs, process outputs; Vidur's
   ``cpu_overheads.csv`` for LLaMA-2-7B, TP 1, on A100, batch 8..64, repository
   microsoft/vidur, file ``data/profiling/a100/cpu_overheads.csv`` at commit 0633efa; the
-  medians are :data:`VIDUR_CPU_MS`, not in ../shared): a linear fit ``c0 + c1 x sequences``.
+  medians are :data:`VIDUR_CPU_MS`, not in the shipped profiles): a linear fit ``c0 + c1 x sequences``.
   ``vllm-0.4``: all four (vLLM of that era ran them in the engine loop, synchronously with
   the GPU: ~2 ms at batch 8, ~7.6 ms at 64). ``vllm-v1``: schedule + sampler + prepare inputs
   (V1 builds and detokenises outputs in a separate process, overlapped with the GPU).
@@ -155,11 +155,14 @@ REFERENCE_OF = {"llama2-7b-a100": "llama2-7b-a100-cal",
 
 
 def vidur_dir() -> Path:
-    """``$HERMES_VIDUR`` or ``<repo>/../shared/reference/vidur``."""
+    """``$HERMES_VIDUR``, else Vidur's profiles shipped with Hermes (package data, MIT:
+    ``hermes/data/reference/vidur``, its LICENSE beside them), found from any directory."""
     env = os.environ.get("HERMES_VIDUR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "vidur"
+    from importlib import resources
+
+    return Path(str(resources.files("hermes") / "data" / "reference" / "vidur"))
 
 
 # ----------------------------------------------------------------------------- measured tables
@@ -489,7 +492,7 @@ def add_calibrate_parser(bsub: argparse._SubParsersAction[Any]) -> None:
                    help=", ".join([*SPECS, *REFERENCE_OF]) + " (NAME@MODE too)")
     s.add_argument("--mode", default="vllm-v1", help="vllm-v1 | vllm-0.4 (CPU overhead, budget)")
     s.add_argument("--vidur", default=None,
-                   help="Vidur profile directory (default: $HERMES_VIDUR, else ../shared/reference/vidur)")
+                   help="Vidur profile directory (default: $HERMES_VIDUR, else the profiles shipped with Hermes)")
     s.add_argument("--json", default=None, help="write the rows as a JSON list to FILE")
     s.add_argument("--tolerance", type=float, default=0.10,
                    help="exit status 1 when a cell's |relative error| exceeds it (default 0.10)")

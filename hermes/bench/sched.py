@@ -512,8 +512,11 @@ def bench_overhead(
     from tqdm import tqdm
 
     rows = []
-    bar = tqdm(total=len(active_runs) * len(buckets), desc="overhead", file=sys.stderr,
-               disable=not progress)
+    # counted in runs prepared (walks drawn, rank tables built: the slow part, minutes at
+    # 5000 runs), so that the bar moves from the start; each config's re-rank rounds are
+    # bounded by max_s_per_config
+    bar = tqdm(total=sum(n * (1 + len(buckets)) for n in active_runs), desc="overhead",
+               unit="run", file=sys.stderr, disable=not progress)
     for n in active_runs:
         runs = _active_runs(n, setup, seed)
         into = [r.progress.current_attained_s for r in runs]
@@ -526,6 +529,7 @@ def bench_overhead(
             t0 = time.perf_counter()
             pol.on_unit_start(r, r.progress.current, 0.0)
             walk_t.append(time.perf_counter() - t0)
+            bar.update(1)
         for b in buckets:
             pol = make_sim_policy("hermes", setup, seed=seed, pdgraph_dir=pdgraph_dir, buckets=b)
             table_t = []
@@ -537,6 +541,7 @@ def bench_overhead(
                 table_t.append(time.perf_counter() - t0)
                 r.attained_s += a
                 r.progress.current_attained_s = a
+                bar.update(1)
             times = []
             t_cfg = time.perf_counter()
             for _ in range(repeats):
@@ -559,7 +564,6 @@ def bench_overhead(
                     "rounds": len(times),
                 }
             )
-            bar.update(1)
     bar.close()
     return rows
 

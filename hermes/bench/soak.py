@@ -178,20 +178,22 @@ def summarize(res: SoakResult, minutes: float, rate: float,
     """Flat rows: one per kind of work, one for memory (growth measured after the first
     ``warmup`` fraction of the run, once caches and the finished-run window have filled)."""
     rows: list[dict[str, Any]] = []
+
+    def latency_row(row: str, lat_s: list[float], ok: int, errors: int) -> dict[str, Any]:
+        lat = np.array(lat_s) * 1000.0
+        # no latency (no request of the kind): None (JSON null, "-" in the table), not nan
+        return {"row": row, "ok": ok, "errors": errors,
+                "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
+                "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
+                "max_ms": float(lat.max()) if lat.size else None}
+
     for kind in KINDS:
-        lat = np.array(res.latencies[kind]) * 1000.0
         errs = sum(n for k, n in res.errors.items() if k.startswith(kind))
-        rows.append({"row": kind, "ok": int(lat.size), "errors": errs,
-                     "p50_ms": float(np.percentile(lat, 50)) if lat.size else float("nan"),
-                     "p99_ms": float(np.percentile(lat, 99)) if lat.size else float("nan"),
-                     "max_ms": float(lat.max()) if lat.size else float("nan")})
+        rows.append(latency_row(kind, res.latencies[kind], len(res.latencies[kind]), errs))
     other = sum(n for k, n in res.errors.items() if not k.startswith(KINDS))
     total_err = sum(res.errors.values())
-    rows.append({"row": "all", "ok": sum(r["ok"] for r in rows), "errors": total_err,
-                 "p50_ms": float("nan"), "p99_ms": float(np.percentile(
-                     np.concatenate([np.array(v) for v in res.latencies.values()]) * 1000, 99))
-                 if any(res.latencies.values()) else float("nan"),
-                 "max_ms": float("nan")})
+    every = [x for v in res.latencies.values() for x in v]
+    rows.append(latency_row("all", every, sum(r["ok"] for r in rows), total_err))
     if other:
         rows[-1]["other_errors"] = other
     if res.memory:
@@ -200,7 +202,7 @@ def summarize(res: SoakResult, minutes: float, rate: float,
         warm = t >= warmup * minutes * 60.0
         base = float(mib[warm][0]) if warm.any() else float(mib[0])
         end = float(mib[-1])
-        slope = float(np.polyfit(t[warm] / 60.0, mib[warm], 1)[0]) if warm.sum() >= 3 else float("nan")
+        slope = float(np.polyfit(t[warm] / 60.0, mib[warm], 1)[0]) if warm.sum() >= 3 else None
         rows.append({"row": "memory", "start_mib": float(mib[0]), "warm_mib": base,
                      "end_mib": end, "peak_mib": float(mib.max()), "end_over_warm": end / base,
                      "slope_mib_per_min": slope, "warmup_min": warmup * minutes,

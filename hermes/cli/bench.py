@@ -515,6 +515,24 @@ def add_gateway_parser(bsub: argparse._SubParsersAction) -> None:
     add_seallm_parser(bsub)
 
 
+def show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Every option of ``parser`` (and of its sub-commands) says its default in ``--help``,
+    as argparse.ArgumentDefaultsHelpFormatter would, also where it has no help text (that
+    formatter skips those) and not twice where the text already says it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                show_defaults(child)
+            continue
+        if (not action.option_strings or action.default is None or action.default is False
+                or action.default is argparse.SUPPRESS):
+            continue
+        if action.help is None:
+            action.help = "default: %(default)s"
+        elif "default" not in action.help.lower():
+            action.help += " (default: %(default)s)"
+
+
 def add_parsers(sub: Any) -> None:
     """Add the ``bench`` group to the ``hermes`` sub-parsers."""
     b = sub.add_parser("bench", help="benchmarks (simulator and live)")
@@ -547,3 +565,4 @@ def add_parsers(sub: Any) -> None:
     from hermes.bench.quota import add_quota_parser
 
     add_quota_parser(bsub)
+    show_defaults(b)

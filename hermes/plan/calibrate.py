@@ -1,6 +1,6 @@
 """``hermes plan calibrate``: the cluster model against Vidur's measured profiles.
 
-Reads ``$HERMES_VIDUR`` or ``<repo>/../shared/reference/vidur`` (per-layer operator medians of
+Reads ``$HERMES_VIDUR`` or the shipped ``hermes/data/reference/vidur`` (per-layer operator medians of
 LLaMA-2-7B / -70B on A100, H100, A40 at TP 1-8; NCCL all-reduce and send/recv against message
 size) and prints :mod:`hermes.core.cluster.calibration`'s table: per cell the modelled and
 measured milliseconds and the relative error, then the cells beyond 15%. ``--fit`` refits
@@ -38,11 +38,14 @@ LAYER_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj",
 
 
 def vidur_dir() -> Path:
-    """``$HERMES_VIDUR`` or ``<repo>/../shared/reference/vidur``."""
+    """``$HERMES_VIDUR``, else Vidur's profiles shipped with Hermes (package data, MIT:
+    ``hermes/data/reference/vidur``, its LICENSE beside them), found from any directory."""
     env = os.environ.get("HERMES_VIDUR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "vidur"
+    from importlib import resources
+
+    return Path(str(resources.files("hermes") / "data" / "reference" / "vidur"))
 
 
 def read_compute(root: Path) -> list[ComputeRow]:
@@ -159,7 +162,7 @@ def add_calibrate_parser(sub: Any) -> None:
     s = sub.add_parser("calibrate", help="the cluster model against Vidur's measured operator "
                        "and collective times (a table of cells)")
     s.add_argument("--vidur", help="Vidur data directory (default $HERMES_VIDUR or "
-                   "../shared/reference/vidur)")
+                   "the profiles shipped with Hermes)")
     s.add_argument("--json", metavar="FILE", help="write the cells here")
     s.add_argument("--fit", action="store_true", help="refit the device efficiencies and print them")
     s.add_argument("--quiet", action="store_true", help="print only the summary and exceptions")

@@ -1,7 +1,8 @@
 """The applications of ``hermes plan batch``: SamuLLM's three scenarios and ``--dag`` files.
 
 The paper's datasets (MixInstruct, RouterBench, BooookScore/BookSum, No Robots eCDFs) are not
-available offline; the request lengths come from the measured data in ``../shared``:
+available offline; the request lengths come from measured data shipped with Hermes
+(``hermes/data/reference`` and ``hermes/data/traces``; ``$HERMES_SHARED`` for other copies):
 
 - **Lengths of prompts and outputs**: ``reference/app-profiles.json`` (LLaMA-2-7B, 100
   profiled runs of 7 applications; Hermes paper artifact). Prompts: the stages whose prompts
@@ -26,6 +27,7 @@ that same workload.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -48,18 +50,26 @@ CHUNK = 2048
 CHAIN_PROMPT = 256  # instruction + running-summary template tokens around a chunk
 
 
-def shared_dir() -> Path:
+def shared_dir() -> Path | None:
+    """``$HERMES_SHARED`` (a directory with ``reference/app-profiles.json``), else None: the
+    profiles shipped with Hermes."""
     env = os.environ.get("HERMES_SHARED")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared"
+    return Path(env) if env else None
 
 
-def _profiles(root: Path) -> dict[str, Any]:
+def _profiles(root: Path | None) -> dict[str, Any]:
+    """The measured app profiles: ``root/reference/app-profiles.json``, or (``root`` None)
+    the copy shipped with Hermes (package data, gzipped), found from any directory."""
+    if root is None:
+        from importlib import resources
+
+        shipped = resources.files("hermes") / "data" / "reference" / "app-profiles.json.gz"
+        data: dict[str, Any] = json.loads(gzip.decompress(shipped.read_bytes()))
+        return data
     path = root / "reference" / "app-profiles.json"
     if not path.exists():
-        raise ValueError(f"missing {path} (set HERMES_SHARED)")
-    data: dict[str, Any] = json.loads(path.read_text())
+        raise ValueError(f"missing {path} ($HERMES_SHARED); unset it for the shipped profiles")
+    data = json.loads(path.read_text())
     return data
 
 
@@ -67,7 +77,7 @@ def _stage(prof: dict[str, Any], app: str, stage: str, key: str) -> list[int]:
     return [int(x) for x in prof[app]["stages"][stage][key]]
 
 
-def _lengths(root: Path) -> tuple[list[int], ECDF]:
+def _lengths(root: Path | None) -> tuple[list[int], ECDF]:
     prof = _profiles(root)
     prompts = [x for a, s in SHORT_PROMPT_STAGES for x in _stage(prof, a, s, "prompt_tokens")]
     outs = [x for a in prof for s in prof[a]["stages"]
@@ -110,11 +120,26 @@ def build(scenario: str, *, seed: int = 0, n_requests: int | None = None, scale:
     raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
 
 
-def _chain(rng: np.random.Generator, root: Path, n_docs: int, evals: int = 2) -> tuple[App, str]:
-    trace = root / "traces" / "mooncake_conversation_trace.jsonl"
-    if not trace.exists():
-        raise ValueError(f"missing {trace} (set HERMES_SHARED)")
-    lengths = [json.loads(line)["input_length"] for line in trace.read_text().splitlines() if line]
+def _conversation_lengths(root: Path | None) -> list[int]:
+    """Input lengths of Mooncake's conversation trace: ``root/traces/...`` or (``root`` None)
+    the copy shipped with Hermes (package data: the same requests, gzipped)."""
+    if root is None:
+        from importlib import resources
+
+        shipped = (resources.files("hermes") / "data" / "traces"
+                   / "mooncake_conversation_requests.jsonl.gz")
+        text = gzip.decompress(shipped.read_bytes()).decode()
+    else:
+        trace = root / "traces" / "mooncake_conversation_trace.jsonl"
+        if not trace.exists():
+            raise ValueError(f"missing {trace} ($HERMES_SHARED); unset it for the shipped trace")
+        text = trace.read_text()
+    return [int(json.loads(line)["input_length"]) for line in text.splitlines() if line]
+
+
+def _chain(rng: np.random.Generator, root: Path | None, n_docs: int,
+           evals: int = 2) -> tuple[App, str]:
+    lengths = _conversation_lengths(root)
     docs = [int(x) for x in rng.choice(lengths, size=n_docs, replace=False)]
     prof = _profiles(root)
     summ = ECDF.of(_stage(prof, "langchain_mapreduce", "generate_summary", "completion_tokens"))

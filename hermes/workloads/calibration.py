@@ -1,13 +1,14 @@
 """Compare app models with the measured reference profiles (``app-profiles.json``).
 
-The reference file ships beside the project in CI (``../shared/reference``) but not with a
-user's install, so nothing here is needed at run time: the app models carry hand-picked
-parameters, and this module measures how far they are from the file when it is there.
-Path: ``$HERMES_REFERENCE`` or ``<repo>/../shared/reference/app-profiles.json``.
+The reference file ships with the package (``hermes/data/reference/app-profiles.json.gz``,
+found from any directory). Nothing here is needed at run time: the app models carry
+hand-picked parameters, and this module measures how far they are from the file.
+Path: ``$HERMES_REFERENCE`` (plain or gzipped JSON), else the shipped copy.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from collections import defaultdict
@@ -18,22 +19,26 @@ import numpy as np
 
 from hermes.core.records import RunRecord
 
-DEFAULT_REFERENCE = (
-    Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "app-profiles.json"
-)
-
 
 def reference_path() -> Path:
-    """Where the reference profiles are expected."""
+    """Where the reference profiles are: ``$HERMES_REFERENCE``, else the shipped copy."""
     env = os.environ.get("HERMES_REFERENCE")
-    return Path(env) if env else DEFAULT_REFERENCE
+    if env:
+        return Path(env)
+    from importlib import resources
+
+    return Path(str(resources.files("hermes") / "data" / "reference" / "app-profiles.json.gz"))
 
 
 def load_reference(path: str | Path | None = None) -> dict | None:
-    """The reference profiles, or ``None`` when the file is absent."""
+    """The reference profiles (JSON, gzipped when the name ends in ``.gz``), or ``None`` when
+    the file is absent."""
     p = Path(path) if path is not None else reference_path()
     if not p.is_file():
         return None
+    if p.suffix == ".gz":
+        with gzip.open(p, "rt") as fh:
+            return json.load(fh)
     with p.open() as fh:
         return json.load(fh)
 

@@ -24,7 +24,7 @@ def make_engine(spec: str, *, name: str | None = None, model: str | None = None,
     if kind == "sim":
         from hermeslet.engines.sim_engine import SimEngine
 
-        return SimEngine(name=name or "sim", model=model or "sim-llama2-7b",
+        return SimEngine(name=name or "sim", model=model or "llama-2-7b",
                          max_inflight=max_inflight, time_scale=time_scale, **kw)
     if kind == "openai":
         if not rest:

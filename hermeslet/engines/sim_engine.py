@@ -157,7 +157,7 @@ class SimEngine(EngineAdapter):
         self,
         *,
         name: str = "sim",
-        model: str = "sim-llama2-7b",
+        model: str = "llama-2-7b",
         max_inflight: int = 8,
         time_scale: float = 1.0,
         setup: str = DEFAULT_SETUP,

@@ -86,8 +86,13 @@ def test_the_gateway_re_places_its_models_by_itself(make_gateway, tmp_path: Path
     adapts from the forecast against the calls dispatched."""
     import time
 
+    # window_s: the scheduler clock runs 50x wall time, so a placement search's wall seconds
+    # (its own process; many on a loaded machine) are minutes of scheduler time between
+    # rounds: with the default 300 s arrival-rate window the three runs left it by the fourth
+    # round on a loaded machine and the forecast went empty
     srv = make_gateway(placement={"auto": True, "gpus": 2, "interval_s": 60.0,
-                                  "min_interval_s": 30.0, "max_interval_s": 600.0})
+                                  "min_interval_s": 30.0, "max_interval_s": 600.0,
+                                  "window_s": 86_400.0})
     http = httpx.Client(base_url=srv.url, timeout=30)
     first = http.get("/admin/placement").json()
     assert first["auto"] is True and first["engines"] is None  # no demand seen yet

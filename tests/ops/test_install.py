@@ -233,3 +233,30 @@ def test_readme_first_command_fails_loudly(installed: dict[str, Path], tmp_path:
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     assert f"cannot listen on 127.0.0.1:{port}" in r.stderr
     assert "hermes run: error: no gateway ready at" in r.stderr
+
+
+def test_commands_that_read_reference_data_run_outside_the_checkout(
+        installed: dict[str, Path], tmp_path: Path) -> None:
+    """Vidur's profiles (MIT, its LICENSE beside them) and the apps' measured profiles ship
+    with the wheel: the four commands that read them looked for ../shared/reference before."""
+    site = installed["site"]
+    ref = site / "hermes" / "data" / "reference"
+    assert "MIT License" in (ref / "vidur" / "LICENSE").read_text()
+    assert (ref / "README.md").is_file() and (ref / "app-profiles.json.gz").is_file()
+    assert len(list((ref / "vidur").rglob("*.csv.gz"))) == 15
+    measured = REPO / "docs" / "data" / "forward-h100.json"
+    for argv in (["bench", "calibrate", "--setup", "llama2-7b-a100-cal"],
+                 ["bench", "forward", "--measured", str(measured)],
+                 ["plan", "calibrate"],
+                 ["plan", "batch", "--scenario", "chain", "--requests", "5", "--workers", "1"]):
+        r = _run(installed, "hermes", *argv, data=tmp_path / "xdg")
+        assert r.returncode == 0, f"hermes {' '.join(argv)}: {r.stdout[-1500:]}{r.stderr[-1500:]}"
+        assert "Traceback" not in r.stderr
+
+
+def test_no_run_time_path_leaves_the_package() -> None:
+    """Nothing in the package looks for files beside the checkout (../shared)."""
+    for pkg in ("hermes", "hermeslet"):
+        for path in (REPO / pkg).rglob("*.py"):
+            text = path.read_text()
+            assert "parents[2].parent" not in text and '"shared"' not in text, path

@@ -8,10 +8,6 @@ from pathlib import Path
 import pytest
 
 from hermes.cli import main
-from hermes.plan.scenarios import shared_dir
-
-needs_shared = pytest.mark.skipif(not (shared_dir() / "reference" / "app-profiles.json").exists(),
-                                  reason="no ../shared data")
 
 
 def _dag(tmp_path: Path, models: list[dict]) -> str:
@@ -71,7 +67,6 @@ def test_dag_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert len(used) == len(set(used)) and max(used) < 4
 
 
-@needs_shared
 def test_scenario_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "e.json"
     assert main(["plan", "batch", "--scenario", "ensembling", "--requests", "60",

@@ -168,6 +168,8 @@ def seallm_place(services: Sequence[str], rates: Mapping[str, float], n_gpus: in
     if (current is not None and min_gain > 0 and current != best[1]
             and {s for g in current.groups for s in g.services} == set(services)):
         kept = plan_score(evaluate(current), alpha)
-        if best[0] > (1.0 - min_gain) * kept:
+        # kept unless the best is strictly min_gain better: a tie (both 0.0, e.g. a light
+        # forecast whose streams no plan serves late) is no gain, and re-placing costs
+        if best[0] >= (1.0 - min_gain) * kept:
             return current, kept
     return best[1], best[0]

@@ -205,3 +205,18 @@ def test_spatial_lanes_run_at_their_share_side_by_side() -> None:
     (long_whole,) = finish(None, [(0, 51)])
     (long_lane,) = finish({"a": 1.0, "b": 1.0}, [(0, 51)])
     assert long_lane == pytest.approx(2 * long_whole, rel=1e-6)
+
+
+def test_placement_keeps_the_plan_in_force_on_a_tie_at_zero() -> None:
+    """A light forecast whose streams every plan serves in time scores 0.0 for all plans: no
+    gain, so the plan in force stays (it was replaced: 0.0 > 0.9 x 0.0 is false, and the
+    gateway re-placed its engines for nothing)."""
+    demand = {"a": 0.01, "b": 0.01}
+    tp2 = PlacementPlan((Group((0, 1), ("a", "b")), Group((2, 3), ("b", "a"))))
+
+    def evaluate(plan: PlacementPlan) -> dict[str, ServiceScore]:
+        return {s: ServiceScore(0.0, 0.0, 0) for s in ("a", "b")}
+
+    kept, score = seallm_place(["a", "b"], demand, 4, lambda m, tp: True, evaluate,
+                               tps=(1, 2), current=tp2, min_gain=0.1)
+    assert kept == tp2 and score == 0.0
