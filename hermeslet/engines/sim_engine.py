@@ -328,7 +328,10 @@ class SimEngine(EngineAdapter):
             raise EngineError(f"duplicate request id {request_id!r}", status=400)
         prio = priority if (self.use_priority and priority is not None) else 0
         if endpoint == "embeddings":
-            answer, n_in = embedding_response(body, model, default_dims=self.embed_dims)
+            # CPU work proportional to the request: in a worker thread, never on the loop
+            # that also serves the node's other requests (and, embedded, the gateway)
+            answer, n_in = await asyncio.to_thread(embedding_response, body, model,
+                                                   default_dims=self.embed_dims)
             await self._run(request_id, [0], n_in, None, 0, prio)
             yield GenResult(input_tokens=n_in, output_tokens=0, text="", finish_reason=None,
                             response=answer)

