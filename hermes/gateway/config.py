@@ -163,6 +163,13 @@ class ToolsConfig(_Section):
     #: node runs tool code as a plain subprocess of the gateway (its user, files, network);
     #: refused with a host other than loopback (``--unsafe-unsandboxed-tools``)
     unsafe_unsandboxed: bool = False
+    #: where the embedded node makes one cgroup per tool call (memory and process limits
+    #: of the whole call, enforced by the kernel): "auto" (detect: cgroup v2, then v1), a
+    #: delegated cgroup v2 directory, or "off" (per-process rlimits only: a loud fallback)
+    cgroup_root: str = "auto"
+    #: memory (bytes, all processes of a call together) and processes per tool call
+    memory_bytes: int = Field(default=1 << 30, ge=16 << 20)
+    max_processes: int = Field(default=64, ge=4)
 
 
 class SecurityConfig(_Section):
