@@ -189,7 +189,15 @@ class SecurityConfig(_Section):
     #: directory from ``hermes keys curve``: HermesLets must authenticate with CURVE
     curve_dir: str = ""
     #: bearer token ``GET /metrics`` requires (``Authorization: Bearer TOKEN``); "" = open
+    #: with authentication off, and the admin token's alone with it on
     metrics_token: str = ""
+    #: with authentication on, loopback clients may use ``/admin`` without the admin token
+    #: (off: the admin token, always; behind a reverse proxy on the same host every client
+    #: is loopback, so leave it off there)
+    admin_loopback: bool = False
+    #: with authentication on, ``/metrics`` labels series with tenant names (off: every
+    #: tenant is ``other``, so that a scrape does not list the tenants)
+    metrics_tenants: bool = False
 
 
 class PlacementConfig(_Section):

@@ -16,10 +16,14 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+
+from hermes.gateway.keys import FileKeyStore
+from hermes.gateway.server import gateway_state
 
 EMBED = "sim-embed"
 
@@ -138,3 +142,45 @@ def test_garbage_is_400_naming_the_field_and_keeps_the_connection(gateway, path,
         assert conn.sock is sock  # the same keep-alive connection answered
     finally:
         conn.close()
+
+
+# ---------------------------------------------------------------------------------- 4, 13
+def _authed(make_gateway, tmp_path: Path, **kw: Any) -> tuple[Any, str, str]:  # noqa: ANN001
+    auth = tmp_path / "auth.json"
+    store = FileKeyStore(auth)
+    a, b = store.create("tenant-a"), store.create("tenant-b")
+    return make_gateway(auth_file=str(auth), **kw), a, b
+
+
+def test_admin_routes_need_the_admin_token_when_auth_is_on(make_gateway, tmp_path) -> None:  # noqa: ANN001
+    srv, a, b = _authed(make_gateway, tmp_path)
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        rid = http.post("/v1/runs", json={"app": "demo"}, headers=_bearer(a)).json()["run_id"]
+        for headers in ({}, _bearer(b), _bearer(a)):  # loopback, a tenant key: neither is admin
+            r = http.get("/admin/runs", headers=headers)
+            assert r.status_code in (401, 403) and rid not in r.text, r.text
+            r = http.put("/admin/policy", json={"policy": "fcfs"}, headers=headers)
+            assert r.status_code in (401, 403), r.text
+        assert "admin_loopback" in http.get("/admin/runs").json()["error"]["message"]
+    gateway_state(srv).admin_token = "s3cret"
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        assert http.get("/admin/runs", headers=_bearer(b)).status_code == 403
+        r = http.get("/admin/runs", headers=_bearer("s3cret"))
+        assert r.status_code == 200 and rid in r.text
+
+
+def test_the_loopback_exception_is_the_operators_choice(make_gateway, tmp_path) -> None:  # noqa: ANN001
+    srv, _, _ = _authed(make_gateway, tmp_path, security={"admin_loopback": True})
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        assert http.get("/admin/runs").status_code == 200
+
+
+def test_metrics_need_a_token_and_hide_tenants_when_auth_is_on(make_gateway, tmp_path) -> None:  # noqa: ANN001
+    srv, a, _ = _authed(make_gateway, tmp_path)
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        http.post("/v1/runs", json={"app": "demo"}, headers=_bearer(a))
+        assert http.get("/metrics").status_code == 403
+        assert http.get("/metrics", headers=_bearer(a)).status_code == 403
+        gateway_state(srv).admin_token = "s3cret"
+        r = http.get("/metrics", headers=_bearer("s3cret"))
+        assert r.status_code == 200 and "tenant-a" not in r.text, r.text[:500]
