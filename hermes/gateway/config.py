@@ -40,6 +40,15 @@ class ServerConfig(_Section):
     #: a connection whose request line and headers are not complete this many seconds after
     #: it opened (or after its previous request) is closed (slow-header clients)
     header_timeout_s: float = Field(default=10.0, gt=0.0)
+    #: a request body not complete this many seconds after its headers gets 408 and its
+    #: connection is closed (slow-body clients: a byte every few seconds)
+    body_timeout_s: float = Field(default=30.0, gt=0.0)
+    #: open connections at most (more are answered 503 and closed); 0: three quarters of
+    #: the process's file-descriptor limit, so that connections never exhaust it
+    max_connections: int = Field(default=0, ge=0)
+    #: proxies whose X-Forwarded-For (and -Proto) name the client (addresses or networks,
+    #: e.g. ["127.0.0.1"] behind a proxy on this host); empty: the peer address, always
+    trusted_proxies: list[str] = Field(default_factory=list)
 
 
 class SchedulerConfig(_Section):
@@ -186,6 +195,9 @@ class SecurityConfig(_Section):
     tenant_burst: float = Field(default=0.0, ge=0)
     tenant_max_concurrent: int = Field(default=0, ge=0)
     tenant_max_active_runs: int = Field(default=0, ge=0)
+    #: request bodies of one tenant being read at once (more: 429 before reading), so that
+    #: slow bodies of one tenant cannot hold the gateway's connections; 0 = unlimited
+    tenant_max_uploads: int = Field(default=64, ge=0)
     #: directory from ``hermes keys curve``: HermesLets must authenticate with CURVE
     curve_dir: str = ""
     #: bearer token ``GET /metrics`` requires (``Authorization: Bearer TOKEN``); "" = open

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -184,3 +185,81 @@ def test_metrics_need_a_token_and_hide_tenants_when_auth_is_on(make_gateway, tmp
         gateway_state(srv).admin_token = "s3cret"
         r = http.get("/metrics", headers=_bearer("s3cret"))
         assert r.status_code == 200 and "tenant-a" not in r.text, r.text[:500]
+
+
+# ---------------------------------------------------------------------------------- 6
+def _wrong(key: str, i: int) -> str:
+    return key[:-6] + f"{i:06d}"
+
+
+def test_wrong_secrets_with_a_tenants_key_id_do_not_lock_it_out(make_gateway, tmp_path) -> None:  # noqa: ANN001
+    srv, a, b = _authed(make_gateway, tmp_path)
+    authn = gateway_state(srv).security.authenticator
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        assert http.get("/v1/models", headers=_bearer(a)).status_code == 200
+        authn._cache.clear()  # A's next request is verified again (its cache entry expired)
+        # the attacker knows A's key id: many different wrong secrets, from A's address too
+        codes = [http.get("/v1/models", headers=_bearer(_wrong(a, i))).status_code
+                 for i in range(30)]
+        assert set(codes) <= {401, 429}, codes
+        assert http.get("/v1/models", headers=_bearer(a)).status_code == 200
+        # 25+ unknown-id guesses from the address A and B share lock out neither
+        for i in range(40):
+            http.get("/v1/models", headers=_bearer(f"hk-{i:08x}.nope"))
+        authn._cache.clear()
+        assert http.get("/v1/models", headers=_bearer(a)).status_code == 200
+        assert http.get("/v1/models", headers=_bearer(b)).status_code == 200
+
+
+def test_forwarded_for_is_trusted_only_from_configured_proxies(make_gateway, tmp_path) -> None:  # noqa: ANN001
+    srv, a, _ = _authed(make_gateway, tmp_path)
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        # a loopback client cannot escape the address throttle by naming other addresses
+        codes = [http.get("/v1/models", headers={
+            **_bearer(f"hk-{i:08x}.nope"), "X-Forwarded-For": f"10.0.{i // 256}.{i % 256}"}
+        ).status_code for i in range(60)]
+    assert 429 in codes, codes
+    srv2, _, _ = _authed(make_gateway, tmp_path / "p",
+                         server={"trusted_proxies": ["127.0.0.1"]}) \
+        if (tmp_path / "p").mkdir() is None else (None, None, None)
+    with httpx.Client(base_url=srv2.url, timeout=30) as http:
+        codes = [http.get("/v1/models", headers={
+            **_bearer(f"hk-{i:08x}.nope"), "X-Forwarded-For": f"10.0.{i // 256}.{i % 256}"}
+        ).status_code for i in range(60)]
+    assert set(codes) == {401}, codes  # behind a trusted proxy: each client its own budget
+
+
+# ---------------------------------------------------------------------------------- 9
+def test_slow_bodies_are_cut_off_and_do_not_starve_other_tenants(make_gateway, tmp_path) -> None:  # noqa: ANN001
+    srv, a, b = _authed(make_gateway, tmp_path, server={"body_timeout_s": 1.0},
+                        security={"tenant_max_uploads": 8})
+    host, port = srv.url.removeprefix("http://").rsplit(":", 1)
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        assert http.get("/v1/models", headers=_bearer(b)).status_code == 200  # B's key cached
+        assert http.get("/v1/models", headers=_bearer(a)).status_code == 200
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(30):  # B: bodies that trickle (the headers promise 1000 bytes)
+            s = socket.create_connection((host, int(port)))
+            s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                      f"Bearer {b}\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: 1000\r\n\r\n{{".encode())
+            socks.append(s)
+        with httpx.Client(base_url=srv.url, timeout=30) as http:
+            t0 = time.monotonic()
+            r = http.post("/v1/chat/completions", headers=_bearer(a), json=_CHAT)
+            assert r.status_code == 200 and time.monotonic() - t0 < 2.0, r.text
+        t0 = time.monotonic()
+        answers = []
+        for s in socks:
+            s.settimeout(5)
+            try:
+                answers.append(s.recv(200).split(b"\r\n")[0])
+            except (TimeoutError, ConnectionError):
+                answers.append(b"")
+        assert time.monotonic() - t0 < 4.0
+        # past the per-tenant cap: 429 at once; the others: 408 after the body timeout
+        assert {x.split()[1] for x in answers if x} == {b"408", b"429"}, answers
+    finally:
+        for s in socks:
+            s.close()
