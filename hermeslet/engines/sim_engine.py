@@ -456,6 +456,12 @@ class SimEngine(EngineAdapter):
         if aborted:
             self.requests_aborted += 1
 
+    def reprioritize(self, request_id: str, priority: int) -> None:
+        if not self.use_priority:
+            return
+        for rid in self._children.get(request_id) or [request_id]:
+            self.core.update_key(rid, (float(priority),))
+
     async def abort(self, request_id: str) -> None:
         ids = self._children.get(request_id) or [request_id]
         queue = None
