@@ -55,6 +55,14 @@ class SchedulerConfig(_Section):
     """The live scheduler (decision core driver)."""
 
     policy: str = "hermes"
+    #: fair share across tenants (hermes/core/policies/fair_share.py): a tenant served a
+    #: quantum of tokens more than another goes a band behind it, whatever the policy says,
+    #: so one tenant's long generations cannot hold another's short requests
+    fair_share: bool = True
+    #: the band width, in tokens served (divided by the tenant's weight)
+    fair_share_quantum_tokens: float = Field(default=2048.0, gt=0.0)
+    #: tenant -> weight of its share (default 1; 2: served twice as much before falling back)
+    tenant_weights: dict[str, float] = Field(default_factory=dict)
     k: float = Field(default=0.5, ge=0.0, le=1.0)
     #: engine choice among the engines serving a model (hermes.core.routing):
     #: least-loaded | prefix | session | hermes
@@ -346,6 +354,10 @@ class IdentityConfig(_Section):
     # ---- apps and units
     #: apps remembered (fingerprint -> name); past it the least recently seen is forgotten
     max_apps: int = Field(default=10_000, ge=16)
+    #: with authentication on, shared apps (names without a ``TENANT.`` part) learn from
+    #: tenants' runs too; off (default): only from the admin's, so one tenant cannot skew
+    #: the demand model that ranks every tenant's runs (a tenant's own apps learn from it)
+    learn_shared_from_tenants: bool = False
     #: units remembered for all apps together
     max_units: int = Field(default=100_000, ge=16)
     #: characters of a user turn looked at for its template (its head)

@@ -263,3 +263,58 @@ def test_slow_bodies_are_cut_off_and_do_not_starve_other_tenants(make_gateway, t
     finally:
         for s in socks:
             s.close()
+
+
+# ---------------------------------------------------------------------------------- 5, 8
+def _chat_as(http: httpx.Client, key: str, system: str, **headers: str) -> httpx.Response:
+    return http.post("/v1/chat/completions", headers={**_bearer(key), **headers}, json={
+        "model": "llama-2-7b", "max_tokens": 2,
+        "messages": [{"role": "system", "content": system},
+                     {"role": "user", "content": "hello there"}]})
+
+
+def test_inferred_apps_belong_to_their_tenant(make_gateway, tmp_path) -> None:  # noqa: ANN001
+    srv, a, b = _authed(make_gateway, tmp_path)
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        r = _chat_as(http, a, "You are the secret payroll assistant of Acme.")
+        assert r.status_code == 200, r.text
+        app = r.headers["X-Hermes-App"]
+        assert app.startswith("tenant-a."), app
+        # B's identical prompt is B's own app
+        rb = _chat_as(http, b, "You are the secret payroll assistant of Acme.")
+        assert rb.headers["X-Hermes-App"].startswith("tenant-b."), rb.headers
+        # B cannot run A's app, by header or by POST /v1/runs
+        r = _chat_as(http, b, "anything", **{"X-Hermes-App": app})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "app_not_owned", r.text
+        r = http.post("/v1/runs", json={"app": app}, headers=_bearer(b))
+        assert r.status_code == 403, r.text
+    learner = gateway_state(srv).scheduler.learner
+    assert learner.learns_from(app, "tenant-a") and not learner.learns_from(app, "tenant-b")
+    # shared apps learn from no tenant's runs unless the admin opted in
+    assert not learner.learns_from("factool_kbqa", "tenant-b")
+    assert learner.learns_from("factool_kbqa", "default")
+
+
+def test_learned_apps_are_bounded_and_listings_paginated(make_gateway, tmp_path) -> None:  # noqa: ANN001
+    srv = make_gateway(identity={"max_apps": 16})
+    state = gateway_state(srv)
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        for i in range(24):
+            rid = http.post("/v1/runs", json={"app": f"flood{i:03d}"}).json()["run_id"]
+            r = http.post("/v1/chat/completions", headers={"X-Hermes-Run": rid}, json={
+                "model": "llama-2-7b", "max_tokens": 2,
+                "messages": [{"role": "user", "content": f"x{i}"}]})
+            assert r.status_code == 200, r.text
+            assert http.post(f"/v1/runs/{rid}/finish").status_code == 200
+        state.scheduler.learner.flush()
+        names = state.scheduler.app_names()
+        flood = sorted(n for n in names if n.startswith("flood"))
+        assert len(flood) <= 16 and "flood023" in flood, flood
+        page = http.get("/v1/apps", params={"limit": 5}).json()
+        assert len(page["apps"]) == 5 and page["has_more"] is True
+        nxt = http.get("/v1/apps", params={"limit": 5, "after": page["last"]}).json()
+        assert nxt["apps"][0]["name"] > page["last"]
+        assert http.get("/v1/apps", params={"limit": 100_000}).status_code == 400
+    graphs = [f for f in tmp_path.rglob("flood*.json") if f.is_file()]
+    logs = [f for f in tmp_path.rglob("flood*.jsonl") if f.is_file()]
+    assert 0 < len(graphs) <= 16 and len(logs) <= 16, (graphs, logs)
