@@ -45,6 +45,9 @@ class _Body(BaseModel):
     n: int | None = Field(default=None, ge=1, le=128)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    seed: int | None = None
 
 
 class ChatMessage(BaseModel):
