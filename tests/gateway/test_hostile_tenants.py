@@ -17,14 +17,16 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from hermes.gateway.config import load_config
 from hermes.gateway.keys import FileKeyStore
-from hermes.gateway.server import gateway_state
+from hermes.gateway.server import BackgroundServer, gateway_state, start_background
 
 EMBED = "sim-embed"
 
@@ -122,12 +124,24 @@ _GARBAGE: list[tuple[str, bytes, str | None]] = [
 ]
 
 
+@pytest.fixture(scope="module")
+def shared_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundServer]:
+    """One gateway for the garbage cases (each case is one request and its follow-up)."""
+    tmp = tmp_path_factory.mktemp("garbage")
+    srv = start_background(load_config(None, environ={}, port=0, bind="", kb=str(tmp / "kb"),
+                                       state_dir=str(tmp / "st"), time_scale=50.0,
+                                       log_level="warning"))
+    yield srv
+    srv.stop()
+
+
 @pytest.mark.parametrize("path,raw,param", _GARBAGE,
                          ids=[f"{p}-{i}" for i, (p, _, _) in enumerate(_GARBAGE)])
-def test_garbage_is_400_naming_the_field_and_keeps_the_connection(gateway, path, raw, param) -> None:  # noqa: ANN001
+def test_garbage_is_400_naming_the_field_and_keeps_the_connection(
+        shared_gateway, path, raw, param) -> None:  # noqa: ANN001
     import http.client
 
-    host, port = gateway.url.removeprefix("http://").rsplit(":", 1)
+    host, port = shared_gateway.url.removeprefix("http://").rsplit(":", 1)
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
         status, body = _post_raw(conn, path, raw)
