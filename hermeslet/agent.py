@@ -518,6 +518,9 @@ class HermesLet:
                     s.queue.rekey(rid, k)
                     moved.add(s.engine.name)
                     break
+                if rid in s.inflight:  # at the engine: its priority, where it can change
+                    s.engine.reprioritize(rid, P.key_to_priority(k, self.priority_scale))
+                    break
             else:
                 if rid in self.tool_queue:
                     self.tool_queue.rekey(rid, k)

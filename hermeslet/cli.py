@@ -118,6 +118,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="run docker:IMAGE tools in Docker (optional daemon URL)")
     r.add_argument("--tool-concurrency", type=positive_int, default=2,
                    help="tool calls run at once on this node (default %(default)s)")
+    r.add_argument("--cgroup-root", default="auto", metavar="DIR",
+                   help="one cgroup per tool call under DIR (a delegated cgroup v2 "
+                        "directory), 'auto' (detect v2, then v1) or 'off' (per-process "
+                        "rlimits only, logged as a warning); default %(default)s")
     r.add_argument("--unsafe-unsandboxed-tools", dest="unsafe_unsandboxed_tools",
                    action="store_true",
                    help="UNSAFE: without bubblewrap, run tool code as a plain subprocess of "
@@ -199,7 +203,12 @@ def _lora_path(text: str) -> tuple[str, str]:
 def build_agent(args: argparse.Namespace) -> HermesLet:
     from hermeslet.agent import HermesLet
     from hermeslet.engines import make_engine
-    from hermeslet.tools import BlockingDockerSandbox, DockerSandbox, ToolRunner
+    from hermeslet.tools import (
+        BlockingDockerSandbox,
+        DockerSandbox,
+        SubprocessSandbox,
+        ToolRunner,
+    )
 
     lookahead = getattr(args, "lora_lookahead", False)
     max_cpu_loras = getattr(args, "max_cpu_loras", None)
@@ -265,8 +274,10 @@ def build_agent(args: argparse.Namespace) -> HermesLet:
                      placement_gpus=getattr(args, "gpus", None),
                      placement_device=getattr(args, "device", None),
                      drain_timeout_s=getattr(args, "drain_timeout_s", 300.0),
-                     tools=ToolRunner(docker=docker, unsafe_unsandboxed=bool(
-                         getattr(args, "unsafe_unsandboxed_tools", False))),
+                     tools=ToolRunner(SubprocessSandbox(
+                         unsafe_unsandboxed=bool(getattr(args, "unsafe_unsandboxed_tools",
+                                                         False)),
+                         cgroup=getattr(args, "cgroup_root", "auto")), docker=docker),
                      tool_concurrency=args.tool_concurrency,
                      heartbeat_s=args.heartbeat_s, prewarmer=prewarmer,
                      curve_keys=(args.curve_key, args.curve_server_key) if args.curve_key else None)

@@ -24,7 +24,10 @@ from the flat ``stats()`` keys, since model names may contain ``_``):
   (adapters a LoRA prewarmer keeps loaded, and its ``max_loras``), counters
   ``hermeslet_lora_lookahead_{loads,failed,no_path}{node,model}`` when the queue lookahead is
   on (:mod:`hermeslet.lora_lookahead`);
-- gauge ``hermeslet_dnn_model_loaded{node,model}`` (0 or 1).
+- gauge ``hermeslet_dnn_model_loaded{node,model}`` (0 or 1);
+- gauge ``hermeslet_tool_sandbox_kernel_limits{node,mode}`` (1 for how tool calls are
+  bounded: ``cgroup2``/``cgroup1`` per call by the kernel, ``rlimit`` per process only, the
+  fallback to alert on) and counter ``hermeslet_tool_rlimit_fallback_calls{node}``.
 
 Nothing is updated per request: every value is read when Prometheus scrapes.
 
@@ -125,7 +128,28 @@ class NodeCollector:
                               labels=["node"])
         g.add_metric([node], len(a.tool_tasks))
         yield g
+        yield from sandbox_metrics(node, getattr(getattr(a, "tools", None), "subprocess", None))
         yield from prewarm_metrics(node, getattr(a, "prewarmer", None))
+
+
+def sandbox_metrics(node: str, sub: Any) -> Iterator[Metric]:
+    """How the subprocess sandbox bounds a tool call (``mode``: ``cgroup2``/``cgroup1``, the
+    whole call by the kernel, or ``rlimit``, per process only: the loud fallback, alert on
+    it) and the calls that ran with per-process limits only."""
+    if sub is None or not getattr(sub, "available", False):
+        return
+    g = GaugeMetricFamily("hermeslet_tool_sandbox_kernel_limits",
+                          "1 for how tool calls' memory and process count are bounded: "
+                          "cgroup2/cgroup1 per call by the kernel, rlimit per process only.",
+                          labels=["node", "mode"])
+    for mode in ("cgroup2", "cgroup1", "rlimit"):
+        g.add_metric([node, mode], 1.0 if sub.kernel_limits == mode else 0.0)
+    yield g
+    c = CounterMetricFamily("hermeslet_tool_rlimit_fallback_calls",
+                            "Tool calls run with per-process limits only (no cgroup).",
+                            labels=["node"])
+    c.add_metric([node], float(sub.rlimit_fallbacks))
+    yield c
 
 
 #: PrewarmCounters field -> metric family (name, help) of the node's prewarm counters

@@ -40,9 +40,9 @@ from hermeslet.engines.base import EngineAdapter, EngineError
 from hermeslet.tools import (
     DEFAULT_MAX_OUTPUT,
     BlockingDockerSandbox,
+    CappedOutput,
     ToolLimits,
     ToolResult,
-    _truncate,
     docker_client,
     sandbox_container_options,
 )
@@ -180,14 +180,14 @@ class ContainerPool:
             self.counters.used += 1
             self.counters.warm_hits += 1
         try:
-            rc, out, err, timed_out = _exec(c, argv, timeout_s)
+            rc, out, err, timed_out = _exec(c, argv, timeout_s, self.max_output_chars)
             dt = time.monotonic() - t0  # the call's latency; removal is off its path
         finally:
             threading.Thread(target=_remove, args=(c,), daemon=True).start()
         return ToolResult(
             exit_code=rc,
-            stdout=_truncate(out, self.max_output_chars),
-            stderr=_truncate(err, self.max_output_chars),
+            stdout=out.text(),
+            stderr=err.text(),
             duration_s=dt,
             cold=cold,
             timed_out=timed_out,
@@ -199,13 +199,23 @@ class ContainerPool:
         return d
 
 
-def _exec(c: Any, argv: list[str], timeout_s: float) -> tuple[int, bytes, bytes, bool]:
-    """``docker exec`` with a timeout: on expiry the container is killed (and the exec ends)."""
+def _exec(c: Any, argv: list[str], timeout_s: float, limit_chars: int
+          ) -> tuple[int, CappedOutput, CappedOutput, bool]:
+    """``docker exec`` with a timeout: on expiry the container is killed (and the exec ends).
+    Output is streamed and cut at ``limit_chars`` per stream, never held whole."""
     box: dict[str, Any] = {}
+    out, err = CappedOutput(limit_chars), CappedOutput(limit_chars)
 
     def target() -> None:
         try:
-            box["res"] = c.exec_run(argv, demux=True, user="65534:65534", workdir="/tmp")
+            api = c.client.api
+            exec_id = api.exec_create(c.id, argv, user="65534:65534", workdir="/tmp")["Id"]
+            for o, e in api.exec_start(exec_id, stream=True, demux=True):
+                if o:
+                    out.feed(o)
+                if e:
+                    err.feed(e)
+            box["rc"] = api.exec_inspect(exec_id).get("ExitCode")
         except Exception as exc:  # the container was killed under it
             box["exc"] = exc
 
@@ -218,12 +228,13 @@ def _exec(c: Any, argv: list[str], timeout_s: float) -> tuple[int, bytes, bytes,
         except Exception:
             pass
         th.join(5.0)
-        return -9, b"", b"killed: timeout\n", True
+        err.feed(b"killed: timeout\n")
+        return -9, out, err, True
     if "exc" in box:
-        return -1, b"", str(box["exc"]).encode(), False
-    res = box["res"]
-    out, err = res.output if isinstance(res.output, tuple) else (res.output, b"")
-    return int(res.exit_code if res.exit_code is not None else -1), out or b"", err or b"", False
+        err.feed(str(box["exc"]).encode())
+        return -1, out, err, False
+    rc = box.get("rc")
+    return int(rc if rc is not None else -1), out, err, False
 
 
 def _remove(c: Any) -> None:

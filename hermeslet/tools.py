@@ -7,9 +7,14 @@ Two sandboxes, one result type (:class:`ToolResult`):
   no capabilities, a new session, a private ``/tmp``). It sees only the host's system
   directories, read-only (:data:`SANDBOX_RO_PATHS`): never the gateway's state directory, auth
   file, certificates or home directory. Its user maps to the gateway's own, so binding ``/``
-  would let tool code read every file the gateway can, ``0600`` ones included. The child gets
-  resource limits (CPU seconds, address space, no core files) and its own process group,
-  which is killed when the timeout expires.
+  would let tool code read every file the gateway can, ``0600`` ones included. Each call runs
+  in a control group of its own (:mod:`hermeslet.cgroups`: cgroup v2, or v1 on hybrid
+  hosts) whose memory (``ToolLimits.memory_bytes``, all its processes together, no swap) and
+  process count (``ToolLimits.pids``) the kernel enforces; whatever is left of the call
+  when it ends or times out is killed with its group. Where no cgroup can be made, the
+  fallback is per-process rlimits (address space per process, ``RLIMIT_NPROC`` per user) and
+  it is LOUD: a warning at startup and ``hermeslet_tool_sandbox_kernel_limits{mode="rlimit"}``.
+  The child also gets CPU seconds, no core files and its own process group.
 
   Without a usable bubblewrap there is **no silent fallback**: tool calls are refused
   (:class:`SandboxUnavailable`, and the node does not announce the ``subprocess`` runner)
@@ -21,7 +26,9 @@ Two sandboxes, one result type (:class:`ToolResult`):
   ``nobody`` (65534), all capabilities dropped, no-new-privileges; killed on timeout. The SDK is blocking, so it runs in a worker thread.
 
 A tool call is either ``code`` (Python source, run with the sandbox's ``python3``) or
-``command`` (an argv list). Output is truncated to ``max_output_chars`` per stream.
+``command`` (an argv list). Output is read as it is written and cut at ``max_output_chars``
+per stream (what follows is counted and dropped, never held): a tool that prints a gigabyte
+costs the node no more memory than one that prints the limit.
 """
 
 from __future__ import annotations
@@ -36,7 +43,9 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from hermeslet import cgroups
 
 DEFAULT_MAX_OUTPUT = 64 * 1024
 
@@ -86,11 +95,42 @@ class ToolLimits:
     cpus: float = 1.0
 
 
-def _truncate(data: bytes, limit: int) -> str:
+def _truncate(data: bytes, limit: int, dropped: int = 0) -> str:
+    """``data`` as text, cut at ``limit`` characters; ``dropped``: bytes already dropped."""
     text = data.decode("utf-8", errors="replace")
-    if len(text) > limit:
-        return text[:limit] + f"\n...[truncated {len(text) - limit} chars]"
+    if len(text) > limit or dropped:
+        cut = len(text) - limit if len(text) > limit else 0
+        more = f"{cut} chars" + (f" and {dropped} bytes" if dropped else "")
+        return text[:limit] + f"\n...[truncated {more}]"
     return text
+
+
+class CappedOutput:
+    """One output stream of a call, kept up to ``limit`` characters' worth of bytes (UTF-8:
+    at most 4 per character) and counted beyond: what is over is dropped as it arrives."""
+
+    def __init__(self, limit_chars: int) -> None:
+        self.keep = 4 * limit_chars + 4
+        self.limit_chars = limit_chars
+        self.buf = bytearray()
+        self.dropped = 0
+
+    def feed(self, data: bytes) -> None:
+        room = self.keep - len(self.buf)
+        if room > 0:
+            self.buf += data[:room]
+        self.dropped += max(0, len(data) - max(room, 0))
+
+    def text(self) -> str:
+        return _truncate(bytes(self.buf), self.limit_chars, self.dropped)
+
+
+async def _drain(stream: asyncio.StreamReader | None, out: CappedOutput) -> None:
+    """Read ``stream`` to its end into ``out`` (chunks of 64 KiB: never the whole)."""
+    if stream is None:
+        return
+    while chunk := await stream.read(1 << 16):
+        out.feed(chunk)
 
 
 def _argv(code: str | None, command: list[str] | None, python: str) -> list[str]:
@@ -133,12 +173,19 @@ class SubprocessSandbox(Sandbox):
         max_output_chars: int = DEFAULT_MAX_OUTPUT,
         python: str | None = None,
         unsafe_unsandboxed: bool = False,
+        cgroup: cgroups.CgroupRoot | Literal["auto", "off"] | str = "auto",
     ) -> None:
         """``use_bwrap``: None (default) uses bubblewrap when it is on ``PATH`` and works,
         True requires it, False runs a plain subprocess (an explicit choice). Without
         bubblewrap, tool calls are refused unless ``unsafe_unsandboxed`` (or ``use_bwrap``
-        is False)."""
+        is False). ``cgroup``: where per-call cgroups are made (:mod:`hermeslet.cgroups`):
+        ``"auto"`` (detect), a delegated cgroup v2 directory, a :class:`CgroupRoot`, or
+        ``"off"`` (per-process rlimits only; loud)."""
         self.limits = limits or ToolLimits()
+        self._cgroup_arg = cgroup
+        self._cgroup_root: cgroups.CgroupRoot | None = None
+        self._cgroup_known = False
+        self.rlimit_fallbacks = 0  # calls run with per-process limits only
         bwrap = shutil.which("bwrap")
         self.bwrap = bwrap if (use_bwrap is None or use_bwrap) and bwrap else None
         if use_bwrap and not self.bwrap:
@@ -182,25 +229,82 @@ class SubprocessSandbox(Sandbox):
         """Tool calls run: in bubblewrap, or unsandboxed by explicit choice."""
         return self.sandboxed or self.unsafe
 
+    @property
+    def cgroup_root(self) -> cgroups.CgroupRoot | None:
+        """Where per-call cgroups are made (detected once), or None: rlimits only."""
+        if not self._cgroup_known:
+            self._cgroup_known = True
+            arg = self._cgroup_arg
+            if isinstance(arg, cgroups.CgroupRoot):
+                self._cgroup_root = arg
+            elif arg != "off":
+                self._cgroup_root = cgroups.detect(None if arg == "auto" else arg)
+                if self._cgroup_root is None and arg != "auto":
+                    log.warning("tool sandbox: the cgroup directory %s is not a writable "
+                                "cgroup v2 directory with memory and pids", arg)
+        return self._cgroup_root
+
+    @property
+    def kernel_limits(self) -> cgroups.Mode:
+        """How a call's memory and process count are bounded: ``cgroup2``/``cgroup1`` (the
+        whole call, by the kernel) or ``rlimit`` (per process; the loud fallback)."""
+        root = self.cgroup_root
+        return root.mode if root is not None else "rlimit"
+
+    def describe_limits(self) -> str:
+        lim = self.limits
+        if self.kernel_limits != "rlimit":
+            return (f"per-call limits by the kernel ({self.kernel_limits}): {lim.memory_bytes} "
+                    f"bytes of memory and {lim.pids} processes per call")
+        return (f"WARNING: no writable cgroup (v2 or v1 memory+pids) here: tool calls are "
+                f"limited per PROCESS only ({lim.memory_bytes} bytes of address space each, "
+                f"{lim.pids} processes per user), so a call that forks can use more; give "
+                "the node a delegated cgroup v2 directory (tools.cgroup_root) or run it as a "
+                "user who may create cgroups")
+
     def describe(self) -> str:
         """One line for the log: how tool code runs here, or why it is refused."""
         if self.sandboxed:
             return ("tool sandbox: bubblewrap (no network, user nobody, no capabilities, "
-                    "read-only system directories only)")
+                    "read-only system directories only); " + self.describe_limits())
         if self.unsafe:
             return (f"tool calls run UNSANDBOXED ({self.why_not}; opted in): tool code runs "
                     "as this process's user with its files and network; local development "
                     "only")
         return f"tool calls refused: no sandbox on this node ({self.why_not}); {NO_SANDBOX_HELP}"
 
-    def _preexec(self) -> None:
+    def _preexec(self, group: cgroups.CallCgroup | None) -> Any:
+        """What the child runs between fork and exec: enter the call's cgroup (first, so
+        that nothing of the call is outside it), then its rlimits (``RLIMIT_NPROC`` where
+        there is no cgroup: per user, the fallback's best)."""
         import resource
 
         cpu = int(self.limits.cpu_s)
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         mem = int(self.limits.memory_bytes)
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        nproc = int(self.limits.pids)
+
+        def child() -> None:
+            if group is not None:
+                group.enter()
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+            resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            if group is None:
+                resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+        return child
+
+    def _call_cgroup(self) -> cgroups.CallCgroup | None:
+        """A cgroup for one call, or None (the fallback, counted and logged)."""
+        root = self.cgroup_root
+        if root is not None:
+            try:
+                return root.create(int(self.limits.memory_bytes), int(self.limits.pids))
+            except OSError as e:
+                log.warning("tool call cgroup not made (%s): this call is limited per "
+                            "process only", e)
+        self.rlimit_fallbacks += 1
+        return None
 
     def _wrap(self, argv: list[str]) -> list[str]:
         if not self.bwrap:
@@ -237,32 +341,54 @@ class SubprocessSandbox(Sandbox):
                                      f"({self.why_not}); {NO_SANDBOX_HELP}")
         argv = self._wrap(_argv(code, command, self.python))
         t0 = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            preexec_fn=self._preexec,
-            start_new_session=True,  # own process group: the timeout kills all of it
-            cwd="/tmp",
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
-                 "PYTHONDONTWRITEBYTECODE": "1"},
-        )
-        timed_out = False
+        group = self._call_cgroup()
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                preexec_fn=self._preexec(group),
+                start_new_session=True,  # own process group: the timeout kills all of it
+                cwd="/tmp",
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
+                     "PYTHONDONTWRITEBYTECODE": "1"},
+            )
+        except BaseException:
+            if group is not None:
+                group.close()
+            raise
+        out, err = CappedOutput(self.max_output_chars), CappedOutput(self.max_output_chars)
+        timed_out = False
+
+        async def finish() -> None:
+            await asyncio.gather(_drain(proc.stdout, out), _drain(proc.stderr, err))
+            await proc.wait()
+
+        try:
+            await asyncio.wait_for(finish(), timeout=timeout_s)
         except TimeoutError:
             timed_out = True
             _killpg(proc.pid)
-            out, err = await proc.communicate()
+            if group is not None:
+                await asyncio.to_thread(group.close)
+                group = None
+            await proc.wait()
         except asyncio.CancelledError:
             _killpg(proc.pid)
             raise
+        finally:
+            if group is not None:  # what the call left behind (a daemonised child)
+                oom = group.oom_killed()
+                await asyncio.to_thread(group.close)
+                if oom:
+                    err.feed(f"\n[hermes: the call went over its memory limit of "
+                             f"{self.limits.memory_bytes} bytes and was killed]\n".encode())
         rc = proc.returncode if proc.returncode is not None else -9
         return ToolResult(
             exit_code=rc,
-            stdout=_truncate(out, self.max_output_chars),
-            stderr=_truncate(err, self.max_output_chars),
+            stdout=out.text(),
+            stderr=err.text(),
             duration_s=time.monotonic() - t0,
             cold=False,
             timed_out=timed_out,
@@ -305,6 +431,15 @@ def sandbox_container_options(limits: ToolLimits) -> dict[str, Any]:
         "tmpfs": {"/tmp": "size=64m"},
         "working_dir": "/tmp",
     }
+
+
+def capped_logs(container: Any, limit_chars: int, *, stdout: bool) -> CappedOutput:
+    """A stopped container's stdout (or stderr), streamed and cut at ``limit_chars``
+    (:class:`CappedOutput`): never the whole log in memory."""
+    out = CappedOutput(limit_chars)
+    for chunk in container.logs(stdout=stdout, stderr=not stdout, stream=True, follow=False):
+        out.feed(chunk)
+    return out
 
 
 def docker_client(base_url: str | None) -> Any:
@@ -381,8 +516,8 @@ class DockerSandbox(BlockingDockerSandbox):
                 except Exception:
                     pass
                 rc = -9
-            out = container.logs(stdout=True, stderr=False)
-            err = container.logs(stdout=False, stderr=True)
+            out = capped_logs(container, self.max_output_chars, stdout=True)
+            err = capped_logs(container, self.max_output_chars, stdout=False)
         finally:
             try:
                 container.remove(force=True)
@@ -390,8 +525,8 @@ class DockerSandbox(BlockingDockerSandbox):
                 pass
         return ToolResult(
             exit_code=rc,
-            stdout=_truncate(out, self.max_output_chars),
-            stderr=_truncate(err, self.max_output_chars),
+            stdout=out.text(),
+            stderr=err.text(),
             duration_s=time.monotonic() - t0,
             cold=True,
             timed_out=timed_out,
@@ -435,7 +570,8 @@ class ToolRunner:
             level = logging.WARNING if sub.unsafe else logging.INFO
         else:
             line = sub.describe()
-            level = logging.INFO if sub.sandboxed else logging.WARNING
+            level = logging.INFO if sub.sandboxed and sub.kernel_limits != "rlimit" \
+                else logging.WARNING
         log.log(level, "%s", line)
 
     async def run(

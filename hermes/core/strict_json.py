@@ -27,8 +27,9 @@ class StrictJSONError(ValueError):
         self.path = path
 
 
-def _reject_constant(name: str) -> Any:
-    raise StrictJSONError(f"{name} is not a JSON number")
+def _constant(name: str) -> float:
+    """``NaN``/``Infinity`` as floats, so that :func:`check` refuses them naming where."""
+    return float(name)
 
 
 def loads(raw: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
@@ -41,9 +42,7 @@ def loads(raw: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     else:
         text = raw
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
-    except StrictJSONError:
-        raise
+        value = json.loads(text, parse_constant=_constant)
     except RecursionError:
         raise StrictJSONError(f"nested more than {max_depth} levels deep") from None
     except json.JSONDecodeError as e:

@@ -150,10 +150,14 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
             # KV prefix prewarms reach the embedded engines (built-in or HTTP) through their
             # adapters; no container pool or runtime LoRA loading here (a HermesLet's flags)
             _, prewarmer = build_node_prewarmer(engines)
-            from hermeslet.tools import ToolRunner
+            from hermeslet.tools import SubprocessSandbox, ToolLimits, ToolRunner
 
-            # tool code runs in bubblewrap, or is refused (issue 15): never a silent fallback
-            tools = ToolRunner(unsafe_unsandboxed=config.tools.unsafe_unsandboxed)
+            # tool code runs in bubblewrap, or is refused (issue 15): never a silent fallback;
+            # each call in a cgroup of its own where the host allows (docs/security.md)
+            tc = config.tools
+            tools = ToolRunner(SubprocessSandbox(
+                unsafe_unsandboxed=tc.unsafe_unsandboxed, cgroup=tc.cgroup_root,
+                limits=ToolLimits(memory_bytes=tc.memory_bytes, pids=tc.max_processes)))
             agent = HermesLet("embedded", sched.inproc_address, engines, ctx=ctx,
                               link=sched.inproc_link("embedded"), prewarmer=prewarmer,
                               tools=tools, placement_builder=_embedded_builder(config),

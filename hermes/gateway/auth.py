@@ -14,10 +14,18 @@ Middleware (:class:`SecurityMiddleware`, pure ASGI so streamed responses pass th
        verify_concurrency` at once), never on the event loop; a verified key is remembered
        for :attr:`Authenticator.cache_ttl_s` (60 s; keyed by a hash of the whole key, and
        only while the stored entry is unchanged: a revoked key fails at once). Failed checks
-       are throttled per key id and per client address (:class:`AuthThrottle`): past the
-       budget, 429 with ``Retry-After`` without running scrypt;
+       are throttled per failing secret and per client address (:class:`AuthThrottle`),
+       never per key id alone, so that wrong secrets sent with a tenant's key id do not lock
+       that tenant out: past the budget, 429 with ``Retry-After`` without running scrypt. A
+       key verified before (:attr:`Authenticator.known_ttl_s`, entry unchanged) is never
+       throttled, and guesses of key ids that do not exist are throttled apart from wrong
+       secrets of real ones, so guesses from an address shared with other tenants (a NAT)
+       lock them out neither. The client address is the peer's; ``X-Forwarded-For`` counts only
+       from the proxies named in ``server.trusted_proxies``;
     3. per-tenant admission (:class:`hermes.core.limits.Admission`): rate limit (token bucket)
-       and requests in flight; 429 with ``Retry-After`` when over. Limits changed in the auth
+       and requests in flight; 429 with ``Retry-After`` when over. Request bodies being read
+       are capped per tenant too (``security.tenant_max_uploads``), before any is read: slow
+       bodies of one tenant cannot hold the gateway's connections. Limits changed in the auth
        file or in Redis apply within a second, to the buckets already in use too. With a
        shared store (``cluster.store``) admission is
        :class:`~hermes.gateway.shared.SharedAdmission` (exact across gateway processes);
@@ -43,7 +51,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import HTTPException, Request
@@ -71,10 +79,13 @@ PUBLIC_PATHS = ("/healthz", "/metrics", "/docs", "/redoc", "/openapi.json")
 
 
 class AuthThrottle:
-    """Failed key checks per key id and per client address: token buckets of ``per_key``
-    (``per_address``) failures, refilled at that many per ``window_s``. While a bucket is
-    empty, requests with that key id (from that address) are answered 429 without a check.
-    Memory is bounded: the least recently failed entries are forgotten past ``max_entries``."""
+    """Failed key checks per failing secret and per client address: token buckets of
+    ``per_key`` (``per_address``) failures, refilled at that many per ``window_s``. While a
+    bucket is empty, that secret (anything from that address) is answered 429 without a
+    check. The first argument names the failing secret (key id and a hash of the key), not
+    the key id alone: an attacker who knows a tenant's key id cannot lock the tenant's own
+    key out. Memory is bounded: the least recently failed entries are forgotten past
+    ``max_entries``."""
 
     def __init__(self, per_key: int = 5, per_address: int = 20, window_s: float = 60.0,
                  max_entries: int = 100_000) -> None:
@@ -88,11 +99,14 @@ class AuthThrottle:
             return float(burst)
         return min(float(burst), b[0] + (now - b[1]) * burst / self.window_s)
 
-    def wait(self, key_id: str | None, address: str | None, now: float) -> float:
-        """Seconds until a check for ``key_id`` from ``address`` may run (0: now)."""
+    def wait(self, key_id: str | None, address: str | None, now: float, *,
+             guess: bool = False) -> float:
+        """Seconds until a check for ``key_id`` from ``address`` may run (0: now).
+        ``guess``: a key id that does not exist, counted apart (it costs no check, and
+        must not lock out the other tenants behind the same address)."""
         wait = 0.0
         for kind, name, burst in (("key", key_id, self.per_key),
-                                  ("addr", address, self.per_address)):
+                                  ("guess" if guess else "addr", address, self.per_address)):
             if name is None:
                 continue
             tokens = self._tokens(kind, name, burst, now)
@@ -100,9 +114,10 @@ class AuthThrottle:
                 wait = max(wait, (1.0 - tokens) * self.window_s / burst)
         return wait
 
-    def failed(self, key_id: str | None, address: str | None, now: float) -> None:
+    def failed(self, key_id: str | None, address: str | None, now: float, *,
+               guess: bool = False) -> None:
         for kind, name, burst in (("key", key_id, self.per_key),
-                                  ("addr", address, self.per_address)):
+                                  ("guess" if guess else "addr", address, self.per_address)):
             if name is None:
                 continue
             tokens = self._tokens(kind, name, burst, now)
@@ -129,12 +144,16 @@ class Authenticator:
     #: (``cluster.store_unavailable = "admit-local"``; a key revoked meanwhile passes until
     #: then); else every check fails with :class:`KeyStoreUnavailable` (503)
     admit_cached_when_unavailable: bool = False
+    #: how long a key verified once passes the throttle and the queue (s; entry unchanged)
+    known_ttl_s: float = 24 * 3600.0
 
     def __init__(self, store: KeyStore, cache_size: int = 4096,
                  throttle: AuthThrottle | None = None) -> None:
         self.store = store
         #: sha256(key) -> (id, tenant, stored hash, when it was verified: monotonic clock)
         self._cache: OrderedDict[str, tuple[str, str, str, float]] = OrderedDict()
+        #: sha256(key) -> (stored hash, when) of keys verified before: never throttled
+        self._known: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self.cache_size = cache_size
         self.throttle = throttle or AuthThrottle()
         self._sem: asyncio.Semaphore | None = None
@@ -179,6 +198,15 @@ class Authenticator:
         self._cache.move_to_end(fp)
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
+        self._known[fp] = (entry.hash, now)
+        self._known.move_to_end(fp)
+        while len(self._known) > 4 * self.cache_size:
+            self._known.popitem(last=False)
+
+    def _is_known(self, fp: str, entry: KeyEntry, now: float) -> bool:
+        """This very key was verified within :attr:`known_ttl_s` and its entry is unchanged."""
+        hit = self._known.get(fp)
+        return hit is not None and hit[0] == entry.hash and now - hit[1] < self.known_ttl_s
 
     def tenant_of(self, key: str | None) -> str | None:
         """The key's tenant, or None if the key is missing, malformed, unknown or revoked
@@ -205,15 +233,19 @@ class Authenticator:
         now = time.monotonic()
         if entry is not None and self._cached(fp, entry, now):
             return entry.tenant, 0.0
-        wait = self.throttle.wait(key_id if entry is not None else None, address, now)
-        if wait > 0:
-            self.stats["throttled"] += 1
-            return None, wait
+        known = entry is not None and self._is_known(fp, entry, now)
+        failing = f"{key_id}:{fp}"  # this secret, not the key id alone
+        if not known:
+            wait = self.throttle.wait(failing if entry is not None else None, address, now,
+                                      guess=entry is None)
+            if wait > 0:
+                self.stats["throttled"] += 1
+                return None, wait
         if entry is None:  # unknown id: no scrypt, but a guess from this address
-            self.throttle.failed(None, address, now)
+            self.throttle.failed(None, address, now, guess=True)
             self.stats["failed"] += 1
             return None, 0.0
-        if self._pending >= self.max_pending:
+        if self._pending >= self.max_pending and not known:
             self.stats["throttled"] += 1
             return None, 1.0
         if self._sem is None:
@@ -226,7 +258,7 @@ class Authenticator:
             self._pending -= 1
         now = time.monotonic()
         if not ok:
-            self.throttle.failed(key_id, address, now)
+            self.throttle.failed(failing, address, now)
             self.stats["failed"] += 1
             return None, 0.0
         self.stats["verified"] += 1
@@ -261,6 +293,10 @@ class Security:
     store: KeyStore | None = None
     #: the shared store (``cluster.store``): its outages are counted here too
     shared: SharedStore | None = None
+    #: request bodies of one tenant being read at once (0: unlimited)
+    max_uploads: int = 0
+    #: tenant -> request bodies being read now
+    uploading: dict[str, int] = field(default_factory=dict)
 
     @property
     def auth_on(self) -> bool:
@@ -330,7 +366,8 @@ def build_security(config: Any, shared: SharedStore | None = None) -> Security:
     auth = Authenticator(store) if store is not None else None
     if auth is not None and shared is not None:
         auth.admit_cached_when_unavailable = shared.policy == "admit-local"
-    s = Security(auth, admission, sec.max_body_bytes, store, shared)
+    s = Security(auth, admission, sec.max_body_bytes, store, shared,
+                 max_uploads=sec.tenant_max_uploads)
     if store is not None:
         s.admission.per_tenant = store.tenant_limits()  # also fails early on a bad file
         if sec.first_key_tenant and not store.entries():
@@ -453,9 +490,30 @@ class SecurityMiddleware:
                 await self._reply(send, 429, reason, "rate_limited", [(b"retry-after", retry.encode())], path=path)
                 return
             admitted_as = who
+        uploading_as: str | None = None
+        if admitted_as is not None and sec.max_uploads and (
+                "transfer-encoding" in headers or (clen or "0").strip() not in ("", "0")):
+            if sec.uploading.get(admitted_as, 0) >= sec.max_uploads:
+                sec.admission.release(admitted_as)
+                await self._reply(send, 429, f"more than {sec.max_uploads} request bodies of "
+                                  "this tenant are being read; retry later", "rate_limited",
+                                  [(b"retry-after", b"1"), (b"connection", b"close")])
+                return
+            uploading_as = admitted_as
+            sec.uploading[admitted_as] = sec.uploading.get(admitted_as, 0) + 1
         scope.setdefault("state", {})["tenant"] = tenant
         token = current_tenant.set(tenant)
         seen = 0
+
+        def uploaded() -> None:
+            nonlocal uploading_as
+            if uploading_as is not None:
+                n = sec.uploading.get(uploading_as, 1) - 1
+                if n > 0:
+                    sec.uploading[uploading_as] = n
+                else:
+                    sec.uploading.pop(uploading_as, None)
+                uploading_as = None
 
         async def limited_receive() -> dict:
             nonlocal seen
@@ -464,6 +522,10 @@ class SecurityMiddleware:
                 seen += len(msg.get("body", b""))
                 if seen > limit:
                     raise BodyTooLarge(limit)
+                if not msg.get("more_body", False):
+                    uploaded()
+            else:
+                uploaded()
             return msg
 
         started = False
@@ -481,6 +543,7 @@ class SecurityMiddleware:
                 await self._reply(send, 413, f"request body is over the limit of {limit} bytes",
                                   "body_too_large", path=path)
         finally:
+            uploaded()
             current_tenant.reset(token)
             if admitted_as is not None:
                 if isinstance(sec.admission, SharedAdmission):

@@ -41,6 +41,15 @@ class ServerConfig(_Section):
     #: a connection whose request line and headers are not complete this many seconds after
     #: it opened (or after its previous request) is closed (slow-header clients)
     header_timeout_s: float = Field(default=10.0, gt=0.0)
+    #: a request body not complete this many seconds after its headers gets 408 and its
+    #: connection is closed (slow-body clients: a byte every few seconds)
+    body_timeout_s: float = Field(default=30.0, gt=0.0)
+    #: open connections at most (more are answered 503 and closed); 0: three quarters of
+    #: the process's file-descriptor limit, so that connections never exhaust it
+    max_connections: int = Field(default=0, ge=0)
+    #: proxies whose X-Forwarded-For (and -Proto) name the client (addresses or networks,
+    #: e.g. ["127.0.0.1"] behind a proxy on this host); empty: the peer address, always
+    trusted_proxies: list[str] = Field(default_factory=list)
 
 
 class SchedulerConfig(_Section):
@@ -58,6 +67,14 @@ class SchedulerConfig(_Section):
         if name not in policy_names():
             raise ValueError(f"unknown policy {name!r}; known: {', '.join(policy_names())}")
         return name
+    #: fair share across tenants (hermes/core/policies/fair_share.py): a tenant served a
+    #: quantum of tokens more than another goes a band behind it, whatever the policy says,
+    #: so one tenant's long generations cannot hold another's short requests
+    fair_share: bool = True
+    #: the band width, in tokens served (divided by the tenant's weight)
+    fair_share_quantum_tokens: float = Field(default=2048.0, gt=0.0)
+    #: tenant -> weight of its share (default 1; 2: served twice as much before falling back)
+    tenant_weights: dict[str, float] = Field(default_factory=dict)
     k: float = Field(default=0.5, ge=0.0, le=1.0)
     #: engine choice among the engines serving a model (hermes.core.routing):
     #: least-loaded | prefix | session | hermes
@@ -187,6 +204,13 @@ class ToolsConfig(_Section):
     #: node runs tool code as a plain subprocess of the gateway (its user, files, network);
     #: refused with a host other than loopback (``--unsafe-unsandboxed-tools``)
     unsafe_unsandboxed: bool = False
+    #: where the embedded node makes one cgroup per tool call (memory and process limits
+    #: of the whole call, enforced by the kernel): "auto" (detect: cgroup v2, then v1), a
+    #: delegated cgroup v2 directory, or "off" (per-process rlimits only: a loud fallback)
+    cgroup_root: str = "auto"
+    #: memory (bytes, all processes of a call together) and processes per tool call
+    memory_bytes: int = Field(default=1 << 30, ge=16 << 20)
+    max_processes: int = Field(default=64, ge=4)
 
 
 class SecurityConfig(_Section):
@@ -209,10 +233,21 @@ class SecurityConfig(_Section):
     #: default per-tenant requests in any 60 s (a sliding window, exact); 0 = unlimited
     tenant_rpm: int = Field(default=0, ge=0)
     tenant_max_active_runs: int = Field(default=0, ge=0)
+    #: request bodies of one tenant being read at once (more: 429 before reading), so that
+    #: slow bodies of one tenant cannot hold the gateway's connections; 0 = unlimited
+    tenant_max_uploads: int = Field(default=64, ge=0)
     #: directory from ``hermes keys curve``: HermesLets must authenticate with CURVE
     curve_dir: str = ""
     #: bearer token ``GET /metrics`` requires (``Authorization: Bearer TOKEN``); "" = open
+    #: with authentication off, and the admin token's alone with it on
     metrics_token: str = ""
+    #: with authentication on, loopback clients may use ``/admin`` without the admin token
+    #: (off: the admin token, always; behind a reverse proxy on the same host every client
+    #: is loopback, so leave it off there)
+    admin_loopback: bool = False
+    #: with authentication on, ``/metrics`` labels series with tenant names (off: every
+    #: tenant is ``other``, so that a scrape does not list the tenants)
+    metrics_tenants: bool = False
 
 
 class TracingConfig(_Section):
@@ -408,6 +443,10 @@ class IdentityConfig(_Section):
     # ---- apps and units
     #: apps remembered (fingerprint -> name); past it the least recently seen is forgotten
     max_apps: int = Field(default=10_000, ge=16)
+    #: with authentication on, shared apps (names without a ``TENANT.`` part) learn from
+    #: tenants' runs too; off (default): only from the admin's, so one tenant cannot skew
+    #: the demand model that ranks every tenant's runs (a tenant's own apps learn from it)
+    learn_shared_from_tenants: bool = False
     #: units remembered for all apps together
     max_units: int = Field(default=100_000, ge=16)
     #: characters of a user turn looked at for its template (its head)

@@ -23,6 +23,7 @@ from typing import Any
 from hermes.core.costmodel import CostModel
 from hermes.core.estimator import EstimatorPool
 from hermes.core.policies.base import SchedulingPolicy, make_policy, policy_class
+from hermes.core.policies.fair_share import fair_share
 from hermes.gateway.config import GatewayConfig
 from hermes.gateway.sample_cache import CachingEstimatorPool
 
@@ -112,4 +113,13 @@ def startup_policy(config: GatewayConfig, pool: Any | None) -> SchedulingPolicy:
     (:mod:`hermes.gateway.sample_cache`)."""
     sc = config.scheduler
     policy_pool = CachingEstimatorPool(pool) if pool is not None else None
-    return make_policy(sc.policy, estimators=policy_pool, seed=sc.seed)
+    return with_fair_share(config, make_policy(sc.policy, estimators=policy_pool, seed=sc.seed))
+
+
+def with_fair_share(config: GatewayConfig, policy: SchedulingPolicy) -> SchedulingPolicy:
+    """``policy`` within per-tenant fair-share bands when ``scheduler.fair_share`` is on."""
+    sc = config.scheduler
+    if not sc.fair_share:
+        return policy
+    return fair_share(policy, quantum_tokens=sc.fair_share_quantum_tokens,
+                      weights=sc.tenant_weights)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,9 @@ class Learner(RunObserver):
         self._kb_written: dict[str, int] = {}
         self._dirty: set[str] = set()
         self._latest_graphs: dict[str, Any] = {}  # app -> the last PDGraph refresh_graphs built
+        #: apps whose graph was learned from traffic alone, least recently learned first
+        #: (bounded by ``identity.max_apps``: :meth:`_make_room`)
+        self._learned_only: OrderedDict[str, None] = OrderedDict()
         #: records for the knowledge base's log, as their JSON lines (not pydantic models:
         #: a dozen objects each for the garbage collector to walk while they wait)
         self._kb_records: list[RecordLine] = []
@@ -67,8 +71,26 @@ class Learner(RunObserver):
         """A finished run is recorded once (the record before its durable end: a kill between
         the two leaves a run that resumes, and finds its record, :meth:`recorded_run_ids`)."""
         if run.status == "finished" and run.units and not run.recorded:
-            self.learn(self.record(run))
+            if self.learns_from(run.state.app, run.state.tenant):
+                self.learn(self.record(run))
+            else:
+                self.ctx.stats["runs_not_learned"] = self.ctx.stats.get("runs_not_learned", 0) + 1
             run.recorded = True
+
+    def learns_from(self, app: str, tenant: str | None) -> bool:
+        """Whether a run of ``tenant`` may teach ``app``'s PDGraph. With authentication
+        off, always (one trust domain). With it on: a tenant's own apps (``TENANT.NAME``,
+        inferred apps included) learn from that tenant's runs only; shared apps learn from
+        no tenant's runs unless the admin opted in (``identity.learn_shared_from_tenants``),
+        so that one tenant cannot skew the demand model every other tenant is ranked by."""
+        sec = self.ctx.config.security
+        if not (sec.auth_file or sec.auth_redis):
+            return True
+        owner, dot, _ = app.rpartition(".")
+        if dot and owner:
+            return owner == tenant
+        return bool(self.ctx.config.identity.learn_shared_from_tenants) or \
+            tenant in (None, "", "default")
 
     def record(self, run: LiveRun) -> RunRecord:
         """The run's record: its units in order of start, with their requests' tokens or
@@ -144,8 +166,35 @@ class Learner(RunObserver):
         prof = self.profilers.get(app)
         if prof is None:
             base = self.kb.get(app) if self.kb is not None else None
+            if base is None:
+                self._make_room()
+                self._learned_only[app] = None  # a graph made from traffic alone
             prof = self.profilers[app] = Profiler(app, base)
+        elif app in self._learned_only:
+            self._learned_only.move_to_end(app)
         return prof
+
+    def _make_room(self) -> None:
+        """Keep the apps learned from traffic alone within ``identity.max_apps``: the least
+        recently learned is forgotten, its PDGraph file and record log too (13,000
+        header-less apps wrote 13,000 files, and a restart read them all). Shipped and
+        uploaded graphs stay."""
+        cap = self.ctx.config.identity.max_apps
+        while len(self._learned_only) >= cap:
+            old, _ = self._learned_only.popitem(last=False)
+            self.profilers.pop(old, None)
+            self.profiled_runs.pop(old, None)
+            self._kb_written.pop(old, None)
+            self._latest_graphs.pop(old, None)
+            self._dirty.discard(old)
+            self._kb_records = [r for r in self._kb_records if r.app != old]
+            self.ctx.stats["apps_evicted"] = self.ctx.stats.get("apps_evicted", 0) + 1
+            if self.kb is not None:
+                try:
+                    self.kb.delete(old)
+                    self.kb.clear_records(old)
+                except Exception:
+                    log.exception("knowledge base delete failed for %s", old)
 
     # ------------------------------------------------------------------ graphs
     def refresh_graphs(self, apps: set[str] | None = None) -> dict[str, Any]:
@@ -187,6 +236,7 @@ class Learner(RunObserver):
         if self.kb is not None:
             self.kb.put(graph)
         self.profilers[graph.app] = Profiler(graph.app, graph)
+        self._learned_only.pop(graph.app, None)  # uploaded: the operator's, never evicted
         self._latest_graphs[graph.app] = graph
         self._dirty.discard(graph.app)
         if self.ctx.pool is not None:
@@ -227,6 +277,8 @@ class Learner(RunObserver):
                 except Exception:
                     log.exception("knowledge base record log failed for %s", rec.app)
         for graph in graphs:
+            if graph.app not in self.profilers:  # evicted meanwhile (_make_room)
+                continue
             try:
                 self.kb.put(graph)
             except Exception:

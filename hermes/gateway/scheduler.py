@@ -39,7 +39,13 @@ from hermes.core.ordering import Key
 from hermes.core.policies.base import SchedulingPolicy, make_policy, policy_class
 from hermes.core.policy_switch import adopt_runs
 from hermes.gateway.config import GatewayConfig, resolve_state_dir
-from hermes.gateway.context import SchedulerClock, SchedulerContext, build_pool, startup_policy
+from hermes.gateway.context import (
+    SchedulerClock,
+    SchedulerContext,
+    build_pool,
+    startup_policy,
+    with_fair_share,
+)
 from hermes.gateway.dispatch import Dispatcher
 from hermes.gateway.durable import DurableState
 from hermes.gateway.errors import (
@@ -267,7 +273,8 @@ class LiveScheduler:
                 for prof in self.learner.profilers.values():
                     with contextlib.suppress(Exception):
                         pool.update(prof.graph)
-            policy = make_policy(name, estimators=pool, seed=self.config.scheduler.seed)
+            policy = with_fair_share(self.config, make_policy(
+                name, estimators=pool, seed=self.config.scheduler.seed))
         except Exception:
             self.config.scheduler.policy = previous
             raise

@@ -150,13 +150,71 @@ class _HeaderTimeout:
             transport.close()
 
 
-def _with_header_timeout(protocol: Any, seconds: float) -> Any:
-    """``protocol`` (an httptools protocol class) with :class:`_HeaderTimeout`; uvicorn's
-    own choice (``"auto"``, where httptools is missing: h11) is left as it is."""
+class _BodyTimeout:
+    """Mixin for uvicorn's httptools protocol: a request whose body is not complete
+    ``body_timeout_s`` after its headers gets ``408`` and its connection is closed. uvicorn
+    waits for a body for ever, so a client trickling a byte every few seconds held its
+    connection (and a file descriptor) as long as it liked; with many such connections one
+    client starved every other of descriptors."""
+
+    body_timeout_s: float = 30.0
+    _body_timer: asyncio.TimerHandle | None = None
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()  # type: ignore[misc]
+        headers = dict(self.headers)  # type: ignore[attr-defined]
+        clen = headers.get(b"content-length", b"0")
+        if b"transfer-encoding" in headers or clen.strip() not in (b"", b"0"):
+            self._body_timer = self.loop.call_later(  # type: ignore[attr-defined]
+                self.body_timeout_s, self._body_timeout)
+
+    def on_message_complete(self) -> None:
+        self._cancel_body_timer()
+        super().on_message_complete()  # type: ignore[misc]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_body_timer()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_timeout(self) -> None:
+        self._body_timer = None
+        transport = self.transport  # type: ignore[attr-defined]
+        if transport is None or transport.is_closing():
+            return
+        cycle = getattr(self, "cycle", None)
+        if cycle is not None and not cycle.response_started:
+            body = (b'{"error": {"message": "the request body did not arrive within '
+                    + f"{self.body_timeout_s:g}".encode() + b' s", "type": '
+                    b'"invalid_request_error", "param": null, "code": "body_timeout"}}')
+            transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json"
+                            b"\r\nconnection: close\r\ncontent-length: "
+                            + str(len(body)).encode() + b"\r\n\r\n" + body)
+        transport.close()
+
+
+def _with_header_timeout(protocol: Any, seconds: float, body_seconds: float = 30.0) -> Any:
+    """``protocol`` (an httptools protocol class) with :class:`_HeaderTimeout` and
+    :class:`_BodyTimeout`; uvicorn's own choice (``"auto"``, where httptools is missing:
+    h11) is left as it is."""
     if isinstance(protocol, str):
         return protocol
-    return type(f"HeaderTimeout{protocol.__name__}", (_HeaderTimeout, protocol),
-                {"header_timeout_s": seconds})
+    return type(f"HeaderTimeout{protocol.__name__}", (_HeaderTimeout, _BodyTimeout, protocol),
+                {"header_timeout_s": seconds, "body_timeout_s": body_seconds})
+
+
+def max_connections(configured: int) -> int:
+    """``server.max_connections``, or (0) three quarters of the file-descriptor limit."""
+    if configured:
+        return configured
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(64, soft * 3 // 4) if soft != resource.RLIM_INFINITY else 65_536
 
 
 def _uvicorn_config(config: GatewayConfig) -> uvicorn.Config:
@@ -164,13 +222,19 @@ def _uvicorn_config(config: GatewayConfig) -> uvicorn.Config:
 
     app = create_app(config)
     looplag.install(app)  # GET /admin/loop (started with the app: _Lifespan.startup)
+    srv = config.server
     cfg = uvicorn.Config(
         app,
-        http=_with_header_timeout(_http_protocol(), config.server.header_timeout_s),
-        log_level=config.server.log_level,
-        access_log=config.server.log_level == "debug",
+        http=_with_header_timeout(_http_protocol(), srv.header_timeout_s, srv.body_timeout_s),
+        log_level=srv.log_level,
+        access_log=srv.log_level == "debug",
         lifespan="on",
         timeout_keep_alive=30,
+        limit_concurrency=max_connections(srv.max_connections),
+        # X-Forwarded-For names the client only when a configured proxy sent it (uvicorn's
+        # default trusts 127.0.0.1: a loopback client could pick its own address)
+        proxy_headers=bool(srv.trusted_proxies),
+        forwarded_allow_ips=list(srv.trusted_proxies) or None,
     )
     cfg.load()
     cfg.lifespan_class = _Lifespan  # a failed startup: one line, not a traceback

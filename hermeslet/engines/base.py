@@ -178,6 +178,12 @@ class EngineAdapter(ABC):
         """Abort a request at the engine (default: nothing; cancelling the stream suffices)."""
         return None
 
+    def reprioritize(self, request_id: str, priority: int) -> None:  # noqa: B027
+        """A request already at the engine has a new ``priority`` (its run's rank, or its
+        tenant's fair-share band, moved). Default: nothing, as vLLM, whose ``priority`` is
+        fixed at submission; the built-in engine re-keys it, so that a request preempted
+        for KV goes back to its waiting queue behind the ones that now rank ahead of it."""
+
     async def health(self) -> bool:
         return True
 

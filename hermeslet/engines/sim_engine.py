@@ -139,6 +139,11 @@ _Progress = tuple[int, int | None] | int
 CHILD_SEP = "#"
 
 
+#: output tokens (n x max_tokens) past which a request's output is planned in a worker
+#: thread, off the event loop
+BIG_PLAN_TOKENS = 50_000
+
+
 @dataclass(slots=True)
 class _Pending:
     """A sequence in the engine model: its request's queue and its choice index. The driver
@@ -332,7 +337,10 @@ class SimEngine(EngineAdapter):
             raise EngineError(f"duplicate request id {request_id!r}", status=400)
         prio = priority if (self.use_priority and priority is not None) else 0
         if endpoint == "embeddings":
-            answer, n_in = embedding_response(body, model, default_dims=self.embed_dims)
+            # CPU work proportional to the request: in a worker thread, never on the loop
+            # that also serves the node's other requests (and, embedded, the gateway)
+            answer, n_in = await asyncio.to_thread(embedding_response, body, model,
+                                                   default_dims=self.embed_dims)
             await self._run(request_id, [0], n_in, None, 0, prio)
             yield GenResult(input_tokens=n_in, output_tokens=0, text="", finish_reason=None,
                             response=answer)
@@ -344,8 +352,15 @@ class SimEngine(EngineAdapter):
                 f"{self.name}: request {request_id!r} needs {n_in + asked} KV tokens, more "
                 f"than the engine's capacity ({self.core.kv_capacity})", status=400)
         cap = max(1, min(DEFAULT_OUTPUT_CAP, self.core.kv_capacity - n_in))
-        plan = plan_output(endpoint, body, request_rng(body, request_id, self.seed),
-                           self.behaviour, default_cap=cap)
+        n = body.get("n")
+        work = (n if isinstance(n, int) and n > 1 else 1) * (asked or cap)
+        rng = request_rng(body, request_id, self.seed)
+        # planning the output is CPU work proportional to n x max_tokens: a big one goes
+        # to a worker thread (n = 128 x 8,000 tokens stalled the loop 3.4 s)
+        big = work > BIG_PLAN_TOKENS
+        plan = await asyncio.to_thread(plan_output, endpoint, body, rng, self.behaviour,
+                                       default_cap=cap) if big else \
+            plan_output(endpoint, body, rng, self.behaviour, default_cap=cap)
         prefix_n = min(prefix_n, n_in)
         if prefix is not None and self.kv_tracker is not None:
             first = body["messages"][0]
@@ -375,9 +390,11 @@ class SimEngine(EngineAdapter):
                         yield self._chunk(plan, i, a, b, env)
             self._forget(request_id)
             c0 = plan.choices[0]
+            answer = await asyncio.to_thread(response, plan, env, n_in) if big else \
+                response(plan, env, n_in)
             yield GenResult(input_tokens=n_in, output_tokens=plan.output_tokens,
                             text=c0.content, finish_reason=c0.finish_reason,
-                            response=response(plan, env, n_in))
+                            response=answer)
         finally:
             self._release(request_id)
 
@@ -457,6 +474,12 @@ class SimEngine(EngineAdapter):
             aborted = self.core.abort(rid) is not None or aborted
         if aborted:
             self.requests_aborted += 1
+
+    def reprioritize(self, request_id: str, priority: int) -> None:
+        if not self.use_priority:
+            return
+        for rid in self._children.get(request_id) or [request_id]:
+            self.core.update_key(rid, (float(priority),))
 
     async def abort(self, request_id: str) -> None:
         ids = self._children.get(request_id) or [request_id]

@@ -317,7 +317,10 @@ def _parse_logprobs(endpoint: str, body: dict[str, Any]) -> int | None:
 def _parse_format(body: dict[str, Any]) -> tuple[str, Any] | None:
     guided = body.get("guided_json")  # vLLM's extension
     if guided is not None:
-        schema = json.loads(guided) if isinstance(guided, str) else guided
+        try:
+            schema = json.loads(guided) if isinstance(guided, str) else guided
+        except ValueError:
+            raise EngineError("'guided_json' is not valid JSON", status=400) from None
         return "json_schema", schema
     rf = body.get("response_format")
     if rf is None:

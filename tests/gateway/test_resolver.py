@@ -288,7 +288,8 @@ def test_app_fingerprint_is_stable_across_runs_and_inputs() -> None:
     b = agent_run(r, "what about Oslo, 2 days from now?", 2, run_tag="b",
                   system=SYSTEM.replace("2025-05-01", "2025-06-17"))[0]
     assert a.app_id == b.app_id and a.app == b.app
-    assert re.fullmatch(r"weather-agent-add-get_weather-[0-9a-f]{6}", a.app), a.app
+    # a tenant's inferred app is its own: TENANT.NAME (hidden from, and closed to, others)
+    assert re.fullmatch(r"t1\.weather-agent-add-get_weather-[0-9a-f]{6}", a.app), a.app
     # tool order and spacing do not matter; the schemas and names do
     assert tool_signature(list(reversed(TOOLS))) == tool_signature(TOOLS)
     other_tools = TOOLS[:1]

@@ -346,9 +346,12 @@ def test_tenant_keys_cannot_overwrite_shared_apps(make_gateway, tmp_path) -> Non
         assert "alice.agent" not in names and "factool_kbqa" in names
         r = http.post("/v1/runs", json={"app": "alice.agent"}, headers=_bearer(bob))
         assert r.status_code == 403 and r.json()["error"]["code"] == "app_not_owned"
-        # the admin owns shared apps (loopback, no admin token configured)
+        # the admin owns shared apps (with authentication on: the admin token, always)
         assert http.put("/admin/apps/factool_kbqa", content=_graph_json("factool_kbqa")
-                        ).status_code == 200
+                        ).status_code == 403
+        gateway_state(srv).admin_token = "adm1n"
+        assert http.put("/admin/apps/factool_kbqa", content=_graph_json("factool_kbqa"),
+                        headers=_bearer("adm1n")).status_code == 200
 
 
 # ---------------------------------------------------------------------------------- 6

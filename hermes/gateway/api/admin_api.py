@@ -3,12 +3,22 @@ talk to.
 
 Access: with ``HERMES_ADMIN_TOKEN`` set (in the gateway's environment when the app is
 created, or ``app.state.admin_token``), every ``/admin`` call needs ``Authorization: Bearer
-TOKEN`` (401 without, 403 with a wrong one). Without a token the admin API answers loopback
-clients only (403 otherwise), so a laptop gateway needs no setup and an exposed one is closed
-until a token is configured. ``/metrics`` is open (Prometheus scrapes it) unless
+TOKEN`` (401 without, 403 with a wrong one). Without a token:
+
+- authentication off (the laptop default): the admin API answers loopback clients only (403
+  otherwise), so a laptop gateway needs no setup and an exposed one is closed;
+- authentication on: every ``/admin`` call is refused (403) until a token is set, loopback
+  clients too (behind a reverse proxy on the same host every client is loopback), unless the
+  operator names the exception: ``security.admin_loopback = true``. A tenant's API key is
+  never an admin credential.
+
+``/metrics`` is open (Prometheus scrapes it) with authentication off unless
 ``security.metrics_token`` is set (``HERMES_METRICS_TOKEN``): then it needs ``Authorization:
 Bearer TOKEN`` (401 without, 403 with a wrong one; Prometheus: ``authorization:
-credentials_file``). Its label values are bounded (:class:`hermes.metrics.GatewayMetrics`).
+credentials_file``). With authentication on it always needs a token: the metrics token, or the
+admin token; and tenant names are not label values (every tenant is ``other``) unless
+``security.metrics_tenants = true``. Label values are bounded
+(:class:`hermes.metrics.GatewayMetrics`).
 
 - ``GET /admin/apps``; ``GET /admin/apps/{name}`` (summary); ``GET /admin/apps/{name}/pdgraph``
   (the full PDGraph JSON: export); ``PUT /admin/apps/{name}`` (import a PDGraph JSON).
@@ -77,10 +87,20 @@ def _is_loopback(host: str | None) -> bool:
         return host == "localhost"
 
 
+def _admin_loopback(request: Request) -> bool:
+    config = getattr(request.app.state, "config", None)
+    return bool(config is not None and config.security.admin_loopback)
+
+
 async def require_admin(request: Request) -> None:
     """Token check (see the module docstring); raises :class:`AdminDenied`."""
     token = admin_token(request)
     if token is None:
+        security = getattr(request.app.state, "security", None)
+        if security is not None and security.auth_on and not _admin_loopback(request):
+            raise AdminDenied(403, f"the admin API needs the admin token when authentication "
+                                   f"is on: set {TOKEN_ENV} on the gateway (or "
+                                   "security.admin_loopback = true to let loopback clients in)")
         if _is_loopback(request.client.host if request.client else None):
             return
         raise AdminDenied(403, f"the admin API answers loopback clients only; set {TOKEN_ENV} "
@@ -107,8 +127,11 @@ def install(app: FastAPI) -> None:
 
         metrics.hosted = getattr(app.state, "hosted", None)
         security = getattr(app.state, "security", None)
+        config = getattr(app.state, "config", None)
         if security is None or not security.auth_on:  # tenants are what clients claim
             metrics.max_tenants = min(metrics.max_tenants, MAX_TENANTS_NO_AUTH)
+        elif config is None or not config.security.metrics_tenants:
+            metrics.max_tenants = 0  # a scrape does not list the tenants
 
     @app.exception_handler(AdminDenied)
     async def _denied(request: Request, exc: AdminDenied) -> JSONResponse:
@@ -124,13 +147,20 @@ async def metrics(request: Request) -> Response:
 
     config = getattr(request.app.state, "config", None)
     token = config.security.metrics_token if config is not None else ""
-    if token:
+    security = getattr(request.app.state, "security", None)
+    tokens = [t for t in (token, admin_token(request) if security is not None
+                          and security.auth_on else None) if t]
+    if security is not None and security.auth_on and not tokens:
+        return error_response(403, "/metrics: authentication is on, so /metrics needs a "
+                              "token: set security.metrics_token (or the admin token)",
+                              code="metrics_denied")
+    if tokens:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             return error_response(401, "/metrics: missing 'Authorization: Bearer <token>' "
-                                  "header (security.metrics_token is set)",
+                                  "header (the metrics or admin token)",
                                   code="metrics_denied", headers={"WWW-Authenticate": "Bearer"})
-        if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        if not any(hmac.compare_digest(given.strip().encode(), t.encode()) for t in tokens):
             return error_response(403, "/metrics: invalid token", code="metrics_denied")
     return Response(generate_latest(request.app.state.metrics.registry),
                     media_type=CONTENT_TYPE_LATEST)

@@ -50,15 +50,28 @@ def not_owned(name: str, tenant: str, doing: str) -> Response:
 
 
 
-@router.get("/v1/apps", tags=["apps"])
-async def list_apps(request: Request) -> dict[str, Any]:
-    """Apps with a PDGraph and hosted apps."""
+#: apps in one page of ``GET /v1/apps`` (at most; the default)
+MAX_PAGE = 1000
+
+
+@router.get("/v1/apps", tags=["apps"], response_model=None)
+async def list_apps(request: Request, limit: int = MAX_PAGE,
+                    after: str | None = None) -> dict[str, Any] | Response:
+    """Apps with a PDGraph and hosted apps that the caller may see (shared apps and, with
+    authentication on, the tenant's own ``TENANT.NAME`` apps), by name, one page at a time:
+    ``limit`` (1 to 1000) names after ``after``; ``has_more`` and ``last`` say how to go on."""
+    if not 1 <= limit <= MAX_PAGE:
+        return error_response(400, f"limit: must be between 1 and {MAX_PAGE}", param="limit",
+                              code="invalid_value")
     sched = scheduler_of(request)
     reg = hosted_of(request)
     graphs = set(sched.app_names())
-    names = sorted(n for n in graphs | set(reg.names()) if not foreign_app(n))
+    names = sorted(n for n in graphs | set(reg.names())
+                   if not foreign_app(n) and (after is None or n > after))
+    page = names[:limit]
     return {"apps": [{"name": n, "hosted": reg.get(n) is not None, "pdgraph": n in graphs}
-                     for n in names]}
+                     for n in page],
+            "has_more": len(names) > limit, "last": page[-1] if page else None}
 
 
 def _bad_app_name(name: str) -> Response | None:

@@ -40,6 +40,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
 
+from hermes.gateway.api.apps_api import foreign_app
 from hermes.gateway.api.run_params import parse_deadline_s, parse_knob
 from hermes.gateway.auth import tenant_for
 from hermes.gateway.errors import SchedulerError
@@ -67,6 +68,10 @@ async def bind_run(sched: LiveScheduler, request: Request, body: Mapping[str, An
     k = _run_header(h, K_HEADER, parse_knob)
     deadline_s = _run_header(h, DEADLINE_HEADER, parse_deadline_s)
     tenant = tenant_for(request, h.get("X-Hermes-Tenant")) or DEFAULT_TENANT
+    named = h.get(APP_HEADER)
+    if named and foreign_app(named.strip()):
+        raise AppNotOwned(f"header {APP_HEADER}: app {named.strip()!r} is another tenant's "
+                          f"(a tenant's own apps are named '{tenant}.NAME')")
     headers: Mapping[str, str] = h
     if not infer and RUN_HEADER not in h:
         headers = {**h, RUN_HEADER: "none"}
@@ -84,6 +89,15 @@ def _run_header(h: Any, name: str, parse: Callable[[str], float]) -> float | Non
         return parse(raw)
     except ValueError as e:
         raise SchedulerError(f"header {name}: {e}, got {raw!r}") from None
+
+
+class AppNotOwned(SchedulerError):
+    """A request naming another tenant's own app (``X-Hermes-App``): 403, as ``POST
+    /v1/runs`` answers."""
+
+    status = 403
+    code = "app_not_owned"
+    param = APP_HEADER
 
 
 async def finish_after_response(sched: LiveScheduler, run: LiveRun) -> None:

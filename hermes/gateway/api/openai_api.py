@@ -23,7 +23,6 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
 
 from hermes.gateway.api.appstate import scheduler_of
 from hermes.gateway.api.binding import (
@@ -36,7 +35,7 @@ from hermes.gateway.api.binding import (
     submit_call,
     wait_call,
 )
-from hermes.gateway.api.errors import body_error, error_response, scheduler_error
+from hermes.gateway.api.errors import error_response, scheduler_error
 from hermes.gateway.api.openai_bodies import (
     BadField,
     ChatBody,
@@ -45,6 +44,7 @@ from hermes.gateway.api.openai_bodies import (
     check_agent_fields,
     engine_body,
     parse_body,
+    validate_body,
 )
 from hermes.gateway.errors import SchedulerError, error_type
 from hermes.gateway.resolve import ChatReplies
@@ -65,7 +65,8 @@ async def handle_completion(request: Request,
         return parsed
     body = parsed
     extra = body.model_extra
-    if extra and ("tools" in extra or "tool_choice" in extra or "response_format" in extra):
+    if extra and ("tools" in extra or "tool_choice" in extra or "response_format" in extra
+                  or "guided_json" in extra):
         try:
             check_agent_fields(extra)
         except BadField as e:
@@ -226,13 +227,9 @@ async def embeddings(request: Request) -> Response:
     embedded default has the built-in ``sim-embed``). A request is one LLM call of its run and
     unit like any other (it is queued by the run's rank); a chat model is refused (400)."""
     sched = scheduler_of(request)
-    try:
-        body = EmbeddingBody.model_validate_json(await request.body())
-    except ValidationError as e:
-        return body_error(e)
-    if isinstance(body.input, list) and not body.input:
-        return error_response(400, "input: must not be empty", param="input",
-                              code="invalid_value")
+    body = validate_body(await request.body(), EmbeddingBody)
+    if isinstance(body, JSONResponse):
+        return body
     try:
         call = await submit_call(sched, request, model=body.model, endpoint="embeddings",
                                  body=body.model_dump(exclude_none=True, exclude={"model"}),

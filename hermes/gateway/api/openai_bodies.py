@@ -1,7 +1,12 @@
 """The bodies of OpenAI's completion and embedding requests, checked at the edge.
 
-:func:`parse_body` validates a body in one pass (pydantic reads the JSON itself) or answers
-the 400 that says what is wrong with it (``param`` names the field); :func:`check_agent_fields`
+:func:`parse_body` reads a body as strict JSON (:mod:`hermes.core.strict_json`: no ``NaN``,
+``Infinity``, ``1e400``, lone surrogates or deep nesting anywhere, passed-through fields
+included) and validates it in strict mode (a boolean is not a number, ``0`` is not
+``false``), or answers the 400 that says what is wrong with it (``param`` names the field).
+Sizes are bounded before any work proportional to them: at most :data:`MAX_EMBED_INPUTS`
+embedding inputs, :data:`MAX_EMBED_DIMS` dimensions and :data:`MAX_EMBED_VALUES` numbers in
+an embeddings answer, token ids in ``[0, 2**31)``. :func:`check_agent_fields`
 checks ``tools``, ``tool_choice`` and ``response_format`` so that every engine behind the
 gateway gets only well-formed ones; :func:`engine_body` is what the node forwards to the
 engine. Unknown fields pass through to the engine unchanged.
@@ -9,20 +14,29 @@ engine. Unknown fields pass through to the engine unchanged.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hermes.gateway.api.errors import body_error
+from hermes.core import strict_json
+from hermes.gateway.api.errors import body_error, error_response
 from hermes.gateway.toolspec import ToolSpecError, check_function_name, check_parameters
 
 MAX_TOKENS = 131_072  # upper bound of max_tokens (longer is a client error, not a long job)
+#: inputs of one embeddings request (OpenAI's own limit)
+MAX_EMBED_INPUTS = 2048
+#: ``dimensions`` of an embedding
+MAX_EMBED_DIMS = 8192
+#: numbers in one embeddings answer (inputs x dimensions): ~20 MB of JSON, a bounded time
+MAX_EMBED_VALUES = 1 << 20
+#: a token id (vocabularies are far smaller; negative ids are garbage)
+TokenId = Annotated[int, Field(ge=0, lt=1 << 31)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str = Field(min_length=1)
     stream: bool = False
@@ -31,10 +45,13 @@ class _Body(BaseModel):
     n: int | None = Field(default=None, ge=1, le=128)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    seed: int | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: Literal["system", "user", "assistant", "tool", "developer", "function"]
     content: str | list[dict[str, Any]] | None = None
@@ -46,28 +63,74 @@ class ChatBody(_Body):
 
 
 class CompletionBody(_Body):
-    prompt: str | list[str] | list[int] = Field(min_length=1)
+    prompt: str | list[str] | list[TokenId] = Field(min_length=1)
 
 
 class EmbeddingBody(BaseModel):
     """``POST /v1/embeddings``: OpenAI's fields; anything else passes on to the engine."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str = Field(min_length=1)
-    input: str | list[str] | list[int] | list[list[int]] = Field(min_length=1)
+    input: (str | list[str] | list[TokenId]
+            | list[Annotated[list[TokenId], Field(min_length=1)]]) = Field(
+        min_length=1, max_length=MAX_EMBED_INPUTS)
     encoding_format: Literal["float", "base64"] | None = None
-    dimensions: int | None = Field(default=None, ge=1, le=65_536)
+    dimensions: int | None = Field(default=None, ge=1, le=MAX_EMBED_DIMS)
     user: str | None = None
+
+    @model_validator(mode="after")
+    def _bounded_answer(self) -> EmbeddingBody:
+        """inputs x dimensions within :data:`MAX_EMBED_VALUES` (the answer's size)."""
+        x = self.input
+        n = 1 if isinstance(x, str) or (x and isinstance(x[0], int)) else len(x)
+        if self.dimensions is not None and n * self.dimensions > MAX_EMBED_VALUES:
+            raise ValueError(f"{n} inputs x {self.dimensions} dimensions is over the limit "
+                             f"of {MAX_EMBED_VALUES} numbers per request")
+        return self
+
+
+def read_json(raw: bytes) -> Any | JSONResponse:
+    """``raw`` as strict JSON (:mod:`hermes.core.strict_json`), or the 400 naming where it
+    is not."""
+    try:
+        return strict_json.loads(raw)
+    except strict_json.StrictJSONError as e:
+        return error_response(400, f"the request body is not valid JSON ({e})",
+                              param=e.path or None, code="invalid_json")
+
+
+def validate_body(raw: bytes, cls: type[BaseModel]) -> Any | JSONResponse:
+    """``raw`` as ``cls`` (strict JSON, then the model in strict mode), or the 400."""
+    data = read_json(raw)
+    if isinstance(data, JSONResponse):
+        return data
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        if err["type"] == "value_error" and not err["loc"]:  # EmbeddingBody._bounded_answer
+            return error_response(400, f"dimensions: {err['msg']}", param="dimensions",
+                                  code="invalid_value")
+        if err["loc"] and err["loc"][0] in _UNIONS and len(err["loc"]) > 1:
+            name = str(err["loc"][0])
+            return error_response(400, f"{name}: {_UNIONS[name]}", param=name,
+                                  code="invalid_value")
+        return body_error(e)
+
+
+#: fields of several shapes: what they may be (pydantic names every shape it tried)
+_UNIONS = {
+    "input": f"must be a string, a list of at most {MAX_EMBED_INPUTS} strings, a list of "
+             "token ids (integers in [0, 2**31)) or a list of such lists",
+    "prompt": "must be a string, a list of strings or a list of token ids (integers in "
+              "[0, 2**31))",
+}
 
 
 async def parse_body(request: Request, cls: type[_Body]) -> _Body | JSONResponse:
-    """The body as ``cls``, parsed and validated in one pass (pydantic reads the JSON itself:
-    no intermediate dicts), or the 400 that says what is wrong with it."""
-    try:
-        return cls.model_validate_json(await request.body())
-    except ValidationError as e:
-        return body_error(e)
+    """The body as ``cls`` (:func:`validate_body`), or the 400 that says what is wrong."""
+    return validate_body(await request.body(), cls)
 
 
 class BadField(ValueError):
@@ -123,6 +186,15 @@ def check_agent_fields(data: dict[str, Any]) -> None:
         else:
             raise BadField("tool_choice", "must be a string or {'type': 'function', "
                             "'function': {'name': ...}}")
+    guided = data.get("guided_json")  # vLLM's extension: a schema or its JSON text
+    if guided is not None:
+        if isinstance(guided, str):
+            try:
+                guided = strict_json.loads(guided)
+            except strict_json.StrictJSONError as e:
+                raise BadField("guided_json", f"not a JSON schema: {e}") from None
+        if not isinstance(guided, dict | bool):
+            raise BadField("guided_json", "must be a JSON Schema (an object or its JSON text)")
     fmt = data.get("response_format")
     if fmt is not None:
         kind = fmt.get("type") if isinstance(fmt, dict) else None

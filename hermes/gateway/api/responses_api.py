@@ -27,6 +27,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from hermes.core import strict_json
 from hermes.gateway.api.appstate import scheduler_of
 from hermes.gateway.api.binding import (
     BoundCall,
@@ -80,6 +81,14 @@ def response_store(request: Request) -> ResponseStorage:
 def _unavailable(e: StoreUnavailable) -> JSONResponse:
     return error_response(503, f"{e}; retry later", code="store_unavailable",
                           headers={"Retry-After": "1"})
+def parse_json(raw: bytes) -> Any:
+    """The body as strict JSON (:mod:`hermes.core.strict_json`: a lone surrogate, NaN or
+    deep nesting is a 400 naming where, not a 500 after the work), else ResponsesError."""
+    try:
+        return strict_json.loads(raw)
+    except strict_json.StrictJSONError as e:
+        raise ResponsesError(f"the request body is not valid JSON ({e})", param=e.path or None,
+                             code="invalid_json") from None
 
 
 def _error(e: ResponsesError) -> JSONResponse:
@@ -107,11 +116,8 @@ async def create_response(request: Request) -> Response:
     """Create a model response (``stream: true`` for the Responses event stream)."""
     sched = scheduler_of(request)
     try:
-        raw = json.loads(await request.body())
-    except ValueError:
-        raw = None  # parse_request names the error
-    try:
-        req = parse_request(raw if isinstance(raw, dict) else await request.body())
+        raw = parse_json(await request.body())
+        req = parse_request(raw)
     except ResponsesError as e:
         return _error(e)
     assert isinstance(raw, dict)

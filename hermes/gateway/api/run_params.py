@@ -12,10 +12,11 @@ from typing import Annotated
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-#: the prewarming knob K of a run: a probability (the planner's threshold on p_s)
-Knob = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+#: the prewarming knob K of a run: a probability (the planner's threshold on p_s); strict:
+#: a boolean is not a number
+Knob = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False, strict=True)]
 #: a run's deadline, seconds after its submission
-DeadlineS = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+DeadlineS = Annotated[float, Field(gt=0.0, allow_inf_nan=False, strict=True)]
 
 _KNOB = TypeAdapter(Knob)
 _DEADLINE = TypeAdapter(DeadlineS)

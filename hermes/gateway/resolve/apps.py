@@ -7,7 +7,8 @@ tenant, hashed together (BLAKE2b-96, hex). Two tenants running identical prompts
 so do two programs differing only in a tool's schema.
 
 Names are made on first sight from the instructions' first meaningful words, the first tool
-names and a short hash, e.g. ``weather-agent-get_weather-add-3f2a9c``; the hash keeps names of
+names and a short hash, e.g. ``weather-agent-get_weather-add-3f2a9c``, prefixed by the
+tenant when there is one (``acme.weather-agent-3f2a9c``: a tenant's own app, :func:`owned`); the hash keeps names of
 different fingerprints apart (lengthened on the rare clash). :class:`AppNames` is the
 operator's mapping on top (``hermes apps rename|merge``): a JSON-serialisable object the
 knowledge base stores, applied by the resolver to every new run.
@@ -71,6 +72,14 @@ def app_name(instructions_template: str, tools: Sequence[tuple[str, str]], app_i
     return "-".join(parts + [app_id[:hash_chars]])
 
 
+def owned(tenant: str, name: str) -> str:
+    """An inferred app's name, owned by its tenant: ``TENANT.NAME`` (the gateway's rule for a
+    tenant's own apps: hidden from other tenants, run and taught by its tenant only), or
+    ``NAME`` for the tenant ``default`` (authentication off, no tenant named)."""
+    name = name.replace(".", "-")
+    return name if tenant in ("", "default") else f"{tenant}.{name}"
+
+
 @dataclass(slots=True)
 class AppInfo:
     """What the resolver knows of an app (for ``hermes apps list``)."""
@@ -106,9 +115,10 @@ class AppBook:
         if info is not None:
             self._apps.move_to_end(app_id)
             return info
-        name = app_name(instructions_template, tools, app_id)
+        name = owned(tenant, app_name(instructions_template, tools, app_id))
         if self._by_name.get(name, app_id) != app_id:
-            name = app_name(instructions_template, tools, app_id, hash_chars=len(app_id))
+            name = owned(tenant, app_name(instructions_template, tools, app_id,
+                                          hash_chars=len(app_id)))
         info = AppInfo(app_id, name, tenant, model, [n for n, _ in tools],
                        instructions_template[:200], now)
         self._apps[app_id] = info

@@ -10,12 +10,12 @@ field as OpenAI does (``tools[1].type``, ``input[0].content[2].image_url``,
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hermes.core import strict_json
 from hermes.gateway.toolspec import (
     FUNCTION_NAME,
     ToolSpecError,
@@ -110,17 +110,19 @@ def parse_request(raw: bytes | str | dict[str, Any]) -> ResponsesRequest:
     """A Responses body, validated whole (raises :class:`ResponsesError`): the fields' types
     and ranges, then every input item, tool, the tool choice and ``text.format``, so that a
     request that passes translates to a chat body without further errors."""
-    if isinstance(raw, bytes | str):
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            raise ResponsesError("the request body is not valid JSON", code="invalid_json") from None
-    else:
-        data = raw
+    try:  # strict JSON: no NaN/Infinity/1e400, lone surrogates or deep nesting anywhere
+        if isinstance(raw, bytes | str):
+            data = strict_json.loads(raw)
+        else:
+            data = raw
+            strict_json.check(data)
+    except strict_json.StrictJSONError as e:
+        raise ResponsesError(f"the request body is not valid JSON ({e})", param=e.path or None,
+                             code="invalid_json") from None
     if not isinstance(data, dict):
         raise ResponsesError("the request body must be a JSON object", code="invalid_json")
-    try:
-        req = ResponsesRequest.model_validate(data)
+    try:  # strict: a boolean is not a number, 0 is not false
+        req = ResponsesRequest.model_validate(data, strict=True)
     except ValidationError as e:
         err = e.errors()[0]
         param = _param(err["loc"])
