@@ -136,6 +136,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         bind=args.bind,
         auth_file=args.auth_file,
         state_redis=args.redis,
+        election=args.ha,
         curve_dir=args.curve_dir,
         unsafe_unsandboxed=True if args.unsafe_unsandboxed_tools else None,
     )
@@ -188,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--redis", help="durable run state in Redis (default: SQLite in --state-dir)")
     s.add_argument("--curve-dir", dest="curve_dir",
                    help="CURVE certificates (hermes keys curve): HermesLets must authenticate")
+    s.add_argument("--ha", metavar="REDIS_URL",
+                   help="elected schedulers: take part in the election for the scheduler lease "
+                   "in this Redis (a standby until elected; needs --redis and remote "
+                   "HermesLets; docs/ha.md)")
     s.add_argument("--unsafe-unsandboxed-tools", dest="unsafe_unsandboxed_tools",
                    action="store_true",
                    help="UNSAFE, local development only: without bubblewrap, run tool calls as "

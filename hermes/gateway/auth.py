@@ -56,7 +56,7 @@ from hermes.gateway.keys import (
 from hermes.gateway.tenancy import current_tenant
 
 ADMIN_TOKEN_ENV = "HERMES_ADMIN_TOKEN"
-PUBLIC_PATHS = ("/healthz", "/metrics", "/docs", "/redoc", "/openapi.json")
+PUBLIC_PATHS = ("/healthz", "/readyz", "/metrics", "/docs", "/redoc", "/openapi.json")
 
 
 class AuthThrottle:

@@ -87,6 +87,9 @@ class Recovery:
         self.recovering = False
         self.recovered_ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        #: the nodes to wait for before resuming (a new leader: those its predecessor
+        #: served, :mod:`hermes.gateway.ha`); None: any node, then one heartbeat
+        self.expect_nodes: set[str] | None = None
         #: shared with the scheduler's stats (``/healthz`` shows them)
         self.stats = ctx.stats
         self.stats.update({"recovered_hosted": 0, "recovered_client": 0, "restored_ended": 0,
@@ -168,6 +171,11 @@ class Recovery:
     async def _wait_for_nodes(self) -> None:
         """Give HermesLets ``grace_s`` to reconnect and report what they hold."""
         deadline = time.monotonic() + self.grace_s
+        if self.expect_nodes:  # each said hello (with what it holds): nothing more to wait for
+            while (not self.expect_nodes <= self.nodes.nodes.keys()
+                   and time.monotonic() < deadline):
+                await asyncio.sleep(0.01)
+            return
         await self.nodes.wait_for_nodes(self.grace_s)
         # a node reports its holdings in its hello; wait for its first heartbeat as well
         await asyncio.sleep(min(1.5, max(0.0, deadline - time.monotonic())))
