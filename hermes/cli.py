@@ -248,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hermes.bench.soak import add_soak_parser
 
     add_soak_parser(bsub)
+    from hermes.bench.ha import add_ha_parser
+
+    add_ha_parser(bsub)
     from hermes.bench.calibrate import add_calibrate_parser
 
     add_calibrate_parser(bsub)

@@ -86,7 +86,16 @@ class Recovery:
         self.orphans: OrderedDict[str, Any] = OrderedDict()
         self.recovering = False
         self.recovered_ready = asyncio.Event()
+        #: restore ended runs after the active ones have been launched, in the background
+        #: (a new leader among elected schedulers: the first dispatch comes sooner), and
+        #: set when they are all back (at once when not deferred)
+        self.defer_ended = False
+        #: the stored documents, read beforehand off the event loop (a new leader reads
+        #: them on a thread); None: read them in :meth:`recover`
+        self.prefetched: list[dict[str, Any]] | None = None
+        self.ended_ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._ended_task: asyncio.Task[None] | None = None
         #: the nodes to wait for before resuming (a new leader: those its predecessor
         #: served, :mod:`hermes.gateway.ha`); None: any node, then one heartbeat
         self.expect_nodes: set[str] | None = None
@@ -111,11 +120,16 @@ class Recovery:
     def recover(self, find_app: FindApp, launch: Launch) -> None:
         """Restore stored runs into the registry and schedule the replays (see module doc)."""
         store = self.durable.store
-        if store is not None:
-            store.prune_ended(self.ctx.config.scheduler.keep_finished_runs)
-        docs = store.runs() if store is not None else []
+        keep = self.ctx.config.scheduler.keep_finished_runs
+        docs = (self.prefetched if self.prefetched is not None
+                else store.runs() if store is not None else [])
+        self.prefetched = None
+        if store is not None and sum(d["status"] in TERMINAL for d in docs) > keep:
+            store.prune_ended(keep)  # (it reads every document again: only when needed)
+            docs = store.runs()
         if not docs:
             self.recovered_ready.set()
+            self.ended_ready.set()
             return
         assert store is not None
         high = max(max(d.get("submitted") or 0.0, d.get("finished") or 0.0) for d in docs)
@@ -123,7 +137,9 @@ class Recovery:
         self.recovering = True
         replays: list[tuple[LiveRun, Any, Replay]] = []
         recorded: set[str] | None = None
-        for d in docs:
+        ended = [d for d in docs if d["status"] in TERMINAL] if self.defer_ended else []
+        for d in (docs if not self.defer_ended else
+                  [d for d in docs if d["status"] not in TERMINAL]):
             self.durable.restoring = True
             try:
                 run, restored = self._restore(d)
@@ -167,6 +183,26 @@ class Recovery:
             self._cancel_unclaimed()
 
         self._task = loop.create_task(resume_all(), name="hermes-recover")
+        if ended:
+            self._ended_task = loop.create_task(self._restore_ended(ended),
+                                                name="hermes-recover-ended")
+        else:
+            self.ended_ready.set()
+
+    async def _restore_ended(self, docs: list[dict[str, Any]]) -> None:
+        """Ended runs, restored after the active ones are resuming (``defer_ended``), a
+        chunk per loop iteration: a new leader dispatches first; it reports ready (and
+        answers for ended runs) once they are all back."""
+        for i, d in enumerate(docs):
+            self.durable.restoring = True
+            try:
+                self._restore(d)
+            finally:
+                self.durable.restoring = False
+            self.stats["restored_ended"] += 1
+            if i % 200 == 199:
+                await asyncio.sleep(0)
+        self.ended_ready.set()
 
     async def _wait_for_nodes(self) -> None:
         """Give HermesLets ``grace_s`` to reconnect and report what they hold."""
@@ -298,5 +334,6 @@ class Recovery:
         return req
 
     def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in (self._task, self._ended_task):
+            if task is not None:
+                task.cancel()

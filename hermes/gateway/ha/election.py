@@ -50,11 +50,19 @@ class LeaderElection:
         self.store_errors = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._deposed_lock = threading.Lock()
+        self._deposed_epochs: set[int] = set()
 
     # ------------------------------------------------------------------ reads (any thread)
     def held(self) -> bool:
-        """Whether this participant may act as the leader now."""
-        return self.state.held(self.clock())
+        """Whether this participant may act as the leader now. A term found run out here
+        (the renewals were late: a pause, a starved thread) ends here and now: a renewal
+        answered later does not revive it (the process was already told it is deposed)."""
+        if self.state.held(self.clock()):
+            return True
+        if self.state.epoch is not None and not self.state.deposed:  # a term that ran out
+            self._deposed(f"the lease ran out (no renewal within {self.terms.ttl_s:g} s)")
+        return False
 
     @property
     def epoch(self) -> int | None:
@@ -83,7 +91,7 @@ class LeaderElection:
         while not self._stop.is_set():
             now = self.clock()
             if self.state.expired(now):
-                self._deposed(f"no renewal succeeded within the lease ({self.terms.ttl_s:g} s)")
+                self._deposed(f"the lease ran out (no renewal within {self.terms.ttl_s:g} s)")
                 continue
             action, at = self.state.next_action(now)
             if at > now:
@@ -117,6 +125,11 @@ class LeaderElection:
 
     def _deposed(self, why: str) -> None:
         epoch = self.state.epoch if self.state.epoch is not None else -1
+        with self._deposed_lock:  # from the election thread or a sender: told once
+            if epoch in self._deposed_epochs:
+                return
+            self._deposed_epochs.add(epoch)
+        self.state.lost()
         self.term = None
         log.error("scheduler lease lost (epoch %d): %s", epoch, why)
         self._stop.set()  # one term per participant: a deposed one restarts as a standby

@@ -116,7 +116,12 @@ class SchedulerRole:
             log.warning("could not read the previous leader's nodes: %s", exc)
             expected = set()
         sched.recovery.expect_nodes = expected or None
+        sched.recovery.defer_ended = True  # the active runs first: dispatch starts sooner
+        store = sched.durable.store
+        if store is not None:  # read off the loop: the election thread keeps renewing
+            sched.recovery.prefetched = await asyncio.to_thread(store.runs)
         await self.activate()
+        await sched.recovery.ended_ready.wait()  # ready once every stored run is back
         self.active = True
         self.activated_at = time.time()
         log.warning("scheduler %s: leader at epoch %d (elected to started: %.3f s; waiting "

@@ -1,0 +1,111 @@
+"""Two gateways elected by a lease in a real Redis, with a real HermesLet following both: the
+leader serves and answers /readyz 200; the standby answers 503 (``not_leader``) but for the
+health paths; when the leader stops, the standby takes over, the node follows it and the
+accepted run finishes there. Config refusals name what is missing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from gw_redis import redis_url  # noqa: F401  (fixture)
+
+from hermes.gateway.config import ConfigError, load_config
+from hermes.gateway.server import BackgroundServer, gateway_state, start_background
+from hermes.procs import free_port
+from hermeslet.agent import HermesLet
+from hermeslet.engines.sim_engine import SimEngine
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _gateway(tmp: Path, redis: str, i: int, zmq_port: int) -> BackgroundServer:
+    cfg = load_config(None, environ={"HERMES_EMBEDDED_NODE": "false"}, port=0,
+                      bind=f"tcp://127.0.0.1:{zmq_port}", kb=str(tmp / f"kb{i}"),
+                      state_dir=str(tmp / f"st{i}"), time_scale=50.0, log_level="warning",
+                      state_redis=redis, election=redis, member=f"gw{i}",
+                      lease_ttl_s=1.0, lease_renew_s=0.2, recovery_grace_s=2.0)
+    return start_background(cfg)
+
+
+@pytest.fixture
+def node_thread() -> Iterator[list]:
+    made: list = []
+    yield made
+    for agent, loop, th in made:
+        loop.call_soon_threadsafe(agent.stop)
+        th.join(10)
+
+
+def _start_node(made: list, addresses: list[str]) -> HermesLet:
+    agent = HermesLet("n0", addresses, [SimEngine(name="sim", model="sim-llama2-7b",
+                                                  max_inflight=8, time_scale=50.0)],
+                      heartbeat_s=0.2)
+    loop = asyncio.new_event_loop()
+    th = threading.Thread(target=lambda: loop.run_until_complete(agent.run()), daemon=True)
+    th.start()
+    made.append((agent, loop, th))
+    return agent
+
+
+def _wait(pred, timeout: float = 15.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_leader_serves_standby_refuses_then_takes_over(tmp_path: Path, redis_url: str,  # noqa: F811
+                                                       node_thread: list) -> None:
+    ports = [free_port(), free_port()]
+    a = _gateway(tmp_path, redis_url, 0, ports[0])
+    _wait(lambda: httpx.get(a.url + "/readyz").status_code == 200)
+    b = _gateway(tmp_path, redis_url, 1, ports[1])
+    agent = _start_node(node_thread, [f"tcp://127.0.0.1:{p}" for p in ports])
+    try:
+        _wait(lambda: httpx.get(a.url + "/healthz").json()["nodes"])
+        r = httpx.get(b.url + "/readyz")
+        assert r.status_code == 503 and r.json()["role"] == "standby"
+        refused = httpx.post(b.url + "/v1/chat/completions", json={
+            "model": "sim-llama2-7b", "messages": [{"role": "user", "content": "hi"}]})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "not_leader"
+        assert refused.headers["retry-after"] == "1"
+        assert httpx.get(b.url + "/healthz").status_code == 200
+        ok = httpx.post(a.url + "/v1/chat/completions", json={
+            "model": "sim-llama2-7b", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4})
+        assert ok.status_code == 200
+        run = httpx.post(a.url + "/v1/runs", json={"app": "llm_reasoning", "input": {"seed": 1}},
+                         headers={"Idempotency-Key": "k1"}).json()
+        epoch_a = httpx.get(a.url + "/readyz").json()["epoch"]
+        a.stop()  # a clean stop gives the lease up: the standby takes over at once
+        _wait(lambda: httpx.get(b.url + "/readyz").status_code == 200, timeout=10)
+        info = httpx.get(b.url + "/readyz").json()
+        assert info["epoch"] > epoch_a and info["role"] == "leader"
+        _wait(lambda: agent.follower.epoch == info["epoch"])
+        _wait(lambda: httpx.get(f"{b.url}/v1/runs/{run['run_id']}").json()["state"]
+              == "finished", timeout=30)
+        again = httpx.post(b.url + "/v1/runs", json={"app": "llm_reasoning",
+                                                     "input": {"seed": 1}},
+                           headers={"Idempotency-Key": "k1"})
+        assert again.json()["run_id"] == run["run_id"]  # the key outlived the failover
+        assert gateway_state(b).scheduler.node_table.epoch == info["epoch"]
+    finally:
+        b.stop()
+
+
+def test_election_needs_remote_nodes_and_shared_runs() -> None:
+    with pytest.raises(ConfigError, match="embedded_node"):
+        load_config(None, environ={}, election="redis://127.0.0.1:1/0")
+    with pytest.raises(ConfigError, match="--redis"):
+        load_config(None, environ={"HERMES_EMBEDDED_NODE": "false"},
+                    election="redis://127.0.0.1:1/0")
+    with pytest.raises(ConfigError, match="renew_s"):
+        load_config(None, environ={"HERMES_EMBEDDED_NODE": "false"},
+                    election="redis://127.0.0.1:1/0", state_redis="redis://127.0.0.1:1/0",
+                    lease_ttl_s=1.0, lease_renew_s=2.0)
