@@ -192,7 +192,7 @@ frontend fe
 backend gateways
   option httpchk GET /readyz
   http-check expect status 200
-  default-server inter 100ms fastinter 100ms downinter 100ms fall 2 rise 1
+  default-server inter 100ms fastinter 100ms downinter 100ms fall 3 rise 1
 {servers}
 """)
         self.haproxy = Proc("haproxy", ["haproxy", "-db", "-f", str(cfg)],

@@ -203,6 +203,8 @@ class RedisRunStore(RunStore):
         self.r.delete(f"{self.p}calls:{run_id}")
 
     def prune_ended(self, keep: int) -> int:
+        if self.r.zcard(self.p + "order") <= keep:  # no more ended runs than kept: O(1)
+            return 0  # (reading every document blocked the event loop for seconds)
         docs = self.runs()
         ended = [d["run_id"] for d in docs if d.get("status") in TERMINAL]
         old = ended[: max(0, len(ended) - keep)]
