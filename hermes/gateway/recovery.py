@@ -93,6 +93,9 @@ class Recovery:
         #: the stored documents, read beforehand off the event loop (a new leader reads
         #: them on a thread); None: read them in :meth:`recover`
         self.prefetched: list[dict[str, Any]] | None = None
+        #: with ``prefetched`` holding the active runs only: reads every stored run (the
+        #: ended ones are restored from it in the background)
+        self.fetch_rest: Callable[[], list[dict[str, Any]]] | None = None
         self.ended_ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._ended_task: asyncio.Task[None] | None = None
@@ -129,7 +132,11 @@ class Recovery:
             docs = store.runs()
         if not docs:
             self.recovered_ready.set()
-            self.ended_ready.set()
+            if self.fetch_rest is not None:
+                self._ended_task = asyncio.get_running_loop().create_task(
+                    self._restore_ended(None), name="hermes-recover-ended")
+            else:
+                self.ended_ready.set()
             return
         assert store is not None
         high = max(max(d.get("submitted") or 0.0, d.get("finished") or 0.0) for d in docs)
@@ -183,16 +190,23 @@ class Recovery:
             self._cancel_unclaimed()
 
         self._task = loop.create_task(resume_all(), name="hermes-recover")
-        if ended:
-            self._ended_task = loop.create_task(self._restore_ended(ended),
+        if ended or self.fetch_rest is not None:
+            self._ended_task = loop.create_task(self._restore_ended(ended or None),
                                                 name="hermes-recover-ended")
         else:
             self.ended_ready.set()
 
-    async def _restore_ended(self, docs: list[dict[str, Any]]) -> None:
+    async def _restore_ended(self, docs: list[dict[str, Any]] | None) -> None:
         """Ended runs, restored after the active ones are resuming (``defer_ended``), a
         chunk per loop iteration: a new leader dispatches first; it reports ready (and
-        answers for ended runs) once they are all back."""
+        answers for ended runs) once they are all back. ``None``: read them (on a thread)
+        with :attr:`fetch_rest`."""
+        if docs is None:
+            assert self.fetch_rest is not None
+            docs = [d for d in await asyncio.to_thread(self.fetch_rest)
+                    if d["status"] in TERMINAL]
+            if docs:
+                self.ctx.clock.not_before(max(d.get("finished") or 0.0 for d in docs))
         for i, d in enumerate(docs):
             self.durable.restoring = True
             try:

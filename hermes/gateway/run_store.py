@@ -181,6 +181,18 @@ class RedisRunStore(RunStore):
         self.r = redis.Redis.from_url(url, decode_responses=True)
         self.p = prefix
         self.r.ping()
+        if not self.r.exists(self.p + "active_index"):  # a store from before the index
+            self._index_active()
+
+    def _index_active(self) -> None:
+        """``<p>active``: the ids of the runs not ended (kept by every write), so that a new
+        leader reads those first (:meth:`active_runs`) and the ended ones after."""
+        live = [d["run_id"] for d in self.runs() if d.get("status") not in TERMINAL]
+        pipe = self.r.pipeline(transaction=True)
+        if live:
+            pipe.sadd(self.p + "active", *live)
+        pipe.set(self.p + "active_index", "1")
+        pipe.execute()
 
     def put_run(self, run_id: str, status: str, doc: dict[str, Any],
                 units: dict[int, dict[str, Any]] | None = None) -> None:
@@ -188,8 +200,12 @@ class RedisRunStore(RunStore):
 
     def put_runs(self, batch: list[RunWrite]) -> None:
         pipe = self.r.pipeline(transaction=True)
-        for run_id, _status, doc, units in batch:
+        for run_id, status, doc, units in batch:
             pipe.hset(self.p + "runs", run_id, json.dumps(doc, default=str))
+            if status in TERMINAL:
+                pipe.srem(self.p + "active", run_id)
+            else:
+                pipe.sadd(self.p + "active", run_id)
             pipe.zadd(self.p + "order", {run_id: float(doc.get("submitted", 0.0))}, nx=True)
             if units:
                 pipe.hset(f"{self.p}units:{run_id}",
@@ -212,12 +228,24 @@ class RedisRunStore(RunStore):
             pipe = self.r.pipeline()
             pipe.hdel(self.p + "runs", *old)
             pipe.zrem(self.p + "order", *old)
+            pipe.srem(self.p + "active", *old)
             pipe.delete(*(f"{self.p}units:{r}" for r in old))
             pipe.execute()
         return len(old)
 
+    def active_runs(self) -> list[dict[str, Any]]:
+        """The runs not ended, in acceptance order (a new leader's first read)."""
+        ids = list(self.r.smembers(self.p + "active"))
+        if not ids:
+            return []
+        scores = self.r.zmscore(self.p + "order", ids)
+        ids = [i for _, i in sorted(zip([s or 0.0 for s in scores], ids, strict=True))]
+        return [d for d in self._docs(ids) if d.get("status") not in TERMINAL]
+
     def runs(self) -> list[dict[str, Any]]:
-        ids = self.r.zrange(self.p + "order", 0, -1)
+        return self._docs(self.r.zrange(self.p + "order", 0, -1))
+
+    def _docs(self, ids: list[str]) -> list[dict[str, Any]]:
         if not ids:
             return []
         docs = self.r.hmget(self.p + "runs", ids)

@@ -109,3 +109,28 @@ def test_election_needs_remote_nodes_and_shared_runs() -> None:
         load_config(None, environ={"HERMES_EMBEDDED_NODE": "false"},
                     election="redis://127.0.0.1:1/0", state_redis="redis://127.0.0.1:1/0",
                     lease_ttl_s=1.0, lease_renew_s=2.0)
+
+
+def test_redis_run_store_indexes_the_active_runs(redis_url: str) -> None:  # noqa: F811
+    """A new leader reads the runs not ended first (``active_runs``): the index follows every
+    write, and a store written before the index existed is indexed when opened."""
+    import redis
+
+    from hermes.gateway.run_store import RedisRunStore
+
+    prefix = f"t{time.time()}:"
+    store = RedisRunStore(redis_url, prefix=prefix)
+    for i, status in enumerate(["running", "finished", "queued"]):
+        store.put_run(f"r{i}", status, {"run_id": f"r{i}", "status": status,
+                                         "submitted": float(10 - i), "n_units": 0})
+    assert [d["run_id"] for d in store.active_runs()] == ["r2", "r0"]  # acceptance order
+    store.put_run("r0", "failed", {"run_id": "r0", "status": "failed", "submitted": 10.0,
+                                   "n_units": 0})
+    assert [d["run_id"] for d in store.active_runs()] == ["r2"]
+    store.close()
+    r = redis.Redis.from_url(redis_url)
+    r.delete(prefix + "active", prefix + "active_index")  # as an older version left it
+    again = RedisRunStore(redis_url, prefix=prefix)
+    assert [d["run_id"] for d in again.active_runs()] == ["r2"]
+    assert len(again.runs()) == 3
+    again.close()

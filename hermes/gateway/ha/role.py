@@ -74,6 +74,9 @@ class SchedulerRole:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        # a thread waiting for the GIL gets it within 1 ms (5 by default): the renewals
+        # must not wait behind a busy event loop
+        sys.setswitchinterval(0.001)
         self.election.start()
         log.warning("scheduler %s: standby, waiting for the lease in %s", self.member,
                     self.store.url)
@@ -119,7 +122,12 @@ class SchedulerRole:
         sched.recovery.defer_ended = True  # the active runs first: dispatch starts sooner
         store = sched.durable.store
         if store is not None:  # read off the loop: the election thread keeps renewing
-            sched.recovery.prefetched = await asyncio.to_thread(store.runs)
+            active = getattr(store, "active_runs", None)
+            if active is not None:  # the active runs now, the ended ones in the background
+                sched.recovery.prefetched = await asyncio.to_thread(active)
+                sched.recovery.fetch_rest = store.runs
+            else:
+                sched.recovery.prefetched = await asyncio.to_thread(store.runs)
         await self.activate()
         await sched.recovery.ended_ready.wait()  # ready once every stored run is back
         self.active = True
