@@ -123,6 +123,8 @@ class Cluster:
     zmq_ports: list[int] = field(default_factory=list)
     url: str = ""
     redis_url: str = ""
+    #: more environment for the gateways (``--scale``: ``HERMES_ROLE_CPU=1``)
+    gateway_env: dict[str, str] = field(default_factory=dict)
 
     def start(self) -> None:
         for tool in ("redis-server", "haproxy"):
@@ -141,7 +143,7 @@ class Cluster:
         self.http_ports = [free_port() for _ in range(self.n_gateways)]
         self.zmq_ports = [free_port() for _ in range(self.n_gateways)]
         genv = {**env, "HERMES_EMBEDDED_NODE": "false", "HERMES_HA__LEASE_TTL_S": str(self.ttl_s),
-                "HERMES_RECOVERY_GRACE_S": "3"}
+                "HERMES_RECOVERY_GRACE_S": "3", **self.gateway_env}
         for i in range(self.n_gateways):
             argv = [sys.executable, "-m", "hermes.cli", "serve", "--host", "127.0.0.1",
                     "--port", str(self.http_ports[i]),
@@ -540,7 +542,10 @@ async def run_repeat(cl: Cluster, scenario: str, repeat: int, *, runs: int, app:
                 break
             await asyncio.sleep(0.025)
         row["failover_s"] = round(first - t_fault, 3) if first else None
-        row["new_epoch"] = (cl.readyz(new) or {}).get("epoch")
+        d = cl.readyz(new) or {}
+        row["new_epoch"] = d.get("epoch")
+        for k, name in (("elected_at", "elected_s"), ("activated_at", "ready_s")):
+            row[name] = round(d[k] - t_fault, 3) if d.get(k) else None  # failover's steps
     else:
         await asyncio.sleep(2.0)
     if scenario == "leader-pause":
@@ -622,15 +627,25 @@ async def _closed_loop(url: str, clients: int, seconds: float) -> int:
     return done
 
 
+def _sched_cpu_s(cl: Cluster, i: int) -> float:
+    import httpx
+
+    h = httpx.get(f"http://127.0.0.1:{cl.http_ports[i]}/healthz", timeout=10.0).json()
+    return float(h.get("scheduler_cpu_ns", 0)) / 1e9
+
+
 def run_scale(workdir: Path, *, edges: list[int], clients: int, seconds: float,
               time_scale: float) -> list[dict[str, Any]]:
     """Closed-loop one-request chats through haproxy with 1 and 2 front ends: requests/s and
-    CPU per request of each process (all-in-one processes: the leader does the edge's and the
-    scheduler's work; a standby does neither)."""
+    CPU per request of each process. The processes are all-in-one (the separate edge role is
+    not built): the leader does the edge's and the scheduler's work, a standby neither. The
+    scheduler's share is the thread CPU time of its own work (node messages, submissions,
+    the sweep: ``HERMES_ROLE_CPU=1``), what a separate scheduler would spend at least; the
+    edge's is the rest of the leader's CPU."""
     rows = []
     for n in edges:
         cl = Cluster(workdir / f"scale{n}", time_scale=time_scale, n_gateways=n,
-                     ha=True)
+                     ha=True, gateway_env={"HERMES_ROLE_CPU": "1"})
         try:
             cl.start()
             asyncio.run(_closed_loop(cl.url, clients, 2.0))  # warm-up
@@ -638,16 +653,19 @@ def run_scale(workdir: Path, *, edges: list[int], clients: int, seconds: float,
             assert lead is not None
             cpu0 = [g.cpu_s() for g in cl.gateways]
             ncpu0 = [p.cpu_s() for p in cl.nodes]
+            s0 = _sched_cpu_s(cl, lead)
             t0 = time.monotonic()
             done = asyncio.run(_closed_loop(cl.url, clients, seconds))
             wall = time.monotonic() - t0
             cpu = [g.cpu_s() - c for g, c in zip(cl.gateways, cpu0, strict=True)]
             ncpu = sum(p.cpu_s() - c for p, c in zip(cl.nodes, ncpu0, strict=True))
+            sched = _sched_cpu_s(cl, lead) - s0
             per = max(done, 1)
             rows.append({
                 "edges": n, "requests": done, "req_per_s": round(done / wall, 1),
-                "scheduler_cpu_ms_per_req": round(1000 * cpu[lead] / per, 3),
-                "edge_cpu_ms_per_req": round(1000 * cpu[lead] / per, 3),
+                "scheduler_cpu_ms_per_req": round(1000 * sched / per, 3),
+                "edge_cpu_ms_per_req": round(1000 * (cpu[lead] - sched) / per, 3),
+                "leader_cpu_ms_per_req": round(1000 * cpu[lead] / per, 3),
                 "standby_cpu_ms_per_req": (round(1000 * sum(c for i, c in enumerate(cpu)
                                                             if i != lead) / per, 3)
                                            if n > 1 else None),

@@ -107,6 +107,9 @@ class NodeTable:
         self.fence: Callable[[], bool] | None = None
         #: wall time of the first submit or tool call sent in this term (failover figures)
         self.first_dispatch_at: float | None = None
+        #: count the CPU time of node messages in ``stats["scheduler_cpu_ns"]`` (set by the
+        #: scheduler with ``HERMES_ROLE_CPU=1``)
+        self.meter = False
 
     # ------------------------------------------------------------------ wire
     def bind(self) -> None:
@@ -163,8 +166,14 @@ class NodeTable:
                 log.warning("zmq receive failed: %s", e)
                 await asyncio.sleep(0.05)
                 continue
+            if not self.meter:
+                for frames in drain.after(first):
+                    self._on_frames(frames)
+                continue
+            t0 = time.thread_time_ns()  # HERMES_ROLE_CPU: the scheduler's share of the CPU
             for frames in drain.after(first):
                 self._on_frames(frames)
+            self.ctx.stats["scheduler_cpu_ns"] += time.thread_time_ns() - t0
 
     def _on_frames(self, frames: list[bytes]) -> None:
         if len(frames) >= 2:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Set
@@ -122,6 +123,13 @@ class LiveScheduler:
                     self.identities):
             self.registry.add_observer(obs)
         self._tasks: list[asyncio.Task[None]] = []
+        #: ``HERMES_ROLE_CPU=1``: the CPU time of the scheduler's own work (node messages,
+        #: submissions, the sweep; not the HTTP edge's) in ``stats["scheduler_cpu_ns"]``,
+        #: what a separate scheduler process would spend (``hermes bench ha --scale``)
+        self.meter = os.environ.get("HERMES_ROLE_CPU") == "1"
+        if self.meter:
+            self.ctx.stats["scheduler_cpu_ns"] = 0
+            self.node_table.meter = True
 
     # ------------------------------------------------------------------ shared state
     @property
@@ -239,6 +247,7 @@ class LiveScheduler:
         sc = self.config.scheduler
         while True:
             await asyncio.sleep(sc.rekey_interval_s)
+            c0 = time.thread_time_ns() if self.meter else 0
             try:
                 t0 = time.perf_counter()
                 self.dispatch.rekey_all()
@@ -249,6 +258,8 @@ class LiveScheduler:
                 self.registry.reap_idle(self.identities.closes_itself)
             except Exception:
                 log.exception("scheduler sweep failed")
+            if self.meter:
+                self.ctx.stats["scheduler_cpu_ns"] += time.thread_time_ns() - c0
 
     def switch_policy(self, name: str) -> dict[str, Any]:
         """Install policy ``name`` live: every active run is ranked afresh and every queued
@@ -368,8 +379,15 @@ class LiveScheduler:
     async def submit_llm(self, run: LiveRun, inv: UnitInvocation, *, model: str,
                          endpoint: Literal["chat", "completions", "embeddings"],
                          body: dict[str, Any], stream: bool = False) -> PendingRequest:
-        return await self.dispatch.submit_llm(run, inv, model=model, endpoint=endpoint,
-                                              body=body, stream=stream)
+        if not self.meter:
+            return await self.dispatch.submit_llm(run, inv, model=model, endpoint=endpoint,
+                                                  body=body, stream=stream)
+        c0 = time.thread_time_ns()
+        try:
+            return await self.dispatch.submit_llm(run, inv, model=model, endpoint=endpoint,
+                                                  body=body, stream=stream)
+        finally:
+            self.ctx.stats["scheduler_cpu_ns"] += time.thread_time_ns() - c0
 
     async def submit_tool(self, run: LiveRun, inv: UnitInvocation, *, backend: str,
                           code: str | None = None, command: list[str] | None = None,

@@ -134,3 +134,19 @@ def test_redis_run_store_indexes_the_active_runs(redis_url: str) -> None:  # noq
     assert [d["run_id"] for d in again.active_runs()] == ["r2"]
     assert len(again.runs()) == 3
     again.close()
+
+
+def test_role_cpu_meter_counts_the_schedulers_share(make_gateway, monkeypatch) -> None:  # noqa: ANN001
+    """``HERMES_ROLE_CPU=1``: the scheduler's own CPU time (submissions, node messages, the
+    sweep) is counted apart from the edge's, for the capacity figures of ``--scale``."""
+    monkeypatch.setenv("HERMES_ROLE_CPU", "1")
+    gw = make_gateway()
+    before = httpx.get(gw.url + "/healthz").json()["scheduler_cpu_ns"]
+    for _ in range(5):
+        r = httpx.post(gw.url + "/v1/chat/completions", json={
+            "model": "llama-2-7b", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4})
+        assert r.status_code == 200
+    assert httpx.get(gw.url + "/healthz").json()["scheduler_cpu_ns"] > before
+    monkeypatch.delenv("HERMES_ROLE_CPU")
+    assert "scheduler_cpu_ns" not in httpx.get(make_gateway().url + "/healthz").json()
