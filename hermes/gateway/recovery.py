@@ -32,7 +32,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -93,9 +93,9 @@ class Recovery:
         #: the stored documents, read beforehand off the event loop (a new leader reads
         #: them on a thread); None: read them in :meth:`recover`
         self.prefetched: list[dict[str, Any]] | None = None
-        #: with ``prefetched`` holding the active runs only: reads every stored run (the
-        #: ended ones are restored from it in the background)
-        self.fetch_rest: Callable[[], list[dict[str, Any]]] | None = None
+        #: with ``prefetched`` holding the active runs only: the ended runs, in chunks
+        #: (restored in the background)
+        self.fetch_rest: Callable[[], Iterator[list[dict[str, Any]]]] | None = None
         self.ended_ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._ended_task: asyncio.Task[None] | None = None
@@ -199,24 +199,33 @@ class Recovery:
     async def _restore_ended(self, docs: list[dict[str, Any]] | None) -> None:
         """Ended runs, restored after the active ones are resuming (``defer_ended``), a
         chunk per loop iteration: a new leader dispatches first; it reports ready (and
-        answers for ended runs) once they are all back. ``None``: read them (on a thread)
-        with :attr:`fetch_rest`."""
+        answers for ended runs) once they are all back. ``None``: read them, a chunk at a
+        time on a thread, with :attr:`fetch_rest`, once the active runs are resuming."""
         if docs is None:
             assert self.fetch_rest is not None
-            docs = [d for d in await asyncio.to_thread(self.fetch_rest)
-                    if d["status"] in TERMINAL]
-            if docs:
-                self.ctx.clock.not_before(max(d.get("finished") or 0.0 for d in docs))
-        for i, d in enumerate(docs):
+            await self.recovered_ready.wait()  # the resumed runs dispatch first
+            chunks = iter(self.fetch_rest())
+            while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+                if chunk:
+                    self.ctx.clock.not_before(max(d.get("finished") or 0.0 for d in chunk))
+                self._restore_chunk(chunk)
+                await asyncio.sleep(0)
+        else:
+            for k in range(0, len(docs), 200):
+                self._restore_chunk(docs[k:k + 200])
+                await asyncio.sleep(0)
+        self.ended_ready.set()
+
+    def _restore_chunk(self, docs: list[dict[str, Any]]) -> None:
+        for d in docs:
+            if d["run_id"] in self.runs.runs or d["run_id"] in self.runs.finished:
+                continue  # a resumed run that has ended meanwhile: already here
             self.durable.restoring = True
             try:
                 self._restore(d)
             finally:
                 self.durable.restoring = False
             self.stats["restored_ended"] += 1
-            if i % 200 == 199:
-                await asyncio.sleep(0)
-        self.ended_ready.set()
 
     async def _wait_for_nodes(self) -> None:
         """Give HermesLets ``grace_s`` to reconnect and report what they hold."""

@@ -14,6 +14,7 @@ import json
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +245,14 @@ class RedisRunStore(RunStore):
 
     def runs(self) -> list[dict[str, Any]]:
         return self._docs(self.r.zrange(self.p + "order", 0, -1))
+
+    def ended_runs_chunks(self, chunk: int = 256) -> Iterator[list[dict[str, Any]]]:
+        """The ended runs, ``chunk`` documents a read (a new leader restores them in the
+        background: short reads leave Redis and the event loop to the resumed runs)."""
+        active = self.r.smembers(self.p + "active")
+        ids = [i for i in self.r.zrange(self.p + "order", 0, -1) if i not in active]
+        for k in range(0, len(ids), chunk):
+            yield [d for d in self._docs(ids[k:k + chunk]) if d.get("status") in TERMINAL]
 
     def _docs(self, ids: list[str]) -> list[dict[str, Any]]:
         if not ids:

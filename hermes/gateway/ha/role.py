@@ -125,7 +125,7 @@ class SchedulerRole:
             active = getattr(store, "active_runs", None)
             if active is not None:  # the active runs now, the ended ones in the background
                 sched.recovery.prefetched = await asyncio.to_thread(active)
-                sched.recovery.fetch_rest = store.runs
+                sched.recovery.fetch_rest = store.ended_runs_chunks
             else:
                 sched.recovery.prefetched = await asyncio.to_thread(store.runs)
         await self.activate()
