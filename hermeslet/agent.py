@@ -352,7 +352,8 @@ class HermesLet:
             self.link.send(msg)
         elif self.sock is not None:
             await self.sock.send(P.encode(msg))
-            self.follower.sent(msg, time.monotonic())
+            if isinstance(msg, P.Done | P.ToolDone):  # kept for a new leader (follow)
+                self.follower.sent(msg, time.monotonic())
         elif self.socks:
             await self._send_leader(msg)
 
