@@ -97,6 +97,9 @@ class Recovery:
         #: (restored in the background)
         self.fetch_rest: Callable[[], Iterator[list[dict[str, Any]]]] | None = None
         self.ended_ready = asyncio.Event()
+        #: set while ended runs are being restored in the background: a lookup that misses
+        #: answers "retry" (503), not "not found"
+        self.restoring_ended = False
         self._task: asyncio.Task[None] | None = None
         self._ended_task: asyncio.Task[None] | None = None
         #: the nodes to wait for before resuming (a new leader: those its predecessor
@@ -133,6 +136,7 @@ class Recovery:
         if not docs:
             self.recovered_ready.set()
             if self.fetch_rest is not None:
+                self.restoring_ended = True
                 self._ended_task = asyncio.get_running_loop().create_task(
                     self._restore_ended(None), name="hermes-recover-ended")
             else:
@@ -191,6 +195,7 @@ class Recovery:
 
         self._task = loop.create_task(resume_all(), name="hermes-recover")
         if ended or self.fetch_rest is not None:
+            self.restoring_ended = True
             self._ended_task = loop.create_task(self._restore_ended(ended or None),
                                                 name="hermes-recover-ended")
         else:
@@ -201,20 +206,25 @@ class Recovery:
         chunk per loop iteration: a new leader dispatches first; it reports ready (and
         answers for ended runs) once they are all back. ``None``: read them, a chunk at a
         time on a thread, with :attr:`fetch_rest`, once the active runs are resuming."""
-        if docs is None:
-            assert self.fetch_rest is not None
-            await self.recovered_ready.wait()  # the resumed runs dispatch first
-            chunks = iter(self.fetch_rest())
-            while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
-                if chunk:
-                    self.ctx.clock.not_before(max(d.get("finished") or 0.0 for d in chunk))
-                self._restore_chunk(chunk)
-                await asyncio.sleep(0)
-        else:
-            for k in range(0, len(docs), 200):
-                self._restore_chunk(docs[k:k + 200])
-                await asyncio.sleep(0)
-        self.ended_ready.set()
+        try:
+            if docs is None:
+                assert self.fetch_rest is not None
+                await self.recovered_ready.wait()  # the resumed runs dispatch first
+                chunks = iter(self.fetch_rest())
+                while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+                    if chunk:
+                        self.ctx.clock.not_before(max(d.get("finished") or 0.0 for d in chunk))
+                    self._restore_chunk(chunk)
+                    await asyncio.sleep(0)
+            else:
+                for k in range(0, len(docs), 200):
+                    self._restore_chunk(docs[k:k + 200])
+                    await asyncio.sleep(0)
+        except Exception:  # lookups of the rest answer 404 again rather than 503 for ever
+            log.exception("restoring the ended runs failed")
+        finally:
+            self.restoring_ended = False
+            self.ended_ready.set()
 
     def _restore_chunk(self, docs: list[dict[str, Any]]) -> None:
         for d in docs:

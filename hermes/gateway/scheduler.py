@@ -299,10 +299,18 @@ class LiveScheduler:
                                         idempotency=idempotency)
 
     def get_run(self, run_id: str) -> LiveRun | FinishedRun:
-        return self.registry.get_run(run_id)
+        try:
+            return self.registry.get_run(run_id)
+        except RunNotFound:
+            self._still_restoring()
+            raise
 
     def active_run(self, run_id: str) -> LiveRun:
-        return self.registry.active_run(run_id)
+        try:
+            return self.registry.active_run(run_id)
+        except RunNotFound:
+            self._still_restoring()
+            raise
 
     def recent_runs(self, match: Callable[[Any], bool],
                     limit: int) -> list[LiveRun | FinishedRun]:
@@ -311,7 +319,17 @@ class LiveScheduler:
 
     def idempotent_run(self, tenant: str,
                        key: str) -> tuple[LiveRun | FinishedRun, str] | None:
-        return self.registry.idempotent_run(tenant, key)
+        found = self.registry.idempotent_run(tenant, key)
+        if found is None:  # the key's run may be an ended one not restored yet
+            self._still_restoring()
+        return found
+
+    def _still_restoring(self) -> None:
+        """A lookup that missed while a new leader restores the ended runs in the background
+        (:mod:`hermes.gateway.ha`): 503, retry, rather than a 404 or a second run."""
+        if self.recovery.restoring_ended:
+            raise NoCapacity("this scheduler took over moments ago and is still restoring "
+                             "the stored runs; retry in a second")
 
     def finish_run(self, run_id: str, *, result: Any = None) -> LiveRun:
         return self.registry.finish_run(run_id, result=result)

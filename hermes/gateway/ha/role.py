@@ -129,7 +129,9 @@ class SchedulerRole:
             else:
                 sched.recovery.prefetched = await asyncio.to_thread(store.runs)
         await self.activate()
-        await sched.recovery.ended_ready.wait()  # ready once every stored run is back
+        # ready once the runs not ended are resuming (nodes connected, replays launched);
+        # a lookup of an ended run not restored yet answers 503 (retry) meanwhile
+        await sched.recovery.recovered_ready.wait()
         self.active = True
         self.activated_at = time.time()
         log.warning("scheduler %s: leader at epoch %d (elected to started: %.3f s; waiting "
