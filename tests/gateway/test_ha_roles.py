@@ -150,3 +150,25 @@ def test_role_cpu_meter_counts_the_schedulers_share(make_gateway, monkeypatch) -
     assert httpx.get(gw.url + "/healthz").json()["scheduler_cpu_ns"] > before
     monkeypatch.delenv("HERMES_ROLE_CPU")
     assert "scheduler_cpu_ns" not in httpx.get(make_gateway().url + "/healthz").json()
+
+
+def test_a_lookup_that_misses_while_ended_runs_are_restored_says_retry(tmp_path: Path) -> None:
+    """A new leader restores the ended runs after it is ready: a run id or Idempotency-Key
+    it does not know yet is "retry" (503), not "not found" (404) or a second run."""
+    from hermes.gateway.errors import NoCapacity, RunNotFound
+    from hermes.gateway.scheduler import LiveScheduler
+
+    sched = LiveScheduler(load_config(None, environ={}, kb=str(tmp_path / "kb"),
+                                      state_dir=str(tmp_path / "st")))
+    try:
+        sched.recovery.restoring_ended = True
+        with pytest.raises(NoCapacity, match="retry"):
+            sched.get_run("run-unknown")
+        with pytest.raises(NoCapacity):
+            sched.idempotent_run("default", "k")
+        sched.recovery.restoring_ended = False
+        with pytest.raises(RunNotFound):
+            sched.get_run("run-unknown")
+        assert sched.idempotent_run("default", "k") is None
+    finally:
+        sched.durable.close()
