@@ -143,6 +143,7 @@ class Cluster:
         self.http_ports = [free_port() for _ in range(self.n_gateways)]
         self.zmq_ports = [free_port() for _ in range(self.n_gateways)]
         genv = {**env, "HERMES_EMBEDDED_NODE": "false", "HERMES_HA__LEASE_TTL_S": str(self.ttl_s),
+                "HERMES_HA__LEASE_RENEW_S": str(round(min(0.3, self.ttl_s / 5), 3)),
                 "HERMES_RECOVERY_GRACE_S": "3", **self.gateway_env}
         for i in range(self.n_gateways):
             argv = [sys.executable, "-m", "hermes.cli", "serve", "--host", "127.0.0.1",

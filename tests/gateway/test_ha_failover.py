@@ -23,7 +23,7 @@ def test_failover_scenarios_lose_nothing(tmp_path: Path) -> None:
         if os.environ.get("HERMES_REQUIRE_REDIS") == "1":
             pytest.fail(f"{missing} not on PATH")
         pytest.skip(f"{missing} not on PATH (apt-get install redis-server haproxy)")
-    cl = Cluster(tmp_path, time_scale=3.0, ttl_s=1.5)
+    cl = Cluster(tmp_path, time_scale=3.0, ttl_s=1.0)  # [ha] lease_ttl_s = 1.0
     try:
         cl.start()
         rows = asyncio.run(run_ha(cl, list(SCENARIOS), 1, runs=160, app="llm_reasoning",
