@@ -203,7 +203,15 @@ class KVSummary(_Msg):
 # ----------------------------------------------------------------------------------------------
 
 
-class Submit(_Msg):
+class _FromScheduler(_Msg):
+    """(additive) ``epoch``: the scheduler lease's epoch of the sender when schedulers are
+    elected (``[ha] election``; None: a lone scheduler). A node that has seen a higher epoch
+    rejects the message: a deposed scheduler that wakes up cannot act (fencing)."""
+
+    epoch: int | None = None
+
+
+class Submit(_FromScheduler):
     """An LLM request to queue. ``engine`` None: the node picks the engine serving ``model``.
 
     ``body`` is the OpenAI request body without ``model`` and ``stream`` (they are set by the
@@ -252,7 +260,7 @@ def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
     return max(1, len(text) // 4)
 
 
-class Place(_Msg):
+class Place(_FromScheduler):
     """(additive) A placement plan (``hermes-placement-plan/1``) for the node to serve: it
     re-places the models the plan names as on ``SIGHUP`` (its engines of other models stay).
     Sent only to nodes whose ``hello`` says ``placement``."""
@@ -261,21 +269,21 @@ class Place(_Msg):
     plan: dict[str, Any]
 
 
-class Rekey(_Msg):
+class Rekey(_FromScheduler):
     """Rank changes: new keys for queued requests (unknown or already released ids are ignored)."""
 
     type: Literal["rekey"] = "rekey"
     keys: dict[str, Key]
 
 
-class Cancel(_Msg):
+class Cancel(_FromScheduler):
     """Drop queued requests/tool calls and abort in-flight ones at the engine."""
 
     type: Literal["cancel"] = "cancel"
     request_ids: list[str]
 
 
-class Tool(_Msg):
+class Tool(_FromScheduler):
     """A tool call. ``code``: Python source; ``command``: an argv. Exactly one of the two."""
 
     type: Literal["tool"] = "tool"
@@ -295,7 +303,7 @@ class Tool(_Msg):
             raise ValueError("tool 'command' must not be empty")
 
 
-class Prewarm(_Msg):
+class Prewarm(_FromScheduler):
     """Warm (``start``) or give up (``release``) a backend ahead of a run's next unit.
 
     ``backend`` is the resource: ``docker:IMAGE``, ``lora:BASE@ADAPTER``,
@@ -311,15 +319,22 @@ class Prewarm(_Msg):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
-class Resync(_Msg):
+class Resync(_FromScheduler):
     """(additive) Ask a node to send ``hello`` again (e.g. after a scheduler restart)."""
 
     type: Literal["resync"] = "resync"
 
 
+class Leader(_FromScheduler):
+    """(additive) The scheduler holding the lease (``epoch``) answers a node's ``hello`` with
+    it: a node with several scheduler addresses follows the one with the highest epoch."""
+
+    type: Literal["leader"] = "leader"
+
+
 NodeMessage = (Hello | Heartbeat | Token | Done | Failed | ToolDone | UnitEvent | PrewarmAck
                | KVSummary)
-SchedulerMessage = Submit | Rekey | Cancel | Tool | Prewarm | Resync | Place
+SchedulerMessage = Submit | Rekey | Cancel | Tool | Prewarm | Resync | Place | Leader
 Message = Annotated[NodeMessage | SchedulerMessage, Field(discriminator="type")]
 
 _ADAPTER: TypeAdapter[NodeMessage | SchedulerMessage] = TypeAdapter(Message)

@@ -48,6 +48,7 @@ from hermeslet.engines.base import (
     GenChunk,
     GenResult,
 )
+from hermeslet.follow import LeaderFollower
 from hermeslet.kv_events import EngineKVFollower
 from hermeslet.placement import EngineLaunch, PlacementChange, parse_placement, plan_change
 from hermeslet.tools import ToolRunner
@@ -100,7 +101,7 @@ class HermesLet:
     def __init__(
         self,
         node: str,
-        scheduler: str,
+        scheduler: str | Sequence[str],
         engines: Sequence[EngineAdapter],
         *,
         tools: ToolRunner | None = None,
@@ -125,7 +126,13 @@ class HermesLet:
         if len(set(names)) != len(names):
             raise ValueError(f"engine names must be unique: {names}")
         self.node = node
-        self.address = scheduler
+        #: the scheduler addresses: one, or several elected schedulers (the node follows the
+        #: one with the highest lease epoch: :mod:`hermeslet.follow`)
+        self.addresses = [scheduler] if isinstance(scheduler, str) else list(scheduler)
+        if not self.addresses:
+            raise ValueError("a HermesLet needs at least one scheduler address")
+        self.address = self.addresses[0]
+        self.follower = LeaderFollower(node, len(self.addresses))
         self.slots = {e.name: _EngineSlot(e) for e in engines}
         #: makes the engines of a plan the scheduler sends (``place``); None: the node does
         #: not accept plans (``hermeslet run --accept-placement`` sets one)
@@ -154,6 +161,8 @@ class HermesLet:
         #: (``LiveScheduler.inproc_link``; ``scheduler`` is then only a label)
         self.link = link
         self.sock: zmq.asyncio.Socket | None = None
+        #: with several scheduler addresses: a DEALER per address (``sock`` is None)
+        self.socks: list[zmq.asyncio.Socket] = []
         self._stop = asyncio.Event()
         self._started = asyncio.Event()
         #: queued KV prewarms: (backend, prewarm id) -> (engine slot, request id)
@@ -243,14 +252,20 @@ class HermesLet:
             if s.engine.kv_events is not None:
                 self.kv_followers[s.engine.name] = EngineKVFollower(
                     self.node, s.engine.name, s.engine.kv_events, ctx=self.ctx)
-        if self.link is None:
-            self.sock = self._connect()
-        recv = self._recv_loop() if self.link is None else self._recv_link(self.link)
+        multi = self.link is None and len(self.addresses) > 1
+        if multi:
+            self.socks = [self._connect(a, immediate=True) for a in self.addresses]
+        elif self.link is None:
+            self.sock = self._connect(self.address)
+        recv = (self._recv_link(self.link) if self.link is not None
+                else self._recv_all() if multi else self._recv_loop(self.sock, 0))
         tasks: list[asyncio.Task[None]] = []
         try:
+            if multi:  # whichever scheduler is up hears it (and each one that comes up later)
+                await self._broadcast(self.hello())
             # a DEALER's send waits while no connection is up (e.g. a scheduler that refuses
             # this node's CURVE key): a stop must still end the node then
-            if not await self._until_stopped(self._send(self.hello())):
+            elif not await self._until_stopped(self._send(self.hello())):
                 return
             self._started.set()
             tasks = [
@@ -273,6 +288,9 @@ class HermesLet:
             if self.sock is not None:
                 self.sock.close(linger=0)
                 self.sock = None
+            for sock in self.socks:
+                sock.close(linger=0)
+            self.socks = []
             if self._own_ctx:
                 self.ctx.term()
 
@@ -290,16 +308,20 @@ class HermesLet:
         task.result()
         return True
 
-    def _connect(self) -> zmq.asyncio.Socket:
-        """The DEALER socket to the scheduler (identity = node name; CURVE when configured)."""
+    def _connect(self, address: str, *, immediate: bool = False) -> zmq.asyncio.Socket:
+        """A DEALER socket to a scheduler (identity = node name; CURVE when configured).
+        ``immediate`` (several schedulers): nothing is queued for a scheduler that is not
+        connected (a standby, a dead one): a send there fails at once instead."""
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, self.node.encode())
         sock.setsockopt(zmq.LINGER, 0)
+        if immediate:
+            sock.setsockopt(zmq.IMMEDIATE, 1)
         if self.curve_keys is not None:
             from hermes.security.curve import secure_client
 
             secure_client(sock, *self.curve_keys)
-        sock.connect(self.address)
+        sock.connect(address)
         return sock
 
     async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
@@ -337,32 +359,90 @@ class HermesLet:
             self.link.send(msg)
         elif self.sock is not None:
             await self.sock.send(P.encode(msg))
+            if isinstance(msg, P.Done | P.ToolDone):  # kept for a new leader (follow)
+                self.follower.sent(msg, time.monotonic())
+        elif self.socks:
+            await self._send_leader(msg)
+
+    async def _send_leader(self, msg: P.NodeMessage) -> None:
+        """Several schedulers: to the one followed, without waiting; a result that cannot
+        leave (no leader reachable) is kept for the next leader (:mod:`hermeslet.follow`)."""
+        lead = self.follower.leader
+        if lead is not None:
+            try:
+                await self.socks[lead].send(P.encode(msg), flags=zmq.NOBLOCK)
+                self.follower.sent(msg, time.monotonic())
+                return
+            except zmq.Again:
+                pass
+        self.follower.undelivered(msg)
+
+    async def _broadcast(self, msg: P.NodeMessage) -> None:
+        """To every scheduler that is connected (several schedulers: hellos, heartbeats, so
+        that a newly elected one hears of this node within a heartbeat)."""
+        frame = P.encode(msg)
+        for sock in self.socks:
+            with contextlib.suppress(zmq.Again):
+                await sock.send(frame, flags=zmq.NOBLOCK)
+
+    async def _follow(self) -> None:
+        """A new leader (higher epoch): the results it may have missed go to it."""
+        for msg in self.follower.for_new_leader(time.monotonic()):
+            await self._send(msg)
 
     async def _heartbeat_loop(self) -> None:
         while True:
             for s in self.slots.values():
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(s.engine.metrics(), timeout=self.heartbeat_s / 2)
-            await self._send(self.heartbeat())
+            if self.socks:
+                await self._broadcast(self.heartbeat())
+            else:
+                await self._send(self.heartbeat())
             for f in self.kv_followers.values():
                 if (summary := f.summary()) is not None:
                     await self._send(summary)
             await asyncio.sleep(self.heartbeat_s)
 
-    async def _recv_loop(self) -> None:
-        assert self.sock is not None
+    async def _recv_all(self) -> None:
+        """Several schedulers: a receive loop per address, and a hello to each scheduler
+        as soon as a connection to it is up (a newly elected one hears of this node then)."""
+        loops = [self._recv_loop(s, i) for i, s in enumerate(self.socks)]
+        loops += [self._hello_on_connect(s) for s in self.socks]
+        await asyncio.gather(*loops)
+
+    async def _hello_on_connect(self, sock: zmq.asyncio.Socket) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        mon = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        try:
+            while True:
+                await recv_monitor_message(mon)
+                with contextlib.suppress(zmq.Again):
+                    await sock.send(P.encode(self.hello()), flags=zmq.NOBLOCK)
+        finally:
+            mon.close(linger=0)
+
+    async def _recv_loop(self, sock: zmq.asyncio.Socket | None, source: int) -> None:
+        assert sock is not None
         from hermes.zmqdrain import QueuedMessages
 
-        drain = QueuedMessages(self.sock)  # what is already queued: no future per message
+        drain = QueuedMessages(sock)  # what is already queued: no future per message
         while True:
-            first = await self.sock.recv_multipart()
+            first = await sock.recv_multipart()
             for frames in drain.after(first):
                 try:
                     msg = P.decode(frames[-1])
                 except P.ProtocolError as e:
                     print(f"hermeslet {self.node}: dropped bad message: {e}", file=sys.stderr)
                     continue
-                await self._handle_one(msg)
+                verdict = self.follower.judge(source, msg)
+                if verdict == "stale":
+                    continue  # a deposed scheduler's: never applied (fencing)
+                if verdict == "follow":
+                    await self._follow()
+                if not isinstance(msg, P.Leader):
+                    await self._handle_one(msg)
 
     # ------------------------------------------------------------------ message handling
     async def handle(self, msg: P.SchedulerMessage | P.NodeMessage) -> None:

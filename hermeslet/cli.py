@@ -45,8 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="connect to a Hermes scheduler and serve engines and tools")
-    r.add_argument("--scheduler", default=DEFAULT_SCHEDULER_ADDRESS,
-                   help="scheduler ROUTER address (default %(default)s)")
+    r.add_argument("--scheduler", action="append", default=None,
+                   help=f"scheduler ROUTER address (default {DEFAULT_SCHEDULER_ADDRESS}); "
+                   "repeat it for elected schedulers (an active one and standbys): the node "
+                   "follows the one holding the lease and moves to the next on failover")
     r.add_argument("--node", default=socket.gethostname(), help="node name (default: hostname)")
     r.add_argument("--engine", action="append", default=None,
                    help="sim | openai:URL | vllm | vllm:URL (repeatable; default sim)")
@@ -270,7 +272,7 @@ def build_agent(args: argparse.Namespace) -> HermesLet:
             return _gate(args, build_engines(
                 launches, args.placement_engine, time_scale=args.time_scale,
                 max_inflight=args.max_inflight, python=args.vllm_python))
-    return HermesLet(args.node, args.scheduler, engines, placement_builder=builder,
+    return HermesLet(args.node, _schedulers(args), engines, placement_builder=builder,
                      placement_gpus=getattr(args, "gpus", None),
                      placement_device=getattr(args, "device", None),
                      drain_timeout_s=getattr(args, "drain_timeout_s", 300.0),
@@ -409,15 +411,23 @@ def placement_gpus_error(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _schedulers(args: argparse.Namespace, *, as_list: bool = False) -> Any:
+    """The ``--scheduler`` addresses: one (a str, the default), or several (a list)."""
+    addrs = list(args.scheduler or [DEFAULT_SCHEDULER_ADDRESS])
+    return addrs if as_list or len(addrs) > 1 else addrs[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.cmd == "run" and bool(getattr(args, "curve_key", None)) != bool(
             getattr(args, "curve_server_key", None)):
         print("hermeslet: give both --curve-key and --curve-server-key (or neither)", file=sys.stderr)
         return 2
-    if args.cmd == "run" and args.unsafe_unsandboxed_tools and not local_scheduler(args.scheduler):
+    far = [a for a in _schedulers(args, as_list=True) if not local_scheduler(a)] \
+        if args.cmd == "run" else []
+    if args.cmd == "run" and args.unsafe_unsandboxed_tools and far:
         print(f"hermeslet: --unsafe-unsandboxed-tools needs a scheduler on this machine "
-              f"(loopback tcp:// or ipc://), got --scheduler {args.scheduler}: unsandboxed tool "
+              f"(loopback tcp:// or ipc://), got --scheduler {far[0]}: unsandboxed tool "
               "code must not be reachable from other hosts' clients", file=sys.stderr)
         return 2
     if args.cmd == "run":

@@ -565,4 +565,7 @@ def add_parsers(sub: Any) -> None:
     from hermes.bench.quota import add_quota_parser
 
     add_quota_parser(bsub)
+    from hermes.bench.ha import add_ha_parser
+
+    add_ha_parser(bsub)
     show_defaults(b)

@@ -23,6 +23,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         bind=args.bind,
         auth_file=args.auth_file,
         state_redis=args.redis,
+        election=args.ha,
         curve_dir=args.curve_dir,
         unsafe_unsandboxed=True if args.unsafe_unsandboxed_tools else None,
     )
@@ -77,6 +78,10 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--auth-file", dest="auth_file",
                    help="API keys (hermes keys create): turns authentication on")
     s.add_argument("--redis", help="durable run state in Redis (default: SQLite in --state-dir)")
+    s.add_argument("--ha", metavar="REDIS_URL",
+                   help="elected schedulers: take part in the election for the scheduler lease "
+                   "in this Redis (a standby until elected; needs --redis and remote "
+                   "HermesLets; docs/ha.md)")
     s.add_argument("--curve-dir", dest="curve_dir",
                    help="CURVE certificates (hermes keys curve): HermesLets must authenticate")
     s.add_argument("--unsafe-unsandboxed-tools", dest="unsafe_unsandboxed_tools",

@@ -137,46 +137,62 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
         app.state.metrics.attach(sched)
         if app.state.tracing is not None:  # traces of runs (hermes.gateway.tracing)
             app.state.tracing.attach(sched)
-        await sched.start()
         app.state.scheduler = sched
         node_task: asyncio.Task[None] | None = None
         placer_task: asyncio.Task[None] | None = None
         agent = None
-        if config.scheduler.embedded_node:
-            from hermeslet.agent import HermesLet
-            from hermeslet.prewarmers import build_node_prewarmer
 
-            engines = [make_engine_adapter(e, config.scheduler.time_scale) for e in config.engines]
-            # KV prefix prewarms reach the embedded engines (built-in or HTTP) through their
-            # adapters; no container pool or runtime LoRA loading here (a HermesLet's flags)
-            _, prewarmer = build_node_prewarmer(engines)
-            from hermeslet.tools import SubprocessSandbox, ToolLimits, ToolRunner
+        async def activate() -> None:
+            """Start scheduling: the node socket, the embedded node, the stored runs."""
+            nonlocal node_task, placer_task, agent
+            await sched.start()
+            if config.scheduler.embedded_node:
+                from hermeslet.agent import HermesLet
+                from hermeslet.prewarmers import build_node_prewarmer
 
-            # tool code runs in bubblewrap, or is refused (issue 15): never a silent fallback;
-            # each call in a cgroup of its own where the host allows (docs/security.md)
-            tc = config.tools
-            tools = ToolRunner(SubprocessSandbox(
-                unsafe_unsandboxed=tc.unsafe_unsandboxed, cgroup=tc.cgroup_root,
-                limits=ToolLimits(memory_bytes=tc.memory_bytes, pids=tc.max_processes)))
-            agent = HermesLet("embedded", sched.inproc_address, engines, ctx=ctx,
-                              link=sched.inproc_link("embedded"), prewarmer=prewarmer,
-                              tools=tools, placement_builder=_embedded_builder(config),
-                              drain_timeout_s=config.placement.drain_timeout_s)
-            from hermeslet.metrics import NodeCollector
+                engines = [make_engine_adapter(e, config.scheduler.time_scale)
+                           for e in config.engines]
+                # KV prefix prewarms reach the embedded engines (built-in or HTTP) through
+                # their adapters; no container pool or runtime LoRA loading here (a
+                # HermesLet's flags)
+                _, prewarmer = build_node_prewarmer(engines)
+                from hermeslet.tools import SubprocessSandbox, ToolLimits, ToolRunner
 
-            app.state.metrics.add_collector(NodeCollector(agent))
-            node_task = asyncio.create_task(agent.run(), name="hermeslet-embedded")
-            app.state.node = agent
-            await sched.wait_for_nodes(30.0)
-        sched.recover(app.state.hosted)  # resume or fail stored runs (issue 7)
-        if config.placement.auto:  # issue 22: re-place the models by itself
-            from hermes.gateway.placer import Placer
+                # tool code runs in bubblewrap, or is refused: never a silent fallback; each
+                # call in a cgroup of its own where the host allows (docs/security.md)
+                tc = config.tools
+                tools = ToolRunner(SubprocessSandbox(
+                    unsafe_unsandboxed=tc.unsafe_unsandboxed, cgroup=tc.cgroup_root,
+                    limits=ToolLimits(memory_bytes=tc.memory_bytes, pids=tc.max_processes)))
+                agent = HermesLet("embedded", sched.inproc_address, engines, ctx=ctx,
+                                  link=sched.inproc_link("embedded"), prewarmer=prewarmer,
+                                  tools=tools, placement_builder=_embedded_builder(config),
+                                  drain_timeout_s=config.placement.drain_timeout_s)
+                from hermeslet.metrics import NodeCollector
 
-            app.state.placer = Placer(sched, config.placement)
-            placer_task = asyncio.create_task(app.state.placer.run(), name="hermes-placer")
+                app.state.metrics.add_collector(NodeCollector(agent))
+                node_task = asyncio.create_task(agent.run(), name="hermeslet-embedded")
+                app.state.node = agent
+                await sched.wait_for_nodes(30.0)
+            sched.recover(app.state.hosted)  # resume or fail stored runs (issue 7)
+            if config.placement.auto:  # issue 22: re-place the models by itself
+                from hermes.gateway.placer import Placer
+
+                app.state.placer = Placer(sched, config.placement)
+                placer_task = asyncio.create_task(app.state.placer.run(), name="hermes-placer")
+
+        if config.ha.election:  # a standby until elected (hermes.gateway.ha)
+            from hermes.gateway.ha.role import SchedulerRole
+
+            app.state.ha = SchedulerRole(config, sched, activate)
+            app.state.ha.start()
+        else:
+            await activate()
         try:
             yield
         finally:
+            if app.state.ha is not None:
+                await app.state.ha.stop()  # the lease goes to a standby at once
             if placer_task is not None:
                 placer_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -203,6 +219,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     app.state.config = config
     app.state.node = None  # the embedded HermesLet, once started
     app.state.placer = None  # the re-placement loop, with placement.auto
+    app.state.ha = None  # this process's part in the scheduler election, with [ha] election
     app.state.hosted = HostedRegistry.from_config(config)
     # state exact across gateway processes, in the shared store ([cluster] store; else None:
     # in memory) -- admission, idempotency keys, stored Responses, the resolver's index
@@ -226,4 +243,8 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     admin_api.install(app)  # /admin/... (HERMES_ADMIN_TOKEN) and GET /metrics
     install_tracing(app, config)  # traces of runs, where [tracing] or OTEL_* turns them on
     install_error_handlers(app)  # every error in OpenAI's shape (Anthropic's on /v1/messages)
+    if config.ha.election:  # a standby answers 503 but for health (hermes.gateway.ha.role)
+        from hermes.gateway.ha.role import StandbyGate
+
+        app.add_middleware(StandbyGate, state=app.state)
     return app

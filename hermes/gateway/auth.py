@@ -75,7 +75,7 @@ from hermes.gateway.tenancy import current_tenant
 log = logging.getLogger("hermes.gateway.auth")
 
 ADMIN_TOKEN_ENV = "HERMES_ADMIN_TOKEN"
-PUBLIC_PATHS = ("/healthz", "/metrics", "/docs", "/redoc", "/openapi.json")
+PUBLIC_PATHS = ("/healthz", "/readyz", "/metrics", "/docs", "/redoc", "/openapi.json")
 
 
 class AuthThrottle:

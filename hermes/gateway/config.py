@@ -354,6 +354,18 @@ class ClusterConfig(_Section):
         if v and not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"expected a redis://, rediss:// or unix:// URL, got {v!r}")
         return v
+class HAConfig(_Section):
+    """``[ha]``: several schedulers, one active, chosen by a lease (``hermes/gateway/ha``);
+    off by default (one scheduler, no election)."""
+
+    #: the store holding the lease, ``redis://HOST:PORT/DB`` (``--ha``); "": no election
+    election: str = ""
+    #: the lease's time to live and how often its holder renews it (wall s): a dead leader
+    #: is replaced within about ``lease_ttl_s``
+    lease_ttl_s: float = Field(default=1.5, gt=0.0)
+    lease_renew_s: float = Field(default=0.3, gt=0.0)
+    #: this scheduler's name in the leader record ("": host:pid)
+    member: str = ""
 
 
 #: session headers that agent tools and gateways send, strongest first (sources: the
@@ -546,6 +558,26 @@ class GatewayConfig(_Section):
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
+    ha: HAConfig = Field(default_factory=HAConfig)
+
+    @model_validator(mode="after")
+    def _ha_needs_shared_state(self) -> GatewayConfig:
+        """Elected schedulers share their runs through Redis and serve remote nodes: a
+        standby that takes over must find the accepted runs and the nodes' work."""
+        if self.ha.election:
+            if self.scheduler.embedded_node:
+                raise ValueError("[ha] election needs remote HermesLets (scheduler.embedded_node"
+                                 " = false, HERMES_EMBEDDED_NODE=false): an embedded node dies "
+                                 "with its scheduler")
+            if not self.durability.state_redis:
+                raise ValueError("[ha] election needs the run state in Redis (--redis URL): "
+                                 "the standby that takes over restores the accepted runs")
+            if not self.durability.durable:
+                raise ValueError("[ha] election needs durability.durable = true")
+            from hermes.core.lease import LeaseTerms
+
+            LeaseTerms(ttl_s=self.ha.lease_ttl_s, renew_s=self.ha.lease_renew_s)
+        return self
 
     @model_validator(mode="after")
     def _placement_keeps_real_engines(self) -> GatewayConfig:
@@ -582,6 +614,7 @@ _SECTIONS: dict[str, type[_Section]] = {
     "placement": PlacementConfig,
     "cluster": ClusterConfig,
     "tracing": TracingConfig,
+    "ha": HAConfig,
 }
 
 

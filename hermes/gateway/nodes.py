@@ -43,8 +43,11 @@ from hermes.protocol import (
     Hello,
     KVBlockSpec,
     KVSummary,
+    Leader,
     ProtocolError,
     Resync,
+    Submit,
+    Tool,
     decode,
     encode,
 )
@@ -97,6 +100,16 @@ class NodeTable:
         self.kv_indexes: dict[str, BlockIndex] = {}
         self._kv_seq: dict[str, int] = {}
         self._kv_hashing: dict[tuple[int, str, str], BlockHashing] = {}
+        #: with elected schedulers (:mod:`hermes.gateway.ha`): the lease epoch stamped on
+        #: every message to a node, and whether the lease still holds, asked before each
+        #: send (None: a lone scheduler, nothing stamped or checked)
+        self.epoch: int | None = None
+        self.fence: Callable[[], bool] | None = None
+        #: wall time of the first submit or tool call sent in this term (failover figures)
+        self.first_dispatch_at: float | None = None
+        #: count the CPU time of node messages in ``stats["scheduler_cpu_ns"]`` (set by the
+        #: scheduler with ``HERMES_ROLE_CPU=1``)
+        self.meter = False
 
     # ------------------------------------------------------------------ wire
     def bind(self) -> None:
@@ -153,8 +166,14 @@ class NodeTable:
                 log.warning("zmq receive failed: %s", e)
                 await asyncio.sleep(0.05)
                 continue
+            if not self.meter:
+                for frames in drain.after(first):
+                    self._on_frames(frames)
+                continue
+            t0 = time.thread_time_ns()  # HERMES_ROLE_CPU: the scheduler's share of the CPU
             for frames in drain.after(first):
                 self._on_frames(frames)
+            self.ctx.stats["scheduler_cpu_ns"] += time.thread_time_ns() - t0
 
     def _on_frames(self, frames: list[bytes]) -> None:
         if len(frames) >= 2:
@@ -186,6 +205,13 @@ class NodeTable:
         self.send_raw(node.identity, msg)
 
     def send_raw(self, identity: bytes, msg: Any) -> None:
+        if self.fence is not None:
+            if not self.fence():  # the lease ran out: a deposed scheduler sends nothing
+                self._fenced(msg)
+                return
+            msg.epoch = self.epoch
+            if self.first_dispatch_at is None and isinstance(msg, Submit | Tool):
+                self.first_dispatch_at = time.time()
         link = self._links.get(identity)
         if link is not None:
             link.deliver(msg)
@@ -197,6 +223,13 @@ class NodeTable:
             self.socket.send_multipart(frames, flags=zmq.NOBLOCK)
         except zmq.Again:  # the peer's pipe is full: send from the loop (rare)
             asyncio.ensure_future(self.socket.send_multipart(frames))
+
+    def _fenced(self, msg: Any) -> None:
+        stats = self.ctx.stats
+        n = stats["ha_fenced_sends"] = stats.get("ha_fenced_sends", 0) + 1
+        if n == 1 or n % 100 == 0:
+            log.error("fenced: refused to send %s (%d so far): the scheduler lease of epoch %s "
+                      "is no longer held", getattr(msg, "type", "?"), n, self.epoch)
 
     # ------------------------------------------------------------------ registry
     async def wait_for_nodes(self, timeout: float = 10.0) -> bool:
@@ -223,6 +256,8 @@ class NodeTable:
                 node.kv_usage = {name: load.kv_usage for name, load in msg.engines.items()}
         elif isinstance(msg, Hello):
             self._hello(identity, msg)
+            if self.epoch is not None:  # elected: tell the node whom to follow
+                self.send_raw(identity, Leader())
         elif isinstance(msg, KVSummary) and node is not None:
             self._kv_summary(identity, msg)
         return node

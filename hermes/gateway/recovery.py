@@ -32,7 +32,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -86,7 +86,25 @@ class Recovery:
         self.orphans: OrderedDict[str, Any] = OrderedDict()
         self.recovering = False
         self.recovered_ready = asyncio.Event()
+        #: restore ended runs after the active ones have been launched, in the background
+        #: (a new leader among elected schedulers: the first dispatch comes sooner), and
+        #: set when they are all back (at once when not deferred)
+        self.defer_ended = False
+        #: the stored documents, read beforehand off the event loop (a new leader reads
+        #: them on a thread); None: read them in :meth:`recover`
+        self.prefetched: list[dict[str, Any]] | None = None
+        #: with ``prefetched`` holding the active runs only: the ended runs, in chunks
+        #: (restored in the background)
+        self.fetch_rest: Callable[[], Iterator[list[dict[str, Any]]]] | None = None
+        self.ended_ready = asyncio.Event()
+        #: set while ended runs are being restored in the background: a lookup that misses
+        #: answers "retry" (503), not "not found"
+        self.restoring_ended = False
         self._task: asyncio.Task[None] | None = None
+        self._ended_task: asyncio.Task[None] | None = None
+        #: the nodes to wait for before resuming (a new leader: those its predecessor
+        #: served, :mod:`hermes.gateway.ha`); None: any node, then one heartbeat
+        self.expect_nodes: set[str] | None = None
         #: shared with the scheduler's stats (``/healthz`` shows them)
         self.stats = ctx.stats
         self.stats.update({"recovered_hosted": 0, "recovered_client": 0, "restored_ended": 0,
@@ -108,11 +126,21 @@ class Recovery:
     def recover(self, find_app: FindApp, launch: Launch) -> None:
         """Restore stored runs into the registry and schedule the replays (see module doc)."""
         store = self.durable.store
-        if store is not None:
-            store.prune_ended(self.ctx.config.scheduler.keep_finished_runs)
-        docs = store.runs() if store is not None else []
+        keep = self.ctx.config.scheduler.keep_finished_runs
+        docs = (self.prefetched if self.prefetched is not None
+                else store.runs() if store is not None else [])
+        self.prefetched = None
+        if store is not None and sum(d["status"] in TERMINAL for d in docs) > keep:
+            store.prune_ended(keep)  # (it reads every document again: only when needed)
+            docs = store.runs()
         if not docs:
             self.recovered_ready.set()
+            if self.fetch_rest is not None:
+                self.restoring_ended = True
+                self._ended_task = asyncio.get_running_loop().create_task(
+                    self._restore_ended(None), name="hermes-recover-ended")
+            else:
+                self.ended_ready.set()
             return
         assert store is not None
         high = max(max(d.get("submitted") or 0.0, d.get("finished") or 0.0) for d in docs)
@@ -120,7 +148,9 @@ class Recovery:
         self.recovering = True
         replays: list[tuple[LiveRun, Any, Replay]] = []
         recorded: set[str] | None = None
-        for d in docs:
+        ended = [d for d in docs if d["status"] in TERMINAL] if self.defer_ended else []
+        for d in (docs if not self.defer_ended else
+                  [d for d in docs if d["status"] not in TERMINAL]):
             self.durable.restoring = True
             try:
                 run, restored = self._restore(d)
@@ -164,10 +194,57 @@ class Recovery:
             self._cancel_unclaimed()
 
         self._task = loop.create_task(resume_all(), name="hermes-recover")
+        if ended or self.fetch_rest is not None:
+            self.restoring_ended = True
+            self._ended_task = loop.create_task(self._restore_ended(ended or None),
+                                                name="hermes-recover-ended")
+        else:
+            self.ended_ready.set()
+
+    async def _restore_ended(self, docs: list[dict[str, Any]] | None) -> None:
+        """Ended runs, restored after the active ones are resuming (``defer_ended``), a
+        chunk per loop iteration: a new leader dispatches first; it reports ready (and
+        answers for ended runs) once they are all back. ``None``: read them, a chunk at a
+        time on a thread, with :attr:`fetch_rest`, once the active runs are resuming."""
+        try:
+            if docs is None:
+                assert self.fetch_rest is not None
+                await self.recovered_ready.wait()  # the resumed runs dispatch first
+                chunks = iter(self.fetch_rest())
+                while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
+                    if chunk:
+                        self.ctx.clock.not_before(max(d.get("finished") or 0.0 for d in chunk))
+                    self._restore_chunk(chunk)
+                    await asyncio.sleep(0)
+            else:
+                for k in range(0, len(docs), 200):
+                    self._restore_chunk(docs[k:k + 200])
+                    await asyncio.sleep(0)
+        except Exception:  # lookups of the rest answer 404 again rather than 503 for ever
+            log.exception("restoring the ended runs failed")
+        finally:
+            self.restoring_ended = False
+            self.ended_ready.set()
+
+    def _restore_chunk(self, docs: list[dict[str, Any]]) -> None:
+        for d in docs:
+            if d["run_id"] in self.runs.runs or d["run_id"] in self.runs.finished:
+                continue  # a resumed run that has ended meanwhile: already here
+            self.durable.restoring = True
+            try:
+                self._restore(d)
+            finally:
+                self.durable.restoring = False
+            self.stats["restored_ended"] += 1
 
     async def _wait_for_nodes(self) -> None:
         """Give HermesLets ``grace_s`` to reconnect and report what they hold."""
         deadline = time.monotonic() + self.grace_s
+        if self.expect_nodes:  # each said hello (with what it holds): nothing more to wait for
+            while (not self.expect_nodes <= self.nodes.nodes.keys()
+                   and time.monotonic() < deadline):
+                await asyncio.sleep(0.01)
+            return
         await self.nodes.wait_for_nodes(self.grace_s)
         # a node reports its holdings in its hello; wait for its first heartbeat as well
         await asyncio.sleep(min(1.5, max(0.0, deadline - time.monotonic())))
@@ -290,5 +367,6 @@ class Recovery:
         return req
 
     def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in (self._task, self._ended_task):
+            if task is not None:
+                task.cancel()

@@ -14,6 +14,7 @@ import json
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +182,18 @@ class RedisRunStore(RunStore):
         self.r = redis.Redis.from_url(url, decode_responses=True)
         self.p = prefix
         self.r.ping()
+        if not self.r.exists(self.p + "active_index"):  # a store from before the index
+            self._index_active()
+
+    def _index_active(self) -> None:
+        """``<p>active``: the ids of the runs not ended (kept by every write), so that a new
+        leader reads those first (:meth:`active_runs`) and the ended ones after."""
+        live = [d["run_id"] for d in self.runs() if d.get("status") not in TERMINAL]
+        pipe = self.r.pipeline(transaction=True)
+        if live:
+            pipe.sadd(self.p + "active", *live)
+        pipe.set(self.p + "active_index", "1")
+        pipe.execute()
 
     def put_run(self, run_id: str, status: str, doc: dict[str, Any],
                 units: dict[int, dict[str, Any]] | None = None) -> None:
@@ -188,8 +201,12 @@ class RedisRunStore(RunStore):
 
     def put_runs(self, batch: list[RunWrite]) -> None:
         pipe = self.r.pipeline(transaction=True)
-        for run_id, _status, doc, units in batch:
+        for run_id, status, doc, units in batch:
             pipe.hset(self.p + "runs", run_id, json.dumps(doc, default=str))
+            if status in TERMINAL:
+                pipe.srem(self.p + "active", run_id)
+            else:
+                pipe.sadd(self.p + "active", run_id)
             pipe.zadd(self.p + "order", {run_id: float(doc.get("submitted", 0.0))}, nx=True)
             if units:
                 pipe.hset(f"{self.p}units:{run_id}",
@@ -203,6 +220,8 @@ class RedisRunStore(RunStore):
         self.r.delete(f"{self.p}calls:{run_id}")
 
     def prune_ended(self, keep: int) -> int:
+        if self.r.zcard(self.p + "order") <= keep:  # no more ended runs than kept: O(1)
+            return 0  # (reading every document blocked the event loop for seconds)
         docs = self.runs()
         ended = [d["run_id"] for d in docs if d.get("status") in TERMINAL]
         old = ended[: max(0, len(ended) - keep)]
@@ -210,12 +229,32 @@ class RedisRunStore(RunStore):
             pipe = self.r.pipeline()
             pipe.hdel(self.p + "runs", *old)
             pipe.zrem(self.p + "order", *old)
+            pipe.srem(self.p + "active", *old)
             pipe.delete(*(f"{self.p}units:{r}" for r in old))
             pipe.execute()
         return len(old)
 
+    def active_runs(self) -> list[dict[str, Any]]:
+        """The runs not ended, in acceptance order (a new leader's first read)."""
+        ids = list(self.r.smembers(self.p + "active"))
+        if not ids:
+            return []
+        scores = self.r.zmscore(self.p + "order", ids)
+        ids = [i for _, i in sorted(zip([s or 0.0 for s in scores], ids, strict=True))]
+        return [d for d in self._docs(ids) if d.get("status") not in TERMINAL]
+
     def runs(self) -> list[dict[str, Any]]:
-        ids = self.r.zrange(self.p + "order", 0, -1)
+        return self._docs(self.r.zrange(self.p + "order", 0, -1))
+
+    def ended_runs_chunks(self, chunk: int = 256) -> Iterator[list[dict[str, Any]]]:
+        """The ended runs, ``chunk`` documents a read (a new leader restores them in the
+        background: short reads leave Redis and the event loop to the resumed runs)."""
+        active = self.r.smembers(self.p + "active")
+        ids = [i for i in self.r.zrange(self.p + "order", 0, -1) if i not in active]
+        for k in range(0, len(ids), chunk):
+            yield [d for d in self._docs(ids[k:k + chunk]) if d.get("status") in TERMINAL]
+
+    def _docs(self, ids: list[str]) -> list[dict[str, Any]]:
         if not ids:
             return []
         docs = self.r.hmget(self.p + "runs", ids)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Set
@@ -132,6 +133,13 @@ class LiveScheduler:
                     self.identities):
             self.registry.add_observer(obs)
         self._tasks: list[asyncio.Task[None]] = []
+        #: ``HERMES_ROLE_CPU=1``: the CPU time of the scheduler's own work (node messages,
+        #: submissions, the sweep; not the HTTP edge's) in ``stats["scheduler_cpu_ns"]``,
+        #: what a separate scheduler process would spend (``hermes bench ha --scale``)
+        self.meter = os.environ.get("HERMES_ROLE_CPU") == "1"
+        if self.meter:
+            self.ctx.stats["scheduler_cpu_ns"] = 0
+            self.node_table.meter = True
 
     # ------------------------------------------------------------------ shared state
     @property
@@ -249,6 +257,7 @@ class LiveScheduler:
         sc = self.config.scheduler
         while True:
             await asyncio.sleep(sc.rekey_interval_s)
+            c0 = time.thread_time_ns() if self.meter else 0
             try:
                 t0 = time.perf_counter()
                 self.dispatch.rekey_all()
@@ -259,6 +268,8 @@ class LiveScheduler:
                 self.registry.reap_idle(self.identities.closes_itself)
             except Exception:
                 log.exception("scheduler sweep failed")
+            if self.meter:
+                self.ctx.stats["scheduler_cpu_ns"] += time.thread_time_ns() - c0
 
     def switch_policy(self, name: str) -> dict[str, Any]:
         """Install policy ``name`` live: every active run is ranked afresh and every queued
@@ -301,10 +312,18 @@ class LiveScheduler:
                                         idempotency=idempotency, run_id=run_id)
 
     def get_run(self, run_id: str) -> LiveRun | FinishedRun:
-        return self.registry.get_run(run_id)
+        try:
+            return self.registry.get_run(run_id)
+        except RunNotFound:
+            self._still_restoring()
+            raise
 
     def active_run(self, run_id: str) -> LiveRun:
-        return self.registry.active_run(run_id)
+        try:
+            return self.registry.active_run(run_id)
+        except RunNotFound:
+            self._still_restoring()
+            raise
 
     def recent_runs(self, match: Callable[[Any], bool],
                     limit: int) -> list[LiveRun | FinishedRun]:
@@ -313,7 +332,17 @@ class LiveScheduler:
 
     def idempotent_run(self, tenant: str,
                        key: str) -> tuple[LiveRun | FinishedRun, str] | None:
-        return self.registry.idempotent_run(tenant, key)
+        found = self.registry.idempotent_run(tenant, key)
+        if found is None:  # the key's run may be an ended one not restored yet
+            self._still_restoring()
+        return found
+
+    def _still_restoring(self) -> None:
+        """A lookup that missed while a new leader restores the ended runs in the background
+        (:mod:`hermes.gateway.ha`): 503, retry, rather than a 404 or a second run."""
+        if self.recovery.restoring_ended:
+            raise NoCapacity("this scheduler took over moments ago and is still restoring "
+                             "the stored runs; retry in a second")
 
     def finish_run(self, run_id: str, *, result: Any = None) -> LiveRun:
         return self.registry.finish_run(run_id, result=result)
@@ -382,8 +411,15 @@ class LiveScheduler:
                          endpoint: Literal["chat", "completions", "embeddings"],
                          body: dict[str, Any], stream: bool = False,
                          native: dict[str, Any] | None = None) -> PendingRequest:
-        return await self.dispatch.submit_llm(run, inv, model=model, endpoint=endpoint,
-                                              body=body, stream=stream, native=native)
+        if not self.meter:
+            return await self.dispatch.submit_llm(run, inv, model=model, endpoint=endpoint,
+                                                  body=body, stream=stream, native=native)
+        c0 = time.thread_time_ns()
+        try:
+            return await self.dispatch.submit_llm(run, inv, model=model, endpoint=endpoint,
+                                                  body=body, stream=stream, native=native)
+        finally:
+            self.ctx.stats["scheduler_cpu_ns"] += time.thread_time_ns() - c0
 
     async def submit_tool(self, run: LiveRun, inv: UnitInvocation, *, backend: str,
                           code: str | None = None, command: list[str] | None = None,

@@ -364,9 +364,22 @@ async def unit_event(run_id: str, body: UnitEventBody, request: Request) -> Resp
                          "rank": run.to_json(sched.now())["rank"]})
 
 
+@router.get("/readyz", tags=["health"])
+async def readyz(request: Request) -> JSONResponse:
+    """200 where traffic should go: a lone gateway once started; among elected schedulers
+    (``[ha] election``) only the leader, so that a load balancer checking this path sends
+    every request to it; 503 on a standby."""
+    role = getattr(request.app.state, "ha", None)
+    if role is None:
+        return JSONResponse({"ready": True, "role": "all"})
+    ready = role.ready()
+    return JSONResponse({"ready": ready, **role.describe()}, status_code=200 if ready else 503)
+
+
 @router.get("/healthz", tags=["health"])
 async def healthz(request: Request) -> dict[str, Any]:
     sched = scheduler_of(request)
+    role = getattr(request.app.state, "ha", None)
     return {
         "status": "ok" if sched.nodes else "degraded",
         "policy": sched.config.scheduler.policy,
@@ -375,4 +388,5 @@ async def healthz(request: Request) -> dict[str, Any]:
         "runs_active": sum(1 for r in sched.runs.values() if r.status in ACTIVE),
         "requests_pending": len(sched.requests),
         **sched.stats,
+        **({"ha": role.describe()} if role is not None else {}),
     }

@@ -1,0 +1,778 @@
+"""``hermes bench ha``: faults under load on a real highly available deployment, loopback only.
+
+What runs (each its own process, started here, on 127.0.0.1 ports chosen free):
+
+- a real **Redis** (``redis-server``): the scheduler lease and the durable run state;
+- two **gateways** ``hermes serve --ha REDIS --redis REDIS`` with remote nodes: one is
+  elected (the leader), the other is a warm standby. Each is an all-in-one process (HTTP edge
+  and scheduler): the separate edge role is not built, so the load balancer sends all traffic
+  to the leader and "edge-kill" kills the standby front end;
+- two **HermesLets** (``hermeslet run --scheduler A --scheduler B``, built-in engine);
+- a real **haproxy** in front of the two gateways, checking ``GET /readyz`` every 100 ms
+  (only the leader answers 200), retrying a request refused by a standby elsewhere.
+
+A mixed load goes through haproxy: hosted runs (``POST /v1/runs`` with an
+``Idempotency-Key``, retried with the same key until accepted, then followed to their end),
+header-less agent loops (plain chat turns growing a conversation, each turn retried until
+answered) and streamed chats, with at least ``--min-inflight`` hosted runs in flight when the
+fault strikes. Scenarios, each repeated ``--repeats`` times:
+
+- ``scheduler-kill``: ``kill -9`` of the leader; its standby takes over;
+- ``edge-kill``: ``kill -9`` of the standby front end (clients keep going through haproxy);
+- ``node-kill``: ``kill -9`` of a HermesLet (its work moves to the other);
+- ``leader-pause``: ``SIGSTOP`` of the leader past its lease, then ``SIGCONT``: the standby
+  takes over; the woken ex-leader must dispatch nothing (it stops itself, exit 75, counting
+  what it refused to send; nodes count the stale epochs they rejected).
+
+A killed process is started again (as a standby, or a node) before the next repeat.
+
+Per row: hosted runs accepted, lost (accepted but not finished: failed, or unknown after the
+fault), duplicated (one idempotency key, several runs in the shared store), failover time
+(fault to the first dispatch by the new leader; None where no failover happens), requests
+refused (connection errors, 502/503/504) while the fault lasted, streams cut and what their
+clients got, agent loops finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hermes.procs import free_port, wait_http
+
+SCENARIOS = ("scheduler-kill", "edge-kill", "node-kill", "leader-pause")
+MODEL = "sim-llama2-7b"
+#: exit status of a deposed scheduler (hermes.gateway.ha.role.EXIT_DEPOSED)
+EXIT_DEPOSED = 75
+
+
+# ---------------------------------------------------------------------------------- processes
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    log: Path
+    env: dict[str, str]
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.popen = subprocess.Popen(self.argv, stdout=self.log.open("ab"),
+                                      stderr=subprocess.STDOUT, env=self.env,
+                                      start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def stop(self) -> None:
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGCONT)
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the process so far (Linux /proc)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Cluster:
+    """Redis, gateways, nodes and haproxy on loopback (see the module doc)."""
+
+    workdir: Path
+    time_scale: float = 5.0
+    n_gateways: int = 2
+    n_nodes: int = 2
+    ha: bool = True
+    ttl_s: float = 1.5
+    redis: Proc | None = None
+    gateways: list[Proc] = field(default_factory=list)
+    nodes: list[Proc] = field(default_factory=list)
+    haproxy: Proc | None = None
+    http_ports: list[int] = field(default_factory=list)
+    zmq_ports: list[int] = field(default_factory=list)
+    url: str = ""
+    redis_url: str = ""
+    #: more environment for the gateways (``--scale``: ``HERMES_ROLE_CPU=1``)
+    gateway_env: dict[str, str] = field(default_factory=dict)
+
+    def start(self) -> None:
+        for tool in ("redis-server", "haproxy"):
+            if shutil.which(tool) is None:
+                raise RuntimeError(f"{tool} not found on PATH (apt-get install {tool})")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "HERMES_LOG_LEVEL": "warning"}
+        rport = free_port()
+        self.redis = Proc("redis", ["redis-server", "--port", str(rport), "--bind", "127.0.0.1",
+                                    "--save", "", "--appendonly", "no",
+                                    "--dir", str(self.workdir)],
+                          self.workdir / "redis.log", env)
+        self.redis.start()
+        self.redis_url = f"redis://127.0.0.1:{rport}/0"
+        _wait_redis(self.redis_url)
+        self.http_ports = [free_port() for _ in range(self.n_gateways)]
+        self.zmq_ports = [free_port() for _ in range(self.n_gateways)]
+        genv = {**env, "HERMES_EMBEDDED_NODE": "false", "HERMES_HA__LEASE_TTL_S": str(self.ttl_s),
+                "HERMES_HA__LEASE_RENEW_S": str(round(min(0.3, self.ttl_s / 5), 3)),
+                "HERMES_RECOVERY_GRACE_S": "3", **self.gateway_env}
+        for i in range(self.n_gateways):
+            argv = [sys.executable, "-m", "hermes.cli", "serve", "--host", "127.0.0.1",
+                    "--port", str(self.http_ports[i]),
+                    "--bind", f"tcp://127.0.0.1:{self.zmq_ports[i]}",
+                    "--redis", self.redis_url, "--time-scale", str(self.time_scale),
+                    "--state-dir", str(self.workdir / f"gw{i}"),
+                    "--kb", str(self.workdir / f"gw{i}" / "kb")]
+            if self.ha:
+                argv += ["--ha", self.redis_url]
+            self.gateways.append(Proc(f"gw{i}", argv, self.workdir / f"gw{i}.log",
+                                      {**genv, "HERMES_HA__MEMBER": f"gw{i}"}))
+        for j in range(self.n_nodes):
+            argv = [sys.executable, "-m", "hermeslet.cli", "run", "--node", f"n{j}",
+                    "--time-scale", str(self.time_scale), "--max-inflight", "64",
+                    "--heartbeat-s", "0.5"]
+            for p in self.zmq_ports:
+                argv += ["--scheduler", f"tcp://127.0.0.1:{p}"]
+            self.nodes.append(Proc(f"n{j}", argv, self.workdir / f"n{j}.log", env))
+        for g in self.gateways:
+            g.start()
+            time.sleep(0.3)  # the first one started is the first leader
+        for n in self.nodes:
+            n.start()
+        self.wait_leader(60.0)
+        self.wait_nodes(60.0)
+        self._start_haproxy(env)
+
+    def _start_haproxy(self, env: dict[str, str]) -> None:
+        port = free_port()
+        servers = "\n".join(f"  server gw{i} 127.0.0.1:{p} check"
+                            for i, p in enumerate(self.http_ports))
+        cfg = self.workdir / "haproxy.cfg"
+        cfg.write_text(f"""global
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 1s
+  timeout client 120s
+  timeout server 120s
+  timeout queue 5s
+  timeout check 2s
+  retries 3
+  option redispatch
+  retry-on conn-failure 503
+frontend fe
+  bind 127.0.0.1:{port}
+  default_backend gateways
+backend gateways
+  option httpchk GET /readyz
+  http-check expect status 200
+  default-server inter 100ms fastinter 100ms downinter 100ms fall 3 rise 1
+{servers}
+""")
+        self.haproxy = Proc("haproxy", ["haproxy", "-db", "-f", str(cfg)],
+                            self.workdir / "haproxy.log", env)
+        self.haproxy.start()
+        self.url = f"http://127.0.0.1:{port}"
+        wait_http(self.url + "/readyz", self.haproxy.popen, timeout=30.0)
+
+    # ------------------------------------------------------------------ queries
+    def readyz(self, i: int) -> dict[str, Any] | None:
+        import httpx
+
+        try:
+            r = httpx.get(f"http://127.0.0.1:{self.http_ports[i]}/readyz", timeout=3.0)
+        except httpx.HTTPError:
+            return None
+        return dict(r.json()) if r.status_code in (200, 503) else None
+
+    def leader(self) -> int | None:
+        for i in range(len(self.gateways)):
+            if not self.gateways[i].alive():
+                continue
+            d = self.readyz(i)
+            if d is not None and d.get("ready"):
+                return i
+        return None
+
+    def wait_leader(self, timeout: float, *, other_than: int | None = None) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            i = self.leader()
+            if i is not None and i != other_than:
+                return i
+            time.sleep(0.05)
+        raise RuntimeError(f"no leader after {timeout:.0f} s (logs in {self.workdir})")
+
+    def wait_nodes(self, timeout: float) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            i = self.leader()
+            if i is not None:
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    h = httpx.get(f"http://127.0.0.1:{self.http_ports[i]}/healthz",
+                                  timeout=2.0).json()
+                    if len(h.get("nodes", {})) >= len(self.nodes):
+                        return
+            time.sleep(0.1)
+        raise RuntimeError(f"nodes did not connect within {timeout:.0f} s")
+
+    def wait_standby(self, i: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.readyz(i) is not None:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"gateway {i} did not come back within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        for p in [self.haproxy, *self.nodes, *self.gateways, self.redis]:
+            if p is not None:
+                p.stop()
+
+
+def _wait_redis(url: str, timeout: float = 10.0) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=1)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client.ping()
+            client.close()
+            return
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis at {url} did not start") from None
+            time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------------- load
+@dataclass
+class LoadStats:
+    accepted: int = 0
+    finished: int = 0
+    lost: int = 0
+    lost_why: Counter[str] = field(default_factory=Counter)
+    client_dup: int = 0  # one key answered with two run ids
+    refused: int = 0
+    refused_during_fault: int = 0
+    streams: int = 0
+    streams_cut: int = 0
+    cut_what: Counter[str] = field(default_factory=Counter)
+    agent_loops: int = 0
+    agent_loops_done: int = 0
+    in_flight: int = 0
+    fault_window: tuple[float, float] | None = None
+
+    def refuse(self) -> None:
+        self.refused += 1
+        w = self.fault_window
+        now = time.monotonic()
+        if w is not None and w[0] <= now <= w[1]:
+            self.refused_during_fault += 1
+
+
+TERMINAL = {"finished", "failed", "cancelled"}
+RETRY = (502, 503, 504)
+
+
+class Load:
+    """The mixed load of one repeat (see the module doc)."""
+
+    def __init__(self, url: str, tag: str, *, runs: int, app: str, agents: int, turns: int,
+                 streams: int) -> None:
+        self.url, self.tag, self.runs, self.app = url, tag, runs, app
+        self.agents, self.turns, self.n_streams = agents, turns, streams
+        self.stats = LoadStats()
+        self.stop = asyncio.Event()
+        self.run_ids: dict[str, str] = {}
+
+    async def run(self) -> None:
+        import httpx
+
+        limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+        async with httpx.AsyncClient(base_url=self.url, timeout=60.0, limits=limits) as http:
+            sem = asyncio.Semaphore(64)
+            hosted = [asyncio.create_task(self._hosted(http, i, sem)) for i in range(self.runs)]
+            agents = [asyncio.create_task(self._agent(http, i)) for i in range(self.agents)]
+            streams = [asyncio.create_task(self._streams(http, i))
+                       for i in range(self.n_streams)]
+            await asyncio.gather(*hosted, *agents)
+            self.stop.set()
+            await asyncio.gather(*streams)
+
+    async def _hosted(self, http: Any, i: int, sem: asyncio.Semaphore) -> None:
+        import httpx
+
+        st = self.stats
+        key = f"{self.tag}-{i}"
+        rid: str | None = None
+        async with sem:
+            for _ in range(400):
+                try:
+                    r = await http.post("/v1/runs", json={"app": self.app,
+                                                          "input": {"seed": i, "key": key}},
+                                        headers={"Idempotency-Key": key})
+                except httpx.HTTPError:
+                    st.refuse()
+                    await asyncio.sleep(0.1)
+                    continue
+                if r.status_code in (200, 201):
+                    rid = r.json()["run_id"]
+                    break
+                st.refuse()
+                await asyncio.sleep(0.1)
+        if rid is None:
+            return
+        st.accepted += 1
+        st.in_flight += 1
+        self.run_ids[key] = rid
+        state = "queued"
+        try:
+            for _ in range(2400):
+                await asyncio.sleep(0.25)
+                try:
+                    r = await http.get(f"/v1/runs/{rid}")
+                except httpx.HTTPError:
+                    st.refuse()
+                    continue
+                if r.status_code in RETRY:
+                    st.refuse()
+                    continue
+                if r.status_code == 404:
+                    state = "unknown after the fault (404)"
+                    break
+                d = r.json()
+                state = d.get("state", "?")
+                if state in TERMINAL:
+                    if state != "finished":
+                        state = f"{state}: {str(d.get('error'))[:80]}"
+                    break
+        finally:
+            st.in_flight -= 1
+        if state == "finished":
+            st.finished += 1
+        else:
+            st.lost += 1
+            st.lost_why[state] += 1
+        # the same key once more: the same run (idempotency across the failover)
+        with contextlib.suppress(httpx.HTTPError):
+            r = await http.post("/v1/runs", json={"app": self.app,
+                                                  "input": {"seed": i, "key": key}},
+                                headers={"Idempotency-Key": key})
+            if r.status_code in (200, 201) and r.json()["run_id"] != rid:
+                st.client_dup += 1
+
+    async def _agent(self, http: Any, i: int) -> None:
+        """A header-less agent loop: each turn resends the conversation so far."""
+        import httpx
+
+        st = self.stats
+        st.agent_loops += 1
+        messages: list[dict[str, str]] = [
+            {"role": "system", "content": f"You are agent {self.tag}-{i}. Solve step by step."},
+            {"role": "user", "content": f"Task {i}: plan the next step."}]
+        for turn in range(self.turns):
+            answer = None
+            for _ in range(400):
+                try:
+                    r = await http.post("/v1/chat/completions", json={
+                        "model": MODEL, "messages": messages, "max_tokens": 24})
+                except httpx.HTTPError:
+                    st.refuse()
+                    await asyncio.sleep(0.1)
+                    continue
+                if r.status_code == 200:
+                    answer = r.json()["choices"][0]["message"]["content"]
+                    break
+                st.refuse()
+                await asyncio.sleep(0.1)
+            if answer is None:
+                return
+            messages += [{"role": "assistant", "content": answer},
+                         {"role": "user", "content": f"Observation {turn}: continue."}]
+        st.agent_loops_done += 1
+
+    async def _streams(self, http: Any, i: int) -> None:
+        """Streamed chats, one after another, until the hosted runs are done."""
+        import httpx
+
+        st = self.stats
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            chunks, done, status = 0, False, None
+            try:
+                async with http.stream("POST", "/v1/chat/completions", json={
+                        "model": MODEL, "stream": True, "max_tokens": 64,
+                        "messages": [{"role": "user", "content": f"stream {i}.{n}"}]}) as r:
+                    status = r.status_code
+                    if status == 200:
+                        st.streams += 1
+                        async for line in r.aiter_lines():
+                            if line == "data: [DONE]":
+                                done = True
+                            elif line.startswith("data: "):
+                                chunks += 1
+                                if '"error"' in line:
+                                    st.streams_cut += 1
+                                    st.cut_what[f"an error event after {_bucket(chunks)} "
+                                                "chunks"] += 1
+                                    done = True  # counted
+                                    break
+            except httpx.HTTPError as e:
+                if status == 200:
+                    st.streams_cut += 1
+                    st.cut_what[f"{type(e).__name__} after {_bucket(chunks)} chunks"] += 1
+                    continue
+                st.refuse()
+                await asyncio.sleep(0.1)
+                continue
+            if status != 200:
+                st.refuse()
+                await asyncio.sleep(0.1)
+            elif not done:
+                st.streams_cut += 1
+                st.cut_what[f"the stream ended without [DONE] after {_bucket(chunks)} "
+                            "chunks"] += 1
+            await asyncio.sleep(0.25)  # a user reading the answer before the next one
+
+
+def _bucket(n: int) -> str:
+    return "0" if n == 0 else "some"
+
+
+# ---------------------------------------------------------------------------------- scenarios
+def _count_in(path: Path, pattern: str) -> int:
+    try:
+        return len(re.findall(pattern, path.read_text(errors="replace"), flags=re.M))
+    except OSError:
+        return 0
+
+
+def _lease_losses(cl: Cluster) -> int:
+    return sum(_count_in(g.log, r'^\{"event": "ha_deposed"') for g in cl.gateways)
+
+
+def _store_duplicates(redis_url: str, tag: str) -> int:
+    """Keys of this repeat with more than one run in the shared run store."""
+    from hermes.gateway.run_store import RedisRunStore
+
+    store = RedisRunStore(redis_url)
+    try:
+        per_key: Counter[str] = Counter()
+        for d in store.runs():
+            inp = d.get("input")
+            if isinstance(inp, dict) and str(inp.get("key", "")).startswith(tag + "-"):
+                per_key[inp["key"]] += 1
+        return sum(1 for n in per_key.values() if n > 1)
+    finally:
+        store.close()
+
+
+async def run_repeat(cl: Cluster, scenario: str, repeat: int, *, runs: int, app: str,
+                     agents: int, turns: int, streams: int, min_inflight: int,
+                     log: Any = None) -> dict[str, Any]:
+    """One repeat of one scenario: load, fault when enough runs are in flight, recover."""
+    tag = f"{scenario}-{repeat}-{int(time.time() * 1000) % 10**8}"
+    load = Load(cl.url, tag, runs=runs, app=app, agents=agents, turns=turns, streams=streams)
+    task = asyncio.create_task(load.run())
+    st = load.stats
+    deadline = time.monotonic() + 120
+    while st.in_flight < min(min_inflight, runs) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+        if task.done():
+            break
+    inflight_at_fault = st.in_flight
+    old = await asyncio.to_thread(cl.wait_leader, 60.0)
+    lost_before = _lease_losses(cl)
+    stale_before = sum(_count_in(n.log, r"rejected a '[a-z_]+' message of stale epoch")
+                       for n in cl.nodes)
+    row: dict[str, Any] = {"scenario": scenario, "repeat": repeat, "failover_s": None,
+                           "in_flight_at_fault": inflight_at_fault}
+    t_fault = time.time()
+    st.fault_window = (time.monotonic(), time.monotonic() + 3600)
+    failover = scenario in ("scheduler-kill", "leader-pause")
+    if scenario == "scheduler-kill":
+        cl.gateways[old].signal(signal.SIGKILL)
+    elif scenario == "edge-kill":
+        victim = next(i for i in range(len(cl.gateways)) if i != old)
+        cl.gateways[victim].signal(signal.SIGKILL)
+    elif scenario == "node-kill":
+        cl.nodes[repeat % len(cl.nodes)].signal(signal.SIGKILL)
+    elif scenario == "leader-pause":
+        cl.gateways[old].signal(signal.SIGSTOP)
+    if failover:
+        new = await asyncio.to_thread(cl.wait_leader, 30.0, other_than=old)
+        first = None
+        for _ in range(400):
+            d = cl.readyz(new) or {}
+            first = d.get("first_dispatch_at")
+            if first:
+                break
+            await asyncio.sleep(0.025)
+        row["failover_s"] = round(first - t_fault, 3) if first else None
+        d = cl.readyz(new) or {}
+        row["new_epoch"] = d.get("epoch")
+        for k, name in (("elected_at", "elected_s"), ("activated_at", "ready_s")):
+            row[name] = round(d[k] - t_fault, 3) if d.get(k) else None  # failover's steps
+    else:
+        await asyncio.sleep(2.0)
+    if scenario == "leader-pause":
+        await asyncio.sleep(max(0.0, cl.ttl_s + 1.0 - (time.time() - t_fault)))
+        paused = cl.gateways[old]
+        paused.signal(signal.SIGCONT)
+        try:
+            assert paused.popen is not None
+            code = await asyncio.to_thread(paused.popen.wait, 10)
+        except subprocess.TimeoutExpired:
+            code = None
+        row["ex_leader_exit"] = code
+        text = paused.log.read_text(errors="replace")
+        events = [json.loads(m) for m in re.findall(r'^(\{"event": "ha_deposed".*\})$', text,
+                                                    flags=re.M)]
+        row["fenced_sends"] = events[-1]["fenced_sends"] if events else None
+    st.fault_window = (st.fault_window[0], time.monotonic())
+    # bring the killed process back (a standby, or the node) for the next repeat
+    if scenario in ("scheduler-kill", "leader-pause"):
+        cl.gateways[old].start()
+        await asyncio.to_thread(cl.wait_standby, old)
+    elif scenario == "edge-kill":
+        cl.gateways[victim].start()
+        await asyncio.to_thread(cl.wait_standby, victim)
+    elif scenario == "node-kill":
+        cl.nodes[repeat % len(cl.nodes)].start()
+    await task
+    await asyncio.to_thread(cl.wait_nodes, 60.0)
+    stale = sum(_count_in(n.log, r"rejected a '[a-z_]+' message of stale epoch")
+                for n in cl.nodes) - stale_before
+    # leaders that lost their lease without being told to (a starved renewal thread on a
+    # loaded machine): each is one more failover, restarted as a standby here
+    unplanned = _lease_losses(cl) - lost_before - (1 if scenario == "leader-pause" else 0)
+    row["unplanned_failovers"] = unplanned
+    for i, g in enumerate(cl.gateways):
+        if not g.alive():
+            g.start()
+            await asyncio.to_thread(cl.wait_standby, i)
+    if scenario == "leader-pause":
+        row["stale_rejected_by_nodes"] = stale
+    row.update({
+        "runs_accepted": st.accepted, "runs_lost": st.lost,
+        "runs_duplicated": st.client_dup + _store_duplicates(cl.redis_url, tag),
+        "lost_why": dict(st.lost_why),
+        "requests_refused": st.refused_during_fault, "streams": st.streams,
+        "streams_cut": st.streams_cut, "streams_cut_got": dict(st.cut_what),
+        "agent_loops": st.agent_loops, "agent_loops_done": st.agent_loops_done,
+    })
+    if log is not None:
+        print(json.dumps(row), file=log, flush=True)
+    return row
+
+
+async def run_ha(cl: Cluster, scenarios: list[str], repeats: int, **kw: Any) -> list[dict]:
+    rows = []
+    for scenario in scenarios:
+        for rep in range(1, repeats + 1):
+            rows.append(await run_repeat(cl, scenario, rep, **kw))
+    return rows
+
+
+# ---------------------------------------------------------------------------------- scale
+async def _closed_loop(url: str, clients: int, seconds: float) -> int:
+    import httpx
+
+    done = 0
+    stop_at = time.monotonic() + seconds
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=30.0, limits=limits) as http:
+        async def one() -> None:
+            nonlocal done
+            while time.monotonic() < stop_at:
+                with contextlib.suppress(httpx.HTTPError):
+                    r = await http.post("/v1/chat/completions", json=body)
+                    if r.status_code == 200:
+                        done += 1
+        await asyncio.gather(*(one() for _ in range(clients)))
+    return done
+
+
+def _sched_cpu_s(cl: Cluster, i: int) -> float:
+    import httpx
+
+    h = httpx.get(f"http://127.0.0.1:{cl.http_ports[i]}/healthz", timeout=10.0).json()
+    return float(h.get("scheduler_cpu_ns", 0)) / 1e9
+
+
+def run_scale(workdir: Path, *, edges: list[int], clients: int, seconds: float,
+              time_scale: float) -> list[dict[str, Any]]:
+    """Closed-loop one-request chats through haproxy with 1 and 2 front ends: requests/s and
+    CPU per request of each process. The processes are all-in-one (the separate edge role is
+    not built): the leader does the edge's and the scheduler's work, a standby neither. The
+    scheduler's share is the thread CPU time of its own work (node messages, submissions,
+    the sweep: ``HERMES_ROLE_CPU=1``), what a separate scheduler would spend at least; the
+    edge's is the rest of the leader's CPU."""
+    rows = []
+    for n in edges:
+        cl = Cluster(workdir / f"scale{n}", time_scale=time_scale, n_gateways=n,
+                     ha=True, gateway_env={"HERMES_ROLE_CPU": "1"})
+        try:
+            cl.start()
+            asyncio.run(_closed_loop(cl.url, clients, 2.0))  # warm-up
+            lead = cl.leader()
+            assert lead is not None
+            cpu0 = [g.cpu_s() for g in cl.gateways]
+            ncpu0 = [p.cpu_s() for p in cl.nodes]
+            s0 = _sched_cpu_s(cl, lead)
+            t0 = time.monotonic()
+            done = asyncio.run(_closed_loop(cl.url, clients, seconds))
+            wall = time.monotonic() - t0
+            cpu = [g.cpu_s() - c for g, c in zip(cl.gateways, cpu0, strict=True)]
+            ncpu = sum(p.cpu_s() - c for p, c in zip(cl.nodes, ncpu0, strict=True))
+            sched = _sched_cpu_s(cl, lead) - s0
+            per = max(done, 1)
+            rows.append({
+                "edges": n, "requests": done, "req_per_s": round(done / wall, 1),
+                "scheduler_cpu_ms_per_req": round(1000 * sched / per, 3),
+                "edge_cpu_ms_per_req": round(1000 * (cpu[lead] - sched) / per, 3),
+                "leader_cpu_ms_per_req": round(1000 * cpu[lead] / per, 3),
+                "standby_cpu_ms_per_req": (round(1000 * sum(c for i, c in enumerate(cpu)
+                                                            if i != lead) / per, 3)
+                                           if n > 1 else None),
+                "node_cpu_ms_per_req": round(1000 * ncpu / per, 3),
+                "roles": "all-in-one (the edge and scheduler in one process)",
+            })
+        finally:
+            cl.stop()
+    return rows
+
+
+# ---------------------------------------------------------------------------------- CLI
+def _table(rows: list[dict[str, Any]]) -> str:
+    cols = ["scenario", "repeat", "in_flight_at_fault", "runs_accepted", "runs_lost",
+            "runs_duplicated", "failover_s", "requests_refused", "streams", "streams_cut",
+            "agent_loops_done"]
+    out = ["  ".join(f"{c:>14}" if i else f"{c:<15}" for i, c in enumerate(cols))]
+    for r in rows:
+        out.append("  ".join(f"{str(r.get(c)):>14}" if i else f"{str(r.get(c)):<15}"
+                             for i, c in enumerate(cols)))
+    return "\n".join(out)
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    import statistics
+
+    lines = []
+    for sc in dict.fromkeys(r["scenario"] for r in rows):
+        rs = [r for r in rows if r["scenario"] == sc]
+        fo = [r["failover_s"] for r in rs if r["failover_s"] is not None]
+        cut: Counter[str] = Counter()
+        for r in rs:
+            cut.update(r.get("streams_cut_got", {}))
+        line = (f"{sc}: accepted {sum(r['runs_accepted'] for r in rs)}, lost "
+                f"{sum(r['runs_lost'] for r in rs)}, duplicated "
+                f"{sum(r['runs_duplicated'] for r in rs)}, refused during the fault "
+                f"{sum(r['requests_refused'] for r in rs)}, streams cut "
+                f"{sum(r['streams_cut'] for r in rs)} ({dict(cut) or 'none'})")
+        if fo:
+            line += f"; failover p50 {statistics.median(fo):.2f} s, max {max(fo):.2f} s"
+        if sc == "leader-pause":
+            line += (f"; ex-leader exits {[r.get('ex_leader_exit') for r in rs]}, fenced sends "
+                     f"{[r.get('fenced_sends') for r in rs]}, stale epochs rejected by nodes "
+                     f"{[r.get('stale_rejected_by_nodes') for r in rs]}")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def cmd_ha(args: Any) -> int:
+    import tempfile
+
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="hermes-bench-ha-"))
+    if args.scale:
+        rows = run_scale(workdir, edges=[1, 2], clients=args.clients, seconds=args.seconds,
+                         time_scale=args.time_scale)
+        for r in rows:
+            print(json.dumps(r))
+        print("(all-in-one processes: no separate edge role; the standby serves nothing)")
+    else:
+        scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+        bad = [s for s in scenarios if s not in SCENARIOS]
+        if bad:
+            print(f"hermes bench ha: unknown scenario(s) {bad}; known: {', '.join(SCENARIOS)}",
+                  file=sys.stderr)
+            return 2
+        cl = Cluster(workdir, time_scale=args.time_scale, ttl_s=args.lease_ttl)
+        try:
+            cl.start()
+            rows = asyncio.run(run_ha(cl, scenarios, args.repeats, runs=args.runs,
+                                      app=args.app, agents=args.agents, turns=args.turns,
+                                      streams=args.streams, min_inflight=args.min_inflight,
+                                      log=sys.stderr if args.verbose else None))
+        finally:
+            cl.stop()
+        print(_table(rows))
+        print(summary(rows))
+    print(f"(logs in {workdir}; loopback, machine shared with other work)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def add_ha_parser(bsub: Any) -> None:
+    from hermes.argtypes import positive_float, positive_int
+
+    s = bsub.add_parser("ha", help="faults under load on a highly available deployment "
+                        "(haproxy, 2 gateways elected by a lease in Redis, 2 HermesLets)")
+    s.add_argument("--scenarios", default=",".join(SCENARIOS),
+                   help=f"comma-separated, of {', '.join(SCENARIOS)} (default: all)")
+    s.add_argument("--repeats", type=positive_int, default=3)
+    s.add_argument("--runs", type=positive_int, default=260,
+                   help="hosted runs per repeat (default 260)")
+    s.add_argument("--min-inflight", dest="min_inflight", type=positive_int, default=200,
+                   help="hosted runs in flight when the fault strikes (default 200)")
+    s.add_argument("--app", default="llm_reasoning", help="hosted app (default llm_reasoning)")
+    s.add_argument("--agents", type=positive_int, default=8, help="header-less agent loops")
+    s.add_argument("--turns", type=positive_int, default=6, help="turns per agent loop")
+    s.add_argument("--streams", type=positive_int, default=6,
+                   help="concurrent streamed chats, one after another")
+    s.add_argument("--time-scale", dest="time_scale", type=positive_float, default=3.0)
+    s.add_argument("--lease-ttl", dest="lease_ttl", type=positive_float, default=1.5)
+    s.add_argument("--scale", action="store_true",
+                   help="instead: requests/s and CPU per request with 1 and 2 front ends")
+    s.add_argument("--clients", type=positive_int, default=32, help="--scale: clients")
+    s.add_argument("--seconds", type=positive_float, default=10.0, help="--scale: duration")
+    s.add_argument("--workdir", default=None, help="logs and state (default: a temp dir)")
+    s.add_argument("--json", default=None, help="write the rows as a JSON list to FILE")
+    s.add_argument("--verbose", action="store_true", help="print each row as it ends")
+    s.set_defaults(func=cmd_ha)

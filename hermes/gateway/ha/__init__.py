@@ -1,0 +1,11 @@
+"""High availability of the scheduler: one active scheduler among several, chosen by a lease.
+
+- :mod:`hermes.gateway.ha.store`: the lease in Redis (acquire with a new epoch, renew, release,
+  the leader record, the node names the leader serves);
+- :mod:`hermes.gateway.ha.election`: the driver of :mod:`hermes.core.lease` (the decisions)
+  on a thread of its own, so that a busy event loop does not starve the renewals;
+- :mod:`hermes.gateway.ha.role`: what a gateway process does with it: stay a standby (HTTP
+  answers 503, ``/readyz`` too), become the active scheduler when elected (start the node
+  socket, restore the durable runs, adopt the nodes' work), and stop at once when the lease is
+  lost (fail-stop: a supervisor restarts it as a standby).
+"""
