@@ -31,7 +31,8 @@ import pytest
 from hermes.procs import free_port
 from tests.ops.conftest import REPO
 
-pytestmark = [pytest.mark.slow, pytest.mark.docker]
+# the image is built once, in a fixture (minutes; a first debootstrap adds more)
+pytestmark = [pytest.mark.slow, pytest.mark.docker, pytest.mark.timeout(2400)]
 
 ROOTFS = Path(os.environ.get("HERMES_TEST_ROOTFS", "/tmp/hermes-test-rootfs-bookworm"))
 BASE = "hermes-test-base:bookworm"
@@ -150,6 +151,14 @@ def image(docker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
 DOCUMENTED = "docker run --rm -p 8000:8000 hermes:latest"
 
 
+def _logs(env: dict[str, str], name: str) -> str:
+    """A container's stdout and stderr so far."""
+    r = subprocess.run(["docker", "logs", name], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, f"docker logs {name}: {r.stderr[-2000:]}"
+    return r.stdout + r.stderr
+
+
 def test_the_documented_command_serves_a_first_run(docker_env, image: str) -> None:  # noqa: ANN001
     """The Dockerfile's and the docs' command, as written but for the network: ``-p
     8000:8000`` becomes ``--network none`` (no bridge may be made here), a network namespace of
@@ -166,8 +175,8 @@ def test_the_documented_command_serves_a_first_run(docker_env, image: str) -> No
     argv[argv.index("--rm") + 1:argv.index("--rm") + 1] = ["-d", "--name", name]
     try:
         _docker(env, *argv)
-        deadline = time.monotonic() + 90
-        while "hermes gateway ready" not in (logs := _docker(env, "logs", name)):
+        deadline = time.monotonic() + 180
+        while "hermes gateway ready" not in (logs := _logs(env, name)):
             assert time.monotonic() < deadline, logs[-3000:]
             time.sleep(0.5)
         lines = logs.splitlines()
