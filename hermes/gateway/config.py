@@ -69,8 +69,9 @@ class SchedulerConfig(_Section):
         return name
     #: fair share across tenants (hermes/core/policies/fair_share.py): a tenant served a
     #: quantum of tokens more than another goes a band behind it, whatever the policy says,
-    #: so one tenant's long generations cannot hold another's short requests
-    fair_share: bool = True
+    #: so one tenant's long generations cannot hold another's short requests; "auto": on
+    #: with authentication on (tenants are then real), off without
+    fair_share: Literal["auto", "on", "off"] = "auto"
     #: the band width, in tokens served (divided by the tenant's weight)
     fair_share_quantum_tokens: float = Field(default=2048.0, gt=0.0)
     #: tenant -> weight of its share (default 1; 2: served twice as much before falling back)

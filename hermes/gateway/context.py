@@ -117,9 +117,11 @@ def startup_policy(config: GatewayConfig, pool: Any | None) -> SchedulingPolicy:
 
 
 def with_fair_share(config: GatewayConfig, policy: SchedulingPolicy) -> SchedulingPolicy:
-    """``policy`` within per-tenant fair-share bands when ``scheduler.fair_share`` is on."""
+    """``policy`` within per-tenant fair-share bands when ``scheduler.fair_share`` is on
+    (by default: when authentication is on)."""
     sc = config.scheduler
-    if not sc.fair_share:
-        return policy
+    if sc.fair_share == "off" or (sc.fair_share == "auto" and not (
+            config.security.auth_file or config.security.auth_redis)):
+        return policy  # auto: on with authentication on (tenants are then real, not claims)
     return fair_share(policy, quantum_tokens=sc.fair_share_quantum_tokens,
                       weights=sc.tenant_weights)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from hermes.core.policies.fair_share import policy_rank
 from hermes.core.state import RequestView, RunState
 from hermes.protocol import Done, EngineInfo, Submit, Token, Tool, ToolDone
 
@@ -167,7 +168,7 @@ class LiveRun:
             "deadline": s.deadline,
             "k": s.k,  # the run's own prewarming knob (None: the tenant's, app's or default)
             "act_s": self.act_s(now),
-            "rank": finite(s.rank),
+            "rank": finite(policy_rank(s)),
             "attained_s": s.attained_s,
             "attained_tokens": s.attained_tokens,
             "current_unit": s.progress.current,

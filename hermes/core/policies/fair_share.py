@@ -140,6 +140,13 @@ class FairShare(SchedulingPolicy):
         return (float(self.band(run.tenant)), *key)
 
 
+def policy_rank(run: RunState) -> float:
+    """The run's rank as its policy gave it (what the admin and runs APIs show): without the
+    fair-share band a :class:`FairShare` wrapper adds, else ``run.rank`` itself."""
+    inner = run.policy_state.get(_INNER_RANK)
+    return float(inner) if inner is not None else run.rank
+
+
 def fair_share(policy: SchedulingPolicy, *, quantum_tokens: float = 2048.0,
                weights: Mapping[str, float] | None = None) -> SchedulingPolicy:
     """``policy`` within per-tenant fair-share bands (:class:`FairShare`)."""

@@ -51,6 +51,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hermes.core import strict_json
 from hermes.core.policies.base import policy_names
+from hermes.core.policies.fair_share import policy_rank
+from hermes.core.state import RunState
 from hermes.gateway.api.apps_api import PDGRAPH_BODY, install_graph
 from hermes.gateway.api.appstate import hosted_of, scheduler_of
 from hermes.gateway.api.errors import error_response, scheduler_error, validation_error
@@ -176,7 +178,7 @@ def run_row(run: LiveRun | FinishedRun, now: float) -> dict[str, Any]:
     st = run.state
     return {
         "run_id": st.run_id, "app": st.app, "tenant": st.tenant, "state": run.status,
-        "rank": _num(st.rank), "act_s": run.act_s(now), "attained_s": st.attained_s,
+        "rank": _num(policy_rank(st) if isinstance(st, RunState) else st.rank), "act_s": run.act_s(now), "attained_s": st.attained_s,
         "current_unit": st.progress.current, "units_done": len(st.progress.finished),
         "pending_requests": len(run.pending), "deadline": st.deadline,
         "submitted": st.submitted,
