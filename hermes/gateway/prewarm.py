@@ -79,7 +79,10 @@ class GatewayPrewarmer(RunObserver):
         name = getattr(sc, "prewarm", "hermes")
 
         def estimators(app: str) -> Any:
-            return ctx.pool.get(app) if ctx.pool is not None else None
+            # the policy's memoizing pool when it has one: the planner asks at every unit
+            # start, in states the policy's walks have already been drawn for
+            pool = getattr(ctx.policy, "estimators", None) or ctx.pool
+            return pool.get(app) if pool is not None else None
 
         strategy = make_prewarm(name, k=sc.k, graphs=graphs, estimators=estimators,
                                 n_walks=min(200, sc.n_walks),

@@ -32,12 +32,16 @@ def test_identical_states_share_samples_and_others_do_not() -> None:
     assert later is not started  # attained service conditions the estimate
     done = [UnitObservation(unit=unit, input_tokens=300, output_tokens=60, duration_s=9.0)]
     a = est.sample(RunProgress(finished=done))
-    other = [UnitObservation(unit=unit, input_tokens=300, output_tokens=61, duration_s=9.0)]
+    # the estimator reads an observation through its feature buckets only: one token more
+    # is the same state, ten times the tokens another
+    near = [UnitObservation(unit=unit, input_tokens=300, output_tokens=61, duration_s=9.0)]
+    assert est.sample(RunProgress(finished=near)) is a
+    other = [UnitObservation(unit=unit, input_tokens=3000, output_tokens=600, duration_s=9.0)]
     assert est.sample(RunProgress(finished=other)) is not a
     # an LLM unit's wall time is not an estimator input: same tokens, same samples
     same = [UnitObservation(unit=unit, input_tokens=300, output_tokens=60, duration_s=2.0)]
     assert est.sample(RunProgress(finished=same)) is a
-    assert pool.stats()["sample_cache_hits"] == 3
+    assert pool.stats()["sample_cache_hits"] == 4
     raw.update(graphs[app])  # relearned graph: a new estimator, an empty memo
     assert pool.get(app).sample(RunProgress()) is not fresh
 
