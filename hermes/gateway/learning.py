@@ -252,6 +252,11 @@ class Learner(RunObserver):
                 graph = self._build(app)
             if graph is not None:
                 graphs[app] = graph
+        with self._pending_lock:
+            waiting = [app for app in self._pending if app not in graphs]
+        for app in waiting:  # the others' records join their profilers (bounded) now too
+            with self._lock:
+                self._absorb(app)
         ests = {app: pool.build(g) for app, g in graphs.items()} if pool is not None else {}
         prepared = cpool.prepare(ests, states) if cpool is not None and ests else {}
         return graphs, ests, prepared
@@ -260,7 +265,7 @@ class Learner(RunObserver):
         """The learning loop's refresh: the apps due are rebuilt in a worker thread (see the
         module doc), then installed here at once. Returns the graphs installed."""
         apps = self._due()
-        if not apps:
+        if not apps and not self._pending:
             return {}
         for app in apps:
             self._dirty.discard(app)
@@ -273,6 +278,8 @@ class Learner(RunObserver):
         states = {app: cpool.hot_states(app) for app in apps} if cpool is not None else {}
         graphs, ests, prepared = await asyncio.to_thread(
             self._rebuild_off_loop, apps, pool, cpool, states)
+        # (records wait in ``_pending`` at most one learning interval: the worker gives them
+        # to their profilers, whose sample lists are bounded, whether or not a rebuild is due)
         live: Any = getattr(self.ctx.policy, "estimators", None)
         for app, graph in graphs.items():
             if app not in self.profilers:

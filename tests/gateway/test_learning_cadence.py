@@ -91,3 +91,20 @@ def test_apps_in_memory_are_bounded(tmp_path: Path) -> None:
     assert lr.ctx.pool.get("a1") is None and lr.ctx.pool.get("a3") is not None
     assert "a1" not in lr.profiled_runs
     lr.close()
+
+
+def test_records_between_versions_join_their_profiler_not_a_backlog(tmp_path: Path) -> None:
+    """A long-lived app rebuilds rarely, but its records never pile up waiting for it:
+    each learning pass gives them to the profiler (whose sample lists are bounded)."""
+    lr = learner(tmp_path, learn_every_run_below=1, learn_growth=10.0)
+
+    async def go() -> None:
+        for k in range(1, 6):
+            lr.learn(record("app", k))
+            await lr.refresh_off_loop()
+            assert not lr._pending  # nothing waits past a pass
+        assert lr._built_runs["app"] == 1  # one version: the cadence asks for 10 new runs
+
+    asyncio.run(go())
+    assert lr.profilers["app"].runs == 5
+    lr.close()
