@@ -294,6 +294,9 @@ async def run_agent_soak(url: str, pid: int | None, requests: int, concurrency: 
         if pid is not None and (m := rss_mib(pid)) is not None:
             samples.append({"row": "rss", "requests": done, "t_s": time.monotonic() - t0,
                             "mib": m})
+            if not progress:  # a line per sample, for a long run watched from its log
+                print(f"agent soak: {done} requests, {samples[-1]['t_s']:.0f} s, "
+                      f"RSS {m:.1f} MiB, {errors} errors", file=sys.stderr, flush=True)
     bar.close()
     return samples, lat, errors
 

@@ -116,7 +116,7 @@ class StoresConfig(_Section):
     #: rebuild, a new estimator and its walks drawn again, so an app with a long history
     #: changes version ever more rarely (its sample lists hold the last 1000 runs anyway)
     learn_growth: float = Field(default=0.5, ge=0.0)
-    learn_every_run_below: int = Field(default=20, ge=1)
+    learn_every_run_below: int = Field(default=8, ge=1)
     learn_max_new_runs: int = Field(default=5000, ge=1)
     #: apps whose profiler, learned graph and estimator stay in memory (least recently
     #: learned out past it; its graph stays in the knowledge base, and is loaded again when
