@@ -36,7 +36,7 @@ import zmq.asyncio
 
 from hermes.core.costmodel import CostModel, get_cost_model
 from hermes.core.ordering import Key
-from hermes.core.policies.base import SchedulingPolicy, make_policy, policy_class
+from hermes.core.policies.base import SchedulingPolicy, policy_class
 from hermes.core.policy_switch import adopt_runs
 from hermes.gateway.config import GatewayConfig, resolve_state_dir
 from hermes.gateway.context import SchedulerClock, SchedulerContext, build_pool, startup_policy
@@ -260,10 +260,15 @@ class LiveScheduler:
             pool = (build_pool(self.config, self.kb, self.ctx.cost, name)
                     if getattr(cls, "uses_estimator", False) else None)
             if pool is not None:
-                for prof in self.learner.profilers.values():
+                # the learned graphs as the learner holds them (its worker thread may be
+                # feeding a profiler now: a profiler is read under its lock, by app_graph)
+                for app in list(self.learner.profilers):
                     with contextlib.suppress(Exception):
-                        pool.update(prof.graph)
-            policy = make_policy(name, estimators=pool, seed=self.config.scheduler.seed)
+                        graph = self.learner.app_graph(app)
+                        if graph is not None:
+                            pool.update(graph)
+            # through the sample memo, as at startup
+            policy = startup_policy(self.config, pool)
         except Exception:
             self.config.scheduler.policy = previous
             raise
