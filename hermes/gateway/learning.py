@@ -312,6 +312,18 @@ class Learner(RunObserver):
             return self.refresh_graphs({app}).get(app)
         return self.kb.get(app) if self.kb is not None else None
 
+    def serving_graph(self, app: str) -> Any | None:
+        """:meth:`app_graph` for the request path (the prewarm planner and dispatch ask at
+        every unit start): never a rebuild. An app whose runs were learned but whose graph
+        the learning loop has not built yet has none for up to ``learn_interval_s`` (a build
+        on the event loop cost every new app's first request tens of milliseconds)."""
+        graph = self._latest_graphs.get(app)
+        if graph is not None or app in self.profilers:
+            return graph
+        if not APP_NAME_RE.fullmatch(app):
+            return None
+        return self.kb.get(app) if self.kb is not None else None
+
     def put_graph(self, graph: Any) -> None:
         """Install an uploaded PDGraph: knowledge base, estimator, and the online profiler."""
         if self.kb is not None:

@@ -102,10 +102,11 @@ class LiveScheduler:
         self.node_table = NodeTable(ctx, self.context,
                                     f"inproc://hermes-nodes-{uuid.uuid4().hex[:8]}")
         self.learner = Learner(ctx, self.kb, self.records_path)
+        # the request path reads the graphs the learner has built, never builds one
         self.prewarm = GatewayPrewarmer.build(ctx, self.node_table, self.registry,
-                                              self.learner.app_graph)  # issue 5
+                                              self.learner.serving_graph)  # issue 5
         self.dispatch = Dispatcher(ctx, self.registry, self.node_table, self.prewarm,
-                                   self.learner.app_graph)
+                                   self.learner.serving_graph)
         self.node_table.handler = self.dispatch.handle
         # durable run state, recovery (issue 7)
         self.durable = DurableState(open_run_store(config), ctx)

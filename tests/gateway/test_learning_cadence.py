@@ -108,3 +108,13 @@ def test_records_between_versions_join_their_profiler_not_a_backlog(tmp_path: Pa
     asyncio.run(go())
     assert lr.profilers["app"].runs == 5
     lr.close()
+
+
+def test_the_request_path_never_builds_a_graph(tmp_path: Path) -> None:
+    lr = learner(tmp_path)
+    lr.learn(record("app", 1))
+    assert lr.serving_graph("app") is None  # learned, not built yet: no build here
+    assert lr.profilers["app"]._cached is None
+    assert asyncio.run(lr.refresh_off_loop())
+    assert lr.serving_graph("app") is lr.app_graph("app") is not None
+    lr.close()
