@@ -43,8 +43,9 @@ from hermes.core.estimator import DemandSamples
 from hermes.core.state import RunProgress
 
 _FIELDS = DemandSamples.__slots__  # type: ignore[attr-defined]
-#: states remembered per estimator to draw ahead for its successor (a relearned graph)
-HOT_STATES = 64
+#: states remembered per estimator to draw ahead for its successor (a relearned graph): an
+#: app's runs keep to a few hot states, and each costs a draw in the worker per version
+HOT_STATES = 16
 #: all apps' memoized samples together, bytes (1000 walks: ~80 KB a state)
 DEFAULT_MAX_BYTES = 64 << 20
 
