@@ -53,6 +53,16 @@ the history grows with the rows. ``fill_history`` (``--fill-history N``, default
 highest concurrency level: the gateway is given ``keep_finished_runs = N`` and first sent
 requests until it keeps N finished runs (full, evicting the oldest as it goes), then
 measured; a plain row of that level in the same gateway precedes it.
+
+Warm history (``--warm-history N``): the case agents live in. Rows with ``history_kind``
+``"inferred"`` measure header-less agent traffic (:mod:`hermes.bench.agents`: many programs,
+new and continuing conversations, each a run the resolver infers), at every concurrency
+level: first in the fresh gateway (``history`` 0), then after ``N`` such requests went
+through the resolver and the learner (``history`` N: the inferred apps have learned PDGraphs
+and their runs are ranked from them), in the same gateway, in one run. Their ``added_*`` are
+against direct rows of the same agent traffic (``path`` ``direct``, ``history_kind``
+``"inferred"``). The other rows have ``history_kind`` ``"finished"`` (``history``: finished
+runs kept, as above).
 """
 
 from __future__ import annotations
@@ -72,6 +82,7 @@ import httpx
 import numpy as np
 
 from hermes import evloop
+from hermes.bench.agents import AgentMix, Conversations, drive_agents
 from hermes.procs import free_port, stop_group, wait_http
 
 MODEL = "sim-bench"
@@ -197,13 +208,15 @@ async def _drive(url: str, n: int, concurrency: int, headers: dict[str, str] | N
 
 def _row(path: str, policy: str, concurrency: int, lat: np.ndarray, wall: float,
          errors: int, cpu: dict[str, float], pauses: dict[str, float] | None = None,
-         history: int = 0, identity: str = "-") -> dict[str, Any]:
+         history: int = 0, identity: str = "-",
+         history_kind: str = "finished") -> dict[str, Any]:
     nan = float("nan")
     return {
         "path": path,
         "policy": policy,
         "identity": identity,
         "concurrency": concurrency,
+        "history_kind": history_kind,
         "history": history,
         "requests": int(lat.size),
         "errors": errors,
@@ -237,6 +250,8 @@ def bench_gateway(
     messages: int = 0,
     tracing: tuple[str, ...] = ("off",),
     baseline_src: str | None = None,
+    warm_history: int = 0,
+    agents: AgentMix | None = None,
 ) -> list[dict[str, Any]]:
     """Direct vs through-the-gateway latency and throughput; one gateway process per policy.
 
@@ -245,7 +260,8 @@ def bench_gateway(
     a lone request, and what it sustains under load); each gateway row's ``added_*`` is
     against the direct row of its concurrency. ``fill_history`` > 0: one more row per policy
     at the highest level, with the gateway's finished-run history full (see the module
-    docstring)."""
+    docstring). ``warm_history`` > 0: the ``history_kind`` ``"inferred"`` rows, fresh and
+    after that many header-less agent requests (``agents``: their mix)."""
     from tqdm import tqdm
 
     levels = [concurrency] if isinstance(concurrency, int) else list(concurrency)
@@ -268,6 +284,9 @@ def bench_gateway(
     variants: list[tuple[str, str | None]] = [(m, None) for m in tracing]
     if baseline_src is not None:
         variants.insert(0, ("base", baseline_src))
+    if warm_history < 0:
+        raise ValueError("--warm-history must be >= 0")
+    mix = agents or AgentMix(model=MODEL)
     py = sys.executable
     eport = free_port()
     eng = subprocess.Popen(
@@ -275,10 +294,12 @@ def bench_gateway(
          "--time-scale", str(engine_time_scale), "--log-level", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     rows: list[dict[str, Any]] = []
-    direct: dict[int, dict[str, Any]] = {}
+    direct: dict[tuple[int, str], dict[str, Any]] = {}
     per_gateway = len(levels) * len(identities) * (requests + warmup)
     if fill_history:
         per_gateway = max(per_gateway, fill_history) + requests * len(identities)
+    if warm_history:
+        per_gateway += warm_history + 2 * len(levels) * (requests + warmup)
     bar = tqdm(total=len(levels) * (requests + warmup)
                + len(policies) * len(variants) * per_gateway,
                desc="requests", file=sys.stderr, disable=not progress)
@@ -288,14 +309,21 @@ def bench_gateway(
         for c in levels:
             lat, wall, err, cpu, _ = _phase(engine_url, requests, warmup, c, bar, client,
                                             engine=eng.pid, messages=messages)
-            direct[c] = _row("direct", "-", c, lat, wall, err, cpu)
-            direct[c]["tracing"] = "-"
-            rows.append(direct[c])
+            direct[(c, "finished")] = _row("direct", "-", c, lat, wall, err, cpu)
+            direct[(c, "finished")]["tracing"] = "-"
+            rows.append(direct[(c, "finished")])
+            if warm_history:
+                lat, wall, err, cpu = _agent_phase(engine_url, requests, warmup, c, bar, mix,
+                                                   Conversations(mix), engine=eng.pid)
+                direct[(c, "inferred")] = _row("direct", "-", c, lat, wall, err, cpu,
+                                               history_kind="inferred")
+                direct[(c, "inferred")]["tracing"] = "-"
+                rows.append(direct[(c, "inferred")])
         for policy in policies:
             for mode, src in variants:
                 got = _through_gateway(engine_url, eng.pid, policy, requests, warmup, levels,
                                        bar, client, fill_history, identities, messages,
-                                       tracing=mode, src=src)
+                                       warm_history, mix, tracing=mode, src=src)
                 for r in got:
                     r["tracing"] = mode
                 rows += got
@@ -303,7 +331,7 @@ def bench_gateway(
         bar.close()
         stop_group(eng)
     for r in rows:
-        base = direct[r["concurrency"]]
+        base = direct[(r["concurrency"], r["history_kind"])]
         r["added_p50_ms"] = r["p50_ms"] - base["p50_ms"]
         r["added_p99_ms"] = r["p99_ms"] - base["p99_ms"]
     return rows
@@ -324,6 +352,17 @@ def _phase(url: str, requests: int, warmup: int, concurrency: int, bar: Any, cli
     lat, wall, err = evloop.run(_drive(url, requests, concurrency, **kw))
     cpu = meter.per_request_ms(requests)
     return lat, wall, err, cpu, (loop.read() if loop is not None else {})
+
+
+def _agent_phase(url: str, requests: int, warmup: int, concurrency: int, bar: Any,
+                 mix: AgentMix, source: Conversations,
+                 **pids: int) -> tuple[np.ndarray, float, int, dict[str, float]]:
+    """:func:`_phase` with header-less agent traffic (:mod:`hermes.bench.agents`)."""
+    evloop.run(drive_agents(url, warmup, concurrency, mix, source=source, progress=bar))
+    meter = _CpuMeter(**pids)
+    lat, wall, err = evloop.run(drive_agents(url, requests, concurrency, mix, source=source,
+                                             progress=bar))
+    return lat, wall, err, meter.per_request_ms(requests)
 
 
 class _LoopLag:
@@ -357,7 +396,8 @@ class _LoopLag:
 def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: int, warmup: int,
                      levels: list[int], bar: Any, client: str, fill_history: int = 0,
                      identities: tuple[str, ...] = ("none",),
-                     messages: int = 0, *, tracing: str = "off",
+                     messages: int = 0, warm_history: int = 0,
+                     mix: AgentMix | None = None, *, tracing: str = "off",
                      src: str | None = None) -> list[dict[str, Any]]:
     from hermes.gateway.config import SchedulerConfig
 
@@ -417,6 +457,9 @@ def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: in
                     if mode == "none":
                         sent += requests
                     fill = 0
+            if warm_history:
+                rows += _warm_rows(url, gw.pid, engine_pid, policy, requests, warmup, levels,
+                                   bar, loop, warm_history, mix or AgentMix(model=MODEL), extra)
         finally:
             if loop is not None:
                 loop.close()
@@ -457,3 +500,34 @@ class _OtlpSink:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def _warm_rows(url: str, gateway_pid: int, engine_pid: int, policy: str, requests: int,
+               warmup: int, levels: list[int], bar: Any, loop: _LoopLag, warm_history: int,
+               mix: AgentMix, extra: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    """The ``history_kind`` ``"inferred"`` rows of one gateway: agent traffic at every level
+    fresh, then ``warm_history`` agent requests (at the highest level, the fastest), a pause
+    for the last runs to close idle and be learned, and the same levels again."""
+    rows = []
+    source = Conversations(mix)  # one seeded stream: the measured runs are of the same apps
+
+    def measure(c: int, history: int) -> None:
+        loop.read()
+        lat, wall, err, cpu = _agent_phase(url, requests, warmup, c, bar, mix, source,
+                                           gateway=gateway_pid, engine=engine_pid,
+                                           **(extra or {}))
+        rows.append(_row("gateway", policy, c, lat, wall, err, cpu, loop.read(),
+                         history=history, identity="infer", history_kind="inferred"))
+
+    for c in levels:
+        measure(c, 0)
+    evloop.run(drive_agents(url, warm_history, max(levels), mix, source=source, progress=bar))
+    time.sleep(WARM_SETTLE_S)
+    for c in levels:
+        measure(c, warm_history)
+    return rows
+
+
+#: after the warm history, wall seconds for its last runs to close idle (the resolver's
+#: ``close_min_s``, 5 s by default, for apps with quick turns) and be learned
+WARM_SETTLE_S = 8.0

@@ -16,6 +16,14 @@ outstanding at the end), p50/p99 latency per kind, and the gateway's resident me
 finished-run window fill; ``--warmup``, default half the run), at the end, the ratio
 end/warm-up and the slope of a least-squares line through the samples after warm-up (MiB per
 minute). Bounded: at most 60 minutes, 200 requests a second, 2000 requests outstanding.
+
+``--agents N`` instead: header-less agent traffic (:mod:`hermes.bench.agents`: ``--apps``
+programs, new and continuing conversations, ``--concurrency`` agents each waiting for its
+last reply), ``N`` requests, the gateway's memory sampled every ``--sample-every`` requests:
+what the resolver, the learner and the sample memo keep as they learn ever more runs.
+Reported: the memory at each quarter, and over the last half the ratio of its highest to its
+lowest sample (``last_half_max_over_min``: 1.10 is 10%) and its slope per 10,000 requests.
+Bounded: at most 1,000,000 requests and 256 agents.
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ MAX_MINUTES = 60.0
 MAX_RATE = 200.0
 MAX_OUTSTANDING = 2000
 KINDS = ("completion", "stream", "hosted")
+MAX_AGENT_REQUESTS = 1_000_000
+MAX_AGENTS = 256
 
 
 def rss_mib(pid: int) -> float | None:
@@ -234,9 +244,140 @@ def plot(res: SoakResult, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def start_fronting_gateway(state_dir: Path, keep_runs: int,
+                           model: str) -> tuple[list[subprocess.Popen], str]:
+    """A ``hermeslet sim-engine`` served ~instantly (time scale 1e6) and a ``hermes serve``
+    fronting it as an ``openai`` engine, its clock at wall time (so the resolver's idle
+    closes and the learner's cadence are as in production): (processes, gateway URL)."""
+    eport, gport = free_port(), free_port()
+    log = (state_dir / "gateway.log").open("ab")
+    eng = subprocess.Popen(
+        [sys.executable, "-m", "hermeslet.cli", "sim-engine", "--port", str(eport), "--model",
+         model, "--time-scale", "1e6", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    cfg = state_dir / "hermes.toml"
+    cfg.write_text(
+        f'[server]\nhost = "127.0.0.1"\nport = {gport}\nlog_level = "warning"\n'
+        f'[scheduler]\nbind = ""\nkeep_finished_runs = {keep_runs}\n'
+        f'[stores]\nstate_dir = "{state_dir}/state"\nkb = "{state_dir}/kb"\n'
+        f'[[engines]]\nname = "e0"\nkind = "openai"\nurl = "http://127.0.0.1:{eport}"\n'
+        f'model = "{model}"\nmax_inflight = 512\n')
+    gw = subprocess.Popen([sys.executable, "-m", "hermes.cli", "serve", "--config", str(cfg)],
+                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_http(f"http://127.0.0.1:{eport}/health", eng)
+    return [gw, eng], f"http://127.0.0.1:{gport}"
+
+
+async def run_agent_soak(url: str, pid: int | None, requests: int, concurrency: int, apps: int,
+                         *, model: str, sample_every: int,
+                         progress: bool = True) -> tuple[list[dict[str, Any]], list[float], int]:
+    """Header-less agent traffic in chunks of ``sample_every`` requests, the gateway's RSS
+    sampled after each: (memory rows, latencies s, errors)."""
+    from tqdm import tqdm
+
+    from hermes.bench.agents import AgentMix, Conversations, drive_agents
+
+    mix = AgentMix(apps=apps, model=model)
+    source = Conversations(mix)
+    bar = tqdm(total=requests, desc="agent soak", unit="req", disable=not progress,
+               file=sys.stderr)
+    samples: list[dict[str, Any]] = []
+    lat: list[float] = []
+    errors = done = 0
+    t0 = time.monotonic()
+    if pid is not None and (m := rss_mib(pid)) is not None:
+        samples.append({"row": "rss", "requests": 0, "t_s": 0.0, "mib": m})
+    while done < requests:
+        n = min(sample_every, requests - done)
+        got, _, err = await drive_agents(url, n, concurrency, mix, source=source, progress=bar)
+        lat += got.tolist()
+        errors += err
+        done += n
+        if pid is not None and (m := rss_mib(pid)) is not None:
+            samples.append({"row": "rss", "requests": done, "t_s": time.monotonic() - t0,
+                            "mib": m})
+            if not progress:  # a line per sample, for a long run watched from its log
+                print(f"agent soak: {done} requests, {samples[-1]['t_s']:.0f} s, "
+                      f"RSS {m:.1f} MiB, {errors} errors", file=sys.stderr, flush=True)
+    bar.close()
+    return samples, lat, errors
+
+
+def summarize_agents(samples: list[dict[str, Any]], lat: list[float], errors: int,
+                     requests: int) -> list[dict[str, Any]]:
+    """One latency row and one memory row (see the module docstring)."""
+    ms = np.array(lat) * 1000.0
+    rows: list[dict[str, Any]] = [{
+        "row": "agents", "ok": int(ms.size), "errors": errors,
+        "p50_ms": float(np.percentile(ms, 50)) if ms.size else float("nan"),
+        "p99_ms": float(np.percentile(ms, 99)) if ms.size else float("nan"),
+        "max_ms": float(ms.max()) if ms.size else float("nan")}]
+    if samples:
+        req = np.array([s["requests"] for s in samples], dtype=float)
+        mib = np.array([s["mib"] for s in samples])
+
+        def at(frac: float) -> float:
+            return float(mib[int(np.argmin(np.abs(req - frac * requests)))])
+
+        late = req >= requests / 2
+        tail = mib[late] if late.any() else mib
+        slope = (float(np.polyfit(req[late] / 1e4, mib[late], 1)[0]) if late.sum() >= 3
+                 else float("nan"))
+        rows.append({"row": "memory", "requests": requests, "start_mib": float(mib[0]),
+                     "q1_mib": at(0.25), "half_mib": at(0.5), "q3_mib": at(0.75),
+                     "end_mib": float(mib[-1]), "peak_mib": float(mib.max()),
+                     "last_half_max_over_min": float(tail.max() / tail.min()),
+                     "slope_mib_per_10k": slope, "samples": int(mib.size)})
+    return rows
+
+
+def _cmd_agent_soak(args: Any) -> int:
+    from hermes.cliout import print_table, write_json
+
+    if not 0 < args.agents <= MAX_AGENT_REQUESTS:
+        raise ValueError(f"--agents must be in (0, {MAX_AGENT_REQUESTS}], got {args.agents}")
+    if not 0 < args.concurrency <= MAX_AGENTS:
+        raise ValueError(f"--concurrency must be in (0, {MAX_AGENTS}], got {args.concurrency}")
+    if args.sample_every < 1:
+        raise ValueError(f"--sample-every must be >= 1, got {args.sample_every}")
+    procs: list[subprocess.Popen] = []
+    tmp = None
+    if args.url:
+        url, pid = _loopback_url(args.url), args.pid
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="hermes-soak-")
+        procs, url = start_fronting_gateway(Path(tmp.name), args.keep_runs, args.model)
+        pid = procs[0].pid
+    try:
+        wait_http(url + "/healthz", procs[0] if procs else None,
+                  ready=lambda r: bool(r.json().get("nodes")))
+        samples, lat, errors = asyncio.run(run_agent_soak(
+            url, pid, args.agents, args.concurrency, args.apps, model=args.model,
+            sample_every=args.sample_every, progress=not args.no_progress))
+    finally:
+        for p in procs:
+            stop_group(p, grace_s=20.0)
+        if tmp is not None:
+            tmp.cleanup()
+    rows = summarize_agents(samples, lat, errors, args.agents)
+    print_table(rows[:1], title=f"agent soak: {args.agents} header-less requests, "
+                f"{args.apps} apps, {args.concurrency} agents")
+    if len(rows) > 1:
+        print_table(rows[1:], title="gateway memory (RSS, MiB) by requests sent")
+    write_json(args.json, rows + samples)
+    if args.plot:
+        res = SoakResult(memory=[(s["t_s"], s["mib"]) for s in samples])
+        plot(res, args.plot)
+    return 0 if not errors else 1
+
+
 def cmd_soak(args: Any) -> int:
     from hermes.cliout import print_table, write_json
 
+    if args.agents:
+        return _cmd_agent_soak(args)
+    if args.minutes is None or args.rate is None:
+        raise ValueError("hermes bench soak needs --minutes and --rate (or --agents N)")
     if not 0 < args.minutes <= MAX_MINUTES:
         raise ValueError(f"--minutes must be in (0, {MAX_MINUTES:g}], got {args.minutes}")
     if not 0 < args.rate <= MAX_RATE:
@@ -275,8 +416,17 @@ def cmd_soak(args: Any) -> int:
 
 def add_soak_parser(bsub: Any) -> None:
     s = bsub.add_parser("soak", help="steady load on a loopback gateway: errors, p99, memory growth")
-    s.add_argument("--minutes", type=float, required=True, help=f"duration (<= {MAX_MINUTES:g})")
-    s.add_argument("--rate", type=float, required=True, help=f"requests/s (<= {MAX_RATE:g})")
+    s.add_argument("--minutes", type=float, help=f"duration (<= {MAX_MINUTES:g})")
+    s.add_argument("--rate", type=float, help=f"requests/s (<= {MAX_RATE:g})")
+    s.add_argument("--agents", type=int, default=0, metavar="N",
+                   help="instead of --minutes/--rate: N header-less agent requests (new and "
+                        "continuing conversations of --apps programs), memory sampled every "
+                        "--sample-every requests")
+    s.add_argument("--apps", type=int, default=200, help="with --agents: programs (<= 200)")
+    s.add_argument("--concurrency", type=int, default=16,
+                   help="with --agents: agents in flight (default 16)")
+    s.add_argument("--sample-every", dest="sample_every", type=int, default=5000,
+                   help="with --agents: requests between two memory samples (default 5000)")
     s.add_argument("--url", help="an already running gateway on loopback (default: start one)")
     s.add_argument("--pid", type=int, help="with --url: the gateway's PID, to sample its memory")
     s.add_argument("--time-scale", dest="time_scale", type=float, default=20.0,

@@ -452,15 +452,18 @@ def cmd_gateway(args: argparse.Namespace) -> int:
                          warmup=args.warmup, progress=not args.no_progress, client=args.client,
                          fill_history=args.fill_history,
                          identities=tuple(_names(args.identity)), messages=args.messages,
-                         tracing=tuple(_names(args.tracing)), baseline_src=args.baseline_src)
+                         tracing=tuple(_names(args.tracing)), baseline_src=args.baseline_src,
+                         warm_history=args.warm_history)
     body = f"{args.messages}-message chats" if args.messages else "one-line completions"
     modes = _names(args.identity)
     # the table stays narrow: the request count (and one identity mode) is in the title, and
     # the stall's CPU columns have short names there (the JSON rows keep every field)
     short = {"concurrency": "conc", "max_pause_cpu_ms": "pause_cpu_ms", "max_busy_ms": "busy_ms",
              "max_gc_ms": "gc_ms", "client_cpu_ms": "client_cpu", "gateway_cpu_ms": "gw_cpu",
-             "engine_cpu_ms": "engine_cpu", "export_cpu_ms": "export_cpu"}
-    drop = {"requests"} | ({"identity"} if len(modes) == 1 else set())
+             "engine_cpu_ms": "engine_cpu", "export_cpu_ms": "export_cpu",
+             "history_kind": "kind"}
+    drop = {"requests"} | ({"identity"} if len(modes) == 1 else set()) | (
+        set() if args.warm_history else {"history_kind"})
     if args.tracing == "off" and not args.baseline_src:
         drop |= {"tracing", "export_cpu_ms"}
     if len(modes) == 1:
@@ -472,7 +475,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
                    f"the gateway in the row, pause_cpu_ms: the gateway's CPU during it, "
                    f"busy_ms: the most the loop's own work used between two 5 ms wake-ups; gc_ms: "
                    f"longest collection; history: finished runs it "
-                   f"keeps)", t0, json_rows=rows)
+                   f"keeps, or with kind inferred the header-less agent requests before the "
+                   f"row)", t0, json_rows=rows)
 
 
 def add_gateway_parser(bsub: argparse._SubParsersAction) -> None:
@@ -506,6 +510,10 @@ def add_gateway_parser(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--baseline-src", dest="baseline_src", default=None, metavar="DIR",
                    help="also measure a gateway run from the Hermes source tree DIR (e.g. the "
                         "code before a change): rows with tracing = base, in the same run")
+    s.add_argument("--warm-history", dest="warm_history", type=int, default=0, metavar="N",
+                   help="also measure header-less agent traffic (history_kind inferred): fresh, "
+                        "then after N such requests through the resolver and the learner, "
+                        "in the same gateway (default 0: no such rows)")
     s.add_argument("--json", default=None)
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=cmd_gateway)

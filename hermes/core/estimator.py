@@ -30,6 +30,7 @@ window, ``llama2-7b-a100-cal``).
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +56,9 @@ class DemandSamples:
     current_s: np.ndarray | None = None  # remaining service of the running unit (None: none)
     #: each walk's first invocation: the running unit's remaining part, or (between units)
     #: the next unit the walk chose, whole; ``head_gap_s`` is the client gap before it
-    head_unit: np.ndarray | None = None  # unit names (str array)
+    #: unit names (an object array of the graph's own name strings: 8 bytes a walk, where a
+    #: fixed-width str array took 4 bytes a character, ~100 bytes a walk for inferred units)
+    head_unit: np.ndarray | None = None
     head_s: np.ndarray | None = None
     head_input_tokens: np.ndarray | None = None
     head_output_tokens: np.ndarray | None = None
@@ -206,6 +209,62 @@ class DemandEstimator:
                 lst.sort(key=lambda t: -t[0])
                 self._edges[vi] = [(u, t) for _, u, t in lst]
         self._boundaries: dict[tuple[str, int], np.ndarray] = {}
+        self._cond_cuts = self._conditioning_cuts()
+
+    # ------------------------------------------------------------------ conditioning
+    def _conditioning_cuts(self) -> list[list[tuple[int, list[float]]]]:
+        """Per unit: the (feature, bucket edges) pairs through which an observation of it
+        can change a walk: its own branch table's (the next unit chosen after it) and, for
+        every downstream unit conditioned on it, that edge table's (the joined rows a later
+        visit is drawn from). Nothing else of an observation reaches :meth:`sample`."""
+        out: list[dict[tuple[int, tuple[float, ...]], None]] = [{} for _ in self._units]
+        for ui, unit in enumerate(self._units):
+            if unit.branch is not None:
+                for f, cut in zip(unit.branch.feats, unit.branch.cut, strict=True):
+                    out[ui][(f, tuple(cut.tolist()))] = None
+        for lst in self._edges.values():
+            for up, table in lst:
+                for g in table.deps:
+                    out[up][(g, tuple(table.cut[g].tolist()))] = None
+        return [[(f, list(cut)) for f, cut in d] for d in out]
+
+    def condition_key(self, progress: RunProgress | None = None,
+                      n: int | None = None) -> tuple[Any, ...]:
+        """What :meth:`sample` reads of ``progress`` (and the walk count): two states with
+        equal keys give walks of one distribution, so walks drawn for one serve the other.
+
+        The estimator reads a finished observation only through its unit's visit count and
+        the quantile bucket of each feature a branch or edge table conditions on
+        (:meth:`_conditioning_cuts`); the last finished unit (where the walks go on from,
+        between units); the running unit and the service it attained. Runs of one app that
+        start from the same place share a key whatever their exact token counts. O(finished
+        units x conditioned features), no numpy."""
+        n = n or self.n_walks
+        if progress is None:
+            return (n,)
+        visits: dict[int, int] = {}
+        latest: dict[int, UnitObservation] = {}
+        idx = self._idx
+        for obs in progress.finished:
+            ui = idx.get(obs.unit)
+            if ui is not None:
+                visits[ui] = visits.get(ui, 0) + 1
+                latest[ui] = obs
+        seen = []
+        for ui in sorted(latest):
+            cuts = self._cond_cuts[ui]
+            if cuts:
+                f = _obs_features(latest[ui], self._units[ui].llm)
+                codes = tuple(bisect_right(cut, float(f[g])) for g, cut in cuts)
+            else:
+                codes = ()
+            seen.append((ui, visits[ui], codes))
+        if progress.current is not None:
+            where: tuple[Any, ...] = ("at", progress.current, float(progress.current_attained_s))
+        else:
+            last = progress.finished[-1].unit if progress.finished else None
+            where = ("after", idx.get(last) if last is not None else None)
+        return (n, tuple(seen), where)
 
     # ------------------------------------------------------------------ compile
     def _table(self, probs: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
@@ -336,7 +395,7 @@ class DemandEstimator:
         return DemandSamples(
             acc[0], acc[1], acc[2], acc[3],
             current_s=head[0].copy() if running else None,
-            head_unit=head_unit.astype(str),
+            head_unit=head_unit,
             head_s=head[0], head_input_tokens=head[1], head_output_tokens=head[2],
             head_gap_s=head[3],
         )
@@ -568,19 +627,34 @@ class EstimatorPool:
             graph = self._graphs.get(app)
             if graph is None:
                 return None
-            est = self._est[app] = DemandEstimator(
-                graph,
-                self.cost,
-                n_walks=self.n_walks,
-                refine=self.refine,
-                min_match=self.min_match,
-                seed=self.seed + len(self._est),
-            )
+            est = self._est[app] = self.build(graph)
         return est
+
+    def build(self, graph: PDGraph) -> DemandEstimator:
+        """A new estimator of ``graph`` with this pool's settings, not installed (a driver
+        may build it apart, e.g. in a worker thread, and :meth:`install` it)."""
+        return DemandEstimator(
+            graph,
+            self.cost,
+            n_walks=self.n_walks,
+            refine=self.refine,
+            min_match=self.min_match,
+            seed=self.seed + len(self._est),
+        )
 
     def update(self, graph: PDGraph) -> None:
         self._graphs[graph.app] = graph
         self._est.pop(graph.app, None)
+
+    def install(self, graph: PDGraph, est: DemandEstimator) -> None:
+        """Serve ``graph``'s app from ``est`` (made by :meth:`build` from that graph)."""
+        self._graphs[graph.app] = graph
+        self._est[graph.app] = est
+
+    def forget(self, app: str) -> None:
+        """Drop an app's graph and estimator (it ranks as an unknown app until updated)."""
+        self._graphs.pop(app, None)
+        self._est.pop(app, None)
 
     def apps(self) -> list[str]:
         return sorted(self._graphs)

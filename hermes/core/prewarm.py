@@ -59,7 +59,7 @@ import itertools
 from abc import ABC
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 
@@ -348,6 +348,10 @@ class PrewarmStrategy(ABC):
         self._by_run: dict[str, list[Prewarm]] = {}
         self._pending: dict[int, Prewarm] = {}  # not started yet
         self._live: dict[int, Prewarm] = {}  # started, unresolved
+        #: (id(graph), unit) -> (graph, median client gap before the unit): planning asks at
+        #: every unit start, and a median of the unit's gap samples (up to 1000) per ask was
+        #: a cost per request; the graph is kept in the value so an id is never reused
+        self._gap_median: dict[tuple[int, str], tuple[Any, float]] = {}
 
     # ------------------------------------------------------------------ K
     def k_for(self, run: RunState) -> float:
@@ -521,8 +525,7 @@ class PrewarmStrategy(ABC):
                 # (learned from LLM units) does not apply to a tool call's duration
                 stretch = self.stretch if graph.units[unit].is_llm else 1.0
                 tc = self._completion_samples(run, unit) * stretch
-            gap = np.asarray(node.consumption.gap_s, dtype=float)
-            t = tc + (float(np.median(gap)) if gap.size else 0.0)
+            t = tc + self._median_gap(graph, nxt)
             for res in cold:
                 off = start_offset(t, p_s, k, self.learner.estimate(res), self.timing)
                 if off is None:
@@ -530,6 +533,20 @@ class PrewarmStrategy(ABC):
                 pw = self._new(run.run_id, nxt, res, p_s, now, now + off)
                 self._pending[pw.pid] = pw
                 self._bump(res, "planned", 1)
+
+    def _median_gap(self, graph: Any, unit: str) -> float:
+        """Median client gap before ``unit`` in ``graph`` (0 without samples), memoized per
+        graph version (at most 4096 kept)."""
+        key = (id(graph), unit)
+        hit = self._gap_median.get(key)
+        if hit is not None and hit[0] is graph:
+            return hit[1]
+        gap = np.asarray(graph.units[unit].consumption.gap_s, dtype=float)
+        value = float(np.median(gap)) if gap.size else 0.0
+        if len(self._gap_median) >= 4096:
+            self._gap_median.clear()
+        self._gap_median[key] = (graph, value)
+        return value
 
     def _completion_samples(self, run: RunState, unit: str) -> np.ndarray:
         """Samples of the current unit's remaining time (estimator), or an empty array."""

@@ -140,6 +140,20 @@ class StoresConfig(_Section):
     kb_write_every: int = Field(default=1, ge=0)
     #: how often (wall s) learned PDGraphs are rebuilt for the estimator and written back
     learn_interval_s: float = Field(default=1.0, gt=0.0)
+    #: an app's graph is rebuilt by the learning loop once its new finished runs reach this
+    #: fraction of the runs it was last built from (every run while it has fewer than
+    #: ``learn_every_run_below``), at most ``learn_max_new_runs`` apart: a version costs a
+    #: rebuild, a new estimator and its walks drawn again, so an app with a long history
+    #: changes version ever more rarely (its sample lists hold the last 1000 runs anyway)
+    learn_growth: float = Field(default=0.5, ge=0.0)
+    learn_every_run_below: int = Field(default=8, ge=1)
+    learn_max_new_runs: int = Field(default=5000, ge=1)
+    #: apps whose profiler, learned graph and estimator stay in memory (least recently
+    #: learned out past it; its graph stays in the knowledge base, and is loaded again when
+    #: a run of it finishes)
+    max_learned_apps: int = Field(default=2000, ge=1)
+    #: memoized demand samples of all apps together (MiB)
+    sample_cache_mb: float = Field(default=64.0, gt=0.0)
 
 
 class EngineConfig(_Section):

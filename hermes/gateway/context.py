@@ -112,7 +112,8 @@ def startup_policy(config: GatewayConfig, pool: Any | None) -> SchedulingPolicy:
     """The configured policy; it samples through a memo of identical run states
     (:mod:`hermes.gateway.sample_cache`)."""
     sc = config.scheduler
-    policy_pool = CachingEstimatorPool(pool) if pool is not None else None
+    max_bytes = int(config.stores.sample_cache_mb * (1 << 20))
+    policy_pool = CachingEstimatorPool(pool, max_bytes=max_bytes) if pool is not None else None
     return with_fair_share(config, make_policy(sc.policy, estimators=policy_pool, seed=sc.seed))
 
 

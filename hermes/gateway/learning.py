@@ -7,6 +7,14 @@ Every finished run becomes a :class:`~hermes.core.records.RunRecord`, appended t
 policy's :class:`~hermes.core.estimator.EstimatorPool` (:meth:`Learner.refresh_graphs`), and
 (every ``stores.kb_write_every`` runs) in the knowledge base, written from a worker thread,
 off the event loop.
+
+Cost per request must not grow with history: the learning loop feeds records to the
+profilers, rebuilds graphs, builds their estimators and draws ahead the walks of the states
+the previous estimator served most (:meth:`~hermes.gateway.sample_cache.CachingEstimatorPool.
+prepare`) in a worker thread, then installs the results on the event loop in one step. An
+app is rebuilt when its new runs reach ``stores.learn_growth`` of the runs it was built from
+(every run at first), so a long-lived app changes version ever more rarely; at most
+``stores.max_learned_apps`` apps keep a profiler, a graph and an estimator in memory.
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -52,9 +62,17 @@ class Learner(RunObserver):
         self.ctx = ctx
         self.kb = kb
         self.records_path = records_path
-        self.profilers: dict[str, Any] = {}
+        #: app -> its profiler, least recently learned first (bounded: max_learned_apps)
+        self.profilers: OrderedDict[str, Any] = OrderedDict()
         #: runs each app's profiler has learned from (admin: ``learned_runs``)
         self.profiled_runs: dict[str, int] = {}
+        #: records not yet given to their profiler (the worker thread does), per app
+        self._pending: dict[str, list[RunRecord]] = {}
+        #: runs each app's current graph was built from (the rebuild cadence)
+        self._built_runs: dict[str, int] = {}
+        #: held while profilers learn or build (the worker thread, or a rebuild on demand)
+        self._lock = threading.Lock()
+        self._pending_lock = threading.Lock()
         self._kb_written: dict[str, int] = {}
         self._dirty: set[str] = set()
         self._latest_graphs: dict[str, Any] = {}  # app -> the last PDGraph refresh_graphs built
@@ -153,11 +171,9 @@ class Learner(RunObserver):
         self._records_fh.write(line.line + "\n")
         self._records_fh.flush()
         self.ctx.stats["records_written"] += 1
-        try:
-            self.profiler(rec.app).add(rec)
-        except Exception:
-            log.exception("profiler failed on run %s of %s", rec.run_id, rec.app)
-            return
+        self.profiler(rec.app)  # made here, on the event loop (the knowledge base's graph)
+        with self._pending_lock:
+            self._pending.setdefault(rec.app, []).append(rec)
         self._dirty.add(rec.app)
         self._kb_records.append(line)
         self.profiled_runs[rec.app] = self.profiled_runs.get(rec.app, 0) + 1
@@ -170,8 +186,11 @@ class Learner(RunObserver):
                 self._make_room()
                 self._learned_only[app] = None  # a graph made from traffic alone
             prof = self.profilers[app] = Profiler(app, base)
-        elif app in self._learned_only:
-            self._learned_only.move_to_end(app)
+            self._bound_apps()
+        else:
+            self.profilers.move_to_end(app)
+            if app in self._learned_only:
+                self._learned_only.move_to_end(app)
         return prof
 
     def _make_room(self) -> None:
@@ -187,6 +206,11 @@ class Learner(RunObserver):
             self._kb_written.pop(old, None)
             self._latest_graphs.pop(old, None)
             self._dirty.discard(old)
+            self._built_runs.pop(old, None)
+            with self._pending_lock:
+                self._pending.pop(old, None)
+            if self.ctx.pool is not None and hasattr(self.ctx.pool, "forget"):
+                self.ctx.pool.forget(old)
             self._kb_records = [r for r in self._kb_records if r.app != old]
             self.ctx.stats["apps_evicted"] = self.ctx.stats.get("apps_evicted", 0) + 1
             if self.kb is not None:
@@ -196,6 +220,50 @@ class Learner(RunObserver):
                 except Exception:
                     log.exception("knowledge base delete failed for %s", old)
 
+    def _bound_apps(self) -> None:
+        """Forget the least recently learned apps past ``stores.max_learned_apps``: their
+        profiler, graph and estimator (the knowledge base keeps what was written)."""
+        cap = self.ctx.config.stores.max_learned_apps
+        while len(self.profilers) > cap:
+            app = next(iter(self.profilers))
+            self.profilers.pop(app, None)  # a build under way keeps its own reference
+            with self._pending_lock:
+                self._pending.pop(app, None)
+            self._dirty.discard(app)
+            self._latest_graphs.pop(app, None)
+            self._built_runs.pop(app, None)
+            self.profiled_runs.pop(app, None)
+            self._kb_written.pop(app, None)
+            if self.ctx.pool is not None and hasattr(self.ctx.pool, "forget"):
+                self.ctx.pool.forget(app)
+
+    def _absorb(self, app: str) -> Any | None:
+        """Give ``app``'s pending records to its profiler (caller holds ``_lock``)."""
+        with self._pending_lock:
+            recs = self._pending.pop(app, [])
+        prof = self.profilers.get(app)
+        if prof is None:
+            return None
+        for rec in recs:
+            try:
+                prof.add(rec)
+            except Exception:
+                log.exception("profiler failed on run %s of %s", rec.run_id, rec.app)
+        return prof
+
+    def _build(self, app: str) -> Any | None:
+        """``app``'s PDGraph from every record so far (caller holds ``_lock``)."""
+        prof = self._absorb(app)
+        if prof is None or not prof.runs:
+            return None
+        try:
+            graph = prof.graph
+        except Exception:
+            log.exception("PDGraph rebuild failed for %s", app)
+            return None
+        self._built_runs[app] = self.profiled_runs.get(app, 0)
+        return graph
+
     # ------------------------------------------------------------------ graphs
     def refresh_graphs(self, apps: set[str] | None = None) -> dict[str, Any]:
         """Rebuild the learned PDGraphs of apps with new runs; hand them to the estimator."""
@@ -203,14 +271,80 @@ class Learner(RunObserver):
         graphs = {}
         for app in list(todo):
             self._dirty.discard(app)
-            try:
-                graph = self.profilers[app].graph
-            except Exception:
-                log.exception("PDGraph rebuild failed for %s", app)
+            with self._lock:
+                graph = self._build(app)
+            if graph is None:
                 continue
             graphs[app] = graph
             self._latest_graphs[app] = graph
             if self.ctx.pool is not None:
+                self.ctx.pool.update(graph)
+        return graphs
+
+    def _due(self) -> list[str]:
+        """Apps whose new runs reached the rebuild cadence (``stores.learn_growth``)."""
+        st = self.ctx.config.stores
+        due = []
+        for app in self._dirty:
+            built = self._built_runs.get(app, 0)
+            new = self.profiled_runs.get(app, 0) - built
+            need = 1 if built < st.learn_every_run_below else min(
+                st.learn_max_new_runs, max(1, math.ceil(st.learn_growth * built)))
+            if new >= need:
+                due.append(app)
+        return due
+
+    def _rebuild_off_loop(self, apps: list[str], pool: Any, cpool: Any,
+                          states: dict[str, list[Any]]) -> tuple[dict[str, Any], dict[str, Any],
+                                                                 dict[str, Any]]:
+        """Worker thread: graphs, their estimators and prepared memos (nothing the event
+        loop reads is changed here but the profilers, under ``_lock``)."""
+        graphs: dict[str, Any] = {}
+        for app in apps:
+            with self._lock:
+                graph = self._build(app)
+            if graph is not None:
+                graphs[app] = graph
+        with self._pending_lock:
+            waiting = [app for app in self._pending if app not in graphs]
+        for app in waiting:  # the others' records join their profilers (bounded) now too
+            with self._lock:
+                self._absorb(app)
+        ests = {app: pool.build(g) for app, g in graphs.items()} if pool is not None else {}
+        prepared = cpool.prepare(ests, states) if cpool is not None and ests else {}
+        return graphs, ests, prepared
+
+    async def refresh_off_loop(self) -> dict[str, Any]:
+        """The learning loop's refresh: the apps due are rebuilt in a worker thread (see the
+        module doc), then installed here at once. Returns the graphs installed."""
+        apps = self._due()
+        if not apps and not self._pending:
+            return {}
+        for app in apps:
+            self._dirty.discard(app)
+        pool = self.ctx.pool
+        if pool is not None and not hasattr(pool, "build"):
+            pool = None
+        cpool: Any = getattr(self.ctx.policy, "estimators", None)
+        if pool is None or not hasattr(cpool, "prepare"):
+            cpool = None
+        states = {app: cpool.hot_states(app) for app in apps} if cpool is not None else {}
+        graphs, ests, prepared = await asyncio.to_thread(
+            self._rebuild_off_loop, apps, pool, cpool, states)
+        # (records wait in ``_pending`` at most one learning interval: the worker gives them
+        # to their profilers, whose sample lists are bounded, whether or not a rebuild is due)
+        live: Any = getattr(self.ctx.policy, "estimators", None)
+        for app, graph in graphs.items():
+            if app not in self.profilers:
+                continue  # forgotten meanwhile (max_learned_apps)
+            self._latest_graphs[app] = graph
+            if self.ctx.pool is None:
+                continue
+            if self.ctx.pool is pool and app in ests:
+                pool.install(graph, ests[app])
+                if live is cpool and app in prepared:
+                    live.adopt(app, prepared[app])
+            else:  # the policy was switched meanwhile: its own pool, built lazily
                 self.ctx.pool.update(graph)
         return graphs
 
@@ -231,12 +365,29 @@ class Learner(RunObserver):
             return self.refresh_graphs({app}).get(app)
         return self.kb.get(app) if self.kb is not None else None
 
+    def serving_graph(self, app: str) -> Any | None:
+        """:meth:`app_graph` for the request path (the prewarm planner and dispatch ask at
+        every unit start): never a rebuild. An app whose runs were learned but whose graph
+        the learning loop has not built yet has none for up to ``learn_interval_s`` (a build
+        on the event loop cost every new app's first request tens of milliseconds)."""
+        graph = self._latest_graphs.get(app)
+        if graph is not None or app in self.profilers:
+            return graph
+        if not APP_NAME_RE.fullmatch(app):
+            return None
+        return self.kb.get(app) if self.kb is not None else None
+
     def put_graph(self, graph: Any) -> None:
         """Install an uploaded PDGraph: knowledge base, estimator, and the online profiler."""
         if self.kb is not None:
             self.kb.put(graph)
-        self.profilers[graph.app] = Profiler(graph.app, graph)
+        with self._lock:
+            with self._pending_lock:
+                self._pending.pop(graph.app, None)  # the upload replaces what was learned
+            self.profilers[graph.app] = Profiler(graph.app, graph)
         self._learned_only.pop(graph.app, None)  # uploaded: the operator's, never evicted
+        self._built_runs[graph.app] = self.profiled_runs.get(graph.app, 0)
+        self._bound_apps()
         self._latest_graphs[graph.app] = graph
         self._dirty.discard(graph.app)
         if self.ctx.pool is not None:
@@ -290,7 +441,7 @@ class Learner(RunObserver):
         while True:
             await asyncio.sleep(interval)
             try:
-                recs, due = self._kb_batch(self.refresh_graphs())
+                recs, due = self._kb_batch(await self.refresh_off_loop())
                 if recs or due:
                     await asyncio.to_thread(self._kb_write, recs, due)
             except Exception:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,9 @@ from hermes.protocol import Prewarm, PrewarmAck
 
 log = logging.getLogger("hermes.prewarm")
 
+#: (tenant, app, unit) prefixes and KV resources remembered (each, least recently used out)
+MAX_PREFIXES = 10_000
+
 
 class GatewayPrewarmer(RunObserver):
     """Planner + signalling for the live scheduler (see the module docstring)."""
@@ -60,11 +64,14 @@ class GatewayPrewarmer(RunObserver):
         self.strategy = strategy
         strategy.resources = self.resources
         self.warm: set[str] = set()  # resources we asked a node to warm and not released
-        #: (tenant, app, unit) -> the system prompt its requests last carried
-        self.prefixes: dict[tuple[str, str, str], str] = {}
+        #: (tenant, app, unit) -> the system prompt its requests last carried; least
+        #: recently noted out past MAX_PREFIXES (inferred apps and units come and go: an
+        #: evicted unit's prefix is noted again by its next request)
+        self.prefixes: OrderedDict[tuple[str, str, str], str] = OrderedDict()
         #: kv resource -> (tenant, app, unit, LoRA adapter its requests use or None): the
         #: prewarm request runs with that adapter, whose KV blocks are its own in vLLM
-        self._kv: dict[str, tuple[str, str, str, str | None]] = {}
+        #: (bounded alike)
+        self._kv: OrderedDict[str, tuple[str, str, str, str | None]] = OrderedDict()
         self.sent = {"start": 0, "release": 0}
         self.acks_failed = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -82,7 +89,10 @@ class GatewayPrewarmer(RunObserver):
         name = getattr(sc, "prewarm", "hermes")
 
         def estimators(app: str) -> Any:
-            return ctx.pool.get(app) if ctx.pool is not None else None
+            # the policy's memoizing pool when it has one: the planner asks at every unit
+            # start, in states the policy's walks have already been drawn for
+            pool = getattr(ctx.policy, "estimators", None) or ctx.pool
+            return pool.get(app) if pool is not None else None
 
         strategy = make_prewarm(name, k=sc.k, graphs=graphs, estimators=estimators,
                                 n_walks=min(200, sc.n_walks),
@@ -113,6 +123,9 @@ class GatewayPrewarmer(RunObserver):
                     continue
                 r = f"kv:{resource_model(r)}/{tenant}/{app}/{unit}"
                 self._kv[r] = (*key, adapter)
+                self._kv.move_to_end(r)
+                if len(self._kv) > MAX_PREFIXES:
+                    self._kv.popitem(last=False)
             out.append(r)
         return out
 
@@ -143,7 +156,11 @@ class GatewayPrewarmer(RunObserver):
         msgs = body.get("messages")
         if isinstance(msgs, list) and len(msgs) > 1 and isinstance(msgs[0], dict):
             if msgs[0].get("role") == "system" and isinstance(msgs[0].get("content"), str):
-                self.prefixes[(tenant, app, unit)] = msgs[0]["content"]
+                key = (tenant, app, unit)
+                self.prefixes[key] = msgs[0]["content"]
+                self.prefixes.move_to_end(key)
+                if len(self.prefixes) > MAX_PREFIXES:
+                    self.prefixes.popitem(last=False)
 
     def on_unit_start(self, run: RunState, unit: str, backend: str, now: float) -> None:
         self._apply(self.strategy.on_unit_start(run, unit, backend, now, self), now)

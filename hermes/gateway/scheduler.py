@@ -37,7 +37,7 @@ import zmq.asyncio
 
 from hermes.core.costmodel import CostModel, get_cost_model
 from hermes.core.ordering import Key
-from hermes.core.policies.base import SchedulingPolicy, make_policy, policy_class
+from hermes.core.policies.base import SchedulingPolicy, policy_class
 from hermes.core.policy_switch import adopt_runs
 from hermes.gateway.config import GatewayConfig, resolve_state_dir
 from hermes.gateway.context import (
@@ -45,7 +45,6 @@ from hermes.gateway.context import (
     SchedulerContext,
     build_pool,
     startup_policy,
-    with_fair_share,
 )
 from hermes.gateway.dispatch import Dispatcher
 from hermes.gateway.durable import DurableState
@@ -112,10 +111,11 @@ class LiveScheduler:
         self.node_table = NodeTable(ctx, self.context,
                                     f"inproc://hermes-nodes-{uuid.uuid4().hex[:8]}")
         self.learner = Learner(ctx, self.kb, self.records_path)
+        # the request path reads the graphs the learner has built, never builds one
         self.prewarm = GatewayPrewarmer.build(ctx, self.node_table, self.registry,
-                                              self.learner.app_graph)  # issue 5
+                                              self.learner.serving_graph)  # issue 5
         self.dispatch = Dispatcher(ctx, self.registry, self.node_table, self.prewarm,
-                                   self.learner.app_graph)
+                                   self.learner.serving_graph)
         self.node_table.handler = self.dispatch.handle
         # durable run state, recovery (issue 7)
         self.durable = DurableState(open_run_store(config), ctx)
@@ -281,11 +281,15 @@ class LiveScheduler:
             pool = (build_pool(self.config, self.kb, self.ctx.cost, name)
                     if getattr(cls, "uses_estimator", False) else None)
             if pool is not None:
-                for prof in self.learner.profilers.values():
+                # the learned graphs as the learner holds them (its worker thread may be
+                # feeding a profiler now: a profiler is read under its lock, by app_graph)
+                for app in list(self.learner.profilers):
                     with contextlib.suppress(Exception):
-                        pool.update(prof.graph)
-            policy = with_fair_share(self.config, make_policy(
-                name, estimators=pool, seed=self.config.scheduler.seed))
+                        graph = self.learner.app_graph(app)
+                        if graph is not None:
+                            pool.update(graph)
+            # through the sample memo, as at startup (and within fair-share bands)
+            policy = startup_policy(self.config, pool)
         except Exception:
             self.config.scheduler.policy = previous
             raise

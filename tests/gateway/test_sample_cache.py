@@ -32,12 +32,16 @@ def test_identical_states_share_samples_and_others_do_not() -> None:
     assert later is not started  # attained service conditions the estimate
     done = [UnitObservation(unit=unit, input_tokens=300, output_tokens=60, duration_s=9.0)]
     a = est.sample(RunProgress(finished=done))
-    other = [UnitObservation(unit=unit, input_tokens=300, output_tokens=61, duration_s=9.0)]
+    # the estimator reads an observation through its feature buckets only: one token more
+    # is the same state, ten times the tokens another
+    near = [UnitObservation(unit=unit, input_tokens=300, output_tokens=61, duration_s=9.0)]
+    assert est.sample(RunProgress(finished=near)) is a
+    other = [UnitObservation(unit=unit, input_tokens=3000, output_tokens=600, duration_s=9.0)]
     assert est.sample(RunProgress(finished=other)) is not a
     # an LLM unit's wall time is not an estimator input: same tokens, same samples
     same = [UnitObservation(unit=unit, input_tokens=300, output_tokens=60, duration_s=2.0)]
     assert est.sample(RunProgress(finished=same)) is a
-    assert pool.stats()["sample_cache_hits"] == 3
+    assert pool.stats()["sample_cache_hits"] == 4
     raw.update(graphs[app])  # relearned graph: a new estimator, an empty memo
     assert pool.get(app).sample(RunProgress()) is not fresh
 
@@ -82,3 +86,86 @@ def test_derived_samples_and_ranks_are_memoized_and_equal_fresh_ones() -> None:
     for a in np.linspace(0.01, 0.2, 10):
         nxt.given_attained(float(a), min_keep=1)
     assert len(est._derived) <= 4
+
+
+def _one_request_runs(policy, app: str, unit: str, n: int, rng) -> None:
+    """``n`` runs as header-less traffic makes them: arrival, one unit started and finished
+    with its own token counts, and half of them a second turn of the same unit."""
+    from hermes.core.state import RunState
+
+    for k in range(n):
+        run = RunState(run_id=f"r{k}", app=app, submitted=float(k))
+        policy.on_arrival(run, float(k))
+        for _ in range(1 + k % 2):
+            run.begin_unit(unit)
+            policy.on_unit_start(run, unit, float(k))
+            o = UnitObservation(unit=unit, input_tokens=int(rng.integers(200, 400)),
+                                output_tokens=int(rng.integers(40, 80)))
+            run.end_unit(o)
+            policy.on_unit_finish(run, o, float(k))
+
+
+def test_walks_per_request_are_constant_after_warm_up(monkeypatch) -> None:
+    """Once an app's states have been drawn, its runs are ranked without a walk: arrival,
+    unit start, the rank table and unit finish are lookups whatever each run's tokens."""
+    import numpy as np
+
+    from hermes.core.estimator import DemandEstimator
+    from hermes.core.policies import make_policy
+
+    drawn = []
+    real = DemandEstimator.sample
+
+    def counting(self, progress=None, n=None):
+        drawn.append(1)
+        return real(self, progress, n)
+
+    monkeypatch.setattr(DemandEstimator, "sample", counting)
+    _, _, pool = memo_pool(100)
+    policy = make_policy("hermes", estimators=pool)
+    rng = np.random.default_rng(0)
+    _one_request_runs(policy, APP, UNIT, 200, rng)  # warm-up: every state seen once
+    warm = len(drawn)
+    assert warm > 0
+    _one_request_runs(policy, APP, UNIT, 200, rng)
+    assert len(drawn) == warm  # 200 more runs (300 requests): no walk drawn
+
+
+def test_memo_is_bounded_in_bytes_for_all_apps_together() -> None:
+    from hermes.core.state import RunProgress as P
+
+    graphs, raw, _ = memo_pool(200)
+    pool = CachingEstimatorPool(raw, max_bytes=300_000)  # a few states of 200 walks
+    for app in ("factool_code", "factool_kbqa", "factool_math"):
+        est = pool.get(app)
+        unit = next(iter(graphs[app].units))
+        for a in range(12):
+            est.sample(P(current=unit, current_attained_s=0.01 * a))
+    assert 0 < pool.budget.used <= 300_000
+    assert pool.budget.used == sum(w.bytes for w in pool._wrapped.values())
+    # the most recent app's newest state is kept, the oldest app's oldest went first
+    assert pool.get("factool_math").sample(P(current=next(iter(graphs["factool_math"].units)),
+                                             current_attained_s=0.11)) is not None
+    assert pool.get("factool_code").bytes < pool.get("factool_math").bytes
+
+
+def test_a_new_graph_version_is_served_with_its_hot_states_drawn_ahead() -> None:
+    """The learner builds the new estimator and draws the states its predecessor served
+    (prepare, a worker thread); once adopted, those states are hits from the new walks."""
+    graphs, raw, pool = memo_pool(100)
+    old = pool.get(APP)
+    states = [RunProgress(), RunProgress(current=UNIT),
+              RunProgress(finished=[UnitObservation(unit=UNIT, input_tokens=300,
+                                                    output_tokens=60)])]
+    before = [old.sample(s) for s in states]
+    new_est = raw.build(graphs[APP])
+    prepared = pool.prepare({APP: new_est}, {APP: pool.hot_states(APP)})[APP]
+    assert prepared.misses == 0 and len(prepared._cache) == len(states)
+    raw.install(graphs[APP], new_est)
+    pool.adopt(APP, prepared)
+    w = pool.get(APP)
+    assert w is prepared and w.inner is new_est
+    after = [w.sample(s) for s in states]
+    assert w.misses == 0 and w.hits == len(states)
+    assert all(a is not b for a, b in zip(after, before, strict=True))  # the new version's
+    assert pool.budget.used == w.bytes and old.bytes == 0  # the old memo gave its bytes back

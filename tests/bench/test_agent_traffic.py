@@ -1,0 +1,81 @@
+"""Header-less agent traffic (``hermes.bench.agents``) and what reads it: the warm-history rows
+of ``hermes bench gateway`` and ``hermes bench soak --agents``."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hermes.bench.agents import AgentMix, Conversations, system_prompt
+from hermes.bench.soak import summarize_agents
+
+
+def test_programs_are_distinct_word_prompts_and_bad_mixes_are_refused() -> None:
+    prompts = {system_prompt(i) for i in range(200)}
+    assert len(prompts) == 200 and not any(re.search(r"\d", p) for p in prompts)
+    for bad, name in (({"apps": 0}, "apps"), ({"apps": 201}, "apps"),
+                      ({"max_turns": 0}, "max_turns"), ({"continue_p": 1.5}, "continue_p")):
+        with pytest.raises(ValueError, match=name):
+            AgentMix(**bad)  # type: ignore[arg-type]
+    plans = [Conversations(AgentMix(apps=5, seed=3)).next() for _ in range(2)]
+    assert plans[0] == plans[1]  # seeded
+    src = Conversations(AgentMix(apps=5, max_turns=4))
+    turns = [src.next()[1] for _ in range(300)]
+    assert min(turns) == 1 and max(turns) == 4  # new and continuing conversations
+
+
+def test_agent_soak_summary_reads_the_last_half() -> None:
+    samples = [{"row": "rss", "requests": r, "t_s": r / 100, "mib": m}
+               for r, m in ((0, 100.0), (50, 180.0), (100, 200.0), (150, 210.0), (200, 220.0))]
+    rows = summarize_agents(samples, [0.001, 0.002, 0.003], 1, 200)
+    mem = rows[1]
+    assert rows[0]["errors"] == 1 and rows[0]["ok"] == 3
+    assert mem["half_mib"] == 200.0 and mem["end_mib"] == 220.0
+    assert mem["last_half_max_over_min"] == pytest.approx(1.1)
+    assert mem["slope_mib_per_10k"] == pytest.approx(2000.0)  # 10 MiB per 50 requests
+
+
+def test_agent_soak_refuses_unbounded_runs() -> None:
+    for argv, msg in ((["--agents", "2000000"], "--agents"),
+                      (["--agents", "10", "--concurrency", "1000"], "--concurrency")):
+        r = subprocess.run([sys.executable, "-m", "hermes.cli", "bench", "soak", *argv],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and msg in r.stderr, (argv, r.stderr)
+
+
+@pytest.mark.slow
+def test_short_agent_soak_samples_memory(tmp_path: Path) -> None:
+    out = tmp_path / "soak.json"
+    r = subprocess.run([sys.executable, "-m", "hermes.cli", "bench", "soak", "--agents", "300",
+                        "--apps", "5", "--concurrency", "4", "--sample-every", "100",
+                        "--no-progress", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(out.read_text())
+    mem = next(row for row in rows if row["row"] == "memory")
+    assert mem["samples"] == 4 and mem["end_mib"] > 10
+    assert next(row for row in rows if row["row"] == "agents")["ok"] == 300
+
+
+@pytest.mark.slow
+def test_warm_history_rows_beside_the_fresh_ones(monkeypatch) -> None:
+    import hermes.bench.gateway as bg
+
+    monkeypatch.setattr(bg, "WARM_SETTLE_S", 1.0)
+    rows = bg.bench_gateway(requests=40, concurrency=(1, 4), policies=("hermes",), warmup=5,
+                            progress=False, warm_history=200)
+    inferred = [r for r in rows if r["history_kind"] == "inferred" and r["path"] == "gateway"]
+    assert sorted((r["concurrency"], r["history"]) for r in inferred) == [
+        (1, 0), (1, 200), (4, 0), (4, 200)]
+    for r in inferred:
+        assert r["errors"] == 0 and r["requests"] == 40 and r["identity"] == "infer"
+        assert r["gateway_cpu_ms"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"]
+        assert "added_p50_ms" in r
+    assert {r["history_kind"] for r in rows if r["path"] == "direct"} == {"finished", "inferred"}
+    with pytest.raises(ValueError, match="--warm-history"):
+        bg.bench_gateway(warm_history=-1, progress=False)

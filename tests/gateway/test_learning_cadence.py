@@ -1,0 +1,120 @@
+"""The learner after a long history: versions ever rarer, built off the event loop, the new
+estimator's hot states drawn ahead, a bounded number of apps in memory."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+from hermes.core.costmodel import get_cost_model
+from hermes.core.estimator import EstimatorPool
+from hermes.core.profiler import Profiler
+from hermes.core.records import RequestRecord, RunRecord, UnitRecord
+from hermes.core.state import RunProgress
+from hermes.gateway.config import GatewayConfig
+from hermes.gateway.context import SchedulerClock, SchedulerContext, startup_policy
+from hermes.gateway.learning import Learner
+
+
+def learner(tmp_path: Path, **stores: object) -> Learner:
+    config = GatewayConfig.model_validate({"stores": {"kb": "", **stores},
+                                           "scheduler": {"policy": "hermes", "n_walks": 100}})
+    cost = get_cost_model("llama2-7b-a100")
+    pool = EstimatorPool({}, cost, n_walks=100)
+    ctx = SchedulerContext(config, SchedulerClock(), cost, startup_policy(config, pool), pool)
+    return Learner(ctx, None, tmp_path / "records.jsonl")
+
+
+def record(app: str, k: int) -> RunRecord:
+    t = float(k)
+    return RunRecord(app=app, run_id=f"{app}-{k}", submitted=t, finished=t + 2.0, units=[
+        UnitRecord(unit="ask", backend="llm:m", started=t, finished=t + 1.0,
+                   requests=[RequestRecord(input_tokens=200 + 7 * k % 90, output_tokens=40)]),
+        UnitRecord(unit="answer", backend="llm:m", started=t + 1.0, finished=t + 2.0,
+                   requests=[RequestRecord(input_tokens=300 + 5 * k % 70, output_tokens=60)]),
+    ])
+
+
+def test_versions_grow_rarer_and_are_built_off_the_event_loop(tmp_path: Path, monkeypatch) -> None:
+    lr = learner(tmp_path, learn_every_run_below=4, learn_growth=0.5)
+    threads = set()
+    real = Profiler._build
+
+    def build(self):  # where the PDGraph rebuilds run
+        threads.add(threading.current_thread() is threading.main_thread())
+        return real(self)
+
+    monkeypatch.setattr(Profiler, "_build", build)
+    versions = []
+
+    async def go() -> None:
+        for k in range(1, 16):
+            lr.learn(record("app", k))
+            if await lr.refresh_off_loop():
+                versions.append(k)
+
+    asyncio.run(go())
+    # every run below 4, then once the new runs reach half of those built from
+    assert versions == [1, 2, 3, 4, 6, 9, 14]
+    assert threads == {False}  # never on the event loop's thread
+    assert lr.ctx.pool.get("app") is not None
+    lr.close()
+
+
+def test_a_new_version_arrives_with_its_hot_states_drawn(tmp_path: Path) -> None:
+    lr = learner(tmp_path)
+    memo = lr.ctx.policy.estimators
+
+    async def go() -> None:
+        lr.learn(record("app", 1))
+        await lr.refresh_off_loop()
+        first = memo.get("app")
+        first.sample(RunProgress(current="ask"))  # a state the policy served
+        lr.learn(record("app", 2))
+        assert await lr.refresh_off_loop()
+        second = memo.get("app")
+        assert second is not first and second.inner is lr.ctx.pool.get("app")
+        second.sample(RunProgress(current="ask"))
+        assert (second.hits, second.misses) == (1, 0)  # drawn ahead, in the worker
+
+    asyncio.run(go())
+    lr.close()
+
+
+def test_apps_in_memory_are_bounded(tmp_path: Path) -> None:
+    lr = learner(tmp_path, max_learned_apps=2)
+    for app in ("a1", "a2", "a3"):
+        lr.learn(record(app, 1))
+    lr.flush()
+    assert list(lr.profilers) == ["a2", "a3"]
+    assert lr.ctx.pool.get("a1") is None and lr.ctx.pool.get("a3") is not None
+    assert "a1" not in lr.profiled_runs
+    lr.close()
+
+
+def test_records_between_versions_join_their_profiler_not_a_backlog(tmp_path: Path) -> None:
+    """A long-lived app rebuilds rarely, but its records never pile up waiting for it:
+    each learning pass gives them to the profiler (whose sample lists are bounded)."""
+    lr = learner(tmp_path, learn_every_run_below=1, learn_growth=10.0)
+
+    async def go() -> None:
+        for k in range(1, 6):
+            lr.learn(record("app", k))
+            await lr.refresh_off_loop()
+            assert not lr._pending  # nothing waits past a pass
+        assert lr._built_runs["app"] == 1  # one version: the cadence asks for 10 new runs
+
+    asyncio.run(go())
+    assert lr.profilers["app"].runs == 5
+    lr.close()
+
+
+def test_the_request_path_never_builds_a_graph(tmp_path: Path) -> None:
+    lr = learner(tmp_path)
+    lr.learn(record("app", 1))
+    assert lr.serving_graph("app") is None  # learned, not built yet: no build here
+    assert lr.profilers["app"]._cached is None
+    assert asyncio.run(lr.refresh_off_loop())
+    assert lr.serving_graph("app") is lr.app_graph("app") is not None
+    lr.close()
