@@ -81,7 +81,7 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--ha", metavar="REDIS_URL",
                    help="elected schedulers: take part in the election for the scheduler lease "
                    "in this Redis (a standby until elected; needs --redis and remote "
-                   "HermesLets; docs/ha.md)")
+                   "HermesLets; see the High availability page of the docs)")
     s.add_argument("--curve-dir", dest="curve_dir",
                    help="CURVE certificates (hermes keys curve): HermesLets must authenticate")
     s.add_argument("--unsafe-unsandboxed-tools", dest="unsafe_unsandboxed_tools",

@@ -111,10 +111,12 @@ def base_url(request: pytest.FixtureRequest) -> str:
     return srv.url + "/v1"
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def no_telemetry() -> Iterator[None]:
     """Telemetry off for the frameworks imported in this process (LangSmith, smolagents' and
-    others' OpenTelemetry, Hugging Face): nothing may leave loopback."""
+    others' OpenTelemetry, Hugging Face): nothing may leave loopback. Module scope: the
+    variables are put back after each compat module (a session-wide OTEL_SDK_DISABLED turned
+    the gateway's own tracing off in every later test of the session)."""
     saved = {k: os.environ.get(k) for k in NO_TELEMETRY}
     os.environ.update(NO_TELEMETRY)
     yield

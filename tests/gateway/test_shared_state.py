@@ -285,7 +285,7 @@ def test_key_store_down_is_503_not_500(make_gateway, tmp_path) -> None:  # noqa:
     proc, url = start_redis(tmp_path)
     try:
         key = RedisKeyStore(url).create("acme")
-        gw = make_gateway(auth_redis=url, store=url, store_timeout_s=0.2)
+        gw = make_gateway(auth_redis=url, store=url, store_timeout_s=0.2, metrics_token="mtok")
         local = make_gateway(auth_redis=url, store=url, store_timeout_s=0.2,
                              store_unavailable="admit-local")
         auth = {"Authorization": f"Bearer {key}"}
@@ -295,7 +295,8 @@ def test_key_store_down_is_503_not_500(make_gateway, tmp_path) -> None:  # noqa:
         stop_group(proc, 5.0)
     r = httpx.get(f"{gw.url}/v1/models", headers=auth)
     assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable"
-    assert 'op="api-keys"' in httpx.get(f"{gw.url}/metrics").text
+    assert 'op="api-keys"' in httpx.get(f"{gw.url}/metrics",
+                                        headers={"Authorization": "Bearer mtok"}).text
     assert httpx.get(f"{local.url}/v1/models", headers=auth).status_code == 200
     other = {"Authorization": "Bearer hk-1a2b3c4d.never-verified"}
     assert httpx.get(f"{local.url}/v1/models", headers=other).status_code == 503
