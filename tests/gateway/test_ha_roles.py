@@ -5,8 +5,8 @@ accepted run finishes there. Config refusals name what is missing."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +18,6 @@ from gw_redis import redis_url  # noqa: F401  (fixture)
 from hermes.gateway.config import ConfigError, load_config
 from hermes.gateway.server import BackgroundServer, gateway_state, start_background
 from hermes.procs import free_port
-from hermeslet.agent import HermesLet
-from hermeslet.engines.sim_engine import SimEngine
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,23 +32,23 @@ def _gateway(tmp: Path, redis: str, i: int, zmq_port: int) -> BackgroundServer:
 
 
 @pytest.fixture
-def node_thread() -> Iterator[list]:
+def node_proc(tmp_path: Path) -> Iterator[list]:
     made: list = []
     yield made
-    for agent, loop, th in made:
-        loop.call_soon_threadsafe(agent.stop)
-        th.join(10)
+    for p in made:
+        p.terminate()
+        p.wait(10)
 
 
-def _start_node(made: list, addresses: list[str]) -> HermesLet:
-    agent = HermesLet("n0", addresses, [SimEngine(name="sim", model="sim-llama2-7b",
-                                                  max_inflight=8, time_scale=50.0)],
-                      heartbeat_s=0.2)
-    loop = asyncio.new_event_loop()
-    th = threading.Thread(target=lambda: loop.run_until_complete(agent.run()), daemon=True)
-    th.start()
-    made.append((agent, loop, th))
-    return agent
+def _start_node(made: list, addresses: list[str], log: Path) -> subprocess.Popen:
+    """``hermeslet run`` following both schedulers (a real node process)."""
+    argv = [sys.executable, "-m", "hermeslet.cli", "run", "--node", "n0", "--time-scale",
+            "50", "--heartbeat-s", "0.2", "--max-inflight", "8"]
+    for a in addresses:
+        argv += ["--scheduler", a]
+    p = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    made.append(p)
+    return p
 
 
 def _wait(pred, timeout: float = 15.0) -> None:  # noqa: ANN001
@@ -61,12 +59,13 @@ def _wait(pred, timeout: float = 15.0) -> None:  # noqa: ANN001
 
 
 def test_leader_serves_standby_refuses_then_takes_over(tmp_path: Path, redis_url: str,  # noqa: F811
-                                                       node_thread: list) -> None:
+                                                       node_proc: list) -> None:
     ports = [free_port(), free_port()]
     a = _gateway(tmp_path, redis_url, 0, ports[0])
     _wait(lambda: httpx.get(a.url + "/readyz").status_code == 200)
     b = _gateway(tmp_path, redis_url, 1, ports[1])
-    agent = _start_node(node_thread, [f"tcp://127.0.0.1:{p}" for p in ports])
+    log = tmp_path / "node.log"
+    _start_node(node_proc, [f"tcp://127.0.0.1:{p}" for p in ports], log)
     try:
         _wait(lambda: httpx.get(a.url + "/healthz").json()["nodes"])
         r = httpx.get(b.url + "/readyz")
@@ -87,7 +86,7 @@ def test_leader_serves_standby_refuses_then_takes_over(tmp_path: Path, redis_url
         _wait(lambda: httpx.get(b.url + "/readyz").status_code == 200, timeout=10)
         info = httpx.get(b.url + "/readyz").json()
         assert info["epoch"] > epoch_a and info["role"] == "leader"
-        _wait(lambda: agent.follower.epoch == info["epoch"])
+        _wait(lambda: f"address #1, epoch {info['epoch']}" in log.read_text())
         _wait(lambda: httpx.get(f"{b.url}/v1/runs/{run['run_id']}").json()["state"]
               == "finished", timeout=30)
         again = httpx.post(b.url + "/v1/runs", json={"app": "llm_reasoning",
