@@ -53,7 +53,7 @@ from typing import Any
 from hermes.procs import free_port, wait_http
 
 SCENARIOS = ("scheduler-kill", "edge-kill", "node-kill", "leader-pause")
-MODEL = "sim-llama2-7b"
+MODEL = "llama-2-7b"
 #: exit status of a deposed scheduler (hermes.gateway.ha.role.EXIT_DEPOSED)
 EXIT_DEPOSED = 75
 

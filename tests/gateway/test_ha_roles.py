@@ -71,12 +71,12 @@ def test_leader_serves_standby_refuses_then_takes_over(tmp_path: Path, redis_url
         r = httpx.get(b.url + "/readyz")
         assert r.status_code == 503 and r.json()["role"] == "standby"
         refused = httpx.post(b.url + "/v1/chat/completions", json={
-            "model": "sim-llama2-7b", "messages": [{"role": "user", "content": "hi"}]})
+            "model": "llama-2-7b", "messages": [{"role": "user", "content": "hi"}]})
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "not_leader"
         assert refused.headers["retry-after"] == "1"
         assert httpx.get(b.url + "/healthz").status_code == 200
         ok = httpx.post(a.url + "/v1/chat/completions", json={
-            "model": "sim-llama2-7b", "messages": [{"role": "user", "content": "hi"}],
+            "model": "llama-2-7b", "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": 4})
         assert ok.status_code == 200
         run = httpx.post(a.url + "/v1/runs", json={"app": "llm_reasoning", "input": {"seed": 1}},
@@ -95,6 +95,9 @@ def test_leader_serves_standby_refuses_then_takes_over(tmp_path: Path, redis_url
         assert again.json()["run_id"] == run["run_id"]  # the key outlived the failover
         assert gateway_state(b).scheduler.node_table.epoch == info["epoch"]
     finally:
+        # both, whatever failed: an elected gateway left running in this process exits it
+        # (status 75) when it later loses its lease
+        a.stop()
         b.stop()
 
 
