@@ -66,8 +66,12 @@ def start_edges(n: int, redis_url: str, workdir: Path, *, shared: bool,
         state.mkdir(parents=True, exist_ok=True)
         # a generous store timeout: the burst measures the limit, not how fast a loaded
         # machine answers 400 requests at once
+        # and no cap on one tenant's bodies being read at once (security.tenant_max_uploads,
+        # 64 by default): the burst sends 100 at once to each gateway, and only the per-minute
+        # limit is measured
         env = {**os.environ, "HERMES_LOG_LEVEL": "warning", "HERMES_TIME_SCALE": "50",
-               "HERMES_SECURITY__AUTH_REDIS": redis_url, "HERMES_CLUSTER__STORE_TIMEOUT_S": "5"}
+               "HERMES_SECURITY__AUTH_REDIS": redis_url, "HERMES_CLUSTER__STORE_TIMEOUT_S": "5",
+               "HERMES_SECURITY__TENANT_MAX_UPLOADS": "0"}
         if shared:
             env["HERMES_CLUSTER__STORE"] = redis_url
             env["HERMES_CLUSTER__STORE_PREFIX"] = prefix
