@@ -26,10 +26,11 @@ admits by the process's own limits (``admit-local``), never silently.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Literal, TypeVar
 
 import redis
@@ -80,9 +81,18 @@ class SharedStore:
         """``fn()`` (Redis commands); :class:`StoreUnavailable` when the store fails or is in
         its retry pause, counted as ``refused`` (``counted=False``: the caller counts what it
         did instead, e.g. admitted by its own limits)."""
+        with self._guarded(op, counted):
+            out = fn()
+        return out
+
+    @contextlib.contextmanager
+    def _guarded(self, op: str, counted: bool) -> Iterator[None]:
+        """One store call of :meth:`call` or :meth:`acall`: refused (and counted, unless
+        ``counted`` is off) while in the retry pause or when Redis fails; its answer
+        noted."""
         try:
             self._check(op)
-            out = fn()
+            yield
         except redis.RedisError as e:
             if counted:
                 self.count(op, "refused")
@@ -92,7 +102,6 @@ class SharedStore:
                 self.count(op, "refused")
             raise
         self._answered(op)
-        return out
 
     @property
     def aclient(self) -> redis.asyncio.Redis:
@@ -106,18 +115,8 @@ class SharedStore:
     async def acall(self, op: str, fn: Callable[[], Awaitable[T]], *,
                     counted: bool = True) -> T:
         """:meth:`call` for the asyncio client: ``await fn()``."""
-        try:
-            self._check(op)
+        with self._guarded(op, counted):
             out = await fn()
-        except redis.RedisError as e:
-            if counted:
-                self.count(op, "refused")
-            raise self._failed(op, e) from None
-        except StoreUnavailable:
-            if counted:
-                self.count(op, "refused")
-            raise
-        self._answered(op)
         return out
 
     def _check(self, op: str) -> None:
