@@ -400,6 +400,31 @@ class _SchedulerCollector:
 
         yield from self._nodes(s)
         yield from self._prewarm(s)
+        yield from self._sample_cache(s)
+
+    @staticmethod
+    def _sample_cache(s: Any) -> Iterator[Metric]:
+        """The memo of Monte Carlo walks (``hermes/gateway/sample_cache.py``): after warm-up
+        nearly every ranking is a hit; misses that keep growing mean walks per request."""
+        pool = getattr(getattr(s, "policy", None), "estimators", None)
+        stats = getattr(pool, "stats", None)
+        if not callable(stats):
+            return
+        try:
+            got = stats()
+        except Exception:
+            return
+        if "sample_cache_hits" not in got:
+            return
+        for name, what in (("hits", "States whose walks were served from the memo."),
+                           ("misses", "States whose walks were drawn (Monte Carlo).")):
+            c = CounterMetricFamily(f"hermes_sample_cache_{name}", what)
+            c.add_metric([], float(got[f"sample_cache_{name}"]))
+            yield c
+        g = GaugeMetricFamily("hermes_sample_cache_bytes", "Bytes of memoized walks, all apps "
+                              "together (bounded by stores.sample_cache_mb).")
+        g.add_metric([], float(got["sample_cache_bytes"]))
+        yield g
 
     def _nodes(self, s: Any) -> Iterator[Metric]:
         g = GaugeMetricFamily("hermes_nodes_connected", "Connected HermesLets.")

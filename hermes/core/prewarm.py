@@ -55,6 +55,7 @@ the unit needed it. Both are summed in ``wasted_backend_s``.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from abc import ABC
 from collections.abc import Callable, Collection, Iterable, Sequence
@@ -348,6 +349,16 @@ class PrewarmStrategy(ABC):
         self._by_run: dict[str, list[Prewarm]] = {}
         self._pending: dict[int, Prewarm] = {}  # not started yet
         self._live: dict[int, Prewarm] = {}  # started, unresolved
+        #: when each pending prewarm starts and each live one times out, as heaps of
+        #: (time, order, pid): :meth:`due` and :meth:`next_due` run at every unit start, and a
+        #: scan of every outstanding prewarm there cost a request time in proportion to the
+        #: traffic of the last idle timeout. Entries of prewarms ended meanwhile are skipped
+        #: when they surface (and dropped in bulk when they outnumber the live ones).
+        #: ``order`` is the insertion order into ``_pending`` / ``_live``, the order the scan
+        #: reported them in, so the actions come out exactly as before.
+        self._pending_at: list[tuple[float, int, int]] = []
+        self._live_at: list[tuple[float, int, int]] = []
+        self._order = itertools.count()
         #: (id(graph), unit) -> (graph, median client gap before the unit): planning asks at
         #: every unit start, and a median of the unit's gap samples (up to 1000) per ask was
         #: a cost per request; the graph is kept in the value so an id is never reused
@@ -396,27 +407,70 @@ class PrewarmStrategy(ABC):
         """Prewarms whose start time has come (``start``) and started ones idle past the
         timeout (``release``)."""
         out: list[PrewarmAction] = []
-        for pid, pw in list(self._pending.items()):
-            if pw.start_at <= now + 1e-12:
-                del self._pending[pid]
-                pw.state = "started"
-                pw.started_at = now
-                self._live[pid] = pw
-                self._bump(pw.resource, "started", 1)
-                out.append(PrewarmAction("start", pw.resource, pw.run_id, pw.unit, pid))
-        for pid, pw in list(self._live.items()):
+        starting = sorted(self._pop_due(self._pending_at, self._pending, now + 1e-12))
+        for _, pid in starting:
+            pw = self._pending.pop(pid)
+            pw.state = "started"
+            pw.started_at = now
+            self._live[pid] = pw
+            self._push_live(pw)
+            self._bump(pw.resource, "started", 1)
+            out.append(PrewarmAction("start", pw.resource, pw.run_id, pw.unit, pid))
+        releasing = []
+        for order, pid in self._pop_due(self._live_at, self._live, now + 1e-9):
+            pw = self._live[pid]
             ready = pw.ready_at or now
             if now >= ready + self.idle_timeout_s - 1e-9:  # same sum as next_due
-                self._end(pw, "released", now)
-                self._bump(pw.resource, "released_idle", 1)
-                out.append(PrewarmAction("release", pw.resource, pw.run_id, pw.unit, pid))
+                releasing.append((order, pid))
+            else:  # ready_at == 0.0 reads as "now" here: not due, as the scan had it
+                heapq.heappush(self._live_at, (self._live_deadline(pw), order, pid))
+        for _, pid in sorted(releasing):
+            pw = self._live[pid]
+            self._end(pw, "released", now)
+            self._bump(pw.resource, "released_idle", 1)
+            out.append(PrewarmAction("release", pw.resource, pw.run_id, pw.unit, pid))
         return out
 
     def next_due(self) -> float | None:
         """When :meth:`due` next has something to do (``None``: nothing planned)."""
-        times = [pw.start_at for pw in self._pending.values()]
-        times += [(pw.ready_at or 0.0) + self.idle_timeout_s for pw in self._live.values()]
+        times = []
+        for heap, table in ((self._pending_at, self._pending), (self._live_at, self._live)):
+            while heap and heap[0][2] not in table:
+                heapq.heappop(heap)
+            if heap:
+                times.append(heap[0][0])
         return min(times) if times else None
+
+    def _live_deadline(self, pw: Prewarm) -> float:
+        return (pw.ready_at or 0.0) + self.idle_timeout_s
+
+    def _push_live(self, pw: Prewarm) -> None:
+        heapq.heappush(self._live_at, (self._live_deadline(pw), next(self._order), pw.pid))
+        self._compact(self._live_at, self._live)
+
+    def _push_pending(self, pw: Prewarm) -> None:
+        self._pending[pw.pid] = pw
+        heapq.heappush(self._pending_at, (pw.start_at, next(self._order), pw.pid))
+        self._compact(self._pending_at, self._pending)
+
+    @staticmethod
+    def _pop_due(heap: list[tuple[float, int, int]], table: dict[int, Prewarm],
+                 until: float) -> list[tuple[int, int]]:
+        """(order, pid) of the entries of ``table`` due by ``until``, taken off ``heap``
+        (entries of prewarms no longer in ``table`` are dropped on the way)."""
+        out = []
+        while heap and heap[0][0] <= until:
+            _, order, pid = heapq.heappop(heap)
+            if pid in table:
+                out.append((order, pid))
+        return out
+
+    @staticmethod
+    def _compact(heap: list[tuple[float, int, int]], table: dict[int, Prewarm]) -> None:
+        """Drop the entries of ended prewarms once they are most of ``heap``."""
+        if len(heap) > 64 and len(heap) > 4 * len(table):
+            heap[:] = [e for e in heap if e[2] in table]
+            heapq.heapify(heap)
 
     def defer(self, pid: int, now: float) -> None:
         """The driver did not carry out the start of prewarm ``pid`` (an adapter left to the
@@ -531,7 +585,7 @@ class PrewarmStrategy(ABC):
                 if off is None:
                     continue
                 pw = self._new(run.run_id, nxt, res, p_s, now, now + off)
-                self._pending[pw.pid] = pw
+                self._push_pending(pw)
                 self._bump(res, "planned", 1)
 
     def _median_gap(self, graph: Any, unit: str) -> float:

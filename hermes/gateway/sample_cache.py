@@ -250,18 +250,20 @@ class CachingEstimatorPool:
         self.max_entries = max_entries
         self.budget = _Budget(max_bytes)
         self._wrapped: dict[str, CachingEstimator] = {}
+        #: hits and misses of the memos already replaced (the counters never go back)
+        self._retired = [0, 0]
 
     def get(self, app: str) -> CachingEstimator | None:
         est = self.pool.get(app)
         if est is None:
             gone = self._wrapped.pop(app, None)  # forgotten by the pool: its bytes too
             if gone is not None:
-                gone.release()
+                self._retire(gone)
             return None
         w = self._wrapped.get(app)
         if w is None or w.inner is not est:  # first use, or the graph was relearned
             if w is not None:
-                w.release()
+                self._retire(w)
             w = self._wrapped[app] = CachingEstimator(est, self.max_entries, self.budget)
         return w
 
@@ -281,20 +283,27 @@ class CachingEstimatorPool:
         pool's now): its bytes join this pool's budget."""
         old = self._wrapped.get(app)
         if old is not None and old is not w:
-            old.release()
+            self._retire(old)
         w.budget = self.budget
         self.budget.used += w.bytes
         self._wrapped[app] = w
         self.budget.touch(w)
         self.budget.enforce()
 
+    def _retire(self, w: CachingEstimator) -> None:
+        self._retired[0] += w.hits
+        self._retired[1] += w.misses
+        w.release()
+
     def hot_states(self, app: str) -> list[tuple[Any, int | None]]:
         w = self._wrapped.get(app)
         return [] if w is None else w.hot_states()
 
     def stats(self) -> dict[str, int]:
-        return {"sample_cache_hits": sum(w.hits for w in self._wrapped.values()),
-                "sample_cache_misses": sum(w.misses for w in self._wrapped.values()),
+        """Hits and misses since start (replaced memos included), bytes held now."""
+        return {"sample_cache_hits": self._retired[0] + sum(w.hits for w in self._wrapped.values()),
+                "sample_cache_misses": self._retired[1] + sum(w.misses
+                                                             for w in self._wrapped.values()),
                 "sample_cache_bytes": self.budget.used}
 
     def __getattr__(self, name: str) -> Any:

@@ -330,3 +330,46 @@ def test_resource_model_names_the_engine_model_of_kv_and_lora_resources() -> Non
     res = default_resources(None, "rag", "answer", "llm:llama-2-7b@sql-lora")
     assert [resource_model(r) for r in res] == ["llama-2-7b", "llama-2-7b"]
     assert resource_model("kv:m/a@b/u") == "m"  # an '@' after the model is not a LoRA split
+
+
+def _scan_due(p: HermesPrewarm, now: float) -> tuple[list[tuple[str, int]], float | None]:
+    """What due() reports and next_due() answers, by scanning every outstanding prewarm (the
+    planner's first form): the oracle for its heaps."""
+    starts = [pid for pid, pw in p._pending.items() if pw.start_at <= now + 1e-12]
+    live = list(p._live.items()) + [(pid, p._pending[pid]) for pid in starts]
+    rel = [pid for pid, pw in live
+           if now >= (((now + pw.t_p) or now) if pid in starts
+                      else (pw.ready_at or now)) + p.idle_timeout_s - 1e-9]
+    times = [pw.start_at for pw in p._pending.values()]
+    times += [(pw.ready_at or 0.0) + p.idle_timeout_s for pw in p._live.values()]
+    return ([("start", pid) for pid in starts] + [("release", pid) for pid in rel],
+            min(times) if times else None)
+
+
+def test_due_and_next_due_agree_with_a_scan_of_every_prewarm():
+    """The planner keeps when each prewarm starts and times out in heaps (a unit start must
+    not scan every outstanding prewarm); over thousands of random unit starts, ends and
+    clock steps its answers and their order are those of the plain scan."""
+    rng = np.random.default_rng(7)
+    p = planner(k=0.1, idle_timeout_s=3.0)
+    warm = WarmSet()
+    now, runs = 0.0, {}
+    for step in range(3000):
+        now += float(rng.exponential(0.4))
+        rid = f"r{int(rng.integers(40))}"
+        r = runs.get(rid)
+        if r is None or rng.random() < 0.3:
+            r = runs[rid] = RunState(run_id=rid, app="toy", submitted=now)
+            r.begin_unit("gen")
+            p.on_unit_start(r, "gen", "llm:m", now, warm)
+        elif rng.random() < 0.5:
+            p.on_unit_start(r, str(rng.choice(["exec", "classify"])), "docker:img", now, warm)
+        else:
+            p.on_run_finish(r, now)
+            del runs[rid]
+        want, want_next = _scan_due(p, now)
+        assert p.next_due() == want_next
+        got = [(a.action, a.pid) for a in p.due(now)]
+        assert got == want, f"step {step}"
+    st = p.stats()
+    assert st["started"] > 100 and st["released_idle"] > 10 and st["cancelled"] > 10
