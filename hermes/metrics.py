@@ -475,6 +475,10 @@ class _SchedulerCollector:
             for key, fam in fams.items():
                 fam.add_metric([btype], row[key])
         yield from fams.values()
+        held = CounterMetricFamily("hermes_prewarm_held", "KV prefix prewarms not sent: a "
+                                   "running request of the unit held the prefix.")
+        held.add_metric([], float((stats or {}).get("prewarm_held", 0)))
+        yield held
         g = GaugeMetricFamily("hermes_prewarm_k", "The prewarming knob K by scope (default, "
                               "app, tenant).", labels=["scope", "name"])
         g.add_metric(["default", ""], float(s.config.scheduler.k))

@@ -73,6 +73,14 @@ class GatewayPrewarmer(RunObserver):
         #: (bounded alike)
         self._kv: OrderedDict[str, tuple[str, str, str, str | None]] = OrderedDict()
         self.sent = {"start": 0, "release": 0}
+        #: KV resource -> units running now whose requests carry that prefix (the engine
+        #: holds its blocks while they run), and id(invocation) -> (invocation, the resources
+        #: it counts for)
+        self._running: dict[str, int] = {}
+        self._holding: dict[int, tuple[UnitInvocation, list[str]]] = {}
+        #: started KV prewarms not sent because a running unit held the prefix (:meth:`_signal`)
+        self._held: set[int] = set()
+        self.held = 0
         self.acks_failed = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -143,7 +151,24 @@ class GatewayPrewarmer(RunObserver):
 
     # ------------------------------------------------------------------ run events
     def unit_started(self, run: LiveRun, inv: UnitInvocation, now: float) -> None:
+        kv = [r for r in self.resources(run.state, run.app, inv.unit, inv.backend)
+              if resource_kind(r) == "kv"]
+        if kv:  # before planning: a prewarm due at once finds the prefix held
+            self._holding[id(inv)] = (inv, kv)
+            for r in kv:
+                self._running[r] = self._running.get(r, 0) + 1
         self.on_unit_start(run.state, inv.unit, inv.backend, now)
+
+    def unit_closed(self, run: LiveRun, inv: UnitInvocation, now: float) -> None:
+        got = self._holding.pop(id(inv), None)
+        if got is None or got[0] is not inv:
+            return
+        for r in got[1]:
+            left = self._running.get(r, 0) - 1
+            if left > 0:
+                self._running[r] = left
+            else:
+                self._running.pop(r, None)
 
     def run_ended(self, run: LiveRun) -> None:
         self.on_run_finish(run.state, self.ctx.now())
@@ -180,10 +205,31 @@ class GatewayPrewarmer(RunObserver):
             except ValueError:
                 pass
 
+    def _hold(self, a: PrewarmAction) -> bool:
+        """Whether a KV prefix action needs no message: a start while a unit whose requests
+        carry that prefix is running (the engine computes and holds its blocks for that
+        request: a prefill of the same prefix would only cost the engine and this process a
+        request), and the release of such a start. The planner's decision and counters are
+        unchanged (the prefix is warm, as it planned); what it saves is the round trip, at
+        every turn of an agent whose next turn shares the running turn's prompt prefix."""
+        if a.action == "start" and self._running.get(a.resource):
+            self._held.add(a.pid)
+            self.held += 1
+            self.warm.add(a.resource)
+            return True
+        if a.action == "release" and a.pid in self._held:
+            self._held.discard(a.pid)
+            self.warm.discard(a.resource)
+            return True
+        return False
+
     def stats(self) -> dict[str, Any]:
         """Planner counters, overall (``prewarm_*``) and per backend type (``by_type``: what
-        ``hermes.metrics`` exports as ``hermes_prewarm_*{backend_type=...}``)."""
+        ``hermes.metrics`` exports as ``hermes_prewarm_*{backend_type=...}``);
+        ``prewarm_held``: KV prefix starts not sent because a running request held the
+        prefix."""
         out: dict[str, Any] = {f"prewarm_{k}": v for k, v in self.strategy.stats().items()}
+        out["prewarm_held"] = self.held
         out["by_type"] = self.strategy.stats_by_type()
         out["prewarm_sent_start"] = self.sent["start"]
         out["prewarm_sent_release"] = self.sent["release"]
@@ -222,6 +268,8 @@ class GatewayPrewarmer(RunObserver):
 
     def _signal(self, a: PrewarmAction) -> None:
         kind, _, name = a.resource.partition(":")
+        if kind == "kv" and self._hold(a):
+            return
         params: dict[str, Any] = {"run_id": a.run_id, "unit": a.unit, "pid": a.pid}
         try:
             if kind in ("docker", "dnn"):

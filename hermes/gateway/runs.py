@@ -55,6 +55,9 @@ class RunObserver:
     def unit_started(self, run: LiveRun, inv: UnitInvocation, now: float) -> None:
         """``inv`` was opened."""
 
+    def unit_closed(self, run: LiveRun, inv: UnitInvocation, now: float) -> None:
+        """``inv`` was closed (its demand observed)."""
+
     def ranks_changed(self, run: LiveRun, now: float) -> None:
         """The policy may rank ``run`` (or, per ``policy.key_scope``, others) differently."""
 
@@ -393,6 +396,8 @@ class RunRegistry:
         st = run.state
         st.end_unit(obs, run.open[-1].unit if run.open else None)
         self.ctx.policy.on_unit_finish(st, obs, now)
+        for o in self.observers:
+            o.unit_closed(run, inv, now)
         self._ranks_changed(run, now)
         if run.status in ACTIVE:
             for o in self.observers:

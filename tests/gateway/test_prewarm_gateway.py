@@ -261,3 +261,45 @@ def test_unit_of_a_lora_adapter_gets_the_adapter_and_its_prefix_prewarmed(tmp_pa
                 http.post(f"/v1/runs/{rid}/finish")
     finally:
         srv.stop()
+
+
+def test_prefix_held_by_the_running_unit_is_not_prefilled_again(tmp_path) -> None:  # noqa: ANN001
+    """A chat loop (answer -> answer, p 0.9): while a run's answer unit runs, the planner
+    starts the prewarm of the next answer's prefix, which is the prefix the running unit's
+    requests carry: the engine holds it for them, so no prefill request is sent (the planner
+    still counts the prewarm as started and used). The prefix of a unit that is not running
+    is still sent (the test above)."""
+    srv = _embedded_gateway(tmp_path, {"name": "sim0", "model": MODEL})
+    state = gateway_state(srv)
+    sched = state.scheduler
+    warmed = _record_warms(state.node.prewarmer.prefixes[MODEL])
+    system = "You answer from the retrieved passages only. " * 40
+    graph = {"version": 1, "app": "chat", "entry": {"answer": 1.0}, "units": {
+        "answer": {"backend": f"llm:{MODEL}", "next": {"answer": 0.9, "": 0.1}, "consumption": {
+            "input_tokens": [400] * 20, "output_tokens": [300] * 20, "parallelism": [1] * 20}}}}
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as http:
+            assert http.put("/v1/apps/chat", content=json.dumps(graph)).status_code in (200, 201)
+            run1 = http.post("/v1/runs", json={"app": "chat"}).json()["run_id"]
+            _ask(http, run1, MODEL, system)  # teaches the prefix of (chat, answer)
+            http.post(f"/v1/runs/{run1}/finish")
+            run2 = http.post("/v1/runs", json={"app": "chat"}).json()["run_id"]
+            ev = f"/v1/runs/{run2}/events"
+            assert http.post(ev, json={"unit": "answer", "event": "start",
+                                       "backend": f"llm:{MODEL}"}).status_code == 200
+            _wait(lambda: sched.prewarm.stats()["prewarm_started"] >= 1, sched.prewarm.stats)
+            st = sched.prewarm.stats()
+            assert st["prewarm_held"] == 1 and st["prewarm_sent_start"] == 0, st
+            assert warmed == []  # no prefill of the prefix reached the engine
+            http.post(ev, json={"unit": "answer", "event": "finish"})
+            assert http.post(ev, json={"unit": "answer", "event": "start",
+                                       "backend": f"llm:{MODEL}"}).status_code == 200
+            st = sched.prewarm.stats()
+            assert st["prewarm_used"] == 1 and st["prewarm_sent_release"] == 0, st
+            http.post(f"/v1/runs/{run2}/finish")
+        r = httpx.get(srv.url + "/metrics")
+        (held,) = [float(line.split()[-1]) for line in r.text.splitlines()
+                   if line.startswith("hermes_prewarm_held_total")]
+        assert held >= 1
+    finally:
+        srv.stop()
