@@ -229,6 +229,7 @@ class LiveScheduler:
             log.exception("final knowledge-base flush failed")
         self.identities.save()
         self.recovery.close()
+        self.durable.save_active(list(self.registry.runs.values()))
         self.durable.close()
         self.learner.close()
 

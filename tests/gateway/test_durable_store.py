@@ -224,3 +224,43 @@ def test_a_run_is_recorded_before_its_end_is_stored_and_once_across_a_restart(
             assert http.get(f"/v1/runs/{rid}").json()["state"] == "running"
             assert http.post(f"/v1/runs/{rid}/finish").json()["state"] == "finished"
     assert sorted(_recorded(state)) == sorted(ids)  # each once
+
+
+def test_an_inferred_run_is_written_at_its_start_every_16_units_and_on_a_clean_stop(
+        make_gateway, tmp_path: Path, request: pytest.FixtureRequest) -> None:  # noqa: ANN001
+    """A header-less agent of 40 turns (one inferred run): its documents are written when it
+    starts, after 16 and 32 closed invocations (batched, off the request), not at each of its
+    40 requests; the rest when it ends (idle: fast at this time scale) or on a clean stop,
+    and a restart restores all 40 units in order."""
+    opts = _restartable("sqlite", tmp_path, request, time_scale=50.0)
+    srv = make_gateway(**opts)
+    store = gateway_state(srv).scheduler.durable.store
+    writes: list[tuple[str, int]] = []
+    put_runs = store.put_runs
+
+    def counting_put_runs(batch):  # noqa: ANN001, ANN202
+        writes.extend((w[0], len(w[3])) for w in batch)
+        return put_runs(batch)
+
+    store.put_runs = counting_put_runs
+    msgs = [{"role": "system", "content": "You are a careful planner of long trips."},
+            {"role": "user", "content": "Plan the first leg."}]
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        for i in range(40):
+            r = http.post("/v1/chat/completions",
+                          json={"model": "llama-2-7b", "max_tokens": 3, "messages": msgs})
+            assert r.status_code == 200, r.text
+            if i == 0:
+                rid = r.headers["X-Hermes-Run"]
+            assert r.headers["X-Hermes-Run"] == rid
+            msgs += [r.json()["choices"][0]["message"],
+                     {"role": "user", "content": f"And leg {i + 2}?"}]
+    srv.stop()
+    mine = [n for run, n in writes if run == rid]
+    # start (0 units), 16, 16, then the last 8 at its end or on the stop
+    assert mine == [0, 16, 16, 8], mine
+    srv2 = make_gateway(**opts)
+    with httpx.Client(base_url=srv2.url, timeout=30) as http:
+        got = http.get(f"/v1/runs/{rid}").json()
+    assert got["inferred"] is True and len(got["units"]) == 40
+    assert all(u["requests"][0]["output_tokens"] >= 1 for u in got["units"])
