@@ -42,8 +42,12 @@ def test_identical_states_share_samples_and_others_do_not() -> None:
     same = [UnitObservation(unit=unit, input_tokens=300, output_tokens=60, duration_s=2.0)]
     assert est.sample(RunProgress(finished=same)) is a
     assert pool.stats()["sample_cache_hits"] == 4
+    misses = pool.stats()["sample_cache_misses"]
     raw.update(graphs[app])  # relearned graph: a new estimator, an empty memo
     assert pool.get(app).sample(RunProgress()) is not fresh
+    # counters since start (exported as Prometheus counters): the replaced memo's count on
+    after = pool.stats()
+    assert after["sample_cache_hits"] == 4 and after["sample_cache_misses"] == misses + 1
 
 
 def test_derived_samples_and_ranks_are_memoized_and_equal_fresh_ones() -> None:

@@ -91,6 +91,13 @@ def test_metrics_count_runs_requests_tools_and_engine_state(make_ops_gateway) ->
     for t in ("docker", "lora", "kv"):
         assert m[("hermes_prewarm_started_total", (("backend_type", t),))] == \
             before.get(t, {}).get("started", 0.0)
+    # the policy's memo of walks: the hosted runs were ranked from the shipped PDGraphs
+    memo = gateway_state(srv).scheduler.policy.estimators.stats()
+    assert total(m, "hermes_sample_cache_misses_total") >= 1
+    assert total(m, "hermes_sample_cache_hits_total") + total(
+        m, "hermes_sample_cache_misses_total") <= memo["sample_cache_hits"] + memo[
+            "sample_cache_misses"]
+    assert total(m, "hermes_sample_cache_bytes") > 0
 
 
 def test_two_gateways_in_one_process_keep_separate_metrics(make_ops_gateway) -> None:  # noqa: ANN001
