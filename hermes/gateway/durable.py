@@ -181,8 +181,11 @@ class DurableState(RunObserver):
 
     def run_ended(self, run: LiveRun) -> None:
         # a one-request run ends after its answer has left (api.openai_api): its only write is
-        # batched; a run whose end is acknowledged (finish, cancel) is written before that
-        self._put(run, batched=run.auto_finish and _in_loop())
+        # batched; so is an inferred run's (the resolver's idle sweep ends many at once: one
+        # transaction), a finish of one through the API included, which may answer just
+        # before the write; any other run whose end is acknowledged (finish, cancel) is
+        # written before that
+        self._put(run, batched=(run.auto_finish or run.inferred) and _in_loop())
         self._stored.pop(run.run_id, None)
         if self.store is None:
             return
