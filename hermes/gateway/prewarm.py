@@ -171,6 +171,9 @@ class GatewayPrewarmer(RunObserver):
                 self._running.pop(r, None)
 
     def run_ended(self, run: LiveRun) -> None:
+        for inv in run.units:  # a cancelled run's units are not closed one by one
+            if id(inv) in self._holding:
+                self.unit_closed(run, inv, 0.0)
         self.on_run_finish(run.state, self.ctx.now())
 
     # ------------------------------------------------------------------ scheduler hooks

@@ -297,6 +297,13 @@ def test_prefix_held_by_the_running_unit_is_not_prefilled_again(tmp_path) -> Non
             st = sched.prewarm.stats()
             assert st["prewarm_used"] == 1 and st["prewarm_sent_release"] == 0, st
             http.post(f"/v1/runs/{run2}/finish")
+            # a cancelled run's running unit is not closed one by one: its hold ends too
+            run3 = http.post("/v1/runs", json={"app": "chat"}).json()["run_id"]
+            assert http.post(f"/v1/runs/{run3}/events", json={
+                "unit": "answer", "event": "start", "backend": f"llm:{MODEL}"}).status_code == 200
+            assert sched.prewarm._running != {}
+            assert http.delete(f"/v1/runs/{run3}").status_code == 200
+            assert sched.prewarm._running == {} and sched.prewarm._holding == {}
         r = httpx.get(srv.url + "/metrics")
         (held,) = [float(line.split()[-1]) for line in r.text.splitlines()
                    if line.startswith("hermes_prewarm_held_total")]
