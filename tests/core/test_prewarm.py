@@ -373,3 +373,27 @@ def test_due_and_next_due_agree_with_a_scan_of_every_prewarm():
         assert got == want, f"step {step}"
     st = p.stats()
     assert st["started"] > 100 and st["released_idle"] > 10 and st["cancelled"] > 10
+
+
+def test_planning_keeps_no_old_graph_version_alive() -> None:
+    """The planner memoizes the median client gap per graph version; a relearned graph
+    replaces the app's entry and the old version can be freed (holding every version an app
+    was planned with grew a gateway by ~2 MiB per 1,000 agent requests)."""
+    import gc
+    import weakref
+
+    current = {"toy": graph()}
+    p = HermesPrewarm(k=0.1, graphs=current.get, estimators={"toy": FixedEstimator(TC)}.get,
+                      resources=lambda run, app, unit, backend: _res(backend))
+    refs = []
+    for v in range(20):
+        g = current["toy"] = graph()  # version v
+        refs.append(weakref.ref(g))
+        r = RunState(run_id=f"r{v}", app="toy", submitted=0.0)
+        r.begin_unit("gen")
+        p.on_unit_start(r, "gen", "llm:m", float(v), WarmSet())
+        p.on_run_finish(r, float(v) + 0.5)
+        del g, r
+    gc.collect()
+    assert sum(ref() is not None for ref in refs) == 1  # the current version only
+    assert len(p._gap_median) <= 2  # exec and classify of the one app
