@@ -244,8 +244,8 @@ def plot(res: SoakResult, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def start_fronting_gateway(state_dir: Path, keep_runs: int,
-                           model: str) -> tuple[list[subprocess.Popen], str]:
+def start_fronting_gateway(state_dir: Path, keep_runs: int, model: str,
+                           dataflow_ttl_s: float | None = None) -> tuple[list[subprocess.Popen], str]:
     """A ``hermeslet sim-engine`` served ~instantly (time scale 1e6) and a ``hermes serve``
     fronting it as an ``openai`` engine, its clock at wall time (so the resolver's idle
     closes and the learner's cadence are as in production): (processes, gateway URL)."""
@@ -260,7 +260,8 @@ def start_fronting_gateway(state_dir: Path, keep_runs: int,
         f'[server]\nhost = "127.0.0.1"\nport = {gport}\nlog_level = "warning"\n'
         f'[scheduler]\nbind = ""\nkeep_finished_runs = {keep_runs}\n'
         f'[stores]\nstate_dir = "{state_dir}/state"\nkb = "{state_dir}/kb"\n'
-        f'[[engines]]\nname = "e0"\nkind = "openai"\nurl = "http://127.0.0.1:{eport}"\n'
+        + (f'[identity]\ndataflow_ttl_s = {dataflow_ttl_s}\n' if dataflow_ttl_s else "")
+        + f'[[engines]]\nname = "e0"\nkind = "openai"\nurl = "http://127.0.0.1:{eport}"\n'
         f'model = "{model}"\nmax_inflight = 512\n')
     gw = subprocess.Popen([sys.executable, "-m", "hermes.cli", "serve", "--config", str(cfg)],
                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -346,7 +347,8 @@ def _cmd_agent_soak(args: Any) -> int:
         url, pid = _loopback_url(args.url), args.pid
     else:
         tmp = tempfile.TemporaryDirectory(prefix="hermes-soak-")
-        procs, url = start_fronting_gateway(Path(tmp.name), args.keep_runs, args.model)
+        procs, url = start_fronting_gateway(Path(tmp.name), args.keep_runs, args.model,
+                                            args.dataflow_ttl)
         pid = procs[0].pid
     try:
         wait_http(url + "/healthz", procs[0] if procs else None,
@@ -433,6 +435,10 @@ def add_soak_parser(bsub: Any) -> None:
                    help="built-in engine speed-up of the self-started gateway (default 20)")
     s.add_argument("--keep-runs", dest="keep_runs", type=int, default=2000,
                    help="finished runs the self-started gateway keeps in memory (default 2000)")
+    s.add_argument("--dataflow-ttl", dest="dataflow_ttl", type=float, default=None,
+                   help="with --agents: identity.dataflow_ttl_s of the self-started gateway "
+                        "(default: the gateway's, 900 s: the passage index fills for 15 "
+                        "minutes of traffic before it levels off)")
     s.add_argument("--app", default="factool_math", help="hosted app of the 'hosted' requests")
     s.add_argument("--model", default="llama-2-7b")
     s.add_argument("--max-tokens", dest="max_tokens", type=int, default=16)

@@ -52,7 +52,7 @@ def test_agent_soak_refuses_unbounded_runs() -> None:
 def test_short_agent_soak_samples_memory(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
     r = subprocess.run([sys.executable, "-m", "hermes.cli", "bench", "soak", "--agents", "300",
-                        "--apps", "5", "--concurrency", "4", "--sample-every", "100",
+                        "--apps", "5", "--concurrency", "4", "--sample-every", "100", "--dataflow-ttl", "60",
                         "--no-progress", "--json", str(out)],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
