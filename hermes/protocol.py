@@ -240,6 +240,12 @@ class Submit(_FromScheduler):
     #: (additive) the W3C trace context of the request's span (tracing on): the node sends it
     #: as the ``traceparent`` header of its request to an OpenAI-compatible engine
     traceparent: str | None = None
+    #: (additive) split roles (``hermes serve --role edge``): the ZeroMQ address of the edge
+    #: that holds the client's connection. The node sends the request's ``token`` messages
+    #: and its full ``done`` there, and the scheduler only a ``done`` without text or
+    #: response (the counts the ranking and learning need): per-token and per-byte work
+    #: stays off the scheduler. ``None``: everything to the scheduler, as before
+    reply_to: str | None = None
 
     def prompt_estimate(self) -> int:
         """The prompt's tokens as the gateway estimated them, else estimated from ``body``."""

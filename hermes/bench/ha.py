@@ -125,6 +125,11 @@ class Cluster:
     redis_url: str = ""
     #: more environment for the gateways (``--scale``: ``HERMES_ROLE_CPU=1``)
     gateway_env: dict[str, str] = field(default_factory=dict)
+    #: split roles: this many ``--role edge`` processes behind haproxy, the gateways then
+    #: ``--role scheduler`` (0: all-in-one gateways behind haproxy, as before)
+    n_edges: int = 0
+    edges: list[Proc] = field(default_factory=list)
+    edge_ports: list[int] = field(default_factory=list)
 
     def start(self) -> None:
         for tool in ("redis-server", "haproxy"):
@@ -154,6 +159,8 @@ class Cluster:
                     "--kb", str(self.workdir / f"gw{i}" / "kb")]
             if self.ha:
                 argv += ["--ha", self.redis_url]
+            if self.n_edges:
+                argv += ["--role", "scheduler", "--edge-bind", f"tcp://127.0.0.1:{free_port()}"]
             self.gateways.append(Proc(f"gw{i}", argv, self.workdir / f"gw{i}.log",
                                       {**genv, "HERMES_HA__MEMBER": f"gw{i}"}))
         for j in range(self.n_nodes):
@@ -163,19 +170,32 @@ class Cluster:
             for p in self.zmq_ports:
                 argv += ["--scheduler", f"tcp://127.0.0.1:{p}"]
             self.nodes.append(Proc(f"n{j}", argv, self.workdir / f"n{j}.log", env))
+        self.edge_ports = [free_port() for _ in range(self.n_edges)]
+        for k in range(self.n_edges):
+            argv = [sys.executable, "-m", "hermes.cli", "serve", "--role", "edge",
+                    "--ha", self.redis_url, "--host", "127.0.0.1",
+                    "--port", str(self.edge_ports[k]),
+                    "--bind", f"tcp://127.0.0.1:{free_port()}",
+                    "--state-dir", str(self.workdir / f"edge{k}")]
+            self.edges.append(Proc(f"edge{k}", argv, self.workdir / f"edge{k}.log",
+                                   {**genv, "HERMES_HA__MEMBER": f"edge{k}"}))
         for g in self.gateways:
             g.start()
             time.sleep(0.3)  # the first one started is the first leader
         for n in self.nodes:
             n.start()
+        for e in self.edges:
+            e.start()
         self.wait_leader(60.0)
         self.wait_nodes(60.0)
         self._start_haproxy(env)
 
     def _start_haproxy(self, env: dict[str, str]) -> None:
         port = free_port()
-        servers = "\n".join(f"  server gw{i} 127.0.0.1:{p} check"
-                            for i, p in enumerate(self.http_ports))
+        front = [("edge", p) for p in self.edge_ports] if self.n_edges else \
+            [("gw", p) for p in self.http_ports]
+        servers = "\n".join(f"  server {kind}{i} 127.0.0.1:{p} check"
+                            for i, (kind, p) in enumerate(front))
         cfg = self.workdir / "haproxy.cfg"
         cfg.write_text(f"""global
   maxconn 4096
@@ -256,7 +276,7 @@ backend gateways
         raise RuntimeError(f"gateway {i} did not come back within {timeout:.0f} s")
 
     def stop(self) -> None:
-        for p in [self.haproxy, *self.nodes, *self.gateways, self.redis]:
+        for p in [self.haproxy, *self.edges, *self.nodes, *self.gateways, self.redis]:
             if p is not None:
                 p.stop()
 
@@ -635,43 +655,62 @@ def _sched_cpu_s(cl: Cluster, i: int) -> float:
     return float(h.get("scheduler_cpu_ns", 0)) / 1e9
 
 
+def _cpu(procs: list[Proc]) -> list[float]:
+    return [p.cpu_s() for p in procs]
+
+
+def _measure(cl: Cluster, clients: int, seconds: float) -> dict[str, Any]:
+    """A warm-up, then ``seconds`` of closed-loop chats through haproxy: requests done, wall
+    time, and the CPU seconds each process spent meanwhile (/proc)."""
+    asyncio.run(_closed_loop(cl.url, clients, 2.0))  # warm-up
+    lead = cl.leader()
+    assert lead is not None
+    groups = {"gateways": cl.gateways, "edges": cl.edges, "nodes": cl.nodes}
+    before = {k: _cpu(v) for k, v in groups.items()}
+    s0 = _sched_cpu_s(cl, lead) if not cl.n_edges else 0.0
+    t0 = time.monotonic()
+    done = asyncio.run(_closed_loop(cl.url, clients, seconds))
+    wall = time.monotonic() - t0
+    cpu = {k: [a - b for a, b in zip(_cpu(v), before[k], strict=True)]
+           for k, v in groups.items()}
+    metered = _sched_cpu_s(cl, lead) - s0 if not cl.n_edges else 0.0
+    return {"lead": lead, "done": done, "wall": wall, "cpu": cpu, "metered": metered}
+
+
 def run_scale(workdir: Path, *, edges: list[int], clients: int, seconds: float,
               time_scale: float) -> list[dict[str, Any]]:
-    """Closed-loop one-request chats through haproxy with 1 and 2 front ends: requests/s and
-    CPU per request of each process. The processes are all-in-one (the separate edge role is
-    not built): the leader does the edge's and the scheduler's work, a standby neither. The
-    scheduler's share is the thread CPU time of its own work (node messages, submissions,
-    the sweep: ``HERMES_ROLE_CPU=1``), what a separate scheduler would spend at least; the
-    edge's is the rest of the leader's CPU."""
+    """Closed-loop one-request chats (no Hermes headers) through haproxy: requests/s and CPU
+    per request of each role, from each process's CPU time (/proc), in one invocation:
+
+    - ``edges`` = 0: the baseline, all-in-one gateways (a leader doing the edge's and the
+      scheduler's work, a standby); its scheduler share is the thread CPU of the scheduler's
+      own work in the leader (``HERMES_ROLE_CPU=1``), the edge share the rest of the leader;
+    - ``edges`` = N > 0: split roles, N ``--role edge`` processes behind haproxy, an active and
+      a standby ``--role scheduler``: each role's figure is its processes' whole CPU time.
+    """
     rows = []
-    for n in edges:
-        cl = Cluster(workdir / f"scale{n}", time_scale=time_scale, n_gateways=n,
-                     ha=True, gateway_env={"HERMES_ROLE_CPU": "1"})
+    for n in [0, *edges]:
+        cl = Cluster(workdir / f"scale-e{n}", time_scale=time_scale, n_gateways=2,
+                     ha=True, n_edges=n,
+                     gateway_env={"HERMES_ROLE_CPU": "1"} if n == 0 else {})
         try:
             cl.start()
-            asyncio.run(_closed_loop(cl.url, clients, 2.0))  # warm-up
-            lead = cl.leader()
-            assert lead is not None
-            cpu0 = [g.cpu_s() for g in cl.gateways]
-            ncpu0 = [p.cpu_s() for p in cl.nodes]
-            s0 = _sched_cpu_s(cl, lead)
-            t0 = time.monotonic()
-            done = asyncio.run(_closed_loop(cl.url, clients, seconds))
-            wall = time.monotonic() - t0
-            cpu = [g.cpu_s() - c for g, c in zip(cl.gateways, cpu0, strict=True)]
-            ncpu = sum(p.cpu_s() - c for p, c in zip(cl.nodes, ncpu0, strict=True))
-            sched = _sched_cpu_s(cl, lead) - s0
-            per = max(done, 1)
+            m = _measure(cl, clients, seconds)
+            lead, per = m["lead"], max(m["done"], 1)
+            gw = m["cpu"]["gateways"]
+            standby = sum(c for i, c in enumerate(gw) if i != lead)
+            sched = m["metered"] if n == 0 else gw[lead]
+            edge = gw[lead] - m["metered"] if n == 0 else sum(m["cpu"]["edges"])
             rows.append({
-                "edges": n, "requests": done, "req_per_s": round(done / wall, 1),
+                "edges": n, "roles": "all-in-one" if n == 0 else "split",
+                "requests": m["done"], "req_per_s": round(m["done"] / m["wall"], 1),
                 "scheduler_cpu_ms_per_req": round(1000 * sched / per, 3),
-                "edge_cpu_ms_per_req": round(1000 * (cpu[lead] - sched) / per, 3),
-                "leader_cpu_ms_per_req": round(1000 * cpu[lead] / per, 3),
-                "standby_cpu_ms_per_req": (round(1000 * sum(c for i, c in enumerate(cpu)
-                                                            if i != lead) / per, 3)
-                                           if n > 1 else None),
-                "node_cpu_ms_per_req": round(1000 * ncpu / per, 3),
-                "roles": "all-in-one (the edge and scheduler in one process)",
+                "edge_cpu_ms_per_req": round(1000 * edge / per, 3),
+                "per_edge_cpu_ms_per_req": ([round(1000 * c / per, 3) for c in m["cpu"]["edges"]]
+                                            if n else None),
+                "leader_cpu_ms_per_req": round(1000 * gw[lead] / per, 3),
+                "standby_cpu_ms_per_req": round(1000 * standby / per, 3),
+                "node_cpu_ms_per_req": round(1000 * sum(m["cpu"]["nodes"]) / per, 3),
             })
         finally:
             cl.stop()
@@ -724,7 +763,9 @@ def cmd_ha(args: Any) -> int:
                          time_scale=args.time_scale)
         for r in rows:
             print(json.dumps(r))
-        print("(all-in-one processes: no separate edge role; the standby serves nothing)")
+        print("(edges 0: the all-in-one baseline, its scheduler share metered inside the "
+              "leader; edges 1, 2: --role edge processes and an active --role scheduler, "
+              "each role's whole process CPU)")
     else:
         scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
         bad = [s for s in scenarios if s not in SCENARIOS]

@@ -94,23 +94,31 @@ class Dispatcher(RunObserver):
         body: dict[str, Any],
         stream: bool = False,
         native: dict[str, Any] | None = None,
+        request_id: str | None = None,
+        reply_to: str | None = None,
+        prompt_tokens: int | None = None,
     ) -> PendingRequest:
         """Queue an LLM request of ``run`` (in ``inv``) at the least-loaded engine of ``model``
-        (``native``: the request in the client's own API, :attr:`hermes.protocol.Submit.native`)."""
+        (``native``: the request in the client's own API, :attr:`hermes.protocol.Submit.native`;
+        ``request_id``: the id an edge chose, ``reply_to``: that edge's address, where the
+        node sends the tokens and the answer, :attr:`hermes.protocol.Submit.reply_to`;
+        ``prompt_tokens``: the edge's estimate, so the scheduler does not read the body)."""
         if run.status not in ACTIVE:
             raise RunNotActive(f"run {run.run_id!r} is {run.status}")
         if not self.nodes.nodes:
             await self.nodes.wait_for_nodes()
         now = self.ctx.now()
         self.prewarm.note_request(run.app, inv.unit, body, run.state.tenant)
-        rid = f"req-{uuid.uuid4().hex[:16]}"
+        rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
-        prompt_tokens = estimate_tokens(endpoint, body)
+        if prompt_tokens is None:
+            prompt_tokens = estimate_tokens(endpoint, body)
         view = self.request_view(run, inv, rid, prompt_tokens, max_tokens, now)
         key = policy_key(self.ctx.policy, run.state, view, now)
         msg = Submit(
             request_id=rid, run_id=run.run_id, unit=inv.unit, model=model, endpoint=endpoint,
             body=body, stream=stream, key=list(key), prompt_tokens=prompt_tokens, native=native,
+            reply_to=reply_to,
         )
         req = PendingRequest(
             request_id=rid, run=run, inv=inv, kind="llm", msg=msg, view=view, key=key,

@@ -220,8 +220,13 @@ def max_connections(configured: int) -> int:
 def _uvicorn_config(config: GatewayConfig) -> uvicorn.Config:
     from hermes.gateway import looplag
 
-    app = create_app(config)
-    looplag.install(app)  # GET /admin/loop (started with the app: _Lifespan.startup)
+    if config.ha.role == "edge":  # HTTP only, in front of the elected scheduler
+        from hermes.gateway.edge.front import edge_app
+
+        app: Any = edge_app(config)
+    else:
+        app = create_app(config)
+        looplag.install(app)  # GET /admin/loop (started with the app: _Lifespan.startup)
     srv = config.server
     cfg = uvicorn.Config(
         app,
