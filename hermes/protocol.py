@@ -246,6 +246,10 @@ class Submit(_FromScheduler):
     #: response (the counts the ranking and learning need): per-token and per-byte work
     #: stays off the scheduler. ``None``: everything to the scheduler, as before
     reply_to: str | None = None
+    #: (additive) with ``reply_to``: the node tells the scheduler nothing of this request's
+    #: success (the edge reports it, batched with its next call); a failure still goes to
+    #: the scheduler, which retries or tells the edge
+    reply_only: bool = False
 
     def prompt_estimate(self) -> int:
         """The prompt's tokens as the gateway estimated them, else estimated from ``body``."""

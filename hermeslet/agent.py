@@ -738,10 +738,12 @@ class HermesLet:
                 ttft_s=ttft if ttft is not None else (end - released),
                 response=result.response,
             )
-            if sub.reply_to is not None:  # the answer to the edge, the counts to the scheduler
+            if sub.reply_to is None:
+                await self._send(done)
+            else:  # the answer to the edge; the counts to the scheduler unless the edge says
                 self.edges.send(sub.reply_to, done)
-                done = done.model_copy(update={"text": "", "response": None})
-            await self._send(done)
+                if not sub.reply_only:
+                    await self._send(done.model_copy(update={"text": "", "response": None}))
         except asyncio.CancelledError:
             if slot.abandoned is not None:  # its engine's drain timed out (_abandon)
                 await self._send(P.Failed(request_id=sub.request_id, error=slot.abandoned,

@@ -69,6 +69,11 @@ class Dispatcher(RunObserver):
         self.on_orphan: Callable[[Done | ToolDone], object] | None = None
         #: told of every send (tracing on: :meth:`hermes.gateway.tracing.RunTracer.sent`)
         self.trace: Any | None = None
+        #: split roles: takes a ``done``/``failed`` of a request sent outside this dispatcher
+        #: (an edge's header-less call: :mod:`hermes.gateway.edge.direct`); True: taken
+        self.external: Callable[[Done | Failed], bool] | None = None
+        #: split roles: told when a node is gone (after this dispatcher moved its work)
+        self.on_node_gone: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ submission
     def request_view(self, run: LiveRun, inv: UnitInvocation, rid: str, input_tokens: int,
@@ -383,6 +388,9 @@ class Dispatcher(RunObserver):
     def handle(self, identity: bytes, msg: Any) -> None:
         """One node message (see the module docstring)."""
         self.nodes.observe(identity, msg)
+        if (self.external is not None and isinstance(msg, Done | Failed)
+                and msg.request_id not in self.requests and self.external(msg)):
+            return
         if isinstance(msg, Done | ToolDone) and msg.request_id not in self.requests:
             if self.on_orphan is not None:
                 self.on_orphan(msg)  # a result from before a restart (issue 7)
@@ -485,4 +493,6 @@ class Dispatcher(RunObserver):
         for rid in [r for r, (n, _) in held.items() if n == node_name]:
             del held[rid]
         log.warning("node %s gone: its requests by last reported state %s", node_name, seen)
+        if self.on_node_gone is not None:
+            self.on_node_gone(node_name)
 

@@ -157,6 +157,8 @@ class DurableState(RunObserver):
     def run_ended(self, run: LiveRun) -> None:
         # a one-request run ends after its answer has left (api.openai_api): its only write is
         # batched; a run whose end is acknowledged (finish, cancel) is written before that
+        if run.transient:  # an edge's one-request call: nothing stored (LiveRun.transient)
+            return
         self._put(run, batched=run.auto_finish and _in_loop())
         self._stored.pop(run.run_id, None)
         if self.store is None:

@@ -84,7 +84,7 @@ class EdgeCall:
     """One call in flight at this edge: the message (kept to send it again after a leader
     change), its tokens (streamed calls) and its answer."""
 
-    __slots__ = ("msg", "tokens", "future", "answered")
+    __slots__ = ("msg", "tokens", "future", "answered", "source")
 
     def __init__(self, msg: wire.Call) -> None:
         self.msg = msg
@@ -93,6 +93,9 @@ class EdgeCall:
         self.future: asyncio.Future[P.Done] = asyncio.get_running_loop().create_future()
         #: a node has sent something for it (it is not sent again to a new leader)
         self.answered = False
+        #: the node that streamed its first token: a stream is never stitched from two
+        #: nodes (a resend after a node died would repeat the start of the answer)
+        self.source: bytes | None = None
 
     def settle(self, result: P.Done | BaseException) -> None:
         self.answered = True
@@ -112,6 +115,7 @@ class SchedulerLink:
     and the calls in flight (module doc)."""
 
     WATCH_S = 0.1  # how often the lease record is read
+    REPORT_S = 0.005  # settled calls wait at most this for a call to carry them
     PING_S = 0.2  # how often the scheduler is pinged
     READY_S = 1.0  # ready while a pong of the current leader came within this
 
@@ -129,6 +133,8 @@ class SchedulerLink:
         self.sock: zmq.asyncio.Socket | None = None
         self.last_pong: float | None = None
         self.calls: dict[str, EdgeCall] = {}
+        #: direct calls answered, not yet reported to the scheduler
+        self.settled: list[wire.Settled] = []
         #: counters: calls sent again to a new leader, leader changes, messages not decoded
         self.resent = 0
         self.leader_changes = 0
@@ -175,7 +181,7 @@ class SchedulerLink:
         for call in self.calls.values():
             if not call.answered:
                 self.resent += 1
-                self.send(call.msg)
+                self.send_call(call.msg)
         self.send(wire.Ping(edge=self.name))
 
     async def watch(self) -> None:
@@ -233,16 +239,51 @@ class SchedulerLink:
                 call.settle(CallFailedError(msg.status, msg.code, msg.message))
 
     # ------------------------------------------------------------------ node answers
-    def on_node_message(self, msg: Any) -> None:
+    def on_node_message(self, node: bytes, msg: Any) -> None:
+        """A node's ``token`` or ``done`` for a call of this edge (from node ``node``)."""
         if isinstance(msg, P.Token):
             call = self.calls.get(msg.request_id)
-            if call is not None and call.tokens is not None and not call.future.done():
-                call.answered = True
-                call.tokens.put_nowait(msg)
+            if call is None or call.tokens is None or call.future.done():
+                return
+            if call.source is None:
+                call.source = node
+            elif call.source != node:
+                return  # a second node's copy of a stream already under way
+            call.answered = True
+            call.tokens.put_nowait(msg)
         elif isinstance(msg, P.Done):
             call = self.calls.get(msg.request_id)
-            if call is not None:
-                call.settle(msg)
+            if call is None:
+                return
+            if call.msg.direct:  # the scheduler hears of it from here (reply_only)
+                self.report(wire.Settled(msg.request_id, node.decode(errors="replace"),
+                                         msg.engine, msg.queue_s, msg.service_s))
+            if call.source is not None and call.source != node:
+                call.settle(CallFailedError(502, "stream_cut", "the node streaming this "
+                                            "answer was lost mid-stream; retry"))
+                return
+            call.settle(msg)
+
+    def report(self, item: wire.Settled) -> None:
+        """Tell the scheduler a direct call was answered: with the next call, or within
+        :attr:`REPORT_S` in a report of its own."""
+        self.settled.append(item)
+        if len(self.settled) == 1:
+            asyncio.get_running_loop().call_later(self.REPORT_S, self._flush_settled)
+
+    def _flush_settled(self) -> None:
+        if self.settled:
+            items, self.settled = self.settled, []
+            if not self.send(wire.Report(settled=items)):
+                self.settled = items + self.settled  # no scheduler now: with the next one
+
+    def send_call(self, msg: wire.Call) -> None:
+        """A call, carrying the settled calls not reported yet."""
+        if self.settled:
+            msg.settled, self.settled = self.settled, []
+        if not self.send(msg) and msg.settled:
+            self.settled = msg.settled + self.settled
+        msg.settled = []
 
 
 class EdgeApp:
@@ -296,7 +337,7 @@ class EdgeApp:
             first = await sock.recv_multipart()
             for frames in drain.after(first):
                 try:
-                    on(P.decode(frames[-1]))
+                    on(frames[0], P.decode(frames[-1]))
                 except P.ProtocolError as e:
                     log.warning("edge %s: bad message from node %r: %s", self.name, frames[0], e)
 
@@ -372,7 +413,7 @@ class EdgeApp:
         call = EdgeCall(msg)
         self.link.calls[rid] = call
         self.stats["calls"] += 1
-        self.link.send(msg)
+        self.link.send_call(msg)
         if parsed.stream:
             include_usage = bool((parsed.stream_options or {}).get("include_usage"))
             return StreamingResponse(

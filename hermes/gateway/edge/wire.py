@@ -16,6 +16,17 @@ from typing import Any, Literal
 import msgspec
 
 
+class Settled(msgspec.Struct, array_like=True):
+    """A header-less call answered by its node (the edge tells the scheduler, which frees the
+    engine slot and counts it in its metrics)."""
+
+    rid: str
+    node: str
+    engine: str
+    queue_s: float
+    service_s: float
+
+
 class Call(msgspec.Struct, tag="call", omit_defaults=True):
     """One LLM call of a client of the edge: what the scheduler needs to rank, route and
     dispatch it. ``rid`` is the request id (the edge's; nodes answer under it);
@@ -34,6 +45,21 @@ class Call(msgspec.Struct, tag="call", omit_defaults=True):
     unit: str | None = None
     run: str | None = None
     stream: bool = False
+    #: calls of this edge answered since its last message (piggybacked: no message of their
+    #: own under load)
+    settled: list[Settled] = []
+
+    @property
+    def direct(self) -> bool:
+        """Without run or app headers: the scheduler's fast path
+        (:mod:`hermes.gateway.edge.direct`), which the edge reports settled."""
+        return self.run is None and self.app is None
+
+
+class Report(msgspec.Struct, tag="report"):
+    """Calls answered, when no call came to carry them within a few milliseconds."""
+
+    settled: list[Settled]
 
 
 class Cancel(msgspec.Struct, tag="cancel"):
@@ -64,7 +90,7 @@ class CallFailed(msgspec.Struct, tag="failed"):
     message: str
 
 
-EdgeMessage = Call | Cancel | Ping
+EdgeMessage = Call | Cancel | Ping | Report
 SchedulerMessage = Pong | CallFailed
 
 _ENCODER = msgspec.msgpack.Encoder()
