@@ -128,6 +128,8 @@ class EdgeLink:
             return
         for _ in range(self.BATCH):
             try:
+                if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    return  # (asked: a zmq.Again per empty queue costs more than the question)
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
