@@ -3,13 +3,17 @@
 What runs (each its own process, started here, on 127.0.0.1 ports chosen free):
 
 - a real **Redis** (``redis-server``): the scheduler lease and the durable run state;
-- two **gateways** ``hermes serve --ha REDIS --redis REDIS`` with remote nodes: one is
-  elected (the leader), the other is a warm standby. Each is an all-in-one process (HTTP edge
-  and scheduler): the separate edge role is not built, so the load balancer sends all traffic
-  to the leader and "edge-kill" kills the standby front end;
+- two **schedulers** ``hermes serve --role scheduler --ha REDIS --redis REDIS`` with remote
+  nodes: one is elected (the active scheduler), the other is a warm standby;
+- ``--edges N`` (default 2) **edges** ``hermes serve --role edge``: HTTP in front of the
+  active scheduler (found in the lease record), answered straight by the nodes. With
+  ``--edges 0`` the two gateways are all-in-one processes (HTTP and scheduler) instead, the
+  load balancer sends all traffic to the leader, and "edge-kill" kills the standby's front
+  end;
 - two **HermesLets** (``hermeslet run --scheduler A --scheduler B``, built-in engine);
-- a real **haproxy** in front of the two gateways, checking ``GET /readyz`` every 100 ms
-  (only the leader answers 200), retrying a request refused by a standby elsewhere.
+- a real **haproxy** in front of the edges (or the all-in-one gateways), checking
+  ``GET /readyz`` every 100 ms (an edge answers 200 while the active scheduler answers it;
+  an all-in-one gateway while it leads), retrying a refused request elsewhere.
 
 A mixed load goes through haproxy: hosted runs (``POST /v1/runs`` with an
 ``Idempotency-Key``, retried with the same key until accepted, then followed to their end),
@@ -17,8 +21,8 @@ header-less agent loops (plain chat turns growing a conversation, each turn retr
 answered) and streamed chats, with at least ``--min-inflight`` hosted runs in flight when the
 fault strikes. Scenarios, each repeated ``--repeats`` times:
 
-- ``scheduler-kill``: ``kill -9`` of the leader; its standby takes over;
-- ``edge-kill``: ``kill -9`` of the standby front end (clients keep going through haproxy);
+- ``scheduler-kill``: ``kill -9`` of the active scheduler; its standby takes over;
+- ``edge-kill``: ``kill -9`` of an edge (clients keep going through haproxy and the other);
 - ``node-kill``: ``kill -9`` of a HermesLet (its work moves to the other);
 - ``leader-pause``: ``SIGSTOP`` of the leader past its lease, then ``SIGCONT``: the standby
   takes over; the woken ex-leader must dispatch nothing (it stops itself, exit 75, counting
@@ -188,6 +192,8 @@ class Cluster:
             e.start()
         self.wait_leader(60.0)
         self.wait_nodes(60.0)
+        for k in range(self.n_edges):
+            self.wait_edge(k)
         self._start_haproxy(env)
 
     def _start_haproxy(self, env: dict[str, str]) -> None:
@@ -274,6 +280,19 @@ backend gateways
                 return
             time.sleep(0.1)
         raise RuntimeError(f"gateway {i} did not come back within {timeout:.0f} s")
+
+    def wait_edge(self, k: int, timeout: float = 60.0) -> None:
+        """Until edge ``k`` answers ``/readyz`` 200 (it follows the active scheduler)."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{self.edge_ports[k]}/readyz",
+                             timeout=2.0).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"edge {k} not ready within {timeout:.0f} s (logs in {self.workdir})")
 
     def stop(self) -> None:
         for p in [self.haproxy, *self.edges, *self.nodes, *self.gateways, self.redis]:
@@ -546,7 +565,10 @@ async def run_repeat(cl: Cluster, scenario: str, repeat: int, *, runs: int, app:
     failover = scenario in ("scheduler-kill", "leader-pause")
     if scenario == "scheduler-kill":
         cl.gateways[old].signal(signal.SIGKILL)
-    elif scenario == "edge-kill":
+    elif scenario == "edge-kill" and cl.n_edges:  # an edge process (split roles)
+        victim = repeat % cl.n_edges
+        cl.edges[victim].signal(signal.SIGKILL)
+    elif scenario == "edge-kill":  # all-in-one: the standby's front end
         victim = next(i for i in range(len(cl.gateways)) if i != old)
         cl.gateways[victim].signal(signal.SIGKILL)
     elif scenario == "node-kill":
@@ -588,6 +610,9 @@ async def run_repeat(cl: Cluster, scenario: str, repeat: int, *, runs: int, app:
     if scenario in ("scheduler-kill", "leader-pause"):
         cl.gateways[old].start()
         await asyncio.to_thread(cl.wait_standby, old)
+    elif scenario == "edge-kill" and cl.n_edges:
+        cl.edges[victim].start()
+        await asyncio.to_thread(cl.wait_edge, victim)
     elif scenario == "edge-kill":
         cl.gateways[victim].start()
         await asyncio.to_thread(cl.wait_standby, victim)
@@ -773,7 +798,8 @@ def cmd_ha(args: Any) -> int:
             print(f"hermes bench ha: unknown scenario(s) {bad}; known: {', '.join(SCENARIOS)}",
                   file=sys.stderr)
             return 2
-        cl = Cluster(workdir, time_scale=args.time_scale, ttl_s=args.lease_ttl)
+        cl = Cluster(workdir, time_scale=args.time_scale, ttl_s=args.lease_ttl,
+                     n_edges=args.edges)
         try:
             cl.start()
             rows = asyncio.run(run_ha(cl, scenarios, args.repeats, runs=args.runs,
@@ -808,7 +834,12 @@ def add_ha_parser(bsub: Any) -> None:
     s.add_argument("--streams", type=positive_int, default=6,
                    help="concurrent streamed chats, one after another")
     s.add_argument("--time-scale", dest="time_scale", type=positive_float, default=3.0)
-    s.add_argument("--lease-ttl", dest="lease_ttl", type=positive_float, default=1.5)
+    s.add_argument("--lease-ttl", dest="lease_ttl", type=positive_float, default=1.0,
+                   help="the scheduler lease's time to live, s (default 1.0)")
+    s.add_argument("--edges", type=int, default=2, choices=range(0, 9), metavar="N",
+                   help="split roles: N `--role edge` processes behind haproxy in front of "
+                   "an active and a standby `--role scheduler` (default 2); 0: all-in-one "
+                   "gateways (edge-kill then kills the standby's front end)")
     s.add_argument("--scale", action="store_true",
                    help="instead: requests/s and CPU per request with 1 and 2 front ends")
     s.add_argument("--clients", type=positive_int, default=32, help="--scale: clients")
