@@ -632,6 +632,15 @@ async def run_repeat(cl: Cluster, scenario: str, repeat: int, *, runs: int, app:
             await asyncio.to_thread(cl.wait_standby, i)
     if scenario == "leader-pause":
         row["stale_rejected_by_nodes"] = stale
+    if cl.n_edges:  # what the edges saw: calls sent again to a new leader, stale epochs
+        import httpx
+
+        seen = []
+        for p in cl.edge_ports:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                seen.append(httpx.get(f"http://127.0.0.1:{p}/readyz", timeout=3.0).json())
+        row["edge_calls_resent"] = sum(int(d.get("resent") or 0) for d in seen)
+        row["edge_stale_rejected"] = sum(int(d.get("stale_rejected") or 0) for d in seen)
     row.update({
         "runs_accepted": st.accepted, "runs_lost": st.lost,
         "runs_duplicated": st.client_dup + _store_duplicates(cl.redis_url, tag),
