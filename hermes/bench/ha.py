@@ -132,6 +132,8 @@ class Cluster:
     #: split roles: this many ``--role edge`` processes behind haproxy, the gateways then
     #: ``--role scheduler`` (0: all-in-one gateways behind haproxy, as before)
     n_edges: int = 0
+    #: the gateways are ``--role scheduler`` (a socket for edges) even without edge processes
+    edge_socket: bool = False
     edges: list[Proc] = field(default_factory=list)
     edge_ports: list[int] = field(default_factory=list)
 
@@ -163,7 +165,7 @@ class Cluster:
                     "--kb", str(self.workdir / f"gw{i}" / "kb")]
             if self.ha:
                 argv += ["--ha", self.redis_url]
-            if self.n_edges:
+            if self.n_edges or self.edge_socket:
                 argv += ["--role", "scheduler", "--edge-bind", f"tcp://127.0.0.1:{free_port()}"]
             self.gateways.append(Proc(f"gw{i}", argv, self.workdir / f"gw{i}.log",
                                       {**genv, "HERMES_HA__MEMBER": f"gw{i}"}))
@@ -751,6 +753,87 @@ def run_scale(workdir: Path, *, edges: list[int], clients: int, seconds: float,
     return rows
 
 
+def run_scheduler_rate(workdir: Path, *, rates: list[int], seconds: float) -> list[dict]:
+    """The active scheduler alone, driven at fixed rates of header-less calls by a synthetic
+    edge and a synthetic node in this process (both plain ZeroMQ sockets speaking the real
+    wire: the edge sends calls, each carrying the ones answered since its last message; the
+    node takes the submits). What the scheduler process spends per call at rates the
+    loopback HTTP path cannot reach on a small machine: how its fixed costs (lease, sweeps,
+    heartbeats) amortize, and where it saturates."""
+    import zmq
+
+    from hermes import protocol as P
+    from hermes.gateway.edge import wire
+
+    cl = Cluster(workdir / "rate", n_gateways=1, n_nodes=0, ha=True, edge_socket=True)
+    rows: list[dict] = []
+    ctx = zmq.Context()
+    try:
+        edge_port = free_port()
+        cl.start()
+        import redis
+
+        rec = json.loads(redis.Redis.from_url(cl.redis_url).get("hermes:ha:leader") or "{}")
+        node = ctx.socket(zmq.DEALER)
+        node.setsockopt(zmq.IDENTITY, b"synthetic-node")
+        node.connect(rec["nodes_address"])
+        node.send(P.encode(P.Hello(node="synthetic-node", engines=[P.EngineInfo(
+            name="e0", model=MODEL, kind="sim", max_inflight=100_000)])))
+        edge = ctx.socket(zmq.DEALER)
+        edge.connect(rec["edge_address"])
+        reply_to = f"tcp://127.0.0.1:{edge_port}"
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        time.sleep(1.0)
+        lead = cl.gateways[0]
+        n = 0
+        for rate in rates:
+            taken: list[str] = []
+            dispatched = 0
+            tick = 0.002
+            per_tick = rate * tick
+            owed = 0.0
+            sent = 0
+            last_hb = 0.0
+            c0 = lead.cpu_s()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < seconds:
+                owed += per_tick
+                while owed >= 1:
+                    owed -= 1
+                    settled = [wire.Settled(r, "synthetic-node", "e0", 0.0, 0.001)
+                               for r in taken]
+                    taken = []
+                    n += 1
+                    edge.send(wire.encode(wire.Call(
+                        rid=f"r{n}", reply_to=reply_to, model=MODEL, endpoint="chat",
+                        body=body, prompt_tokens=1, settled=settled)))
+                    sent += 1
+                while node.poll(0):
+                    msg = P.decode(node.recv())
+                    if isinstance(msg, P.Submit):
+                        taken.append(msg.request_id)
+                        dispatched += 1
+                now = time.monotonic()
+                if now - last_hb > 0.5:
+                    last_hb = now
+                    node.send(P.encode(P.Heartbeat(node="synthetic-node", engines={
+                        "e0": P.EngineLoad(queued=0, inflight=0)}, time=time.time())))
+                time.sleep(max(0.0, t0 + (sent / rate) - time.monotonic()) if sent else tick)
+            wall = time.monotonic() - t0
+            cpu = lead.cpu_s() - c0
+            rows.append({"edges": "synthetic", "roles": "scheduler alone",
+                         "offered_req_per_s": rate, "req_per_s": round(sent / wall, 1),
+                         "dispatched_per_s": round(dispatched / wall, 1),
+                         "scheduler_cpu_ms_per_req": round(1000 * cpu / max(sent, 1), 3),
+                         "scheduler_cpu_share": round(cpu / wall, 3)})
+        node.close(0)
+        edge.close(0)
+    finally:
+        cl.stop()
+        ctx.term()
+    return rows
+
+
 # ---------------------------------------------------------------------------------- CLI
 def _table(rows: list[dict[str, Any]]) -> str:
     cols = ["scenario", "repeat", "in_flight_at_fault", "runs_accepted", "runs_lost",
@@ -795,11 +878,13 @@ def cmd_ha(args: Any) -> int:
     if args.scale:
         rows = run_scale(workdir, edges=[1, 2], clients=args.clients, seconds=args.seconds,
                          time_scale=args.time_scale)
+        rows += run_scheduler_rate(workdir, rates=args.rates, seconds=min(args.seconds, 5.0))
         for r in rows:
             print(json.dumps(r))
         print("(edges 0: the all-in-one baseline, its scheduler share metered inside the "
               "leader; edges 1, 2: --role edge processes and an active --role scheduler, "
-              "each role's whole process CPU)")
+              "each role's whole process CPU; synthetic: the scheduler alone at fixed rates, "
+              "driven by a synthetic edge and node speaking the real wire)")
     else:
         scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
         bad = [s for s in scenarios if s not in SCENARIOS]
@@ -850,9 +935,14 @@ def add_ha_parser(bsub: Any) -> None:
                    "an active and a standby `--role scheduler` (default 2); 0: all-in-one "
                    "gateways (edge-kill then kills the standby's front end)")
     s.add_argument("--scale", action="store_true",
-                   help="instead: requests/s and CPU per request with 1 and 2 front ends")
+                   help="instead: requests/s and CPU per request of each role: the all-in-one "
+                   "baseline, 1 and 2 edges, the scheduler alone at fixed rates")
     s.add_argument("--clients", type=positive_int, default=32, help="--scale: clients")
     s.add_argument("--seconds", type=positive_float, default=10.0, help="--scale: duration")
+    s.add_argument("--rates", type=lambda v: [positive_int(x) for x in v.split(",")],
+                   default=[1000, 2500, 5000], metavar="R,R,...",
+                   help="--scale: rates (calls/s) the scheduler alone is driven at by a "
+                   "synthetic edge and node (default 1000,2500,5000)")
     s.add_argument("--workdir", default=None, help="logs and state (default: a temp dir)")
     s.add_argument("--json", default=None, help="write the rows as a JSON list to FILE")
     s.add_argument("--verbose", action="store_true", help="print each row as it ends")

@@ -121,11 +121,23 @@ def test_a_stream_is_never_stitched_from_two_nodes() -> None:
         link.on_node_message(b"n0", P.Token(request_id="req-1", text="a", n_tokens=1))
         link.on_node_message(b"n1", P.Token(request_id="req-1", text="a", n_tokens=1))
         assert call.tokens is not None and call.tokens.qsize() == 1
-        link.on_node_message(b"n1", P.Done(request_id="req-1", input_tokens=1,
-                                           output_tokens=1, text="a", engine="e",
-                                           queue_s=0.0, service_s=0.1))
+        done = dict(request_id="req-1", input_tokens=1, output_tokens=1, text="a",
+                    engine="e", queue_s=0.0, service_s=0.1)
+        link.STITCH_WAIT_S = 0.05
+        link.on_node_message(b"n1", P.Done(**done))  # another node's end: waits for n0's
+        assert not call.future.done()
+        await asyncio.sleep(0.1)  # n0 never ends (it died): the stream is failed
         with pytest.raises(CallFailedError, match="mid-stream"):
             await call.future
+        # a copy that ends first while the streaming node goes on: the stream's own end wins
+        call2 = EdgeCall(_call(rid="req-2", stream=True))
+        link.calls["req-2"] = call2
+        done["request_id"] = "req-2"
+        link.on_node_message(b"n0", P.Token(request_id="req-2", text="a", n_tokens=1))
+        link.on_node_message(b"n1", P.Done(**done))
+        link.on_node_message(b"n0", P.Done(**{**done, "text": "mine"}))
+        assert (await call2.future).text == "mine"
+        await asyncio.sleep(0.1)
 
     asyncio.run(go())
 

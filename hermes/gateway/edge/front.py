@@ -21,7 +21,9 @@ Fencing: every scheduler message carries the lease epoch; a message of an epoch 
 the highest seen is dropped and counted (:class:`hermes.core.lease.EpochGate`). When the
 leader changes, the calls that have had no answer yet are sent again to the new one under the
 same request id (the edge takes the first answer; a call the old leader had already given a
-node may then run twice, which a one-request call tolerates: its client sees one answer).
+node may then run twice, which a one-request call tolerates: its client sees one answer; a
+stream keeps the node that sent its first token, and is failed only if that node's end does
+not come within :attr:`SchedulerLink.STITCH_WAIT_S` of another node's).
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ class SchedulerLink:
 
     WATCH_S = 0.1  # how often the lease record is read
     REPORT_S = 0.005  # settled calls wait at most this for a call to carry them
+    STITCH_WAIT_S = 2.0  # a stream's own node's end is awaited this long after another's
     PING_S = 0.2  # how often the scheduler is pinged
     READY_S = 1.0  # ready while a pong of the current leader came within this
 
@@ -259,10 +262,17 @@ class SchedulerLink:
                 self.report(wire.Settled(msg.request_id, node.decode(errors="replace"),
                                          msg.engine, msg.queue_s, msg.service_s))
             if call.source is not None and call.source != node:
-                call.settle(CallFailedError(502, "stream_cut", "the node streaming this "
-                                            "answer was lost mid-stream; retry"))
+                # another node's copy (sent again after a failover, or after the streaming
+                # node died): the streaming node's own end is awaited a while, then the
+                # stream is failed (it cannot be stitched from two answers)
+                asyncio.get_running_loop().call_later(self.STITCH_WAIT_S, self._cut, call)
                 return
             call.settle(msg)
+
+    @staticmethod
+    def _cut(call: EdgeCall) -> None:
+        call.settle(CallFailedError(502, "stream_cut", "the node streaming this answer was "
+                                    "lost mid-stream; retry"))
 
     def report(self, item: wire.Settled) -> None:
         """Tell the scheduler a direct call was answered: with the next call, or within
