@@ -3,7 +3,8 @@
 the built-in engine, all started here and stopped by their PIDs (``hermes.bench.ha.Cluster``):
 
 - header-less chats, plain and streamed, answered through either edge and through haproxy
-  (the node streams to the edge; the scheduler takes the fast path);
+  (the node streams to the edge; the scheduler takes the fast path); calls of a run the
+  client drives (``X-Hermes-Run``) join it through either edge, an unknown run is a 404;
 - a hosted run (``POST /v1/runs`` with ``Idempotency-Key``) survives ``kill -9`` of the active
   scheduler, then one started through an edge survives ``kill -9`` of that edge: each
   finishes once, and its key names the same run afterwards;
@@ -101,6 +102,21 @@ def test_edges_serve_and_hosted_runs_survive_scheduler_and_edge_kills(tmp_path: 
         for port in cl.edge_ports:
             d = httpx.get(f"http://127.0.0.1:{port}/readyz").json()
             assert d["role"] == "edge" and d["epoch"] is not None
+        # a run the client drives: its calls take the full path (the run registry) and the
+        # answers name the run, whichever edge they went through
+        run = httpx.post(f"{cl.url}/v1/runs", json={"app": "factool_kbqa"}, timeout=10)
+        assert run.status_code == 201, run.text
+        run_id = run.json()["run_id"]
+        for port in cl.edge_ports:
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=CHAT,
+                           headers={"X-Hermes-Run": run_id, "X-Hermes-Unit": "verify"},
+                           timeout=30)
+            assert r.status_code == 200 and r.headers["x-hermes-run"] == run_id, r.text
+        units = httpx.get(f"{cl.url}/v1/runs/{run_id}", timeout=10).json()["units"]
+        assert sum(len(u.get("requests") or []) for u in units) == 2, units
+        r = httpx.post(f"{cl.url}/v1/chat/completions", json=CHAT, timeout=30,
+                       headers={"X-Hermes-Run": "run-that-does-not-exist"})
+        assert r.status_code == 404, r.text  # the scheduler's refusal, told by the edge
 
         # kill -9 of the active scheduler with a hosted run in flight
         rid = _post_run(cl.url, "k-sched")

@@ -424,16 +424,22 @@ class EdgeApp:
         self.link.calls[rid] = call
         self.stats["calls"] += 1
         self.link.send_call(msg)
+        # a named run's answers name it, as the all-in-one gateway's do (a one-request run's
+        # id is the scheduler's and is not shown)
+        run_headers = ({RUN_HEADER: msg.run, UNIT_HEADER: msg.unit or "default"}
+                       if msg.run and msg.run.lower() != "none" else {})
         if parsed.stream:
             include_usage = bool((parsed.stream_options or {}).get("include_usage"))
             return StreamingResponse(
                 self._sse(call, endpoint, parsed.model, include_usage),
-                media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                media_type="text/event-stream",
+                headers={**run_headers, "Cache-Control": "no-cache"})
         try:
             done = await self._wait(call)
         except CallFailedError as e:
             return error_response(e.status, str(e), code=e.code)
-        return JSONResponse(completion_object(endpoint, rid, parsed.model, done))
+        return JSONResponse(completion_object(endpoint, rid, parsed.model, done),
+                            headers=run_headers)
 
     async def _wait(self, call: EdgeCall) -> P.Done:
         rid = call.msg.rid
