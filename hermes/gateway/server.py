@@ -269,8 +269,9 @@ def ready_banner(config: GatewayConfig, host: str, port: int) -> str:
     auth = ' -H "Authorization: Bearer $HERMES_API_KEY"' if authed else ""
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]})
     served = ", ".join(models) or "those of the HermesLets that connect"
+    role = {"all": "gateway", "edge": "edge", "scheduler": "scheduler"}[config.ha.role]
     return "\n".join([
-        f"hermes gateway ready on {base} (policy {config.scheduler.policy}, time scale "
+        f"hermes {role} ready on {base} (policy {config.scheduler.policy}, time scale "
         f"{config.scheduler.time_scale:g}, {evloop.loop_name()})",
         f"  OpenAI base URL: {base}/v1   model: {served}   API key: {key}",
         f"  curl {base}/v1/chat/completions{auth} -H 'content-type: application/json' "
