@@ -143,6 +143,7 @@ class SchedulerLink:
         self.leader_changes = 0
         self.bad = 0
         self._recv: asyncio.Task[None] | None = None
+        self._record_epoch: Any = None  # the epoch of the last lease record looked at
 
     # ------------------------------------------------------------------ leader
     def ready(self) -> bool:
@@ -195,8 +196,8 @@ class SchedulerLink:
             except Exception as exc:
                 log.warning("edge %s: cannot read the lease record: %s", self.name, exc)
                 rec = None
-            if rec is not None and (self.leader is None
-                                    or rec.get("epoch") != self.leader.get("epoch")):
+            if rec is not None and rec.get("epoch") != self._record_epoch:
+                self._record_epoch = rec.get("epoch")  # each term is looked at once
                 self.switch(rec)
             await asyncio.sleep(self.WATCH_S)
 
