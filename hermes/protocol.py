@@ -22,6 +22,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 PROTOCOL_VERSION = 1
+#: (additive) the prefix of the request ids an edge mints (split roles): such a request is
+#: answered to its edge (``submit.reply_to``), which cancels it if its client goes away; a
+#: newly elected scheduler that finds one held by a node leaves it running
+EDGE_REQUEST_PREFIX = "edge-"
 DEFAULT_SCHEDULER_ADDRESS = "tcp://127.0.0.1:5557"
 INPROC_ADDRESS = "inproc://hermes-nodes"
 

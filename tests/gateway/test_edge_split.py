@@ -7,7 +7,8 @@ the built-in engine, all started here and stopped by their PIDs (``hermes.bench.
   client drives (``X-Hermes-Run``) join it through either edge, an unknown run is a 404;
 - a hosted run (``POST /v1/runs`` with ``Idempotency-Key``) survives ``kill -9`` of the active
   scheduler, then one started through an edge survives ``kill -9`` of that edge: each
-  finishes once, and its key names the same run afterwards;
+  finishes once, and its key names the same run afterwards; a long stream in flight through
+  an edge survives the scheduler's kill whole;
 - an edge rejects a message of a lower epoch than the scheduler it follows (the test plays a
   scheduler that took the lease with a higher epoch, then sends as a deposed one).
 """
@@ -20,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -118,14 +120,40 @@ def test_edges_serve_and_hosted_runs_survive_scheduler_and_edge_kills(tmp_path: 
                        headers={"X-Hermes-Run": "run-that-does-not-exist"})
         assert r.status_code == 404, r.text  # the scheduler's refusal, told by the edge
 
-        # kill -9 of the active scheduler with a hosted run in flight
+        # kill -9 of the active scheduler with a hosted run and a long stream in flight: the
+        # stream's node answers its edge, and the new scheduler leaves it running (an edge's
+        # call is not an orphan to cancel once recovery's grace is over)
         rid = _post_run(cl.url, "k-sched")
+        got: dict = {}
+        started = threading.Event()
+
+        def long_stream() -> None:
+            events = []
+            with httpx.stream("POST", f"http://127.0.0.1:{cl.edge_ports[1]}/v1/chat/completions",
+                              timeout=60, json={**CHAT, "max_tokens": 4000, "ignore_eos": True,
+                                                "stream": True,
+                                                "stream_options": {"include_usage": True}}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+                        started.set()
+            got["events"] = events
+
+        t = threading.Thread(target=long_stream)
+        t0 = time.monotonic()
+        t.start()
+        assert started.wait(30)
         old = cl.wait_leader(30.0)
         cl.gateways[old].signal(signal.SIGKILL)
         new = cl.wait_leader(30.0, other_than=old)
         assert new != old
         assert _finished(cl.url, rid)["state"] == "finished"
         assert _post_run(cl.url, "k-sched") == rid  # the same run, not a second one
+        t.join(60)
+        events = got["events"]
+        assert time.monotonic() - t0 > 6.0  # it outlived the failover and recovery's grace
+        assert events[-1] == "[DONE]" and not any('"error"' in e for e in events), events[-3:]
+        assert json.loads(events[-2])["usage"]["completion_tokens"] == 4000
         cl.wait_edge(0)
         cl.wait_edge(1)
         _chat_ok(cl.url)  # edges followed the new scheduler
@@ -201,8 +229,6 @@ def test_an_edge_rejects_a_deposed_schedulers_messages(tmp_path: Path) -> None:
                 pass
         assert ready, (tmp_path / "edge.log").read_text()
         with httpx.Client(base_url=base, timeout=30) as http:
-            import threading
-
             got: dict = {}
             t = threading.Thread(target=lambda: got.setdefault(
                 "r", http.post("/v1/chat/completions", json=CHAT)))

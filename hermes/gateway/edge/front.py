@@ -414,7 +414,7 @@ class EdgeApp:
                                   headers={"Retry-After": "1"})
         h = request.headers
         ebody = engine_body(parsed)
-        rid = f"req-{uuid.uuid4().hex[:16]}"
+        rid = f"{P.EDGE_REQUEST_PREFIX}{uuid.uuid4().hex[:16]}"
         msg = wire.Call(rid=rid, reply_to=self.reply_to, model=parsed.model,
                         endpoint=endpoint, body=ebody,
                         prompt_tokens=P.estimate_tokens(endpoint, ebody),
