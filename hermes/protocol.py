@@ -22,6 +22,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 PROTOCOL_VERSION = 1
+#: (additive) the prefix of the request ids an edge mints (split roles): such a request is
+#: answered to its edge (``submit.reply_to``), which cancels it if its client goes away; a
+#: newly elected scheduler that finds one held by a node leaves it running
+EDGE_REQUEST_PREFIX = "edge-"
 DEFAULT_SCHEDULER_ADDRESS = "tcp://127.0.0.1:5557"
 INPROC_ADDRESS = "inproc://hermes-nodes"
 
@@ -240,6 +244,16 @@ class Submit(_FromScheduler):
     #: (additive) the W3C trace context of the request's span (tracing on): the node sends it
     #: as the ``traceparent`` header of its request to an OpenAI-compatible engine
     traceparent: str | None = None
+    #: (additive) split roles (``hermes serve --role edge``): the ZeroMQ address of the edge
+    #: that holds the client's connection. The node sends the request's ``token`` messages
+    #: and its full ``done`` there, and the scheduler only a ``done`` without text or
+    #: response (the counts the ranking and learning need): per-token and per-byte work
+    #: stays off the scheduler. ``None``: everything to the scheduler, as before
+    reply_to: str | None = None
+    #: (additive) with ``reply_to``: the node tells the scheduler nothing of this request's
+    #: success (the edge reports it, batched with its next call); a failure still goes to
+    #: the scheduler, which retries or tells the edge
+    reply_only: bool = False
 
     def prompt_estimate(self) -> int:
         """The prompt's tokens as the gateway estimated them, else estimated from ``body``."""

@@ -40,6 +40,7 @@ from hermes import protocol as P
 from hermes.core.kv_gate import KvGate
 from hermes.core.ordering import KeyedQueue
 from hermes.core.prewarm import resource_kind, resource_model
+from hermeslet.edges import EdgeSockets
 from hermeslet.engines.base import (
     TRACEPARENT,
     Endpoint,
@@ -175,6 +176,8 @@ class HermesLet:
         self.draining: dict[str, _EngineSlot] = {}
         self._placement_lock = asyncio.Lock()
         self._kv_tasks: dict[str, asyncio.Task[None]] = {}  # followers of placed engines
+        #: DEALER sockets to the edges that requests name as ``reply_to`` (split roles)
+        self.edges = EdgeSockets(self.ctx, node)
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -291,6 +294,7 @@ class HermesLet:
             for sock in self.socks:
                 sock.close(linger=0)
             self.socks = []
+            self.edges.close()
             if self._own_ctx:
                 self.ctx.term()
 
@@ -715,21 +719,31 @@ class HermesLet:
                 if isinstance(out, GenChunk):
                     if ttft is None:
                         ttft = time.monotonic() - released
-                    await self._send(P.Token(request_id=sub.request_id, text=out.text,
-                                             n_tokens=out.n_tokens, chunk=out.chunk))
+                    token = P.Token(request_id=sub.request_id, text=out.text,
+                                    n_tokens=out.n_tokens, chunk=out.chunk)
+                    if sub.reply_to is not None:  # straight to the client's edge
+                        self.edges.send(sub.reply_to, token)
+                    else:
+                        await self._send(token)
                 else:
                     result = out
             if result is None:
                 raise EngineError("engine ended without a result", retryable=True)
             end = time.monotonic()
-            await self._send(P.Done(
+            done = P.Done(
                 request_id=sub.request_id, input_tokens=result.input_tokens,
                 output_tokens=result.output_tokens, text=result.text,
                 finish_reason=result.finish_reason, engine=eng.name,
                 queue_s=released - item.arrival, service_s=end - released,
                 ttft_s=ttft if ttft is not None else (end - released),
                 response=result.response,
-            ))
+            )
+            if sub.reply_to is None:
+                await self._send(done)
+            else:  # the answer to the edge; the counts to the scheduler unless the edge says
+                self.edges.send(sub.reply_to, done)
+                if not sub.reply_only:
+                    await self._send(done.model_copy(update={"text": "", "response": None}))
         except asyncio.CancelledError:
             if slot.abandoned is not None:  # its engine's drain timed out (_abandon)
                 await self._send(P.Failed(request_id=sub.request_id, error=slot.abandoned,

@@ -3,13 +3,17 @@
 What runs (each its own process, started here, on 127.0.0.1 ports chosen free):
 
 - a real **Redis** (``redis-server``): the scheduler lease and the durable run state;
-- two **gateways** ``hermes serve --ha REDIS --redis REDIS`` with remote nodes: one is
-  elected (the leader), the other is a warm standby. Each is an all-in-one process (HTTP edge
-  and scheduler): the separate edge role is not built, so the load balancer sends all traffic
-  to the leader and "edge-kill" kills the standby front end;
+- two **schedulers** ``hermes serve --role scheduler --ha REDIS --redis REDIS`` with remote
+  nodes: one is elected (the active scheduler), the other is a warm standby;
+- ``--edges N`` (default 2) **edges** ``hermes serve --role edge``: HTTP in front of the
+  active scheduler (found in the lease record), answered straight by the nodes. With
+  ``--edges 0`` the two gateways are all-in-one processes (HTTP and scheduler) instead, the
+  load balancer sends all traffic to the leader, and "edge-kill" kills the standby's front
+  end;
 - two **HermesLets** (``hermeslet run --scheduler A --scheduler B``, built-in engine);
-- a real **haproxy** in front of the two gateways, checking ``GET /readyz`` every 100 ms
-  (only the leader answers 200), retrying a request refused by a standby elsewhere.
+- a real **haproxy** in front of the edges (or the all-in-one gateways), checking
+  ``GET /readyz`` every 100 ms (an edge answers 200 while the active scheduler answers it;
+  an all-in-one gateway while it leads), retrying a refused request elsewhere.
 
 A mixed load goes through haproxy: hosted runs (``POST /v1/runs`` with an
 ``Idempotency-Key``, retried with the same key until accepted, then followed to their end),
@@ -17,8 +21,8 @@ header-less agent loops (plain chat turns growing a conversation, each turn retr
 answered) and streamed chats, with at least ``--min-inflight`` hosted runs in flight when the
 fault strikes. Scenarios, each repeated ``--repeats`` times:
 
-- ``scheduler-kill``: ``kill -9`` of the leader; its standby takes over;
-- ``edge-kill``: ``kill -9`` of the standby front end (clients keep going through haproxy);
+- ``scheduler-kill``: ``kill -9`` of the active scheduler; its standby takes over;
+- ``edge-kill``: ``kill -9`` of an edge (clients keep going through haproxy and the other);
 - ``node-kill``: ``kill -9`` of a HermesLet (its work moves to the other);
 - ``leader-pause``: ``SIGSTOP`` of the leader past its lease, then ``SIGCONT``: the standby
   takes over; the woken ex-leader must dispatch nothing (it stops itself, exit 75, counting
@@ -125,6 +129,13 @@ class Cluster:
     redis_url: str = ""
     #: more environment for the gateways (``--scale``: ``HERMES_ROLE_CPU=1``)
     gateway_env: dict[str, str] = field(default_factory=dict)
+    #: split roles: this many ``--role edge`` processes behind haproxy, the gateways then
+    #: ``--role scheduler`` (0: all-in-one gateways behind haproxy, as before)
+    n_edges: int = 0
+    #: the gateways are ``--role scheduler`` (a socket for edges) even without edge processes
+    edge_socket: bool = False
+    edges: list[Proc] = field(default_factory=list)
+    edge_ports: list[int] = field(default_factory=list)
 
     def start(self) -> None:
         for tool in ("redis-server", "haproxy"):
@@ -154,6 +165,8 @@ class Cluster:
                     "--kb", str(self.workdir / f"gw{i}" / "kb")]
             if self.ha:
                 argv += ["--ha", self.redis_url]
+            if self.n_edges or self.edge_socket:
+                argv += ["--role", "scheduler", "--edge-bind", f"tcp://127.0.0.1:{free_port()}"]
             self.gateways.append(Proc(f"gw{i}", argv, self.workdir / f"gw{i}.log",
                                       {**genv, "HERMES_HA__MEMBER": f"gw{i}"}))
         for j in range(self.n_nodes):
@@ -163,19 +176,34 @@ class Cluster:
             for p in self.zmq_ports:
                 argv += ["--scheduler", f"tcp://127.0.0.1:{p}"]
             self.nodes.append(Proc(f"n{j}", argv, self.workdir / f"n{j}.log", env))
+        self.edge_ports = [free_port() for _ in range(self.n_edges)]
+        for k in range(self.n_edges):
+            argv = [sys.executable, "-m", "hermes.cli", "serve", "--role", "edge",
+                    "--ha", self.redis_url, "--host", "127.0.0.1",
+                    "--port", str(self.edge_ports[k]),
+                    "--bind", f"tcp://127.0.0.1:{free_port()}",
+                    "--state-dir", str(self.workdir / f"edge{k}")]
+            self.edges.append(Proc(f"edge{k}", argv, self.workdir / f"edge{k}.log",
+                                   {**genv, "HERMES_HA__MEMBER": f"edge{k}"}))
         for g in self.gateways:
             g.start()
             time.sleep(0.3)  # the first one started is the first leader
         for n in self.nodes:
             n.start()
+        for e in self.edges:
+            e.start()
         self.wait_leader(60.0)
         self.wait_nodes(60.0)
+        for k in range(self.n_edges):
+            self.wait_edge(k)
         self._start_haproxy(env)
 
     def _start_haproxy(self, env: dict[str, str]) -> None:
         port = free_port()
-        servers = "\n".join(f"  server gw{i} 127.0.0.1:{p} check"
-                            for i, p in enumerate(self.http_ports))
+        front = [("edge", p) for p in self.edge_ports] if self.n_edges else \
+            [("gw", p) for p in self.http_ports]
+        servers = "\n".join(f"  server {kind}{i} 127.0.0.1:{p} check"
+                            for i, (kind, p) in enumerate(front))
         cfg = self.workdir / "haproxy.cfg"
         cfg.write_text(f"""global
   maxconn 4096
@@ -255,8 +283,21 @@ backend gateways
             time.sleep(0.1)
         raise RuntimeError(f"gateway {i} did not come back within {timeout:.0f} s")
 
+    def wait_edge(self, k: int, timeout: float = 60.0) -> None:
+        """Until edge ``k`` answers ``/readyz`` 200 (it follows the active scheduler)."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{self.edge_ports[k]}/readyz",
+                             timeout=2.0).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"edge {k} not ready within {timeout:.0f} s (logs in {self.workdir})")
+
     def stop(self) -> None:
-        for p in [self.haproxy, *self.nodes, *self.gateways, self.redis]:
+        for p in [self.haproxy, *self.edges, *self.nodes, *self.gateways, self.redis]:
             if p is not None:
                 p.stop()
 
@@ -526,7 +567,10 @@ async def run_repeat(cl: Cluster, scenario: str, repeat: int, *, runs: int, app:
     failover = scenario in ("scheduler-kill", "leader-pause")
     if scenario == "scheduler-kill":
         cl.gateways[old].signal(signal.SIGKILL)
-    elif scenario == "edge-kill":
+    elif scenario == "edge-kill" and cl.n_edges:  # an edge process (split roles)
+        victim = repeat % cl.n_edges
+        cl.edges[victim].signal(signal.SIGKILL)
+    elif scenario == "edge-kill":  # all-in-one: the standby's front end
         victim = next(i for i in range(len(cl.gateways)) if i != old)
         cl.gateways[victim].signal(signal.SIGKILL)
     elif scenario == "node-kill":
@@ -568,6 +612,9 @@ async def run_repeat(cl: Cluster, scenario: str, repeat: int, *, runs: int, app:
     if scenario in ("scheduler-kill", "leader-pause"):
         cl.gateways[old].start()
         await asyncio.to_thread(cl.wait_standby, old)
+    elif scenario == "edge-kill" and cl.n_edges:
+        cl.edges[victim].start()
+        await asyncio.to_thread(cl.wait_edge, victim)
     elif scenario == "edge-kill":
         cl.gateways[victim].start()
         await asyncio.to_thread(cl.wait_standby, victim)
@@ -587,6 +634,15 @@ async def run_repeat(cl: Cluster, scenario: str, repeat: int, *, runs: int, app:
             await asyncio.to_thread(cl.wait_standby, i)
     if scenario == "leader-pause":
         row["stale_rejected_by_nodes"] = stale
+    if cl.n_edges:  # what the edges saw: calls sent again to a new leader, stale epochs
+        import httpx
+
+        seen = []
+        for p in cl.edge_ports:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                seen.append(httpx.get(f"http://127.0.0.1:{p}/readyz", timeout=3.0).json())
+        row["edge_calls_resent"] = sum(int(d.get("resent") or 0) for d in seen)
+        row["edge_stale_rejected"] = sum(int(d.get("stale_rejected") or 0) for d in seen)
     row.update({
         "runs_accepted": st.accepted, "runs_lost": st.lost,
         "runs_duplicated": st.client_dup + _store_duplicates(cl.redis_url, tag),
@@ -635,46 +691,146 @@ def _sched_cpu_s(cl: Cluster, i: int) -> float:
     return float(h.get("scheduler_cpu_ns", 0)) / 1e9
 
 
+def _cpu(procs: list[Proc]) -> list[float]:
+    return [p.cpu_s() for p in procs]
+
+
+def _measure(cl: Cluster, clients: int, seconds: float) -> dict[str, Any]:
+    """A warm-up, then ``seconds`` of closed-loop chats through haproxy: requests done, wall
+    time, and the CPU seconds each process spent meanwhile (/proc)."""
+    asyncio.run(_closed_loop(cl.url, clients, 2.0))  # warm-up
+    lead = cl.leader()
+    assert lead is not None
+    groups = {"gateways": cl.gateways, "edges": cl.edges, "nodes": cl.nodes}
+    before = {k: _cpu(v) for k, v in groups.items()}
+    s0 = _sched_cpu_s(cl, lead) if not cl.n_edges else 0.0
+    t0 = time.monotonic()
+    done = asyncio.run(_closed_loop(cl.url, clients, seconds))
+    wall = time.monotonic() - t0
+    cpu = {k: [a - b for a, b in zip(_cpu(v), before[k], strict=True)]
+           for k, v in groups.items()}
+    metered = _sched_cpu_s(cl, lead) - s0 if not cl.n_edges else 0.0
+    return {"lead": lead, "done": done, "wall": wall, "cpu": cpu, "metered": metered}
+
+
 def run_scale(workdir: Path, *, edges: list[int], clients: int, seconds: float,
               time_scale: float) -> list[dict[str, Any]]:
-    """Closed-loop one-request chats through haproxy with 1 and 2 front ends: requests/s and
-    CPU per request of each process. The processes are all-in-one (the separate edge role is
-    not built): the leader does the edge's and the scheduler's work, a standby neither. The
-    scheduler's share is the thread CPU time of its own work (node messages, submissions,
-    the sweep: ``HERMES_ROLE_CPU=1``), what a separate scheduler would spend at least; the
-    edge's is the rest of the leader's CPU."""
+    """Closed-loop one-request chats (no Hermes headers) through haproxy: requests/s and CPU
+    per request of each role, from each process's CPU time (/proc), in one invocation:
+
+    - ``edges`` = 0: the baseline, all-in-one gateways (a leader doing the edge's and the
+      scheduler's work, a standby); its scheduler share is the thread CPU of the scheduler's
+      own work in the leader (``HERMES_ROLE_CPU=1``), the edge share the rest of the leader;
+    - ``edges`` = N > 0: split roles, N ``--role edge`` processes behind haproxy, an active and
+      a standby ``--role scheduler``: each role's figure is its processes' whole CPU time.
+    """
     rows = []
-    for n in edges:
-        cl = Cluster(workdir / f"scale{n}", time_scale=time_scale, n_gateways=n,
-                     ha=True, gateway_env={"HERMES_ROLE_CPU": "1"})
+    for n in [0, *edges]:
+        cl = Cluster(workdir / f"scale-e{n}", time_scale=time_scale, n_gateways=2,
+                     ha=True, n_edges=n,
+                     gateway_env={"HERMES_ROLE_CPU": "1"} if n == 0 else {})
         try:
             cl.start()
-            asyncio.run(_closed_loop(cl.url, clients, 2.0))  # warm-up
-            lead = cl.leader()
-            assert lead is not None
-            cpu0 = [g.cpu_s() for g in cl.gateways]
-            ncpu0 = [p.cpu_s() for p in cl.nodes]
-            s0 = _sched_cpu_s(cl, lead)
-            t0 = time.monotonic()
-            done = asyncio.run(_closed_loop(cl.url, clients, seconds))
-            wall = time.monotonic() - t0
-            cpu = [g.cpu_s() - c for g, c in zip(cl.gateways, cpu0, strict=True)]
-            ncpu = sum(p.cpu_s() - c for p, c in zip(cl.nodes, ncpu0, strict=True))
-            sched = _sched_cpu_s(cl, lead) - s0
-            per = max(done, 1)
+            m = _measure(cl, clients, seconds)
+            lead, per = m["lead"], max(m["done"], 1)
+            gw = m["cpu"]["gateways"]
+            standby = sum(c for i, c in enumerate(gw) if i != lead)
+            sched = m["metered"] if n == 0 else gw[lead]
+            edge = gw[lead] - m["metered"] if n == 0 else sum(m["cpu"]["edges"])
             rows.append({
-                "edges": n, "requests": done, "req_per_s": round(done / wall, 1),
+                "edges": n, "roles": "all-in-one" if n == 0 else "split",
+                "requests": m["done"], "req_per_s": round(m["done"] / m["wall"], 1),
                 "scheduler_cpu_ms_per_req": round(1000 * sched / per, 3),
-                "edge_cpu_ms_per_req": round(1000 * (cpu[lead] - sched) / per, 3),
-                "leader_cpu_ms_per_req": round(1000 * cpu[lead] / per, 3),
-                "standby_cpu_ms_per_req": (round(1000 * sum(c for i, c in enumerate(cpu)
-                                                            if i != lead) / per, 3)
-                                           if n > 1 else None),
-                "node_cpu_ms_per_req": round(1000 * ncpu / per, 3),
-                "roles": "all-in-one (the edge and scheduler in one process)",
+                "edge_cpu_ms_per_req": round(1000 * edge / per, 3),
+                "per_edge_cpu_ms_per_req": ([round(1000 * c / per, 3) for c in m["cpu"]["edges"]]
+                                            if n else None),
+                "leader_cpu_ms_per_req": round(1000 * gw[lead] / per, 3),
+                "standby_cpu_ms_per_req": round(1000 * standby / per, 3),
+                "node_cpu_ms_per_req": round(1000 * sum(m["cpu"]["nodes"]) / per, 3),
             })
         finally:
             cl.stop()
+    return rows
+
+
+def run_scheduler_rate(workdir: Path, *, rates: list[int], seconds: float) -> list[dict]:
+    """The active scheduler alone, driven at fixed rates of header-less calls by a synthetic
+    edge and a synthetic node in this process (both plain ZeroMQ sockets speaking the real
+    wire: the edge sends calls, each carrying the ones answered since its last message; the
+    node takes the submits). What the scheduler process spends per call at rates the
+    loopback HTTP path cannot reach on a small machine: how its fixed costs (lease, sweeps,
+    heartbeats) amortize, and where it saturates."""
+    import zmq
+
+    from hermes import protocol as P
+    from hermes.gateway.edge import wire
+
+    cl = Cluster(workdir / "rate", n_gateways=1, n_nodes=0, ha=True, edge_socket=True)
+    rows: list[dict] = []
+    ctx = zmq.Context()
+    try:
+        edge_port = free_port()
+        cl.start()
+        import redis
+
+        rec = json.loads(redis.Redis.from_url(cl.redis_url).get("hermes:ha:leader") or "{}")
+        node = ctx.socket(zmq.DEALER)
+        node.setsockopt(zmq.IDENTITY, b"synthetic-node")
+        node.connect(rec["nodes_address"])
+        node.send(P.encode(P.Hello(node="synthetic-node", engines=[P.EngineInfo(
+            name="e0", model=MODEL, kind="sim", max_inflight=100_000)])))
+        edge = ctx.socket(zmq.DEALER)
+        edge.connect(rec["edge_address"])
+        reply_to = f"tcp://127.0.0.1:{edge_port}"
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        time.sleep(1.0)
+        lead = cl.gateways[0]
+        n = 0
+        for rate in rates:
+            taken: list[str] = []
+            dispatched = 0
+            tick = 0.002
+            per_tick = rate * tick
+            owed = 0.0
+            sent = 0
+            last_hb = 0.0
+            c0 = lead.cpu_s()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < seconds:
+                owed += per_tick
+                while owed >= 1:
+                    owed -= 1
+                    settled = [wire.Settled(r, "synthetic-node", "e0", 0.0, 0.001)
+                               for r in taken]
+                    taken = []
+                    n += 1
+                    edge.send(wire.encode(wire.Call(
+                        rid=f"r{n}", reply_to=reply_to, model=MODEL, endpoint="chat",
+                        body=body, prompt_tokens=1, settled=settled)))
+                    sent += 1
+                while node.poll(0):
+                    msg = P.decode(node.recv())
+                    if isinstance(msg, P.Submit):
+                        taken.append(msg.request_id)
+                        dispatched += 1
+                now = time.monotonic()
+                if now - last_hb > 0.5:
+                    last_hb = now
+                    node.send(P.encode(P.Heartbeat(node="synthetic-node", engines={
+                        "e0": P.EngineLoad(queued=0, inflight=0)}, time=time.time())))
+                time.sleep(max(0.0, t0 + (sent / rate) - time.monotonic()) if sent else tick)
+            wall = time.monotonic() - t0
+            cpu = lead.cpu_s() - c0
+            rows.append({"edges": "synthetic", "roles": "scheduler alone",
+                         "offered_req_per_s": rate, "req_per_s": round(sent / wall, 1),
+                         "dispatched_per_s": round(dispatched / wall, 1),
+                         "scheduler_cpu_ms_per_req": round(1000 * cpu / max(sent, 1), 3),
+                         "scheduler_cpu_share": round(cpu / wall, 3)})
+        node.close(0)
+        edge.close(0)
+    finally:
+        cl.stop()
+        ctx.term()
     return rows
 
 
@@ -722,9 +878,13 @@ def cmd_ha(args: Any) -> int:
     if args.scale:
         rows = run_scale(workdir, edges=[1, 2], clients=args.clients, seconds=args.seconds,
                          time_scale=args.time_scale)
+        rows += run_scheduler_rate(workdir, rates=args.rates, seconds=min(args.seconds, 5.0))
         for r in rows:
             print(json.dumps(r))
-        print("(all-in-one processes: no separate edge role; the standby serves nothing)")
+        print("(edges 0: the all-in-one baseline, its scheduler share metered inside the "
+              "leader; edges 1, 2: --role edge processes and an active --role scheduler, "
+              "each role's whole process CPU; synthetic: the scheduler alone at fixed rates, "
+              "driven by a synthetic edge and node speaking the real wire)")
     else:
         scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
         bad = [s for s in scenarios if s not in SCENARIOS]
@@ -732,7 +892,8 @@ def cmd_ha(args: Any) -> int:
             print(f"hermes bench ha: unknown scenario(s) {bad}; known: {', '.join(SCENARIOS)}",
                   file=sys.stderr)
             return 2
-        cl = Cluster(workdir, time_scale=args.time_scale, ttl_s=args.lease_ttl)
+        cl = Cluster(workdir, time_scale=args.time_scale, ttl_s=args.lease_ttl,
+                     n_edges=args.edges)
         try:
             cl.start()
             rows = asyncio.run(run_ha(cl, scenarios, args.repeats, runs=args.runs,
@@ -767,11 +928,21 @@ def add_ha_parser(bsub: Any) -> None:
     s.add_argument("--streams", type=positive_int, default=6,
                    help="concurrent streamed chats, one after another")
     s.add_argument("--time-scale", dest="time_scale", type=positive_float, default=3.0)
-    s.add_argument("--lease-ttl", dest="lease_ttl", type=positive_float, default=1.5)
+    s.add_argument("--lease-ttl", dest="lease_ttl", type=positive_float, default=1.0,
+                   help="the scheduler lease's time to live, s (default 1.0)")
+    s.add_argument("--edges", type=int, default=2, choices=range(0, 9), metavar="N",
+                   help="split roles: N `--role edge` processes behind haproxy in front of "
+                   "an active and a standby `--role scheduler` (default 2); 0: all-in-one "
+                   "gateways (edge-kill then kills the standby's front end)")
     s.add_argument("--scale", action="store_true",
-                   help="instead: requests/s and CPU per request with 1 and 2 front ends")
+                   help="instead: requests/s and CPU per request of each role: the all-in-one "
+                   "baseline, 1 and 2 edges, the scheduler alone at fixed rates")
     s.add_argument("--clients", type=positive_int, default=32, help="--scale: clients")
     s.add_argument("--seconds", type=positive_float, default=10.0, help="--scale: duration")
+    s.add_argument("--rates", type=lambda v: [positive_int(x) for x in v.split(",")],
+                   default=[1000, 2500, 5000], metavar="R,R,...",
+                   help="--scale: rates (calls/s) the scheduler alone is driven at by a "
+                   "synthetic edge and node (default 1000,2500,5000)")
     s.add_argument("--workdir", default=None, help="logs and state (default: a temp dir)")
     s.add_argument("--json", default=None, help="write the rows as a JSON list to FILE")
     s.add_argument("--verbose", action="store_true", help="print each row as it ends")

@@ -26,6 +26,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         election=args.ha,
         curve_dir=args.curve_dir,
         unsafe_unsandboxed=True if args.unsafe_unsandboxed_tools else None,
+        **{"ha.role": args.role, "ha.edge_bind": args.edge_bind,
+           "ha.advertise": args.advertise},
     )
     try:
         serve(config)
@@ -82,6 +84,18 @@ def add_parsers(sub: Any) -> None:
                    help="elected schedulers: take part in the election for the scheduler lease "
                    "in this Redis (a standby until elected; needs --redis and remote "
                    "HermesLets; see the High availability page of the docs)")
+    s.add_argument("--role", choices=("all", "edge", "scheduler"),
+                   help="which part of the gateway this process runs (default all: HTTP and "
+                   "scheduler in one process). edge: HTTP only, many behind a load balancer, "
+                   "answers straight from the nodes (--bind: the address nodes send them "
+                   "to); scheduler: ranking, runs, dispatch, node sockets, elected (--ha) and "
+                   "called by edges on --edge-bind. Both need --ha (docs/ha.md)")
+    s.add_argument("--edge-bind", dest="edge_bind", metavar="ADDRESS",
+                   help="--role scheduler: the ZeroMQ address edges send calls to, e.g. "
+                   "tcp://0.0.0.0:5560 (advertised in the lease record)")
+    s.add_argument("--advertise", metavar="HOST",
+                   help="the host others reach this process by, in place of 0.0.0.0 in the "
+                   "addresses it advertises (e.g. the pod IP)")
     s.add_argument("--curve-dir", dest="curve_dir",
                    help="CURVE certificates (hermes keys curve): HermesLets must authenticate")
     s.add_argument("--unsafe-unsandboxed-tools", dest="unsafe_unsandboxed_tools",

@@ -111,3 +111,31 @@ class LeaseState:
             self.lost()
             return True
         return False
+
+
+class EpochGate:
+    """A receiver's fencing rule for messages from elected schedulers (an edge, a node).
+
+    It keeps the highest epoch seen. A message of a lower epoch comes from a deposed
+    scheduler (paused past its lease, its frames still in flight): it is **stale** and must
+    not be applied. A higher epoch is a **new** leader (the receiver follows it: resends
+    what the old one may have lost). ``None`` (a scheduler without election) is applied.
+    """
+
+    __slots__ = ("epoch", "stale_rejected")
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None
+        self.stale_rejected = 0
+
+    def judge(self, epoch: int | None) -> Literal["apply", "new", "stale"]:
+        """What to do with a message stamped ``epoch`` (counts the stale ones)."""
+        if epoch is None:
+            return "apply"
+        if self.epoch is not None and epoch < self.epoch:
+            self.stale_rejected += 1
+            return "stale"
+        if self.epoch is None or epoch > self.epoch:
+            self.epoch = epoch
+            return "new"
+        return "apply"

@@ -174,6 +174,11 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
                 node_task = asyncio.create_task(agent.run(), name="hermeslet-embedded")
                 app.state.node = agent
                 await sched.wait_for_nodes(30.0)
+            if config.ha.role == "scheduler":  # split roles: the socket edges call
+                from hermes.gateway.edge.link import EdgeLink
+
+                app.state.edge_link = EdgeLink(sched, config.ha.edge_bind, ctx)
+                app.state.edge_link.start()
             sched.recover(app.state.hosted)  # resume or fail stored runs (issue 7)
             if config.placement.auto:  # issue 22: re-place the models by itself
                 from hermes.gateway.placer import Placer
@@ -201,6 +206,8 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
                 agent.stop()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await asyncio.wait_for(node_task, 10.0)
+            if app.state.edge_link is not None:
+                app.state.edge_link.close()
             await sched.stop()
             if app.state.tracing is not None:
                 app.state.tracing.shutdown()  # flushes what is queued
@@ -218,6 +225,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     )
     app.state.config = config
     app.state.node = None  # the embedded HermesLet, once started
+    app.state.edge_link = None  # --role scheduler: the socket edges call (hermes.gateway.edge)
     app.state.placer = None  # the re-placement loop, with placement.auto
     app.state.ha = None  # this process's part in the scheduler election, with [ha] election
     app.state.hosted = HostedRegistry.from_config(config)

@@ -381,6 +381,27 @@ class HAConfig(_Section):
     lease_renew_s: float = Field(default=0.3, gt=0.0)
     #: this scheduler's name in the leader record ("": host:pid)
     member: str = ""
+    #: which part of the gateway this process runs (``hermes serve --role``): ``all`` (the
+    #: HTTP edge and the scheduler in one process, the default), ``edge`` (HTTP only: calls go
+    #: to the active scheduler, found in the lease record; answers come from the nodes) or
+    #: ``scheduler`` (ranking, runs, dispatch, node sockets; takes calls from edges on
+    #: ``edge_bind``). ``edge`` and ``scheduler`` need ``election`` (docs/ha.md)
+    role: Literal["all", "edge", "scheduler"] = "all"
+    #: a scheduler's ZeroMQ address for edges (``--edge-bind``, e.g. ``tcp://0.0.0.0:5560``),
+    #: advertised in the lease record; "": none (edges cannot use this scheduler)
+    edge_bind: str = ""
+    #: the host others reach this process by, put in place of ``0.0.0.0``/``*`` in the
+    #: addresses it advertises (a scheduler's ``edge_bind``, an edge's ``scheduler.bind``
+    #: where nodes send answers); "": the address as bound
+    advertise: str = ""
+
+    def advertised(self, address: str) -> str:
+        """``address`` as others should dial it (``advertise`` for a wildcard host)."""
+        if self.advertise:
+            for wild in ("//0.0.0.0:", "//*:"):
+                if wild in address:
+                    return address.replace(wild, f"//{self.advertise}:")
+        return address
 
 
 #: session headers that agent tools and gateways send, strongest first (sources: the
@@ -579,6 +600,22 @@ class GatewayConfig(_Section):
     def _ha_needs_shared_state(self) -> GatewayConfig:
         """Elected schedulers share their runs through Redis and serve remote nodes: a
         standby that takes over must find the accepted runs and the nodes' work."""
+        role = self.ha.role
+        if role != "all" and not self.ha.election:
+            raise ValueError(f"[ha] role = {role!r} needs the election store (--ha REDIS_URL): "
+                             "edges find the active scheduler in its lease record")
+        if role == "scheduler" and not self.ha.edge_bind:
+            raise ValueError("[ha] role = 'scheduler' needs [ha] edge_bind (--edge-bind "
+                             "tcp://HOST:PORT): the address edges send their calls to")
+        if role == "edge":
+            if not self.scheduler.bind:
+                raise ValueError("[ha] role = 'edge' needs --bind tcp://HOST:PORT: the address "
+                                 "nodes send this edge's answers to")
+            if self.security.curve_dir:
+                raise ValueError("[ha] role = 'edge' does not take CURVE (--curve-dir) yet: "
+                                 "nodes send it answers over plain ZeroMQ; run edges and "
+                                 "nodes on a private network (docs/ha.md)")
+            return self
         if self.ha.election:
             if self.scheduler.embedded_node:
                 raise ValueError("[ha] election needs remote HermesLets (scheduler.embedded_node"

@@ -69,6 +69,11 @@ class Dispatcher(RunObserver):
         self.on_orphan: Callable[[Done | ToolDone], object] | None = None
         #: told of every send (tracing on: :meth:`hermes.gateway.tracing.RunTracer.sent`)
         self.trace: Any | None = None
+        #: split roles: takes a ``done``/``failed`` of a request sent outside this dispatcher
+        #: (an edge's header-less call: :mod:`hermes.gateway.edge.direct`); True: taken
+        self.external: Callable[[Done | Failed], bool] | None = None
+        #: split roles: told when a node is gone (after this dispatcher moved its work)
+        self.on_node_gone: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ submission
     def request_view(self, run: LiveRun, inv: UnitInvocation, rid: str, input_tokens: int,
@@ -94,23 +99,31 @@ class Dispatcher(RunObserver):
         body: dict[str, Any],
         stream: bool = False,
         native: dict[str, Any] | None = None,
+        request_id: str | None = None,
+        reply_to: str | None = None,
+        prompt_tokens: int | None = None,
     ) -> PendingRequest:
         """Queue an LLM request of ``run`` (in ``inv``) at the least-loaded engine of ``model``
-        (``native``: the request in the client's own API, :attr:`hermes.protocol.Submit.native`)."""
+        (``native``: the request in the client's own API, :attr:`hermes.protocol.Submit.native`;
+        ``request_id``: the id an edge chose, ``reply_to``: that edge's address, where the
+        node sends the tokens and the answer, :attr:`hermes.protocol.Submit.reply_to`;
+        ``prompt_tokens``: the edge's estimate, so the scheduler does not read the body)."""
         if run.status not in ACTIVE:
             raise RunNotActive(f"run {run.run_id!r} is {run.status}")
         if not self.nodes.nodes:
             await self.nodes.wait_for_nodes()
         now = self.ctx.now()
         self.prewarm.note_request(run.app, inv.unit, body, run.state.tenant)
-        rid = f"req-{uuid.uuid4().hex[:16]}"
+        rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
-        prompt_tokens = estimate_tokens(endpoint, body)
+        if prompt_tokens is None:
+            prompt_tokens = estimate_tokens(endpoint, body)
         view = self.request_view(run, inv, rid, prompt_tokens, max_tokens, now)
         key = policy_key(self.ctx.policy, run.state, view, now)
         msg = Submit(
             request_id=rid, run_id=run.run_id, unit=inv.unit, model=model, endpoint=endpoint,
             body=body, stream=stream, key=list(key), prompt_tokens=prompt_tokens, native=native,
+            reply_to=reply_to,
         )
         req = PendingRequest(
             request_id=rid, run=run, inv=inv, kind="llm", msg=msg, view=view, key=key,
@@ -375,6 +388,9 @@ class Dispatcher(RunObserver):
     def handle(self, identity: bytes, msg: Any) -> None:
         """One node message (see the module docstring)."""
         self.nodes.observe(identity, msg)
+        if (self.external is not None and isinstance(msg, Done | Failed)
+                and msg.request_id not in self.requests and self.external(msg)):
+            return
         if isinstance(msg, Done | ToolDone) and msg.request_id not in self.requests:
             if self.on_orphan is not None:
                 self.on_orphan(msg)  # a result from before a restart (issue 7)
@@ -477,4 +493,6 @@ class Dispatcher(RunObserver):
         for rid in [r for r, (n, _) in held.items() if n == node_name]:
             del held[rid]
         log.warning("node %s gone: its requests by last reported state %s", node_name, seen)
+        if self.on_node_gone is not None:
+            self.on_node_gone(node_name)
 

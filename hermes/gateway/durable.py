@@ -185,6 +185,8 @@ class DurableState(RunObserver):
         # transaction), a finish of one through the API included, which may answer just
         # before the write; any other run whose end is acknowledged (finish, cancel) is
         # written before that
+        if run.transient:  # an edge's one-request call: nothing stored (LiveRun.transient)
+            return
         self._put(run, batched=(run.auto_finish or run.inferred) and _in_loop())
         self._stored.pop(run.run_id, None)
         if self.store is None:

@@ -45,7 +45,7 @@ from hermes.gateway.learning import Learner
 from hermes.gateway.nodes import NodeTable
 from hermes.gateway.runs import RunRegistry
 from hermes.gateway.state import TERMINAL, LiveRun, PendingRequest, UnitInvocation
-from hermes.protocol import Cancel, Done, Submit, Tool, ToolDone
+from hermes.protocol import EDGE_REQUEST_PREFIX, Cancel, Done, Submit, Tool, ToolDone
 
 log = logging.getLogger("hermes.gateway.recovery")
 
@@ -324,10 +324,12 @@ class Recovery:
         self.runs.fail_run(run.run_id, reason)
 
     def _cancel_unclaimed(self) -> None:
-        """Requests nodes still hold that no recovered run adopted: cancel (frees slots)."""
+        """Requests nodes still hold that no recovered run adopted: cancel (frees slots).
+        An edge's call is left alone: its node answers the edge, which still waits for it
+        (its client cancels it through the edge if it goes away)."""
         by_node: dict[str, list[str]] = {}
         for rid, (holder, _) in list(self.nodes.held.items()):
-            if rid not in self.dispatch.requests:
+            if rid not in self.dispatch.requests and not rid.startswith(EDGE_REQUEST_PREFIX):
                 by_node.setdefault(holder, []).append(rid)
         for node_name, rids in by_node.items():
             node = self.nodes.nodes.get(node_name)

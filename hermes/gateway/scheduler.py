@@ -415,14 +415,20 @@ class LiveScheduler:
     async def submit_llm(self, run: LiveRun, inv: UnitInvocation, *, model: str,
                          endpoint: Literal["chat", "completions", "embeddings"],
                          body: dict[str, Any], stream: bool = False,
-                         native: dict[str, Any] | None = None) -> PendingRequest:
+                         native: dict[str, Any] | None = None, request_id: str | None = None,
+                         reply_to: str | None = None,
+                         prompt_tokens: int | None = None) -> PendingRequest:
         if not self.meter:
             return await self.dispatch.submit_llm(run, inv, model=model, endpoint=endpoint,
-                                                  body=body, stream=stream, native=native)
+                                                  body=body, stream=stream, native=native,
+                                                  request_id=request_id, reply_to=reply_to,
+                                                  prompt_tokens=prompt_tokens)
         c0 = time.thread_time_ns()
         try:
             return await self.dispatch.submit_llm(run, inv, model=model, endpoint=endpoint,
-                                                  body=body, stream=stream, native=native)
+                                                  body=body, stream=stream, native=native,
+                                                  request_id=request_id, reply_to=reply_to,
+                                                  prompt_tokens=prompt_tokens)
         finally:
             self.ctx.stats["scheduler_cpu_ns"] += time.thread_time_ns() - c0
 

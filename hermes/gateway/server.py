@@ -220,8 +220,13 @@ def max_connections(configured: int) -> int:
 def _uvicorn_config(config: GatewayConfig) -> uvicorn.Config:
     from hermes.gateway import looplag
 
-    app = create_app(config)
-    looplag.install(app)  # GET /admin/loop (started with the app: _Lifespan.startup)
+    if config.ha.role == "edge":  # HTTP only, in front of the elected scheduler
+        from hermes.gateway.edge.front import edge_app
+
+        app: Any = edge_app(config)
+    else:
+        app = create_app(config)
+        looplag.install(app)  # GET /admin/loop (started with the app: _Lifespan.startup)
     srv = config.server
     cfg = uvicorn.Config(
         app,
@@ -264,8 +269,9 @@ def ready_banner(config: GatewayConfig, host: str, port: int) -> str:
     auth = ' -H "Authorization: Bearer $HERMES_API_KEY"' if authed else ""
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}]})
     served = ", ".join(models) or "those of the HermesLets that connect"
+    role = {"all": "gateway", "edge": "edge", "scheduler": "scheduler"}[config.ha.role]
     return "\n".join([
-        f"hermes gateway ready on {base} (policy {config.scheduler.policy}, time scale "
+        f"hermes {role} ready on {base} (policy {config.scheduler.policy}, time scale "
         f"{config.scheduler.time_scale:g}, {evloop.loop_name()})",
         f"  OpenAI base URL: {base}/v1   model: {served}   API key: {key}",
         f"  curl {base}/v1/chat/completions{auth} -H 'content-type: application/json' "

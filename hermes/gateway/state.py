@@ -141,6 +141,9 @@ class LiveRun:
     idempotency: dict[str, str] | None = None
     #: how many gateway restarts this run was recovered from
     recovered: int = 0
+    #: not written to the durable run store: a one-request call of an edge (split roles),
+    #: whose run id no client ever sees and which has nothing to resume
+    transient: bool = False
 
     @property
     def run_id(self) -> str:

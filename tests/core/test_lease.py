@@ -65,3 +65,16 @@ def test_lost_and_epochs_only_grow() -> None:
 def test_bad_terms_are_refused_naming_the_field(kw: dict, what: str) -> None:
     with pytest.raises(ValueError, match=what):
         LeaseTerms(**kw)
+
+
+def test_epoch_gate_rejects_a_deposed_leaders_messages_and_follows_a_new_one() -> None:
+    from hermes.core.lease import EpochGate
+
+    g = EpochGate()
+    assert g.judge(None) == "apply"  # a lone scheduler: nothing stamped, always applied
+    assert g.judge(3) == "new"
+    assert g.judge(3) == "apply"
+    assert g.judge(2) == "stale" and g.stale_rejected == 1
+    assert g.judge(5) == "new" and g.epoch == 5
+    assert g.judge(3) == "stale" and g.judge(4) == "stale" and g.stale_rejected == 3
+    assert g.judge(None) == "apply" and g.epoch == 5

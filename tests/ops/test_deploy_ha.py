@@ -3,13 +3,14 @@ behind haproxy), checked offline by the tools that run here:
 
 - every Kubernetes manifest (deploy/k8s and deploy/k8s/ha) validates strictly against the
   Kubernetes API schemas ``kubernetes-validate`` ships (no cluster needed);
-- the HA manifests are wired as docs/ha-state.md says: edges a Deployment with an autoscaler
-  (haproxy replicas that send traffic to whichever gateway answers /readyz), two
-  leader-elected gateways with stable names that the nodes and edges list, RBAC for a
-  Kubernetes Lease, Redis persistent; the gateways' configuration loads with the gateway's
-  own loader and every store URL points at the Redis Service;
-- the compose stack has two elected gateways (leader and standby) behind haproxy, which the
-  HermesLet both connects to; ``haproxy -c`` accepts both haproxy configurations.
+- the HA manifests are wired as docs/ha-state.md says: edges (``hermes serve --role edge``)
+  a Deployment with an autoscaler, ready while they reach the active scheduler; two
+  leader-elected schedulers (``--role scheduler``) with stable names that the nodes list and
+  a socket for edges; RBAC for a Kubernetes Lease, Redis persistent; both configurations
+  load with the gateway's own loader and every store URL points at the Redis Service;
+- the compose stack has two edges behind haproxy in front of two elected schedulers (active
+  and standby), which the HermesLet both connects to; ``haproxy -c`` accepts its
+  configuration.
 """
 
 from __future__ import annotations
@@ -78,15 +79,20 @@ def test_ha_manifests_are_wired_for_failover(tmp_path: Path) -> None:
     # the nodes list both gateways' stable names
     node = _container(docs[("Deployment", "hermes-node")])
     assert _flag_values(node["args"], "--scheduler") == [f"tcp://{p}:5557" for p in pods]
-    # the edges: haproxy sending traffic to whichever of the two answers /readyz (the leader)
+    # the edges: Hermes edges, ready while they reach the active scheduler, which they find
+    # in the same lease record the schedulers write; nodes answer them at their pod IP
     edge = docs[("Deployment", "hermes-edge")]
     ec = _container(edge)
-    cfg = docs[("ConfigMap", "hermes-edge-haproxy")]["data"]["haproxy.cfg"]
-    assert _haproxy_servers(cfg) == [
-        f"{p}.${{POD_NAMESPACE}}.svc.${{CLUSTER_DOMAIN}}:8000" for p in pods]
-    assert "option httpchk GET /readyz" in cfg
-    env = {e["name"] for e in ec["env"]}
-    assert {"POD_NAMESPACE", "CLUSTER_DOMAIN"} <= env
+    assert ec["args"] == ["serve", "--config", "/etc/hermes/edge.toml"]
+    assert ec["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    eenv = {e["name"]: e for e in ec["env"]}
+    senv = {e["name"]: e for e in sc["env"]}
+    assert eenv["HERMES_HA__ELECTION"]["value"] == senv["HERMES_HA__ELECTION"]["value"]
+    for env in (eenv, senv):
+        assert env["HERMES_HA__ADVERTISE"]["valueFrom"] == {"fieldRef": {"fieldPath":
+                                                                          "status.podIP"}}
+    assert {p["containerPort"] for p in sc["ports"]} >= {8000, 5557, 5560}
+    assert {p["containerPort"] for p in ec["ports"]} >= {8000, 5570}
     # the autoscaler scales the edges, never below two
     hpa = docs[("HorizontalPodAutoscaler", "hermes-edge")]["spec"]
     assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
@@ -107,8 +113,14 @@ def test_ha_manifests_are_wired_for_failover(tmp_path: Path) -> None:
     assert "--appendonly" in _container(redis)["args"] and redis["spec"]["volumeClaimTemplates"]
     # the gateways' configuration loads; the election and every store are the Redis Service
     data = docs[("ConfigMap", "hermes-ha-config")]["data"]
+    election = {"HERMES_HA__ELECTION": senv["HERMES_HA__ELECTION"]["value"]}
     (tmp_path / "scheduler.toml").write_text(data["scheduler.toml"])
-    s = load_config(tmp_path / "scheduler.toml", environ={})
+    s = load_config(tmp_path / "scheduler.toml", environ=election)
+    assert s.ha.role == "scheduler" and s.ha.edge_bind.endswith(":5560")
+    (tmp_path / "edge.toml").write_text(data["edge.toml"])
+    e = load_config(tmp_path / "edge.toml", environ=election)
+    assert e.ha.role == "edge" and e.scheduler.bind.endswith(":5570")
+    assert e.security.auth_redis == s.security.auth_redis and e.cluster.store == s.cluster.store
     assert s.scheduler.embedded_node is False and s.scheduler.bind.endswith(":5557")
     assert s.durability.durable and s.durability.state_redis and s.cluster.store
     assert {"name": "HERMES_HA__ELECTION", "value": s.durability.state_redis} in sc["env"]
@@ -117,34 +129,40 @@ def test_ha_manifests_are_wired_for_failover(tmp_path: Path) -> None:
         assert url.startswith(f"redis://hermes-redis:{redis_svc}/")
 
 
-def test_compose_has_two_elected_gateways_behind_haproxy() -> None:
+def test_compose_has_two_edges_and_two_elected_schedulers_behind_haproxy() -> None:
     svcs = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"]
-    gateways = ["gateway", "gateway-b"]
+    gateways, edges = ["gateway", "gateway-b"], ["edge", "edge-b"]
     for name in gateways:
         env = svcs[name]["environment"]
         assert env["HERMES_HA__ELECTION"].startswith("redis://redis:")
+        assert env["HERMES_HA__ROLE"] == "scheduler" and env["HERMES_HA__EDGE_BIND"]
+        assert env["HERMES_HA__ADVERTISE"] == name  # edges dial it by its service name
         assert env["HERMES_DURABILITY__STATE_REDIS"] and env["HERMES_CLUSTER__STORE"]
         assert env["HERMES_EMBEDDED_NODE"] == "false"  # the election needs remote nodes
-        assert "ports" not in svcs[name]  # reached through haproxy only
+        assert "ports" not in svcs[name]  # reached through the edges only
+    for name in edges:
+        env = svcs[name]["environment"]
+        assert env["HERMES_HA__ROLE"] == "edge" and env["HERMES_HA__ADVERTISE"] == name
+        assert env["HERMES_HA__ELECTION"] == svcs["gateway"]["environment"]["HERMES_HA__ELECTION"]
+        assert env["HERMES_BIND"].startswith("tcp://0.0.0.0:")  # the nodes' answers
+        assert env["HERMES_SECURITY__AUTH_REDIS"] == \
+            svcs["gateway"]["environment"]["HERMES_SECURITY__AUTH_REDIS"]  # one key store
+        assert "ports" not in svcs[name]
     assert svcs["haproxy"]["ports"] == ["8000:8000"]
     cmd = svcs["hermeslet"]["command"]
     assert _flag_values(cmd, "--scheduler") == [f"tcp://{g}:5557" for g in gateways]
     cfg = (DEPLOY / "haproxy.cfg").read_text()
-    assert _haproxy_servers(cfg) == [f"{g}:8000" for g in gateways]
+    assert _haproxy_servers(cfg) == [f"{e}:8000" for e in edges]
     assert "option httpchk GET /readyz" in cfg
     mount = svcs["haproxy"]["volumes"][0].split(":")[0]
     assert (DEPLOY / mount).resolve() == (DEPLOY / "haproxy.cfg").resolve()
 
 
-def test_haproxy_configs_are_valid(tmp_path: Path) -> None:
+def test_haproxy_config_is_valid() -> None:
     haproxy = shutil.which("haproxy")
     if haproxy is None:
         pytest.skip("haproxy not installed (apt-get install -y haproxy)")
-    k8s = _kustomized(DEPLOY / "k8s" / "ha")[("ConfigMap", "hermes-edge-haproxy")]
-    (tmp_path / "k8s.cfg").write_text(k8s["data"]["haproxy.cfg"])
-    env = {"PATH": "/usr/sbin:/usr/bin:/bin", "POD_NAMESPACE": "default",
-           "CLUSTER_DOMAIN": "cluster.local"}
-    for cfg in (DEPLOY / "haproxy.cfg", tmp_path / "k8s.cfg"):
-        r = subprocess.run([haproxy, "-c", "-f", str(cfg)], capture_output=True, text=True,
-                           timeout=30, env=env)
-        assert r.returncode == 0, f"{cfg}: {r.stdout}{r.stderr}"
+    cfg = DEPLOY / "haproxy.cfg"
+    r = subprocess.run([haproxy, "-c", "-f", str(cfg)], capture_output=True, text=True,
+                       timeout=30, env={"PATH": "/usr/sbin:/usr/bin:/bin"})
+    assert r.returncode == 0, f"{cfg}: {r.stdout}{r.stderr}"

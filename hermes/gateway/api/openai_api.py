@@ -120,51 +120,68 @@ def completion_object(endpoint: str, rid: str, model: str, done: Done) -> dict[s
     }
 
 
-async def _sse(sched: LiveScheduler, call: BoundCall, endpoint: str, model: str,
-               include_usage: bool) -> AsyncIterator[bytes]:
-    """Server-sent events in OpenAI's chunk format, ending with ``data: [DONE]``.
+class ChunkWriter:
+    """Server-sent events of one streamed completion in OpenAI's chunk format.
 
     An engine's own chunks (:attr:`Token.chunk`) are forwarded as they are, every field of
     every choice (tool-call deltas, logprobs, refusals, reasoning, extensions), with only what
     the gateway owns rewritten: ``id`` (the gateway's request id), ``model`` (the name the
     client asked for) and ``usage`` (``null`` on each chunk and one usage chunk at the end,
     with ``stream_options.include_usage``, as OpenAI; absent otherwise). An engine that
-    streams text alone gets its chunks built from that text."""
-    created = int(time.time())
-    req = call.req
-    chat = endpoint == "chat"
-    cid = f"{'chatcmpl' if chat else 'cmpl'}-{req.request_id}"
-    obj = "chat.completion.chunk" if chat else "text_completion"
+    streams text alone gets its chunks built from that text. (The all-in-one gateway and an
+    edge, :mod:`hermes.gateway.edge.front`, write the same events.)"""
 
-    def chunk(text: str | None, finish: str | None, *, first: bool = False,
+    __slots__ = ("cid", "obj", "chat", "created", "model", "include_usage")
+
+    def __init__(self, rid: str, endpoint: str, model: str, include_usage: bool) -> None:
+        self.chat = endpoint == "chat"
+        self.cid = f"{'chatcmpl' if self.chat else 'cmpl'}-{rid}"
+        self.obj = "chat.completion.chunk" if self.chat else "text_completion"
+        self.created = int(time.time())
+        self.model = model
+        self.include_usage = include_usage
+
+    def chunk(self, text: str | None, finish: str | None, *, first: bool = False,
               usage: dict[str, int] | None = None, empty: bool = False) -> bytes:
         if empty:
             choices: list[dict[str, Any]] = []
-        elif chat:
+        elif self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
             if text:
                 delta["content"] = text
             choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
         else:
             choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}]
-        data: dict[str, Any] = {"id": cid, "object": obj, "created": created, "model": model,
-                                "choices": choices}
-        if include_usage:
+        data: dict[str, Any] = {"id": self.cid, "object": self.obj, "created": self.created,
+                                "model": self.model, "choices": choices}
+        if self.include_usage:
             data["usage"] = usage
         return f"data: {json.dumps(data)}\n\n".encode()
 
-    def forward(raw: dict[str, Any]) -> bytes | None:
+    def forward(self, raw: dict[str, Any]) -> bytes | None:
         """The engine's chunk with the gateway's id, model and usage; ``None`` for the
         engine's own usage-only chunk (the gateway sends its own at the end)."""
         choices = raw.get("choices")
         if not choices and raw.get("usage"):
             return None
-        data = {**raw, "id": cid, "model": model}
-        if include_usage:
+        data = {**raw, "id": self.cid, "model": self.model}
+        if self.include_usage:
             data["usage"] = None
         else:
             data.pop("usage", None)
         return f"data: {json.dumps(data)}\n\n".encode()
+
+    def usage(self, done: Done) -> bytes:
+        return self.chunk(None, None, usage=_usage(done), empty=True)
+
+
+async def _sse(sched: LiveScheduler, call: BoundCall, endpoint: str, model: str,
+               include_usage: bool) -> AsyncIterator[bytes]:
+    """Server-sent events in OpenAI's chunk format (:class:`ChunkWriter`), ending with
+    ``data: [DONE]``."""
+    req = call.req
+    w = ChunkWriter(req.request_id, endpoint, model, include_usage)
+    chunk, forward, chat = w.chunk, w.forward, w.chat
 
     completed = False
     replies = ChatReplies() if chat and call.wants_reply else None
@@ -193,7 +210,7 @@ async def _sse(sched: LiveScheduler, call: BoundCall, endpoint: str, model: str,
                 yield chunk(None, None, first=True)
             yield chunk(None, done.finish_reason or "stop")
         if include_usage:
-            yield chunk(None, None, usage=_usage(done), empty=True)
+            yield w.usage(done)
         call_answered(sched, call, None if replies is None else replies.messages())
         yield b"data: [DONE]\n\n"
         completed = True

@@ -62,8 +62,10 @@ class SchedulerRole:
         self.election = LeaderElection(
             self.store, terms, self.member, on_elected=self._on_elected,
             on_deposed=self._on_deposed,
-            record={"nodes_address": config.scheduler.bind,
-                    "http_address": f"{config.server.host}:{config.server.port}"})
+            record={"nodes_address": ha.advertised(config.scheduler.bind),
+                    "http_address": _http_address(config),
+                    # split roles: where edges send their calls (hermes.gateway.edge)
+                    "edge_address": ha.advertised(ha.edge_bind) if ha.edge_bind else None})
         #: serving as the leader (elected and started)
         self.active = False
         self.elected_at: float | None = None  # wall time the lease was granted
@@ -165,6 +167,14 @@ class SchedulerRole:
                           "fenced_sends": fenced, "member": self.member}), file=sys.stderr,
               flush=True)
         self.exit(EXIT_DEPOSED)
+
+
+def _http_address(config: GatewayConfig) -> str:
+    """``host:port`` of this process's HTTP server as others dial it (edges proxy to it)."""
+    host = config.server.host
+    if host in ("0.0.0.0", "::", "") and config.ha.advertise:
+        host = config.ha.advertise
+    return f"{host}:{config.server.port}"
 
 
 class StandbyGate:

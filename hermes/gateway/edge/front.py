@@ -1,0 +1,565 @@
+"""An edge process (``hermes serve --role edge``): HTTP in front of the active scheduler.
+
+Many edges run behind a load balancer; each
+
+- follows the **lease record** in the election store (``[ha] election``): the active
+  scheduler's epoch, its address for edges (``edge_address``) and its HTTP address; it
+  re-reads it every :attr:`SchedulerLink.WATCH_S` and reconnects when the leader changes;
+- answers ``/readyz`` 200 only while the active scheduler answers its pings (within
+  :attr:`SchedulerLink.READY_S`), so that a load balancer sends it traffic only then;
+- serves the completion endpoints itself (``POST /v1/chat/completions``,
+  ``/v1/completions``): API keys and tenant admission (the gateway's security middleware),
+  parsing and validation (the same models as the all-in-one gateway), then **one compact
+  message per call** to the scheduler (:class:`~hermes.gateway.edge.wire.Call`: the request
+  id, run headers, model, the prompt's token estimate and the engine body). The scheduler
+  ranks and dispatches it with ``reply_to`` = this edge's ZeroMQ address (``--bind``): the
+  node streams the tokens and sends the answer **here**, and the scheduler only the counts;
+- forwards every other request (runs, apps, responses, admin) to the active scheduler's HTTP
+  address, as a reverse proxy (hosted runs are journaled there before they are accepted).
+
+Fencing: every scheduler message carries the lease epoch; a message of an epoch lower than
+the highest seen is dropped and counted (:class:`hermes.core.lease.EpochGate`). When the
+leader changes, the calls that have had no answer yet are sent again to the new one under the
+same request id (the edge takes the first answer; a call the old leader had already given a
+node may then run twice, which a one-request call tolerates: its client sees one answer; a
+stream keeps the node that sent its first token, and is failed only if that node's end does
+not come within :attr:`SchedulerLink.STITCH_WAIT_S` of another node's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import httpx
+import msgspec
+import zmq
+import zmq.asyncio
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from hermes import protocol as P
+from hermes.core.lease import EpochGate
+from hermes.gateway.api.binding import APP_HEADER, RUN_HEADER, UNIT_HEADER
+from hermes.gateway.api.errors import error_response
+from hermes.gateway.api.openai_api import ChunkWriter, completion_object
+from hermes.gateway.api.openai_bodies import (
+    BadField,
+    ChatBody,
+    CompletionBody,
+    check_agent_fields,
+    engine_body,
+    parse_body,
+)
+from hermes.gateway.auth import tenant_for
+from hermes.gateway.config import GatewayConfig
+from hermes.gateway.edge import wire
+from hermes.zmqdrain import QueuedMessages
+
+log = logging.getLogger("hermes.gateway.edge")
+
+_ENDPOINTS: dict[str, Literal["chat", "completions"]] = {
+    "/v1/chat/completions": "chat", "/v1/completions": "completions"}
+#: hop-by-hop headers a proxy does not forward (RFC 9110 7.6.1)
+_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+        "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
+
+
+class CallFailedError(Exception):
+    """A call the scheduler refused or could not serve (status, code: the client's)."""
+
+    def __init__(self, status: int, code: str | None, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class EdgeCall:
+    """One call in flight at this edge: the message (kept to send it again after a leader
+    change), its tokens (streamed calls) and its answer."""
+
+    __slots__ = ("msg", "tokens", "future", "answered", "source")
+
+    def __init__(self, msg: wire.Call) -> None:
+        self.msg = msg
+        self.tokens: asyncio.Queue[P.Token | None] | None = asyncio.Queue() if msg.stream \
+            else None
+        self.future: asyncio.Future[P.Done] = asyncio.get_running_loop().create_future()
+        #: a node has sent something for it (it is not sent again to a new leader)
+        self.answered = False
+        #: the node that streamed its first token: a stream is never stitched from two
+        #: nodes (a resend after a node died would repeat the start of the answer)
+        self.source: bytes | None = None
+
+    def settle(self, result: P.Done | BaseException) -> None:
+        self.answered = True
+        if self.future.done():
+            return
+        if isinstance(result, BaseException):
+            self.future.set_exception(result)
+            self.future.exception()  # retrieved: the client may be gone
+        else:
+            self.future.set_result(result)
+        if self.tokens is not None:
+            self.tokens.put_nowait(None)
+
+
+class SchedulerLink:
+    """This edge's view of the active scheduler: the lease record, a DEALER to it, pings,
+    and the calls in flight (module doc)."""
+
+    WATCH_S = 0.1  # how often the lease record is read
+    REPORT_S = 0.005  # settled calls wait at most this for a call to carry them
+    STITCH_WAIT_S = 2.0  # a stream's own node's end is awaited this long after another's
+    PING_S = 0.2  # how often the scheduler is pinged
+    READY_S = 1.0  # ready while a pong of the current leader came within this
+
+    def __init__(self, config: GatewayConfig, ctx: zmq.asyncio.Context, name: str,
+                 reply_to: str) -> None:
+        from hermes.gateway.ha.store import RedisLeaseStore
+
+        self.config = config
+        self.ctx = ctx
+        self.name = name
+        self.reply_to = reply_to
+        self.store = RedisLeaseStore(config.ha.election)
+        self.gate = EpochGate()
+        self.leader: dict[str, Any] | None = None
+        self.sock: zmq.asyncio.Socket | None = None
+        self.last_pong: float | None = None
+        self.calls: dict[str, EdgeCall] = {}
+        #: direct calls answered, not yet reported to the scheduler
+        self.settled: list[wire.Settled] = []
+        #: counters: calls sent again to a new leader, leader changes, messages not decoded
+        self.resent = 0
+        self.leader_changes = 0
+        self.bad = 0
+        self._recv: asyncio.Task[None] | None = None
+        self._record_epoch: Any = None  # the epoch of the last lease record looked at
+
+    # ------------------------------------------------------------------ leader
+    def ready(self) -> bool:
+        return (self.sock is not None and self.last_pong is not None
+                and time.monotonic() - self.last_pong < self.READY_S)
+
+    def http_base(self) -> str | None:
+        addr = (self.leader or {}).get("http_address")
+        return f"http://{addr}" if addr else None
+
+    def switch(self, record: dict[str, Any]) -> None:
+        """Follow the leader of ``record`` (a new term): reconnect, send again the calls
+        that have had no answer."""
+        address = record.get("edge_address")
+        epoch = record.get("epoch")
+        if not address:
+            log.warning("edge %s: the leader %s (epoch %s) takes no edges (no edge_address: "
+                        "started without --role scheduler?)", self.name, record.get("holder"),
+                        epoch)
+            return
+        if self.gate.judge(epoch if isinstance(epoch, int) else None) == "stale":
+            return  # an old record read late
+        self.leader = record
+        self.leader_changes += 1
+        self.last_pong = None
+        if self._recv is not None:
+            self._recv.cancel()
+        if self.sock is not None:
+            self.sock.close(linger=0)
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IDENTITY, f"{self.name}-{uuid.uuid4().hex[:6]}".encode())
+        sock.connect(address)
+        self.sock = sock
+        self._recv = asyncio.get_running_loop().create_task(self._recv_loop(sock),
+                                                            name="hermes-edge-recv")
+        log.warning("edge %s: following the scheduler %s at %s (epoch %s)", self.name,
+                    record.get("holder"), address, epoch)
+        for call in self.calls.values():
+            if not call.answered:
+                self.resent += 1
+                self.send_call(call.msg)
+        self.send(wire.Ping(edge=self.name))
+
+    async def watch(self) -> None:
+        """Read the lease record every :attr:`WATCH_S`; follow a new term."""
+        while True:
+            try:
+                rec = await asyncio.to_thread(self.store.leader)
+            except Exception as exc:
+                log.warning("edge %s: cannot read the lease record: %s", self.name, exc)
+                rec = None
+            if rec is not None and rec.get("epoch") != self._record_epoch:
+                self._record_epoch = rec.get("epoch")  # each term is looked at once
+                self.switch(rec)
+            await asyncio.sleep(self.WATCH_S)
+
+    async def ping(self) -> None:
+        while True:
+            self.send(wire.Ping(edge=self.name))
+            await asyncio.sleep(self.PING_S)
+
+    # ------------------------------------------------------------------ wire
+    def send(self, msg: wire.EdgeMessage) -> bool:
+        if self.sock is None:
+            return False
+        try:
+            self.sock.send(wire.encode(msg), flags=zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+
+    async def _recv_loop(self, sock: zmq.asyncio.Socket) -> None:
+        while True:
+            frame = await sock.recv()
+            try:
+                msg = wire.decode_scheduler(frame)
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                self.bad += 1
+                log.warning("edge %s: bad message from the scheduler: %s", self.name, e)
+                continue
+            self.apply(msg)
+
+    def apply(self, msg: wire.SchedulerMessage) -> None:
+        """A scheduler message, fenced by its epoch (a stale one is dropped and counted)."""
+        if self.gate.judge(msg.epoch) == "stale":
+            log.warning("edge %s: rejected a %s of stale epoch %s (following epoch %s; %d "
+                        "rejected so far)", self.name, type(msg).__name__, msg.epoch,
+                        self.gate.epoch, self.gate.stale_rejected)
+            return
+        if isinstance(msg, wire.Pong):
+            if self.leader is not None and msg.epoch == self.leader.get("epoch"):
+                self.last_pong = time.monotonic()
+        elif isinstance(msg, wire.CallFailed):
+            call = self.calls.get(msg.rid)
+            if call is not None:
+                call.settle(CallFailedError(msg.status, msg.code, msg.message))
+
+    # ------------------------------------------------------------------ node answers
+    def on_node_message(self, node: bytes, msg: Any) -> None:
+        """A node's ``token`` or ``done`` for a call of this edge (from node ``node``)."""
+        if isinstance(msg, P.Token):
+            call = self.calls.get(msg.request_id)
+            if call is None or call.tokens is None or call.future.done():
+                return
+            if call.source is None:
+                call.source = node
+            elif call.source != node:
+                return  # a second node's copy of a stream already under way
+            call.answered = True
+            call.tokens.put_nowait(msg)
+        elif isinstance(msg, P.Done):
+            call = self.calls.get(msg.request_id)
+            if call is None:
+                return
+            if call.msg.direct:  # the scheduler hears of it from here (reply_only)
+                self.report(wire.Settled(msg.request_id, node.decode(errors="replace"),
+                                         msg.engine, msg.queue_s, msg.service_s))
+            if call.source is not None and call.source != node:
+                # another node's copy (sent again after a failover, or after the streaming
+                # node died): the streaming node's own end is awaited a while, then the
+                # stream is failed (it cannot be stitched from two answers)
+                asyncio.get_running_loop().call_later(self.STITCH_WAIT_S, self._cut, call)
+                return
+            call.settle(msg)
+
+    @staticmethod
+    def _cut(call: EdgeCall) -> None:
+        call.settle(CallFailedError(502, "stream_cut", "the node streaming this answer was "
+                                    "lost mid-stream; retry"))
+
+    def report(self, item: wire.Settled) -> None:
+        """Tell the scheduler a direct call was answered: with the next call, or within
+        :attr:`REPORT_S` in a report of its own."""
+        self.settled.append(item)
+        if len(self.settled) == 1:
+            asyncio.get_running_loop().call_later(self.REPORT_S, self._flush_settled)
+
+    def _flush_settled(self) -> None:
+        if self.settled:
+            items, self.settled = self.settled, []
+            if not self.send(wire.Report(settled=items)):
+                self.settled = items + self.settled  # no scheduler now: with the next one
+
+    def send_call(self, msg: wire.Call) -> None:
+        """A call, carrying the settled calls not reported yet."""
+        if self.settled:
+            msg.settled, self.settled = self.settled, []
+        if not self.send(msg) and msg.settled:
+            self.settled = msg.settled + self.settled
+        msg.settled = []
+
+
+class EdgeApp:
+    """The edge's ASGI app (module doc)."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.name = config.ha.member or f"{socket.gethostname()}:{os.getpid()}"
+        self.reply_to = config.ha.advertised(config.scheduler.bind)
+        self.ctx = zmq.asyncio.Context()
+        self.link = SchedulerLink(config, self.ctx, self.name, self.reply_to)
+        self.timeout_s = config.scheduler.request_timeout_s
+        self.inbox: zmq.asyncio.Socket | None = None
+        self.http: httpx.AsyncClient | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        #: calls taken, and answered from a node
+        self.stats = {"calls": 0, "answered": 0, "failed": 0, "proxied": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+    async def startup(self) -> None:
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(self.config.scheduler.bind)
+        self.inbox = sock
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s, connect=2.0))
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self.link.watch(), name="hermes-edge-watch"),
+                       loop.create_task(self.link.ping(), name="hermes-edge-ping"),
+                       loop.create_task(self._inbox_loop(sock), name="hermes-edge-inbox")]
+        log.warning("edge %s: HTTP on %s:%s, answers from nodes on %s, scheduler from the "
+                    "lease in %s", self.name, self.config.server.host, self.config.server.port,
+                    self.reply_to, self.link.store.url)
+
+    async def shutdown(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self.link._recv is not None:
+            self.link._recv.cancel()
+        if self.http is not None:
+            await self.http.aclose()
+        if self.inbox is not None:
+            self.inbox.close(linger=0)
+        if self.link.sock is not None:
+            self.link.sock.close(linger=0)
+        self.ctx.term()
+
+    async def _inbox_loop(self, sock: zmq.asyncio.Socket) -> None:
+        drain = QueuedMessages(sock)
+        on = self.link.on_node_message
+        while True:
+            first = await sock.recv_multipart()
+            for frames in drain.after(first):
+                try:
+                    on(frames[0], P.decode(frames[-1]))
+                except P.ProtocolError as e:
+                    log.warning("edge %s: bad message from node %r: %s", self.name, frames[0], e)
+
+    # ------------------------------------------------------------------ ASGI
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if kind != "http":
+            return
+        path = scope["path"]
+        if path == "/readyz" or path == "/healthz":
+            ready = self.link.ready() or path == "/healthz"
+            leader = self.link.leader or {}
+            body = {"status": "ready" if ready else "not_ready", "role": "edge",
+                    "member": self.name, "epoch": leader.get("epoch"),
+                    "scheduler": leader.get("holder"), "calls": len(self.link.calls),
+                    "stale_rejected": self.link.gate.stale_rejected,
+                    "resent": self.link.resent}
+            await JSONResponse(body, status_code=200 if ready else 503)(scope, receive, send)
+            return
+        endpoint = _ENDPOINTS.get(path)
+        if endpoint is not None and scope["method"] == "POST":
+            response = await self.completion(Request(scope, receive), endpoint)
+            await response(scope, receive, send)
+            return
+        await self.proxy(scope, receive, send)
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # ------------------------------------------------------------------ completions
+    async def completion(self, request: Request,
+                         endpoint: Literal["chat", "completions"]) -> Response:
+        """One completion request: validate, one call to the scheduler, the answer from the
+        node (module doc)."""
+        parsed = await parse_body(request, ChatBody if endpoint == "chat" else CompletionBody)
+        if isinstance(parsed, Response):
+            return parsed
+        extra = parsed.model_extra
+        if extra and ("tools" in extra or "tool_choice" in extra or "response_format" in extra
+                      or "guided_json" in extra):
+            try:
+                check_agent_fields(extra)
+            except BadField as e:
+                return error_response(400, str(e), param=e.param, code="invalid_value")
+        if not self.link.ready():
+            return error_response(503, "no active scheduler reachable from this edge; retry "
+                                  "through the load balancer", code="not_ready",
+                                  headers={"Retry-After": "1"})
+        h = request.headers
+        ebody = engine_body(parsed)
+        rid = f"{P.EDGE_REQUEST_PREFIX}{uuid.uuid4().hex[:16]}"
+        msg = wire.Call(rid=rid, reply_to=self.reply_to, model=parsed.model,
+                        endpoint=endpoint, body=ebody,
+                        prompt_tokens=P.estimate_tokens(endpoint, ebody),
+                        tenant=tenant_for(request, h.get("X-Hermes-Tenant")) or "default",
+                        app=h.get(APP_HEADER), unit=h.get(UNIT_HEADER), run=h.get(RUN_HEADER),
+                        stream=bool(parsed.stream))
+        call = EdgeCall(msg)
+        self.link.calls[rid] = call
+        self.stats["calls"] += 1
+        self.link.send_call(msg)
+        # a named run's answers name it, as the all-in-one gateway's do (a one-request run's
+        # id is the scheduler's and is not shown)
+        run_headers = ({RUN_HEADER: msg.run, UNIT_HEADER: msg.unit or "default"}
+                       if msg.run and msg.run.lower() != "none" else {})
+        if parsed.stream:
+            include_usage = bool((parsed.stream_options or {}).get("include_usage"))
+            return StreamingResponse(
+                self._sse(call, endpoint, parsed.model, include_usage),
+                media_type="text/event-stream",
+                headers={**run_headers, "Cache-Control": "no-cache"})
+        try:
+            done = await self._wait(call)
+        except CallFailedError as e:
+            return error_response(e.status, str(e), code=e.code)
+        return JSONResponse(completion_object(endpoint, rid, parsed.model, done),
+                            headers=run_headers)
+
+    async def _wait(self, call: EdgeCall) -> P.Done:
+        rid = call.msg.rid
+        try:
+            return await asyncio.wait_for(asyncio.shield(call.future), self.timeout_s)
+        except TimeoutError:
+            self.link.send(wire.Cancel(rid=rid))
+            raise CallFailedError(504, "timeout", f"request {rid} timed out after "
+                                  f"{self.timeout_s:g} s") from None
+        except CallFailedError:
+            self.stats["failed"] += 1
+            raise
+        finally:
+            if not call.future.done():  # the client went away
+                self.link.send(wire.Cancel(rid=rid))
+            self.link.calls.pop(rid, None)
+
+    async def _sse(self, call: EdgeCall, endpoint: str, model: str,
+                   include_usage: bool) -> AsyncIterator[bytes]:
+        """The call's tokens as OpenAI chunks (:class:`ChunkWriter`), as the all-in-one
+        gateway writes them, ending with ``data: [DONE]``."""
+        w = ChunkWriter(call.msg.rid, endpoint, model, include_usage)
+        tokens = call.tokens
+        assert tokens is not None
+        first, raw_finished = True, False
+        try:
+            while True:
+                async with asyncio.timeout(self.timeout_s):
+                    tok = await tokens.get()
+                if tok is None:
+                    break
+                if tok.chunk is not None:
+                    out = w.forward(tok.chunk)
+                    if out is not None:
+                        raw_finished = raw_finished or any(
+                            c.get("finish_reason") for c in tok.chunk.get("choices") or ())
+                        first = False
+                        yield out
+                    continue
+                if first and w.chat:
+                    yield w.chunk(None, None, first=True)
+                first = False
+                yield w.chunk(tok.text, None)
+            done = await self._wait(call)
+            if not raw_finished:
+                if first and w.chat:
+                    yield w.chunk(None, None, first=True)
+                yield w.chunk(None, done.finish_reason or "stop")
+            if include_usage:
+                yield w.usage(done)
+            yield b"data: [DONE]\n\n"
+        except (CallFailedError, TimeoutError) as e:
+            status, code = (e.status, e.code) if isinstance(e, CallFailedError) else (504, "timeout")
+            err = {"error": {"message": str(e) or "timed out", "type": "api_error",
+                             "param": None, "code": code, "status": status}}
+            yield f"data: {json.dumps(err)}\n\n".encode()
+        finally:
+            if not call.future.done():
+                self.link.send(wire.Cancel(rid=call.msg.rid))
+            self.link.calls.pop(call.msg.rid, None)
+
+    # ------------------------------------------------------------------ the rest: proxied
+    async def proxy(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Forward a request to the active scheduler's HTTP address, streaming both ways."""
+        base = self.link.http_base()
+        if base is None or not self.link.ready() or self.http is None:
+            resp = error_response(503, "no active scheduler reachable from this edge; retry "
+                                  "through the load balancer", code="not_ready",
+                                  headers={"Retry-After": "1"})
+            await resp(scope, receive, send)
+            return
+        self.stats["proxied"] += 1
+        request = Request(scope, receive)
+        body = await request.body()
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
+        url = base + scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+        if scope.get("query_string"):
+            url += "?" + scope["query_string"].decode("latin-1")
+        try:
+            upstream = await self.http.send(
+                self.http.build_request(scope["method"], url, headers=headers, content=body),
+                stream=True)
+        except httpx.HTTPError as exc:
+            resp = error_response(503, f"the active scheduler did not answer ({exc}); retry",
+                                  code="not_ready", headers={"Retry-After": "1"})
+            await resp(scope, receive, send)
+            return
+        out = [(k.encode("latin-1"), v.encode("latin-1"))
+               for k, v in upstream.headers.items() if k.lower() not in _HOP]
+        await send({"type": "http.response.start", "status": upstream.status_code,
+                    "headers": out})
+        try:
+            async for part in upstream.aiter_raw():
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+        except httpx.HTTPError:
+            pass  # the scheduler went away mid-answer: the client sees the body end
+        finally:
+            await upstream.aclose()
+        with contextlib.suppress(Exception):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def edge_app(config: GatewayConfig) -> Any:
+    """The edge's ASGI app, inside the gateway's security middleware (body limits, API
+    keys, tenant admission: :mod:`hermes.gateway.auth`) for the completion endpoints; the
+    proxied requests are checked by the scheduler that answers them."""
+    from hermes.gateway.auth import SecurityMiddleware, build_security
+    from hermes.gateway.shared import open_shared_state
+
+    app = EdgeApp(config)
+    shared = open_shared_state(config)
+    secured = SecurityMiddleware(app, build_security(
+        config, shared.store if shared is not None else None))
+
+    async def route(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] in _ENDPOINTS:
+            await secured(scope, receive, send)
+        else:
+            await app(scope, receive, send)
+
+    route.edge = app  # type: ignore[attr-defined]
+    return route

@@ -1,0 +1,113 @@
+"""The edge <-> scheduler messages (``hermes serve --role edge|scheduler``).
+
+One msgpack frame a message (msgspec: typed decoding at C speed; the scheduler's CPU per
+request bounds a whole cluster, so this wire is kept compact). An edge sends one
+:class:`Call` per LLM call and a :class:`Ping` every few hundred milliseconds; the scheduler
+answers a ping with a :class:`Pong` and a call only when it fails (:class:`CallFailed`): the
+call's tokens and answer come from the node, straight to the edge (``reply_to``). Every
+scheduler message carries the lease epoch; an edge that has seen a higher one drops it
+(:class:`hermes.core.lease.EpochGate`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+
+class Settled(msgspec.Struct, array_like=True):
+    """A header-less call answered by its node (the edge tells the scheduler, which frees the
+    engine slot and counts it in its metrics)."""
+
+    rid: str
+    node: str
+    engine: str
+    queue_s: float
+    service_s: float
+
+
+class Call(msgspec.Struct, tag="call", omit_defaults=True):
+    """One LLM call of a client of the edge: what the scheduler needs to rank, route and
+    dispatch it. ``rid`` is the request id (the edge's; nodes answer under it);
+    ``reply_to`` the edge's address for the node; ``run`` the run header
+    (``X-Hermes-Run``: a run id, ``none``), ``None`` for a one-request run; ``body`` the
+    engine body (without ``model`` and ``stream``), sent once and forwarded to the node."""
+
+    rid: str
+    reply_to: str
+    model: str
+    endpoint: Literal["chat", "completions"]
+    body: dict[str, Any]
+    prompt_tokens: int
+    tenant: str = "default"
+    app: str | None = None
+    unit: str | None = None
+    run: str | None = None
+    stream: bool = False
+    #: calls of this edge answered since its last message (piggybacked: no message of their
+    #: own under load)
+    settled: list[Settled] = []
+
+    @property
+    def direct(self) -> bool:
+        """Without run or app headers: the scheduler's fast path
+        (:mod:`hermes.gateway.edge.direct`), which the edge reports settled."""
+        return self.run is None and self.app is None
+
+
+class Report(msgspec.Struct, tag="report"):
+    """Calls answered, when no call came to carry them within a few milliseconds."""
+
+    settled: list[Settled]
+
+
+class Cancel(msgspec.Struct, tag="cancel"):
+    """The client of a call went away: cancel it at its node."""
+
+    rid: str
+
+
+class Ping(msgspec.Struct, tag="ping"):
+    """An edge says it is there (and learns the scheduler's epoch from the pong)."""
+
+    edge: str
+
+
+class Pong(msgspec.Struct, tag="pong"):
+    """The active scheduler's answer to a ping: its epoch."""
+
+    epoch: int | None
+
+
+class CallFailed(msgspec.Struct, tag="failed"):
+    """A call the scheduler could not serve: the HTTP status and error the client gets."""
+
+    rid: str
+    epoch: int | None
+    status: int
+    code: str | None
+    message: str
+
+
+EdgeMessage = Call | Cancel | Ping | Report
+SchedulerMessage = Pong | CallFailed
+
+_ENCODER = msgspec.msgpack.Encoder()
+_EDGE = msgspec.msgpack.Decoder(EdgeMessage)
+_SCHED = msgspec.msgpack.Decoder(SchedulerMessage)
+
+
+def encode(msg: EdgeMessage | SchedulerMessage) -> bytes:
+    return _ENCODER.encode(msg)
+
+
+def decode_edge(frame: bytes) -> EdgeMessage:
+    """An edge's message (:class:`msgspec.ValidationError` / ``DecodeError`` if bad)."""
+    msg: EdgeMessage = _EDGE.decode(frame)
+    return msg
+
+
+def decode_scheduler(frame: bytes) -> SchedulerMessage:
+    msg: SchedulerMessage = _SCHED.decode(frame)
+    return msg
