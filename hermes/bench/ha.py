@@ -136,6 +136,9 @@ class Cluster:
     edge_socket: bool = False
     edges: list[Proc] = field(default_factory=list)
     edge_ports: list[int] = field(default_factory=list)
+    #: every process shares its state in the Redis (``[cluster] store``): quotas, the
+    #: Responses store, the run resolver's evidence index
+    shared_store: bool = False
 
     def start(self) -> None:
         for tool in ("redis-server", "haproxy"):
@@ -156,6 +159,8 @@ class Cluster:
         genv = {**env, "HERMES_EMBEDDED_NODE": "false", "HERMES_HA__LEASE_TTL_S": str(self.ttl_s),
                 "HERMES_HA__LEASE_RENEW_S": str(round(min(0.3, self.ttl_s / 5), 3)),
                 "HERMES_RECOVERY_GRACE_S": "3", **self.gateway_env}
+        if self.shared_store:
+            genv["HERMES_CLUSTER__STORE"] = self.redis_url
         for i in range(self.n_gateways):
             argv = [sys.executable, "-m", "hermes.cli", "serve", "--host", "127.0.0.1",
                     "--port", str(self.http_ports[i]),
@@ -182,6 +187,7 @@ class Cluster:
                     "--ha", self.redis_url, "--host", "127.0.0.1",
                     "--port", str(self.edge_ports[k]),
                     "--bind", f"tcp://127.0.0.1:{free_port()}",
+                    "--time-scale", str(self.time_scale),
                     "--state-dir", str(self.workdir / f"edge{k}")]
             self.edges.append(Proc(f"edge{k}", argv, self.workdir / f"edge{k}.log",
                                    {**genv, "HERMES_HA__MEMBER": f"edge{k}"}))

@@ -26,8 +26,9 @@ import zmq.asyncio
 from hermes.gateway.api.binding import APP_HEADER, RUN_HEADER, UNIT_HEADER
 from hermes.gateway.edge import wire
 from hermes.gateway.edge.direct import DirectCalls
+from hermes.gateway.edge.infer import close_due
 from hermes.gateway.errors import RunNotActive, SchedulerError
-from hermes.gateway.state import PendingRequest
+from hermes.gateway.state import ACTIVE, LiveRun, PendingRequest
 
 log = logging.getLogger("hermes.gateway.edge")
 
@@ -59,6 +60,8 @@ class EdgeLink:
         self.calls = 0
         self.failed = 0
         self.bad = 0
+        #: inferred runs finished on their edges' close
+        self.closed_runs = 0
 
     def start(self) -> None:
         # a plain socket read on the event loop's readiness callback: every message queued
@@ -167,6 +170,8 @@ class EdgeLink:
             task.add_done_callback(self._calls.discard)
         elif isinstance(msg, wire.Report):
             self.direct.settle(msg.settled)
+        elif isinstance(msg, wire.Closed):
+            self.close_inferred(msg.runs)
         elif isinstance(msg, wire.Ping):
             self._send(identity, wire.Pong(epoch=self.sched.node_table.epoch))
         elif isinstance(msg, wire.Cancel):
@@ -183,6 +188,15 @@ class EdgeLink:
         run = ident = None
         try:
             served = await sched.serving_model(c.model, strict=True)
+            if c.inferred:
+                run = self._inferred_run(c)
+                inv = sched.unit_for_request(run, c.unit or "default", f"llm:{served}")
+                await sched.submit_llm(run, inv, model=served, endpoint=c.endpoint,
+                                       body=c.body, stream=c.stream, request_id=c.rid,
+                                       reply_to=c.reply_to, prompt_tokens=c.prompt_tokens)
+                # the run stays open after its call: the edge's resolver closes it
+                # (close_inferred), or the idle reaping; a failure is the edge's to tell
+                return
             headers = {RUN_HEADER: c.run or "none"}
             if c.app:
                 headers[APP_HEADER] = c.app
@@ -203,6 +217,48 @@ class EdgeLink:
             self._failed(identity, c.rid, e)
             return
         req.future.add_done_callback(lambda _f: self._settled(identity, req, ident))
+
+    def _inferred_run(self, c: wire.Call) -> LiveRun:
+        """The inferred run an edge's resolver put ``c`` in: the active one of that id, or a
+        new one (its first call; or a call of a run its edge's resolver still tracks that
+        ended here meanwhile: a new run, under a new id)."""
+        reg = self.sched.registry
+        assert c.run is not None
+        run: LiveRun | None = reg.runs.get(c.run)
+        if run is not None and run.status in ACTIVE:
+            return run
+        app = c.app or "default"
+        rid: str | None = c.run
+        if run is not None or c.run in reg.finished:
+            log.info("inferred run %s ended before a call of it from an edge: the call "
+                     "starts a new run of app %s", c.run, app)
+            rid = None
+        new: LiveRun = reg.create_run(app, tenant=c.tenant, run_id=rid, inferred=True)
+        return new
+
+    def close_inferred(self, runs: list[wire.ClosedRun]) -> int:
+        """Finish the inferred runs an edge's resolver closed, each at its last activity,
+        unless this scheduler saw it active since (:func:`close_due`). Returns how many."""
+        reg = self.sched.registry
+        index = self.sched.identities.shared_index
+        now = time.monotonic()
+        scale = self.sched.ctx.clock.time_scale
+        n = 0
+        for c in runs:
+            run = reg.runs.get(c.run)
+            if run is None or run.status not in ACTIVE or not run.inferred:
+                continue
+            if not close_due(c.idle_s, (now - run.last_activity) * scale, len(run.pending)):
+                continue
+            try:
+                reg.finish_run(c.run, at=self.sched.ctx.now() - c.idle_s)
+            except SchedulerError:  # ended meanwhile
+                continue
+            n += 1
+            if index is not None:  # no edge adopts it any more
+                index.forget_run(run.state.tenant, c.run)
+        self.closed_runs += n
+        return n
 
     def _settled(self, identity: bytes, req: PendingRequest, ident: Any) -> None:
         """A call's request is settled (the node's counts came, or it failed)."""
