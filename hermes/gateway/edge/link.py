@@ -233,7 +233,11 @@ class EdgeLink:
             log.info("inferred run %s ended before a call of it from an edge: the call "
                      "starts a new run of app %s", c.run, app)
             rid = None
-        new: LiveRun = reg.create_run(app, tenant=c.tenant, run_id=rid, inferred=True)
+        # not written at its start: after a failover its next call re-creates it under its
+        # id (a durable write per new run was a quarter of the scheduler's CPU per one-turn
+        # run); written with its progress and at its end
+        new: LiveRun = reg.create_run(app, tenant=c.tenant, run_id=rid, inferred=True,
+                                      lazy_store=True)
         return new
 
     def close_inferred(self, runs: list[wire.ClosedRun]) -> int:
