@@ -460,11 +460,15 @@ class EdgeApp:
                             stream=bool(parsed.stream), inferred=True, new=ident.new_run)
             headers = run_headers(ident)
         else:
+            run = h.get(RUN_HEADER)
+            app = h.get(APP_HEADER)
+            if run is not None and run.strip().lower() == "none" and not app:
+                run = None  # opted out: a one-request run of app default, the fast path
             msg = wire.Call(rid=rid, reply_to=self.reply_to, model=parsed.model,
                             endpoint=endpoint, body=ebody,
                             prompt_tokens=P.estimate_tokens(endpoint, ebody), tenant=tenant,
-                            app=h.get(APP_HEADER), unit=h.get(UNIT_HEADER),
-                            run=h.get(RUN_HEADER), stream=bool(parsed.stream))
+                            app=app, unit=h.get(UNIT_HEADER), run=run,
+                            stream=bool(parsed.stream))
             # a named run's answers name it, as the all-in-one gateway's do (a one-request
             # run's id is the scheduler's and is not shown)
             headers = ({RUN_HEADER: msg.run, UNIT_HEADER: msg.unit or "default"}

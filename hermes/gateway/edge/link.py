@@ -252,10 +252,11 @@ class EdgeLink:
             run = reg.runs.get(c.run)
             if run is None or run.status not in ACTIVE or not run.inferred:
                 continue
-            if not close_due(c.idle_s, (now - run.last_activity) * scale, len(run.pending)):
+            idle = (now - run.last_activity) * scale  # model seconds, as the edge's
+            if not close_due(c.idle_s, idle, len(run.pending)):
                 continue
-            try:
-                reg.finish_run(c.run, at=self.sched.ctx.now() - c.idle_s)
+            try:  # ended at its last activity (never before what this scheduler saw)
+                reg.finish_run(c.run, at=self.sched.ctx.now() - min(c.idle_s, idle))
             except SchedulerError:  # ended meanwhile
                 continue
             n += 1
