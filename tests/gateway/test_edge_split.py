@@ -221,6 +221,10 @@ def test_a_header_less_agent_through_both_edges_is_one_inferred_run(tmp_path: Pa
         assert d["inferred"] is True and d["state"] in ("queued", "running"), d
         assert len(d["units"]) == 3, d["units"]
         assert [u["unit"] for u in d["units"]] == units
+        import redis
+
+        info = redis.Redis.from_url(cl.redis_url)  # the edges' shared index: the run's app
+        assert info.exists(f"hermes:run:{{default}}:{run_id}") == 1
         # another conversation is another run
         h, _ = _turn(b, [{"role": "user", "content": "An unrelated question."}])
         assert h["x-hermes-run"] != run_id
@@ -233,6 +237,8 @@ def test_a_header_less_agent_through_both_edges_is_one_inferred_run(tmp_path: Pa
             time.sleep(0.3)
         assert d["state"] == "finished", d
         assert len(d["units"]) == 3 and all(u.get("finished") for u in d["units"]), d["units"]
+        # no edge adopts it any more: its run info is gone from the shared index
+        assert info.exists(f"hermes:run:{{default}}:{run_id}") == 0
     finally:
         cl.stop()
 
