@@ -236,6 +236,13 @@ def test_a_header_less_agent_through_both_edges_is_one_inferred_run(tmp_path: Pa
                 break
             time.sleep(0.3)
         assert d["state"] == "finished", d
+        for _ in range(30):  # both edges tracked it (B adopted it): each closes it
+            ready = [httpx.get(f"http://127.0.0.1:{p}/readyz").json() for p in (a, b)]
+            if sum(r["inferred_closed"] for r in ready) >= 2:
+                break
+            time.sleep(0.2)
+        assert sum(r["inferred_closed"] for r in ready) >= 2, ready
+        assert all(r["inferred_closed_untold"] == 0 for r in ready), ready
         assert len(d["units"]) == 3 and all(u.get("finished") for u in d["units"]), d["units"]
         # no edge adopts it any more: its run info is gone from the shared index
         assert info.exists(f"hermes:run:{{default}}:{run_id}") == 0

@@ -396,7 +396,12 @@ class EdgeApp:
                     "member": self.name, "epoch": leader.get("epoch"),
                     "scheduler": leader.get("holder"), "calls": len(self.link.calls),
                     "stale_rejected": self.link.gate.stale_rejected,
-                    "resent": self.link.resent}
+                    "resent": self.link.resent,
+                    # the run resolver: inferred runs open here, closed (told the scheduler
+                    # or waiting for one)
+                    "inferred_open": self.runs.resolver.open_runs(),
+                    "inferred_closed": self.runs.closed,
+                    "inferred_closed_untold": len(self.runs.pending)}
             await JSONResponse(body, status_code=200 if ready else 503)(scope, receive, send)
             return
         endpoint = _ENDPOINTS.get(path)
