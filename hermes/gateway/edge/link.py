@@ -6,8 +6,11 @@ it. Per LLM call an edge sends one :class:`~hermes.gateway.edge.wire.Call`; the 
 binds it to its run (a one-request run, or the run ``X-Hermes-Run`` names), ranks it and
 dispatches it with ``reply_to`` = the edge, so the node streams tokens and the answer to the
 edge and sends the scheduler only the counts (:attr:`hermes.protocol.Submit.reply_to`). A
-call without run or app headers takes the fast path (:mod:`hermes.gateway.edge.direct`: no
-run in the registry, what the global ordering needs and no more). The scheduler answers the edge only when a call fails (:class:`~hermes.gateway.edge.wire.
+call without run or app headers (opted out of run inference, or inference off) takes the
+fast path (:mod:`hermes.gateway.edge.direct`: no run in the registry, what the global
+ordering needs and no more). A call the edge's run resolver put in an inferred run
+(``inferred``, :mod:`hermes.gateway.edge.infer`) joins that run, created on its first call;
+the edge's ``closed`` messages end such runs (:meth:`EdgeLink.close_inferred`). The scheduler answers the edge only when a call fails (:class:`~hermes.gateway.edge.wire.
 CallFailed`) and pings with a pong; both carry the lease epoch and are not sent once the
 lease has run out (a deposed scheduler says nothing).
 """
