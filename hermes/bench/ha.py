@@ -136,6 +136,9 @@ class Cluster:
     edge_socket: bool = False
     edges: list[Proc] = field(default_factory=list)
     edge_ports: list[int] = field(default_factory=list)
+    #: every process shares its state in the Redis (``[cluster] store``): quotas, the
+    #: Responses store, the run resolver's evidence index
+    shared_store: bool = False
 
     def start(self) -> None:
         for tool in ("redis-server", "haproxy"):
@@ -156,6 +159,8 @@ class Cluster:
         genv = {**env, "HERMES_EMBEDDED_NODE": "false", "HERMES_HA__LEASE_TTL_S": str(self.ttl_s),
                 "HERMES_HA__LEASE_RENEW_S": str(round(min(0.3, self.ttl_s / 5), 3)),
                 "HERMES_RECOVERY_GRACE_S": "3", **self.gateway_env}
+        if self.shared_store:
+            genv["HERMES_CLUSTER__STORE"] = self.redis_url
         for i in range(self.n_gateways):
             argv = [sys.executable, "-m", "hermes.cli", "serve", "--host", "127.0.0.1",
                     "--port", str(self.http_ports[i]),
@@ -182,6 +187,7 @@ class Cluster:
                     "--ha", self.redis_url, "--host", "127.0.0.1",
                     "--port", str(self.edge_ports[k]),
                     "--bind", f"tcp://127.0.0.1:{free_port()}",
+                    "--time-scale", str(self.time_scale),
                     "--state-dir", str(self.workdir / f"edge{k}")]
             self.edges.append(Proc(f"edge{k}", argv, self.workdir / f"edge{k}.log",
                                    {**genv, "HERMES_HA__MEMBER": f"edge{k}"}))
@@ -753,13 +759,32 @@ def run_scale(workdir: Path, *, edges: list[int], clients: int, seconds: float,
     return rows
 
 
-def run_scheduler_rate(workdir: Path, *, rates: list[int], seconds: float) -> list[dict]:
+#: synthetic inferred runs interleaved: a run's next call comes this many calls after its last
+#: (an agent's turns are sequential: its previous call has been answered)
+SYN_RUNS_APART = 200
+
+
+def _syn_turn(n: int, turns: int) -> tuple[int, int]:
+    """(run, turn) of the ``n``-th synthetic call (from 1) in inferred runs of ``turns``."""
+    block, i = divmod(n - 1, SYN_RUNS_APART * turns)
+    turn, k = divmod(i, SYN_RUNS_APART)
+    return block * SYN_RUNS_APART + k, turn
+
+
+def run_scheduler_rate(workdir: Path, *, rates: list[int], seconds: float,
+                       inferred_turns: int = 0) -> list[dict]:
     """The active scheduler alone, driven at fixed rates of header-less calls by a synthetic
     edge and a synthetic node in this process (both plain ZeroMQ sockets speaking the real
     wire: the edge sends calls, each carrying the ones answered since its last message; the
     node takes the submits). What the scheduler process spends per call at rates the
     loopback HTTP path cannot reach on a small machine: how its fixed costs (lease, sweeps,
-    heartbeats) amortize, and where it saturates."""
+    heartbeats) amortize, and where it saturates.
+
+    ``inferred_turns`` > 0: the calls are those of inferred runs of that many calls each, as
+    an edge's run resolver sends them (``inferred``; the scheduler creates the run on its
+    first call), the node sends the scheduler each call's counts (``done``), and the edge
+    closes every completed run in one ``closed`` message every 0.5 s; otherwise the fast
+    path (one-request calls, settled by the edge)."""
     import zmq
 
     from hermes import protocol as P
@@ -786,8 +811,11 @@ def run_scheduler_rate(workdir: Path, *, rates: list[int], seconds: float) -> li
         time.sleep(1.0)
         lead = cl.gateways[0]
         n = 0
+        turns = inferred_turns
         for rate in rates:
             taken: list[str] = []
+            completed: list[wire.ClosedRun] = []
+            last_close = time.monotonic()
             dispatched = 0
             tick = 0.002
             per_tick = rate * tick
@@ -804,16 +832,36 @@ def run_scheduler_rate(workdir: Path, *, rates: list[int], seconds: float) -> li
                                for r in taken]
                     taken = []
                     n += 1
-                    edge.send(wire.encode(wire.Call(
-                        rid=f"r{n}", reply_to=reply_to, model=MODEL, endpoint="chat",
-                        body=body, prompt_tokens=1, settled=settled)))
+                    if turns:
+                        k, turn = _syn_turn(n, turns)
+                        call = wire.Call(rid=f"r{n}", reply_to=reply_to, model=MODEL,
+                                         endpoint="chat", body=body, prompt_tokens=1,
+                                         run=f"run-syn{k}", app="default.syn",
+                                         unit=f"step{turn % 2}", inferred=True, new=turn == 0)
+                    else:
+                        call = wire.Call(rid=f"r{n}", reply_to=reply_to, model=MODEL,
+                                         endpoint="chat", body=body, prompt_tokens=1,
+                                         settled=settled)
+                    edge.send(wire.encode(call))
                     sent += 1
                 while node.poll(0):
                     msg = P.decode(node.recv())
                     if isinstance(msg, P.Submit):
-                        taken.append(msg.request_id)
                         dispatched += 1
+                        if not turns:
+                            taken.append(msg.request_id)
+                            continue
+                        node.send(P.encode(P.Done(
+                            request_id=msg.request_id, input_tokens=1, output_tokens=4,
+                            text="", engine="e0", queue_s=0.0, service_s=0.001)))
+                        k, turn = _syn_turn(int(msg.request_id[1:]), turns)
+                        if turn == turns - 1:
+                            completed.append(wire.ClosedRun(msg.run_id, 0.0))
                 now = time.monotonic()
+                if completed and now - last_close > 0.5:
+                    last_close = now
+                    edge.send(wire.encode(wire.Closed(runs=completed)))
+                    completed = []
                 if now - last_hb > 0.5:
                     last_hb = now
                     node.send(P.encode(P.Heartbeat(node="synthetic-node", engines={
@@ -822,6 +870,7 @@ def run_scheduler_rate(workdir: Path, *, rates: list[int], seconds: float) -> li
             wall = time.monotonic() - t0
             cpu = lead.cpu_s() - c0
             rows.append({"edges": "synthetic", "roles": "scheduler alone",
+                         "calls": f"inferred runs of {turns}" if turns else "fast path",
                          "offered_req_per_s": rate, "req_per_s": round(sent / wall, 1),
                          "dispatched_per_s": round(dispatched / wall, 1),
                          "scheduler_cpu_ms_per_req": round(1000 * cpu / max(sent, 1), 3),
@@ -879,6 +928,10 @@ def cmd_ha(args: Any) -> int:
         rows = run_scale(workdir, edges=[1, 2], clients=args.clients, seconds=args.seconds,
                          time_scale=args.time_scale)
         rows += run_scheduler_rate(workdir, rates=args.rates, seconds=min(args.seconds, 5.0))
+        if args.inferred_turns:
+            rows += run_scheduler_rate(workdir / "inferred", rates=args.rates,
+                                       seconds=min(args.seconds, 5.0),
+                                       inferred_turns=args.inferred_turns)
         for r in rows:
             print(json.dumps(r))
         print("(edges 0: the all-in-one baseline, its scheduler share metered inside the "
@@ -943,6 +996,10 @@ def add_ha_parser(bsub: Any) -> None:
                    default=[1000, 2500, 5000], metavar="R,R,...",
                    help="--scale: rates (calls/s) the scheduler alone is driven at by a "
                    "synthetic edge and node (default 1000,2500,5000)")
+    s.add_argument("--inferred-turns", dest="inferred_turns", type=int, default=4,
+                   metavar="T", help="--scale: the scheduler alone is also driven with the "
+                   "calls of inferred runs of T calls each, as edges' run resolvers send "
+                   "them (0: not)")
     s.add_argument("--workdir", default=None, help="logs and state (default: a temp dir)")
     s.add_argument("--json", default=None, help="write the rows as a JSON list to FILE")
     s.add_argument("--verbose", action="store_true", help="print each row as it ends")

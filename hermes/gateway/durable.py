@@ -159,7 +159,9 @@ class DurableState(RunObserver):
             st.lo += 1
 
     def run_created(self, run: LiveRun) -> None:
-        if not run.auto_finish:  # one-request runs: stored when they end (see the module doc)
+        # one-request runs: stored when they end (see the module doc); so is an edge's
+        # inferred run until its progress (LiveRun.lazy_store)
+        if not run.auto_finish and not run.lazy_store:
             self._put(run, batched=run.inferred and _in_loop())
 
     def run_progress(self, run: LiveRun) -> None:
@@ -176,7 +178,8 @@ class DurableState(RunObserver):
         """On a clean stop: write what the active inferred runs among ``runs`` did since
         their last write (then :meth:`close`)."""
         for run in runs:
-            if run.inferred and not run.auto_finish and run.run_id in self._stored:
+            if run.inferred and not run.auto_finish and (run.run_id in self._stored
+                                                         or run.lazy_store):
                 self._put(run)
 
     def run_ended(self, run: LiveRun) -> None:

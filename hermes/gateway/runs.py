@@ -171,6 +171,7 @@ class RunRegistry:
         idempotency: dict[str, str] | None = None,
         run_id: str | None = None,
         inferred: bool = False,
+        lazy_store: bool = False,
     ) -> LiveRun:
         """A new run, announced to the observers (durability commits it) before it is
         returned. ``idempotency``: ``{"key", "body"}`` of an ``Idempotency-Key`` request,
@@ -191,7 +192,7 @@ class RunRegistry:
             k=k,
         )
         run = LiveRun(state=state, hosted=hosted, auto_finish=auto_finish, input=input,
-                      inferred=inferred)
+                      inferred=inferred, lazy_store=lazy_store)
         self.runs[rid] = run
         if idempotency is not None:
             run.idempotency = idempotency

@@ -144,6 +144,10 @@ class LiveRun:
     #: not written to the durable run store: a one-request call of an edge (split roles),
     #: whose run id no client ever sees and which has nothing to resume
     transient: bool = False
+    #: not written to the durable run store at its start (an inferred run of an edge's
+    #: resolver: its next call re-creates it under its id after a failover; written with
+    #: its progress and at its end like any inferred run)
+    lazy_store: bool = False
 
     @property
     def run_id(self) -> str:

@@ -10,7 +10,10 @@ the built-in engine, all started here and stopped by their PIDs (``hermes.bench.
   finishes once, and its key names the same run afterwards; a long stream in flight through
   an edge survives the scheduler's kill whole;
 - an edge rejects a message of a lower epoch than the scheduler it follows (the test plays a
-  scheduler that took the lease with a higher epoch, then sends as a deposed one).
+  scheduler that took the lease with a higher epoch, then sends as a deposed one);
+- a header-less agent whose turns go alternately through the two edges (``[cluster] store``:
+  the run resolver's evidence index in Redis) is one inferred run, named in every answer,
+  which the scheduler ends once an edge's resolver closes it.
 """
 
 from __future__ import annotations
@@ -172,6 +175,81 @@ def test_edges_serve_and_hosted_runs_survive_scheduler_and_edge_kills(tmp_path: 
         cl.stop()
 
 
+def _turn(port: int, messages: list[dict], *, stream: bool = False) -> tuple[dict, dict]:
+    """One turn of a header-less agent through the edge at ``port``: (its run headers, the
+    assistant message)."""
+    body = {"model": MODEL, "messages": messages, "max_tokens": 12}
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    if not stream:
+        r = httpx.post(url, json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        return dict(r.headers), r.json()["choices"][0]["message"]
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=30) as r:
+        assert r.status_code == 200
+        headers = dict(r.headers)
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]", events[-3:]
+    text = "".join(c["choices"][0]["delta"].get("content") or ""
+                   for c in map(json.loads, events[:-1]) if c["choices"])
+    return headers, {"role": "assistant", "content": text}
+
+
+def test_a_header_less_agent_through_both_edges_is_one_inferred_run(tmp_path: Path) -> None:
+    _need("redis-server", "haproxy")
+    # model seconds at time scale 5: an app with too few gaps closes its runs 10 s (2 s
+    # real) after their last answer
+    cl = Cluster(tmp_path, time_scale=5.0, n_gateways=2, n_nodes=1, ttl_s=1.0, n_edges=2,
+                 shared_store=True,
+                 gateway_env={"HERMES_IDENTITY__CLOSE_PRIOR_S": "10",
+                              "HERMES_IDENTITY__CLOSE_MIN_S": "5"})
+    try:
+        cl.start()
+        a, b = cl.edge_ports
+        msgs: list[dict] = [{"role": "system", "content": "You are a careful research agent."},
+                            {"role": "user", "content": "Find the capital of France."}]
+        runs, units = [], []
+        for i, (port, stream) in enumerate([(a, False), (b, True), (a, False)]):
+            h, reply = _turn(port, msgs, stream=stream)
+            runs.append(h.get("x-hermes-run"))
+            units.append(h.get("x-hermes-unit"))
+            assert h.get("x-hermes-app"), h
+            msgs = msgs + [reply, {"role": "user", "content": f"Now check step {i + 1}."}]
+        assert runs[0] and runs[0].startswith("run-") and len(set(runs)) == 1, runs
+        assert all(units), units
+        run_id = runs[0]
+        d = httpx.get(f"{cl.url}/v1/runs/{run_id}", timeout=10).json()
+        assert d["inferred"] is True and d["state"] in ("queued", "running"), d
+        assert len(d["units"]) == 3, d["units"]
+        assert [u["unit"] for u in d["units"]] == units
+        import redis
+
+        info = redis.Redis.from_url(cl.redis_url)  # the edges' shared index: the run's app
+        assert info.exists(f"hermes:run:{{default}}:{run_id}") == 1
+        # another conversation is another run
+        h, _ = _turn(b, [{"role": "user", "content": "An unrelated question."}])
+        assert h["x-hermes-run"] != run_id
+        # the resolver closes the run when idle; the scheduler then ends it
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            d = httpx.get(f"{cl.url}/v1/runs/{run_id}", timeout=10).json()
+            if d["state"] == "finished":
+                break
+            time.sleep(0.3)
+        assert d["state"] == "finished", d
+        for _ in range(30):  # both edges tracked it (B adopted it): each closes it
+            ready = [httpx.get(f"http://127.0.0.1:{p}/readyz").json() for p in (a, b)]
+            if sum(r["inferred_closed"] for r in ready) >= 2:
+                break
+            time.sleep(0.2)
+        assert sum(r["inferred_closed"] for r in ready) >= 2, ready
+        assert all(r["inferred_closed_untold"] == 0 for r in ready), ready
+        assert len(d["units"]) == 3 and all(u.get("finished") for u in d["units"]), d["units"]
+        # no edge adopts it any more: its run info is gone from the shared index
+        assert info.exists(f"hermes:run:{{default}}:{run_id}") == 0
+    finally:
+        cl.stop()
+
+
 def test_an_edge_rejects_a_deposed_schedulers_messages(tmp_path: Path) -> None:
     """The test is the scheduler: it writes a lease record with its own address for edges
     (epoch 10), answers the edge's pings, then sends as epoch 9."""
@@ -231,7 +309,8 @@ def test_an_edge_rejects_a_deposed_schedulers_messages(tmp_path: Path) -> None:
         with httpx.Client(base_url=base, timeout=30) as http:
             got: dict = {}
             t = threading.Thread(target=lambda: got.setdefault(
-                "r", http.post("/v1/chat/completions", json=CHAT)))
+                "r", http.post("/v1/chat/completions", json=CHAT,
+                               headers={"X-Hermes-Run": "none"})))  # the fast path
             t.start()
             calls = []
             while not calls:

@@ -62,6 +62,9 @@ from hermes.gateway.api.openai_bodies import (
 from hermes.gateway.auth import tenant_for
 from hermes.gateway.config import GatewayConfig
 from hermes.gateway.edge import wire
+from hermes.gateway.edge.infer import EdgeRuns, run_headers
+from hermes.gateway.resolve import ChatReplies, Identity
+from hermes.gateway.shared import StoreUnavailable
 from hermes.zmqdrain import QueuedMessages
 
 log = logging.getLogger("hermes.gateway.edge")
@@ -300,18 +303,29 @@ class SchedulerLink:
 class EdgeApp:
     """The edge's ASGI app (module doc)."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, evidence_index: Any | None = None) -> None:
+        """``evidence_index``: the run resolver's shared evidence index (``[cluster]
+        store``), or None (this edge's own: :mod:`hermes.gateway.edge.infer`)."""
         self.config = config
         self.name = config.ha.member or f"{socket.gethostname()}:{os.getpid()}"
         self.reply_to = config.ha.advertised(config.scheduler.bind)
         self.ctx = zmq.asyncio.Context()
         self.link = SchedulerLink(config, self.ctx, self.name, self.reply_to)
+        #: the run resolver: header-less calls in inferred runs
+        self.runs = EdgeRuns(config.identity, evidence_index)
+        self._scale = config.scheduler.time_scale
         self.timeout_s = config.scheduler.request_timeout_s
         self.inbox: zmq.asyncio.Socket | None = None
         self.http: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
         #: calls taken, and answered from a node
         self.stats = {"calls": 0, "answered": 0, "failed": 0, "proxied": 0}
+
+    def now(self) -> float:
+        """The resolver's clock: model seconds (``scheduler.time_scale`` times the monotonic
+        clock), as the all-in-one gateway's resolver reads the scheduler clock; only its
+        differences matter."""
+        return time.monotonic() * self._scale
 
     # ------------------------------------------------------------------ lifecycle
     async def startup(self) -> None:
@@ -324,6 +338,8 @@ class EdgeApp:
         self._tasks = [loop.create_task(self.link.watch(), name="hermes-edge-watch"),
                        loop.create_task(self.link.ping(), name="hermes-edge-ping"),
                        loop.create_task(self._inbox_loop(sock), name="hermes-edge-inbox")]
+        if self.runs.enabled:
+            self._tasks.append(loop.create_task(self._sweep_runs(), name="hermes-edge-runs"))
         log.warning("edge %s: HTTP on %s:%s, answers from nodes on %s, scheduler from the "
                     "lease in %s", self.name, self.config.server.host, self.config.server.port,
                     self.reply_to, self.link.store.url)
@@ -340,6 +356,18 @@ class EdgeApp:
         if self.link.sock is not None:
             self.link.sock.close(linger=0)
         self.ctx.term()
+
+    async def _sweep_runs(self) -> None:
+        """Close the idle inferred runs every ``scheduler.rekey_interval_s`` (the all-in-one
+        gateway's sweep cadence) and tell the scheduler, in one message per sweep."""
+        while True:
+            await asyncio.sleep(self.config.scheduler.rekey_interval_s)
+            try:
+                closed = self.runs.sweep(self.now())
+                if closed and self.link.ready() and self.link.send(wire.Closed(runs=closed)):
+                    self.runs.told()
+            except Exception:
+                log.exception("edge %s: closing idle inferred runs failed", self.name)
 
     async def _inbox_loop(self, sock: zmq.asyncio.Socket) -> None:
         drain = QueuedMessages(sock)
@@ -368,7 +396,12 @@ class EdgeApp:
                     "member": self.name, "epoch": leader.get("epoch"),
                     "scheduler": leader.get("holder"), "calls": len(self.link.calls),
                     "stale_rejected": self.link.gate.stale_rejected,
-                    "resent": self.link.resent}
+                    "resent": self.link.resent,
+                    # the run resolver: inferred runs open here, closed (told the scheduler
+                    # or waiting for one)
+                    "inferred_open": self.runs.resolver.open_runs(),
+                    "inferred_closed": self.runs.closed,
+                    "inferred_closed_untold": len(self.runs.pending)}
             await JSONResponse(body, status_code=200 if ready else 503)(scope, receive, send)
             return
         endpoint = _ENDPOINTS.get(path)
@@ -415,32 +448,61 @@ class EdgeApp:
         h = request.headers
         ebody = engine_body(parsed)
         rid = f"{P.EDGE_REQUEST_PREFIX}{uuid.uuid4().hex[:16]}"
-        msg = wire.Call(rid=rid, reply_to=self.reply_to, model=parsed.model,
-                        endpoint=endpoint, body=ebody,
-                        prompt_tokens=P.estimate_tokens(endpoint, ebody),
-                        tenant=tenant_for(request, h.get("X-Hermes-Tenant")) or "default",
-                        app=h.get(APP_HEADER), unit=h.get(UNIT_HEADER), run=h.get(RUN_HEADER),
-                        stream=bool(parsed.stream))
+        tenant = tenant_for(request, h.get("X-Hermes-Tenant")) or "default"
+        ident: Identity | None = None
+        if RUN_HEADER not in h and self.runs.enabled:
+            try:
+                ident = self.runs.resolve(tenant, {**ebody, "model": parsed.model}, h,
+                                          self.now())
+            except StoreUnavailable as e:
+                return error_response(503, f"{e}; retry later", code="store_unavailable",
+                                      headers={"Retry-After": "1"})
+        if ident is not None:  # a header-less call in an inferred run
+            msg = wire.Call(rid=rid, reply_to=self.reply_to, model=parsed.model,
+                            endpoint=endpoint, body=ebody,
+                            prompt_tokens=P.estimate_tokens(endpoint, ebody), tenant=tenant,
+                            app=ident.app, unit=ident.unit, run=ident.run,
+                            stream=bool(parsed.stream), inferred=True, new=ident.new_run)
+            headers = run_headers(ident)
+        else:
+            run = h.get(RUN_HEADER)
+            app = h.get(APP_HEADER)
+            if run is not None and run.strip().lower() == "none" and not app:
+                run = None  # opted out: a one-request run of app default, the fast path
+            msg = wire.Call(rid=rid, reply_to=self.reply_to, model=parsed.model,
+                            endpoint=endpoint, body=ebody,
+                            prompt_tokens=P.estimate_tokens(endpoint, ebody), tenant=tenant,
+                            app=app, unit=h.get(UNIT_HEADER), run=run,
+                            stream=bool(parsed.stream))
+            # a named run's answers name it, as the all-in-one gateway's do (a one-request
+            # run's id is the scheduler's and is not shown)
+            headers = ({RUN_HEADER: msg.run, UNIT_HEADER: msg.unit or "default"}
+                       if msg.run and msg.run.lower() != "none" else {})
         call = EdgeCall(msg)
         self.link.calls[rid] = call
         self.stats["calls"] += 1
         self.link.send_call(msg)
-        # a named run's answers name it, as the all-in-one gateway's do (a one-request run's
-        # id is the scheduler's and is not shown)
-        run_headers = ({RUN_HEADER: msg.run, UNIT_HEADER: msg.unit or "default"}
-                       if msg.run and msg.run.lower() != "none" else {})
         if parsed.stream:
             include_usage = bool((parsed.stream_options or {}).get("include_usage"))
             return StreamingResponse(
-                self._sse(call, endpoint, parsed.model, include_usage),
+                self._sse(call, endpoint, parsed.model, include_usage, ident),
                 media_type="text/event-stream",
-                headers={**run_headers, "Cache-Control": "no-cache"})
+                headers={**headers, "Cache-Control": "no-cache"})
         try:
             done = await self._wait(call)
         except CallFailedError as e:
+            if ident is not None:
+                self.runs.abandoned(ident, self.now())
             return error_response(e.status, str(e), code=e.code)
-        return JSONResponse(completion_object(endpoint, rid, parsed.model, done),
-                            headers=run_headers)
+        except BaseException:
+            if ident is not None:  # the client went away
+                self.runs.abandoned(ident, self.now())
+            raise
+        content = completion_object(endpoint, rid, parsed.model, done)
+        if ident is not None:  # before the answer leaves: the next turn finds the run
+            self.runs.answered(ident, _chat_replies(content) if endpoint == "chat" else None,
+                               self.now())
+        return JSONResponse(content, headers=headers)
 
     async def _wait(self, call: EdgeCall) -> P.Done:
         rid = call.msg.rid
@@ -458,20 +520,26 @@ class EdgeApp:
                 self.link.send(wire.Cancel(rid=rid))
             self.link.calls.pop(rid, None)
 
-    async def _sse(self, call: EdgeCall, endpoint: str, model: str,
-                   include_usage: bool) -> AsyncIterator[bytes]:
+    async def _sse(self, call: EdgeCall, endpoint: str, model: str, include_usage: bool,
+                   ident: Identity | None = None) -> AsyncIterator[bytes]:
         """The call's tokens as OpenAI chunks (:class:`ChunkWriter`), as the all-in-one
-        gateway writes them, ending with ``data: [DONE]``."""
+        gateway writes them, ending with ``data: [DONE]``. ``ident``: the call's inferred
+        run (its reply is told to the resolver before ``[DONE]``)."""
         w = ChunkWriter(call.msg.rid, endpoint, model, include_usage)
         tokens = call.tokens
         assert tokens is not None
         first, raw_finished = True, False
+        replies = ChatReplies() if (ident is not None and w.chat
+                                    and ident.conversation is not None) else None
+        told = ident is None
         try:
             while True:
                 async with asyncio.timeout(self.timeout_s):
                     tok = await tokens.get()
                 if tok is None:
                     break
+                if replies is not None:
+                    replies.feed(tok.chunk, tok.text)
                 if tok.chunk is not None:
                     out = w.forward(tok.chunk)
                     if out is not None:
@@ -491,6 +559,10 @@ class EdgeApp:
                 yield w.chunk(None, done.finish_reason or "stop")
             if include_usage:
                 yield w.usage(done)
+            if ident is not None:
+                self.runs.answered(ident, None if replies is None else replies.messages(),
+                                   self.now())
+                told = True
             yield b"data: [DONE]\n\n"
         except (CallFailedError, TimeoutError) as e:
             status, code = (e.status, e.code) if isinstance(e, CallFailedError) else (504, "timeout")
@@ -498,6 +570,8 @@ class EdgeApp:
                              "param": None, "code": code, "status": status}}
             yield f"data: {json.dumps(err)}\n\n".encode()
         finally:
+            if not told and ident is not None:  # failed, or the client went away
+                self.runs.abandoned(ident, self.now())
             if not call.future.done():
                 self.link.send(wire.Cancel(rid=call.msg.rid))
             self.link.calls.pop(call.msg.rid, None)
@@ -543,6 +617,13 @@ class EdgeApp:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+def _chat_replies(content: dict[str, Any]) -> list[Any]:
+    """The assistant message of every choice of a chat completion object."""
+    choices = content.get("choices")
+    return [c.get("message") for c in choices if isinstance(c, dict)] \
+        if isinstance(choices, list) else []
+
+
 def edge_app(config: GatewayConfig) -> Any:
     """The edge's ASGI app, inside the gateway's security middleware (body limits, API
     keys, tenant admission: :mod:`hermes.gateway.auth`) for the completion endpoints; the
@@ -550,8 +631,8 @@ def edge_app(config: GatewayConfig) -> Any:
     from hermes.gateway.auth import SecurityMiddleware, build_security
     from hermes.gateway.shared import open_shared_state
 
-    app = EdgeApp(config)
     shared = open_shared_state(config)
+    app = EdgeApp(config, shared.evidence if shared is not None else None)
     secured = SecurityMiddleware(app, build_security(
         config, shared.store if shared is not None else None))
 

@@ -6,8 +6,11 @@ it. Per LLM call an edge sends one :class:`~hermes.gateway.edge.wire.Call`; the 
 binds it to its run (a one-request run, or the run ``X-Hermes-Run`` names), ranks it and
 dispatches it with ``reply_to`` = the edge, so the node streams tokens and the answer to the
 edge and sends the scheduler only the counts (:attr:`hermes.protocol.Submit.reply_to`). A
-call without run or app headers takes the fast path (:mod:`hermes.gateway.edge.direct`: no
-run in the registry, what the global ordering needs and no more). The scheduler answers the edge only when a call fails (:class:`~hermes.gateway.edge.wire.
+call without run or app headers (opted out of run inference, or inference off) takes the
+fast path (:mod:`hermes.gateway.edge.direct`: no run in the registry, what the global
+ordering needs and no more). A call the edge's run resolver put in an inferred run
+(``inferred``, :mod:`hermes.gateway.edge.infer`) joins that run, created on its first call;
+the edge's ``closed`` messages end such runs (:meth:`EdgeLink.close_inferred`). The scheduler answers the edge only when a call fails (:class:`~hermes.gateway.edge.wire.
 CallFailed`) and pings with a pong; both carry the lease epoch and are not sent once the
 lease has run out (a deposed scheduler says nothing).
 """
@@ -26,8 +29,9 @@ import zmq.asyncio
 from hermes.gateway.api.binding import APP_HEADER, RUN_HEADER, UNIT_HEADER
 from hermes.gateway.edge import wire
 from hermes.gateway.edge.direct import DirectCalls
+from hermes.gateway.edge.infer import close_due
 from hermes.gateway.errors import RunNotActive, SchedulerError
-from hermes.gateway.state import PendingRequest
+from hermes.gateway.state import ACTIVE, LiveRun, PendingRequest
 
 log = logging.getLogger("hermes.gateway.edge")
 
@@ -59,6 +63,8 @@ class EdgeLink:
         self.calls = 0
         self.failed = 0
         self.bad = 0
+        #: inferred runs finished on their edges' close
+        self.closed_runs = 0
 
     def start(self) -> None:
         # a plain socket read on the event loop's readiness callback: every message queued
@@ -167,6 +173,8 @@ class EdgeLink:
             task.add_done_callback(self._calls.discard)
         elif isinstance(msg, wire.Report):
             self.direct.settle(msg.settled)
+        elif isinstance(msg, wire.Closed):
+            self.close_inferred(msg.runs)
         elif isinstance(msg, wire.Ping):
             self._send(identity, wire.Pong(epoch=self.sched.node_table.epoch))
         elif isinstance(msg, wire.Cancel):
@@ -183,6 +191,15 @@ class EdgeLink:
         run = ident = None
         try:
             served = await sched.serving_model(c.model, strict=True)
+            if c.inferred:
+                run = self._inferred_run(c)
+                inv = sched.unit_for_request(run, c.unit or "default", f"llm:{served}")
+                await sched.submit_llm(run, inv, model=served, endpoint=c.endpoint,
+                                       body=c.body, stream=c.stream, request_id=c.rid,
+                                       reply_to=c.reply_to, prompt_tokens=c.prompt_tokens)
+                # the run stays open after its call: the edge's resolver closes it
+                # (close_inferred), or the idle reaping; a failure is the edge's to tell
+                return
             headers = {RUN_HEADER: c.run or "none"}
             if c.app:
                 headers[APP_HEADER] = c.app
@@ -203,6 +220,53 @@ class EdgeLink:
             self._failed(identity, c.rid, e)
             return
         req.future.add_done_callback(lambda _f: self._settled(identity, req, ident))
+
+    def _inferred_run(self, c: wire.Call) -> LiveRun:
+        """The inferred run an edge's resolver put ``c`` in: the active one of that id, or a
+        new one (its first call; or a call of a run its edge's resolver still tracks that
+        ended here meanwhile: a new run, under a new id)."""
+        reg = self.sched.registry
+        assert c.run is not None
+        run: LiveRun | None = reg.runs.get(c.run)
+        if run is not None and run.status in ACTIVE:
+            return run
+        app = c.app or "default"
+        rid: str | None = c.run
+        if run is not None or c.run in reg.finished:
+            log.info("inferred run %s ended before a call of it from an edge: the call "
+                     "starts a new run of app %s", c.run, app)
+            rid = None
+        # not written at its start: after a failover its next call re-creates it under its
+        # id (a durable write per new run was a quarter of the scheduler's CPU per one-turn
+        # run); written with its progress and at its end
+        new: LiveRun = reg.create_run(app, tenant=c.tenant, run_id=rid, inferred=True,
+                                      lazy_store=True)
+        return new
+
+    def close_inferred(self, runs: list[wire.ClosedRun]) -> int:
+        """Finish the inferred runs an edge's resolver closed, each at its last activity,
+        unless this scheduler saw it active since (:func:`close_due`). Returns how many."""
+        reg = self.sched.registry
+        index = self.sched.identities.shared_index
+        now = time.monotonic()
+        scale = self.sched.ctx.clock.time_scale
+        n = 0
+        for c in runs:
+            run = reg.runs.get(c.run)
+            if run is None or run.status not in ACTIVE or not run.inferred:
+                continue
+            idle = (now - run.last_activity) * scale  # model seconds, as the edge's
+            if not close_due(c.idle_s, idle, len(run.pending)):
+                continue
+            try:  # ended at its last activity (never before what this scheduler saw)
+                reg.finish_run(c.run, at=self.sched.ctx.now() - min(c.idle_s, idle))
+            except SchedulerError:  # ended meanwhile
+                continue
+            n += 1
+            if index is not None:  # no edge adopts it any more
+                index.forget_run(run.state.tenant, c.run)
+        self.closed_runs += n
+        return n
 
     def _settled(self, identity: bytes, req: PendingRequest, ident: Any) -> None:
         """A call's request is settled (the node's counts came, or it failed)."""

@@ -32,7 +32,10 @@ class Call(msgspec.Struct, tag="call", omit_defaults=True):
     dispatch it. ``rid`` is the request id (the edge's; nodes answer under it);
     ``reply_to`` the edge's address for the node; ``run`` the run header
     (``X-Hermes-Run``: a run id, ``none``), ``None`` for a one-request run; ``body`` the
-    engine body (without ``model`` and ``stream``), sent once and forwarded to the node."""
+    engine body (without ``model`` and ``stream``), sent once and forwarded to the node.
+    ``inferred``: ``run``, ``app`` and ``unit`` are what the edge's run resolver found for a
+    header-less call (:mod:`hermes.gateway.edge.infer`): the scheduler joins that inferred
+    run, creating it on its first call (``new``)."""
 
     rid: str
     reply_to: str
@@ -45,6 +48,8 @@ class Call(msgspec.Struct, tag="call", omit_defaults=True):
     unit: str | None = None
     run: str | None = None
     stream: bool = False
+    inferred: bool = False
+    new: bool = False
     #: calls of this edge answered since its last message (piggybacked: no message of their
     #: own under load)
     settled: list[Settled] = []
@@ -60,6 +65,20 @@ class Report(msgspec.Struct, tag="report"):
     """Calls answered, when no call came to carry them within a few milliseconds."""
 
     settled: list[Settled]
+
+
+class ClosedRun(msgspec.Struct, array_like=True):
+    """An inferred run an edge's resolver closed, idle for ``idle_s`` (edge seconds)."""
+
+    run: str
+    idle_s: float
+
+
+class Closed(msgspec.Struct, tag="closed"):
+    """The inferred runs one sweep of an edge's resolver closed (one message per sweep): the
+    scheduler finishes each, unless it saw activity of the run since (another edge's call)."""
+
+    runs: list[ClosedRun]
 
 
 class Cancel(msgspec.Struct, tag="cancel"):
@@ -90,7 +109,7 @@ class CallFailed(msgspec.Struct, tag="failed"):
     message: str
 
 
-EdgeMessage = Call | Cancel | Ping | Report
+EdgeMessage = Call | Cancel | Ping | Report | Closed
 SchedulerMessage = Pong | CallFailed
 
 _ENCODER = msgspec.msgpack.Encoder()

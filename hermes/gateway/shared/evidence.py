@@ -137,6 +137,12 @@ class RedisKeyIndex:
 
         self._soft("index-run", run, None)
 
+    def forget_run(self, tenant: str, run_key: str) -> None:
+        """The inferred run ended: no edge adopts it any more (a continuation of it starts a
+        new run, as after a close in one process)."""
+        k = self.store.key("run", "{" + tenant + "}", run_key)
+        self._soft("index-run", lambda: self.store.client.delete(k), None)
+
     def run_info(self, tenant: str, run_key: str) -> tuple[str, str] | None:
         """``(app, app_id)`` of an inferred run :meth:`remember_run` kept, or None."""
         k = self.store.key("run", "{" + tenant + "}", run_key)

@@ -1,0 +1,139 @@
+"""Runs inferred at the edge (split roles): the run resolver in front of the scheduler.
+
+The all-in-one gateway binds a header-less request to an **inferred run** of an inferred app
+(:mod:`hermes.gateway.identity`, :mod:`hermes.gateway.resolve`). With split roles the
+resolver runs here, on the edge (parsing and evidence are per-request CPU that must stay off
+the scheduler, whose CPU per request bounds the cluster), and the run lives where runs live,
+in the scheduler's registry:
+
+- :meth:`EdgeRuns.resolve` gives a header-less chat/completion its run id, app and unit; the
+  edge sends them in the call (:class:`~hermes.gateway.edge.wire.Call` ``inferred``/``new``),
+  and the scheduler joins that run or creates it (``inferred=True``), ranks it from its
+  app's PDGraph and learns from it when it ends;
+- the answer (:meth:`answered`) or failure (:meth:`abandoned`) is told to the resolver, so
+  that the conversation's next turn finds the run;
+- :meth:`sweep` closes the runs idle past their app's figure and returns them
+  (:class:`~hermes.gateway.edge.wire.ClosedRun`) for one :class:`~hermes.gateway.edge.wire.
+  Closed` message to the scheduler, which finishes each unless it has seen the run active
+  since (:func:`close_due`: another edge's call of the same run). Runs an edge never closes
+  (the edge died) are ended by the scheduler's idle reaping
+  (``scheduler.run_idle_timeout_s``).
+
+With ``[cluster] store`` the evidence index is the shared one
+(:class:`~hermes.gateway.shared.evidence.RedisKeyIndex`): a conversation's next turn arriving
+at another edge joins the same run (that edge adopts the run from the index's run info,
+which the scheduler deletes when the run ends). Without a shared store every edge has its
+own index: a turn that reaches another edge starts a new run of the same app.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hermes.gateway.config import IdentityConfig
+from hermes.gateway.edge import wire
+from hermes.gateway.resolve import Identity, Resolver
+from hermes.gateway.shared import StoreUnavailable
+
+#: the resolver's evidence kinds of a request that is not in an inferred run
+_NOT_INFERRED = frozenset({"header", "opt-out", "off"})
+
+
+def _new_run_id() -> str:
+    return f"run-{uuid.uuid4().hex[:16]}"
+
+
+def close_due(edge_idle_s: float, sched_idle_s: float, in_flight: int,
+              slack_s: float = 0.25) -> bool:
+    """Whether the scheduler ends an inferred run an edge closed after ``edge_idle_s`` of
+    idleness as that edge saw it: not while the run has requests in flight, nor when the
+    scheduler saw activity of the run since (``sched_idle_s`` shorter than the edge's by
+    more than ``slack_s``: a call or answer through another edge, whose resolver closes it
+    later)."""
+    return in_flight == 0 and sched_idle_s + slack_s >= edge_idle_s
+
+
+class EdgeRuns:
+    """The run resolver of one edge (module doc). ``index``: the shared evidence index
+    (``[cluster] store``), or None (this edge's own, in memory)."""
+
+    #: closed runs kept for the scheduler while none is reachable (oldest dropped past it:
+    #: the scheduler's idle reaping ends those)
+    MAX_PENDING = 10_000
+
+    def __init__(self, config: IdentityConfig, index: Any | None = None) -> None:
+        self.config = config
+        self.index = index
+        self.resolver = Resolver(config, new_run_id=_new_run_id, index=index,
+                                 adopt=self._adopt if index is not None else None)
+        #: closed runs not yet told to a scheduler
+        self.pending: list[wire.ClosedRun] = []
+        self.closed = 0
+        #: the tenant of the request being resolved (for :meth:`_adopt`)
+        self._tenant: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.infer
+
+    def resolve(self, tenant: str, body: Mapping[str, Any], headers: Mapping[str, str],
+                now: float, messages: Sequence[Any] | None = None) -> Identity | None:
+        """The inferred run, app and unit of a request, or None when it is not in one (it
+        names its run, opts out, or inference is off). Raises
+        :class:`~hermes.gateway.shared.StoreUnavailable` when the shared index cannot
+        answer and the store's policy refuses."""
+        self._tenant = tenant
+        try:
+            ident = self.resolver.resolve(tenant, body, headers, now, messages=messages)
+        finally:
+            self._tenant = None
+        if ident.evidence in _NOT_INFERRED or not ident.run:
+            return None
+        if ident.new_run and self.index is not None:
+            self.index.remember_run(tenant, ident.run, ident.app, ident.app_id)
+        return ident
+
+    def _adopt(self, run_key: str) -> tuple[str, str, str] | None:
+        """A run the shared evidence names that this edge's resolver does not track: joined
+        while the index still has its run info (another edge opened it and the scheduler has
+        not ended it). The tenant is the request's being resolved (:attr:`_tenant`)."""
+        tenant = self._tenant
+        if tenant is None or self.index is None:
+            return None
+        info = self.index.run_info(tenant, run_key)
+        if info is None:
+            return None
+        app, app_id = info
+        return tenant, app, app_id or app
+
+    def answered(self, ident: Identity, replies: Any, now: float) -> None:
+        """The call of ``ident`` was answered with ``replies`` (one assistant message per
+        choice, or None): the conversation they complete leads to the run."""
+        try:
+            self.resolver.answered(ident, replies, now)
+        except StoreUnavailable:
+            pass  # the answer is out; its evidence is lost (the store logged and counts it)
+
+    def abandoned(self, ident: Identity, now: float) -> None:
+        self.resolver.abandoned(ident, now)
+
+    def sweep(self, now: float) -> list[wire.ClosedRun]:
+        """Close the idle runs; returns every closed run not yet told to a scheduler (kept
+        in :attr:`pending` until :meth:`told`)."""
+        for c in self.resolver.sweep(now):
+            self.pending.append(wire.ClosedRun(c.run, round(c.idle_s, 3)))
+            self.closed += 1
+        if len(self.pending) > self.MAX_PENDING:
+            del self.pending[:len(self.pending) - self.MAX_PENDING]
+        return self.pending
+
+    def told(self) -> None:
+        """The closed runs :meth:`sweep` returned reached a scheduler."""
+        self.pending = []
+
+
+def run_headers(ident: Identity) -> dict[str, str]:
+    """The headers an answer of an inferred run carries, as the all-in-one gateway's."""
+    return {"X-Hermes-Run": ident.run, "X-Hermes-Unit": ident.unit, "X-Hermes-App": ident.app}

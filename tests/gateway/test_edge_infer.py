@@ -1,0 +1,128 @@
+"""Split roles, runs inferred at the edge (:mod:`hermes.gateway.edge.infer`): the edge's
+resolver, the wire fields it adds, and the scheduler's side (the inferred run found or
+created, closed on an edge's word unless it was active since). The processes (two edges, a
+shared index in Redis): tests/gateway/test_edge_split.py (slow tier)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from hermes.gateway.config import IdentityConfig, load_config
+from hermes.gateway.edge import wire
+from hermes.gateway.edge.infer import EdgeRuns, close_due, run_headers
+
+SYSTEM = {"role": "system", "content": "You are a careful research agent."}
+
+
+def _body(messages: list[dict]) -> dict:
+    return {"model": "m", "messages": messages, "max_tokens": 8}
+
+
+def _call(**kw: object) -> wire.Call:
+    base: dict = dict(rid="edge-0123456789abcdef", reply_to="tcp://10.0.0.7:7001", model="m",
+                      endpoint="chat", prompt_tokens=12,
+                      body={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8})
+    return wire.Call(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_an_inferred_call_and_a_closed_message_are_compact_and_round_trip() -> None:
+    plain = _call()
+    inferred = _call(run="run-0123456789abcdef", app="default.app-3f2a1c", unit="u-7c1e02",
+                     inferred=True, new=True)
+    back = wire.decode_edge(wire.encode(inferred))
+    assert back == inferred and back.inferred and back.new and not back.direct
+    assert not wire.decode_edge(wire.encode(plain)).inferred  # defaults are not sent
+    extra = len(wire.encode(inferred)) - len(wire.encode(plain))
+    # run id, app, unit and two flags: the ids themselves and ~30 bytes of field names
+    assert extra <= 110, extra
+    closed = wire.Closed(runs=[wire.ClosedRun(f"run-{i:016x}", 12.5) for i in range(100)])
+    frame = wire.encode(closed)
+    assert wire.decode_edge(frame) == closed
+    assert len(frame) < 100 * 32  # one array of [id, idle] per run, one message per sweep
+
+
+def test_close_due() -> None:
+    assert close_due(12.0, 12.1, 0)  # idle as long here as at the edge: end it
+    assert close_due(12.0, 11.9, 0)  # within the slack (the message's transit)
+    assert not close_due(12.0, 3.0, 0)  # a call through another edge since: it closes later
+    assert not close_due(12.0, 12.0, 1)  # a request in flight
+
+
+def test_the_edge_resolver_joins_turns_and_closes_idle_runs() -> None:
+    runs = EdgeRuns(IdentityConfig(close_prior_s=10.0, close_min_s=5.0))
+    assert runs.enabled
+    msgs = [SYSTEM, {"role": "user", "content": "Find the capital of France."}]
+    t = 1000.0
+    first = runs.resolve("acme", _body(msgs), {}, t)
+    assert first is not None and first.new_run and first.run.startswith("run-")
+    assert first.app.startswith("acme.")
+    reply = {"role": "assistant", "content": "Paris."}
+    runs.answered(first, [reply], t + 0.5)
+    msgs2 = [*msgs, reply, {"role": "user", "content": "And of Spain?"}]
+    second = runs.resolve("acme", _body(msgs2), {}, t + 2.0)
+    assert second is not None and second.run == first.run and not second.new_run
+    assert second.evidence == "continuation"
+    runs.answered(second, [{"role": "assistant", "content": "Madrid."}], t + 2.5)
+    h = run_headers(second)
+    assert h == {"X-Hermes-Run": first.run, "X-Hermes-Unit": second.unit,
+                 "X-Hermes-App": second.app}
+    # another tenant's identical conversation is another run
+    other = runs.resolve("globex", _body(msgs2), {}, t + 2.6)
+    assert other is not None and other.run != first.run
+    runs.abandoned(other, t + 2.7)
+    # not in an inferred run: a named run, an opt-out
+    assert runs.resolve("acme", _body(msgs), {"X-Hermes-Run": "run-x"}, t + 3) is None
+    assert runs.resolve("acme", _body(msgs), {"X-Hermes-Run": "none"}, t + 3) is None
+    # idle: closed after its app's figure (the prior, 10 s), told once
+    assert runs.sweep(t + 6.0) == []
+    closed = runs.sweep(t + 30.0)
+    got = {c.run: c.idle_s for c in closed}
+    assert got[first.run] == 27.5 and other.run in got
+    assert runs.sweep(t + 31.0) == closed  # not told yet: kept for the next sweep
+    runs.told()
+    assert runs.sweep(t + 32.0) == [] and runs.closed == 2
+    # a continuation after the close starts a new run
+    late = runs.resolve("acme", _body([*msgs2, {"role": "assistant", "content": "Madrid."},
+                                       {"role": "user", "content": "Italy?"}]), {}, t + 40)
+    assert late is not None and late.new_run and late.run != first.run
+
+
+def test_inference_off_leaves_calls_to_the_fast_path() -> None:
+    runs = EdgeRuns(IdentityConfig(infer=False))
+    assert not runs.enabled
+
+
+def test_the_scheduler_joins_creates_and_closes_an_edges_inferred_runs(tmp_path: Path) -> None:
+    from hermes.gateway.edge.link import EdgeLink
+    from hermes.gateway.scheduler import LiveScheduler
+
+    cfg = load_config(None, environ={}, bind="", kb=str(tmp_path / "kb"),
+                      state_dir=str(tmp_path / "state"))
+
+    async def main() -> None:
+        sched = LiveScheduler(cfg)
+        link = EdgeLink(sched, "inproc://unused")
+        reg = sched.registry
+        c = _call(run="run-aaaa", app="acme.agent", unit="plan", tenant="acme",
+                  inferred=True, new=True)
+        run = link._inferred_run(c)
+        assert run.run_id == "run-aaaa" and run.inferred and run.app == "acme.agent"
+        assert run.state.tenant == "acme" and run.lazy_store
+        assert link._inferred_run(_call(run="run-aaaa", app="acme.agent", inferred=True)) is run
+        # activity here since the edge's last: not closed (another edge's call)
+        run.last_activity = time.monotonic()
+        assert link.close_inferred([wire.ClosedRun("run-aaaa", 30.0)]) == 0
+        assert run.status in ("queued", "running")
+        # idle here as long as at the edge: finished, at its last activity
+        run.last_activity = time.monotonic() - 30.0 / cfg.scheduler.time_scale
+        assert link.close_inferred([wire.ClosedRun("run-aaaa", 30.0),
+                                    wire.ClosedRun("run-unknown", 1.0)]) == 1
+        assert reg.get_run("run-aaaa").status == "finished" and link.closed_runs == 1
+        # a call of it from an edge that still tracked it: a new run, not the ended one
+        again = link._inferred_run(_call(run="run-aaaa", app="acme.agent", tenant="acme",
+                                         inferred=True))
+        assert again.run_id != "run-aaaa" and again.inferred and again.app == "acme.agent"
+
+    asyncio.run(main())
