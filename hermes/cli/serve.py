@@ -89,7 +89,8 @@ def add_parsers(sub: Any) -> None:
                    "scheduler in one process). edge: HTTP only, many behind a load balancer, "
                    "answers straight from the nodes (--bind: the address nodes send them "
                    "to); scheduler: ranking, runs, dispatch, node sockets, elected (--ha) and "
-                   "called by edges on --edge-bind. Both need --ha (docs/ha.md)")
+                   "called by edges on --edge-bind. Both need --ha (see the High availability "
+                   "page of the docs)")
     s.add_argument("--edge-bind", dest="edge_bind", metavar="ADDRESS",
                    help="--role scheduler: the ZeroMQ address edges send calls to, e.g. "
                    "tcp://0.0.0.0:5560 (advertised in the lease record)")
