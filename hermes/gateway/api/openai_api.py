@@ -37,13 +37,9 @@ from hermes.gateway.api.binding import (
 )
 from hermes.gateway.api.errors import error_response, scheduler_error
 from hermes.gateway.api.openai_bodies import (
-    BadField,
-    ChatBody,
-    CompletionBody,
     EmbeddingBody,
-    check_agent_fields,
     engine_body,
-    parse_body,
+    parse_completion_body,
     validate_body,
 )
 from hermes.gateway.errors import SchedulerError, error_type
@@ -60,17 +56,10 @@ async def handle_completion(request: Request,
     queue it by the run's rank, wait or stream (the FastAPI routes below and the fast path,
     :mod:`hermes.gateway.api.fastpath`, both call this)."""
     sched = scheduler_of(request)
-    parsed = await parse_body(request, ChatBody if endpoint == "chat" else CompletionBody)
+    parsed = await parse_completion_body(request, endpoint)
     if isinstance(parsed, JSONResponse):
         return parsed
     body = parsed
-    extra = body.model_extra
-    if extra and ("tools" in extra or "tool_choice" in extra or "response_format" in extra
-                  or "guided_json" in extra):
-        try:
-            check_agent_fields(extra)
-        except BadField as e:
-            return error_response(400, str(e), param=e.param, code="invalid_value")
     try:
         ebody = engine_body(body)
         call = await submit_call(sched, request, model=body.model, endpoint=endpoint,

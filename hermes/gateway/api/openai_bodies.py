@@ -218,3 +218,25 @@ def engine_body(body: _Body) -> dict[str, Any]:
         if "max_completion_tokens" in data and "max_tokens" not in data:
             data["max_tokens"] = data.pop("max_completion_tokens")
     return data
+
+
+#: the fields of a completion body that :func:`check_agent_fields` reads
+AGENT_FIELDS = ("tools", "tool_choice", "response_format", "guided_json")
+
+
+async def parse_completion_body(request: Request,
+                                endpoint: Literal["chat", "completions"]) -> _Body | JSONResponse:
+    """A chat or completions body, validated, with its agent fields checked
+    (:func:`check_agent_fields`), or the 400 that says what is wrong: what every front end
+    (the all-in-one gateway, an edge) does before anything is queued."""
+    parsed = await parse_body(request, ChatBody if endpoint == "chat" else CompletionBody)
+    if isinstance(parsed, JSONResponse):
+        return parsed
+    extra = parsed.model_extra
+    if extra and any(f in extra for f in AGENT_FIELDS):
+        try:
+            check_agent_fields(extra)
+        except BadField as e:
+            return error_response(400, str(e), param=e.param, code="invalid_value")
+    return parsed
+

@@ -52,12 +52,8 @@ from hermes.gateway.api.binding import APP_HEADER, RUN_HEADER, UNIT_HEADER
 from hermes.gateway.api.errors import error_response
 from hermes.gateway.api.openai_api import ChunkWriter, completion_object
 from hermes.gateway.api.openai_bodies import (
-    BadField,
-    ChatBody,
-    CompletionBody,
-    check_agent_fields,
     engine_body,
-    parse_body,
+    parse_completion_body,
 )
 from hermes.gateway.auth import tenant_for
 from hermes.gateway.config import GatewayConfig
@@ -431,16 +427,9 @@ class EdgeApp:
                          endpoint: Literal["chat", "completions"]) -> Response:
         """One completion request: validate, one call to the scheduler, the answer from the
         node (module doc)."""
-        parsed = await parse_body(request, ChatBody if endpoint == "chat" else CompletionBody)
+        parsed = await parse_completion_body(request, endpoint)
         if isinstance(parsed, Response):
             return parsed
-        extra = parsed.model_extra
-        if extra and ("tools" in extra or "tool_choice" in extra or "response_format" in extra
-                      or "guided_json" in extra):
-            try:
-                check_agent_fields(extra)
-            except BadField as e:
-                return error_response(400, str(e), param=e.param, code="invalid_value")
         if not self.link.ready():
             return error_response(503, "no active scheduler reachable from this edge; retry "
                                   "through the load balancer", code="not_ready",
