@@ -309,6 +309,7 @@ class EdgeApp:
         self.link = SchedulerLink(config, self.ctx, self.name, self.reply_to)
         #: the run resolver: header-less calls in inferred runs
         self.runs = EdgeRuns(config.identity, evidence_index)
+        self._evidence_index = evidence_index
         self._scale = config.scheduler.time_scale
         self.timeout_s = config.scheduler.request_timeout_s
         self.inbox: zmq.asyncio.Socket | None = None
@@ -336,6 +337,10 @@ class EdgeApp:
                        loop.create_task(self._inbox_loop(sock), name="hermes-edge-inbox")]
         if self.runs.enabled:
             self._tasks.append(loop.create_task(self._sweep_runs(), name="hermes-edge-runs"))
+            if self._evidence_index is None:
+                log.warning("edge %s: runs are inferred from this edge's own evidence index "
+                            "([cluster] store is not set): a conversation whose next turn "
+                            "reaches another edge starts a new run there", self.name)
         log.warning("edge %s: HTTP on %s:%s, answers from nodes on %s, scheduler from the "
                     "lease in %s", self.name, self.config.server.host, self.config.server.port,
                     self.reply_to, self.link.store.url)
