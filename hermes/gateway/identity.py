@@ -37,7 +37,6 @@ import contextlib
 import json
 import logging
 import os
-import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -51,17 +50,13 @@ from hermes.gateway.resolve import AppInfo, AppNames, Identity, Resolver
 from hermes.gateway.runs import RunObserver, RunRegistry
 from hermes.gateway.shared import StoreUnavailable
 from hermes.gateway.shared.evidence import RedisKeyIndex
-from hermes.gateway.state import ACTIVE, LiveRun
+from hermes.gateway.state import ACTIVE, LiveRun, new_run_id
 
 log = logging.getLogger("hermes.gateway.identity")
 
 SNAPSHOT_FILE = "identity.json"
 #: the knowledge-base document of the operator's renames and merges of inferred apps
 NAMES_DOC = "app_names"
-
-
-def _new_run_id() -> str:
-    return f"run-{uuid.uuid4().hex[:16]}"
 
 
 class RunIdentities(RunObserver):
@@ -77,7 +72,7 @@ class RunIdentities(RunObserver):
         self.registry = registry
         self.kb = kb
         self.shared_index = shared_index
-        self.resolver = Resolver(config, names=self._stored_names(), new_run_id=_new_run_id,
+        self.resolver = Resolver(config, names=self._stored_names(), new_run_id=new_run_id,
                                  index=shared_index,
                                  adopt=self._adopt if shared_index is not None else None)
         self.path = None if state_dir is None else Path(state_dir) / SNAPSHOT_FILE

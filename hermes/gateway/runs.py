@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,7 +35,7 @@ from hermes.core.state import RunState, UnitObservation
 from hermes.gateway.context import SchedulerContext
 from hermes.gateway.errors import RunCancelled, RunNotActive, RunNotFound, SchedulerError
 from hermes.gateway.finished import FinishedRun, FinishedRuns
-from hermes.gateway.state import ACTIVE, LiveRun, UnitInvocation
+from hermes.gateway.state import ACTIVE, LiveRun, UnitInvocation, new_run_id
 from hermes.gateway.tenancy import visible
 
 log = logging.getLogger("hermes.gateway.runs")
@@ -180,7 +179,7 @@ class RunRegistry:
         one)."""
         ctx = self.ctx
         now = ctx.now()
-        rid = run_id or f"run-{uuid.uuid4().hex[:16]}"
+        rid = run_id or new_run_id()
         if rid in self.runs:
             raise SchedulerError(f"run {rid!r} exists already")
         state = RunState(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,6 +28,11 @@ RunStatus = Literal["queued", "running", "finished", "failed", "cancelled"]
 ACTIVE: frozenset[str] = frozenset({"queued", "running"})
 #: the states of a run that has ended
 TERMINAL: tuple[str, ...] = ("finished", "failed", "cancelled")
+
+
+def new_run_id() -> str:
+    """A new run's id: ``run-`` and 16 hex digits (runs API, inferred runs, the registry)."""
+    return f"run-{uuid.uuid4().hex[:16]}"
 
 
 @dataclass(eq=False)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import uuid
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -56,7 +55,7 @@ from hermes.gateway.auth import Security, tenant_for
 from hermes.gateway.errors import RunNotFound, SchedulerError
 from hermes.gateway.nodes import NO_SANDBOX
 from hermes.gateway.shared import StoreUnavailable
-from hermes.gateway.state import ACTIVE, LiveRun
+from hermes.gateway.state import ACTIVE, LiveRun, new_run_id
 from hermes.gateway.tenancy import current_tenant, visible
 from hermes.gateway.timeline import run_timeline
 from hermes.protocol import ToolDone
@@ -183,7 +182,7 @@ async def create_run(body: CreateRun, request: Request) -> Response:
     shared = getattr(request.app.state, "idempotency", None)
     run_id = None
     if idem is not None and shared is not None:  # several edges: claim the key in the store
-        run_id = f"run-{uuid.uuid4().hex[:16]}"
+        run_id = new_run_id()
         try:
             held = shared.claim(tenant or "default", idem["key"], idem["body"], run_id)
         except StoreUnavailable as e:

@@ -28,7 +28,6 @@ own index: a turn that reaches another edge starts a new run of the same app.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,13 +35,10 @@ from hermes.gateway.config import IdentityConfig
 from hermes.gateway.edge import wire
 from hermes.gateway.resolve import Identity, Resolver
 from hermes.gateway.shared import StoreUnavailable
+from hermes.gateway.state import new_run_id
 
 #: the resolver's evidence kinds of a request that is not in an inferred run
 _NOT_INFERRED = frozenset({"header", "opt-out", "off"})
-
-
-def _new_run_id() -> str:
-    return f"run-{uuid.uuid4().hex[:16]}"
 
 
 def close_due(edge_idle_s: float, sched_idle_s: float, in_flight: int,
@@ -66,7 +62,7 @@ class EdgeRuns:
     def __init__(self, config: IdentityConfig, index: Any | None = None) -> None:
         self.config = config
         self.index = index
-        self.resolver = Resolver(config, new_run_id=_new_run_id, index=index,
+        self.resolver = Resolver(config, new_run_id=new_run_id, index=index,
                                  adopt=self._adopt if index is not None else None)
         #: closed runs not yet told to a scheduler
         self.pending: list[wire.ClosedRun] = []
