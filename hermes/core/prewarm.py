@@ -123,7 +123,52 @@ TIMINGS = ("ready", "late")
 DEFAULT_TIMING = "late"
 
 
-def start_offset(tc: np.ndarray, p_s: float, k: float, t_p: float,
+@dataclass(frozen=True, slots=True)
+class SortedTimes:
+    """Samples of a time, ``sorted_s * scale + shift`` elementwise, kept as the sorted base
+    samples and the map: the planner asks one quantile per branch and resource of the same
+    completion samples (shared between runs by the live gateway's sample cache), and
+    ``np.quantile`` of a fresh array per ask (a partition of up to 1000 samples and numpy's
+    fixed overhead) was a cost per request. Sorting commutes with the map (``x * scale +
+    shift`` is monotone in ``x`` for ``scale > 0``, rounding included), so
+    :meth:`quantile` reads two samples and interpolates as numpy does, bit for bit
+    (``test_sorted_times_quantile_is_numpys_bit_for_bit``)."""
+
+    sorted_s: np.ndarray
+    scale: float = 1.0
+    shift: float = 0.0
+
+    @property
+    def size(self) -> int:
+        return int(self.sorted_s.size)
+
+    def __post_init__(self) -> None:
+        if not self.scale >= 0.0:
+            raise ValueError(f"SortedTimes scale must be >= 0 (order-preserving), got {self.scale}")
+
+    def quantile(self, q: float) -> float:
+        """``np.quantile(sorted_s * scale + shift, q)`` (method ``linear``), without the array:
+        numpy's virtual index ``(n - 1) * q``, its two neighbours and its two-sided ``_lerp``
+        (``b - (b - a) * (1 - g)`` from the upper side when ``g >= 0.5``)."""
+        s, n = self.sorted_s, int(self.sorted_s.size)
+        if n == 0:
+            raise ValueError("quantile of no samples")
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile must be in [0, 1], got {q}")
+        if s[-1] != s[-1]:  # a NaN sorts last: numpy's answer is NaN
+            return float("nan")
+        vi = (n - 1) * float(q)
+        if vi >= n - 1:
+            return float(s[-1]) * self.scale + self.shift
+        lo = int(vi)
+        gamma = vi - lo
+        a = float(s[lo]) * self.scale + self.shift
+        b = float(s[lo + 1]) * self.scale + self.shift
+        diff = b - a
+        return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+
+
+def start_offset(tc: np.ndarray | SortedTimes, p_s: float, k: float, t_p: float,
                  timing: str = DEFAULT_TIMING) -> float | None:
     """Seconds from now at which to start warming, or ``None`` when ``p_s < k``.
 
@@ -146,7 +191,8 @@ def start_offset(tc: np.ndarray, p_s: float, k: float, t_p: float,
     if tc.size == 0:
         return 0.0
     r = min(1.0, k / p_s)
-    x = float(np.quantile(tc, r if timing == "late" else 1.0 - r))
+    q = r if timing == "late" else 1.0 - r
+    x = tc.quantile(q) if isinstance(tc, SortedTimes) else float(np.quantile(tc, q))
     return max(0.0, x - t_p)
 
 
@@ -562,7 +608,7 @@ class PrewarmStrategy(ABC):
         k = self.k_for(run)
         visit = run.progress.visits(unit) + 1
         probs = graph.next_probs(unit, visit)
-        tc: np.ndarray | None = None
+        tc: SortedTimes | None = None
         for nxt, p_s in probs.items():
             if nxt == END or p_s < k or p_s <= 0.0:
                 continue
@@ -581,8 +627,8 @@ class PrewarmStrategy(ABC):
                 # only an LLM unit's requests queue and batch at an engine: the stretch
                 # (learned from LLM units) does not apply to a tool call's duration
                 stretch = self.stretch if graph.units[unit].is_llm else 1.0
-                tc = self._completion_samples(run, unit) * stretch
-            t = tc + self._median_gap(graph, nxt)
+                tc = SortedTimes(self._sorted_completion_samples(run, unit), scale=stretch)
+            t = SortedTimes(tc.sorted_s, tc.scale, self._median_gap(graph, nxt))
             for res in cold:
                 off = start_offset(t, p_s, k, self.learner.estimate(res), self.timing)
                 if off is None:
@@ -605,8 +651,10 @@ class PrewarmStrategy(ABC):
         self._gap_median[key] = (weakref.ref(graph), value)
         return value
 
-    def _completion_samples(self, run: RunState, unit: str) -> np.ndarray:
-        """Samples of the current unit's remaining time (estimator), or an empty array."""
+    def _sorted_completion_samples(self, run: RunState, unit: str) -> np.ndarray:
+        """Samples of the current unit's remaining time (estimator), sorted, or an empty
+        array. Samples that several runs share (the live gateway's sample cache) carry their
+        sorted copy (``sorted_current``), so that it is sorted once, not per unit start."""
         est = self.estimators(run.app) if self.estimators else None
         if est is None:
             return np.empty(0)
@@ -616,7 +664,10 @@ class PrewarmStrategy(ABC):
             current_attained_s=run.progress.current_attained_s,
         )
         s = est.sample(prog, n=self.n_walks)  # type: ignore[attr-defined]
-        return s.current_s if s.current_s is not None else np.empty(0)
+        if s.current_s is None:
+            return np.empty(0)
+        shared = getattr(s, "sorted_current", None)
+        return shared() if shared is not None else np.sort(s.current_s)
 
 
 def _check_k(v: float, where: str) -> None:

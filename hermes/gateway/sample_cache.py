@@ -39,6 +39,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+import numpy as np
+
 from hermes.core.estimator import DemandSamples
 from hermes.core.state import RunProgress
 
@@ -51,7 +53,9 @@ DEFAULT_MAX_BYTES = 64 << 20
 
 
 def _nbytes(samples: Any) -> int:
-    """Bytes held by a samples object's arrays (0 for anything else)."""
+    """Bytes held by a samples object's arrays, or by an array (0 for anything else)."""
+    if isinstance(samples, np.ndarray):
+        return int(samples.nbytes)
     if not isinstance(samples, DemandSamples):
         return 0
     return sum(a.nbytes for a in (getattr(samples, f) for f in _FIELDS) if a is not None)
@@ -85,12 +89,13 @@ class SharedSamples(DemandSamples):
 
     Derived samples live in the owning :class:`CachingEstimator`'s bounded LRU (keyed by this
     object's key and the condition), so memory stays bounded however many distinct
-    conditions are asked; ``rank_memo`` holds floats only (policy name -> rank)."""
+    conditions are asked; ``rank_memo`` holds floats only: policy name -> rank, and (policy
+    name, boundary offsets) -> the ranks of a unit's per-bucket table."""
 
     # no __slots__: instances carry these attributes in a __dict__
     key: tuple
     owner: CachingEstimator
-    rank_memo: dict[str, float]
+    rank_memo: dict[Any, Any]
 
     @classmethod
     def of(cls, samples: DemandSamples, key: tuple, owner: CachingEstimator) -> SharedSamples:
@@ -125,6 +130,22 @@ class SharedSamples(DemandSamples):
             return None
         return self._derived("next", unit, min_keep)
 
+    def sorted_current(self) -> np.ndarray | None:
+        """``current_s`` sorted (the prewarm planner reads quantiles of it at every unit
+        start), kept with the derived samples: the same LRU and byte budget."""
+        if self.current_s is None:
+            return None
+        key = (self.key, "sorted", None, 0)
+        memo = self.owner._derived
+        try:
+            got = memo[key]
+        except KeyError:
+            got = np.sort(self.current_s)
+            self.owner._put(memo, key, got)
+            return got
+        memo.move_to_end(key)
+        return got
+
 
 class CachingEstimator:
     """A :class:`~hermes.core.estimator.DemandEstimator` whose ``sample`` is memoized."""
@@ -135,7 +156,7 @@ class CachingEstimator:
         self.budget = budget if budget is not None else _Budget(DEFAULT_MAX_BYTES)
         self._cache: OrderedDict[tuple, Any] = OrderedDict()
         #: samples derived from shared ones (SharedSamples._derived), same bound
-        self._derived: OrderedDict[tuple, SharedSamples | None] = OrderedDict()
+        self._derived: OrderedDict[tuple, SharedSamples | np.ndarray | None] = OrderedDict()
         #: key -> a state that had it, most recently sampled last (:meth:`hot_states`)
         self._states: OrderedDict[tuple, Any] = OrderedDict()
         self.bytes = 0

@@ -9,6 +9,7 @@ from hermes.core.estimator import DemandSamples
 from hermes.core.pdgraph import PDGraph
 from hermes.core.prewarm import (
     HermesPrewarm,
+    SortedTimes,
     WarmSet,
     WarmupLearner,
     make_prewarm,
@@ -78,6 +79,33 @@ def test_start_offset_solves_the_k_equation():
     # higher K: start earlier (to be ready with a higher probability)
     offs = [start_offset(TC, 1.0, k, t_p, timing="ready") for k in (0.1, 0.3, 0.5, 0.7, 0.9)]
     assert all(a > b for a, b in zip(offs, offs[1:], strict=False))
+
+
+def test_sorted_times_quantile_is_numpys_bit_for_bit():
+    """The planner's quantiles of sorted shared samples equal ``np.quantile`` of the mapped
+    array exactly (the simulator's prewarm figures must not move): ties, one sample, q at 0
+    and 1, stretch and gap, and q landing exactly on a sample and on either side of 0.5."""
+    rng = np.random.default_rng(7)
+    for trial in range(3000):
+        n = int(rng.integers(1, 1200))
+        x = rng.lognormal(0.0, 1.5, n)
+        if trial % 5 == 0:
+            x = np.round(x, 1)  # ties
+        scale = float(rng.choice([1.0, rng.uniform(0.2, 5.0)]))
+        shift = float(rng.choice([0.0, rng.uniform(0.0, 30.0)]))
+        t = SortedTimes(np.sort(x), scale, shift)
+        for q in (0.0, 1.0, 0.5, float(rng.uniform()), (n // 3) / max(1, n - 1)):
+            assert t.quantile(q) == float(np.quantile(x * scale + shift, q)), (n, q, scale)
+    assert np.isnan(SortedTimes(np.sort(np.array([1.0, np.nan]))).quantile(0.3))
+    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+        SortedTimes(np.arange(3.0)).quantile(1.5)
+    with pytest.raises(ValueError, match="order-preserving"):
+        SortedTimes(np.arange(3.0), scale=-1.0)
+    tc = np.random.default_rng(1).exponential(10.0, 400)
+    for timing in ("late", "ready"):
+        for p_s, k in ((0.9, 0.3), (0.6, 0.55), (1.0, 0.99)):
+            assert start_offset(SortedTimes(np.sort(tc), 1.3, 2.0), p_s, k, 1.5, timing) == \
+                start_offset(tc * 1.3 + 2.0, p_s, k, 1.5, timing)
 
 
 def test_late_timing_bounds_the_chance_of_a_late_warmup_and_starts_earlier_for_lower_k():

@@ -92,6 +92,63 @@ def test_derived_samples_and_ranks_are_memoized_and_equal_fresh_ones() -> None:
     assert len(est._derived) <= 4
 
 
+def test_rank_tables_of_shared_walks_are_built_once_and_equal_fresh_ones(monkeypatch) -> None:
+    """Two runs starting a unit in the same state, at different service already attained,
+    get the per-bucket rank table that unshared walks give; the second reads it from the
+    walks' memo without conditioning them at any boundary. The planner's sorted completion
+    samples are kept with the derived samples, in the byte budget."""
+    import numpy as np
+
+    from hermes.core.estimator import DemandSamples
+    from hermes.core.policies import make_policy
+    from hermes.core.policies.estimated import _TABLE, _WALKS
+    from hermes.core.state import RunState
+    from hermes.gateway.sample_cache import SharedSamples
+
+    _, raw, pool = memo_pool(300)
+    policy = make_policy("hermes", estimators=pool)
+    plain_policy = make_policy("hermes", estimators=raw)
+
+    def started(p, run_id: str, attained: float) -> RunState:
+        run = RunState(run_id=run_id, app=APP, submitted=0.0)
+        p.on_arrival(run, 0.0)
+        run.attained_s = attained
+        run.begin_unit(UNIT)
+        p.on_unit_start(run, UNIT, 0.0)
+        return run
+
+    a = started(policy, "a", 0.0)
+    conditioned = []
+    real = SharedSamples.given_attained
+    monkeypatch.setattr(SharedSamples, "given_attained",
+                        lambda self, *x, **k: conditioned.append(1) or real(self, *x, **k))
+    b = started(policy, "b", 2.5)
+    assert conditioned == []  # the table came from the memo
+    ta, tb = a.policy_state[_TABLE], b.policy_state[_TABLE]
+    assert len(ta[2]) > 1 and ta[2] == tb[2]
+    assert np.allclose(np.array(tb[1]) - 2.5, ta[1]) and b.rank == a.rank
+    # unshared walks (no memo) give the same ranks: the memo changes no decision
+    c = started(plain_policy, "c", 0.0)
+    ranks_c = c.policy_state[_TABLE][2]
+    assert len(ranks_c) == len(ta[2])
+    assert np.allclose(ranks_c, ta[2], rtol=0.35)  # other walks, same distribution
+    # with the very same walks, unshared: bit-identical ranks
+    est = pool.get(APP)
+    walks = a.policy_state[_WALKS][3]  # what a's table was built from
+    assert isinstance(walks, SharedSamples)
+    plain = DemandSamples(**{f: getattr(walks, f) for f in DemandSamples.__slots__})
+    d = RunState(run_id="d", app=APP, submitted=0.0)
+    d.begin_unit(UNIT)
+    d.policy_state.update(a.policy_state)
+    policy._build_table(d, plain, a.rank, 0.0)
+    assert d.policy_state[_TABLE][2] == ta[2]
+    # the planner's sorted copy: once per shared samples, counted in the byte budget
+    before = est.bytes
+    srt = walks.sorted_current()
+    assert srt is walks.sorted_current() and np.array_equal(srt, np.sort(walks.current_s))
+    assert est.bytes == before + srt.nbytes
+
+
 def _one_request_runs(policy, app: str, unit: str, n: int, rng) -> None:
     """``n`` runs as header-less traffic makes them: arrival, one unit started and finished
     with its own token counts, and half of them a second turn of the same unit."""

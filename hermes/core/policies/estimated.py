@@ -171,12 +171,24 @@ class EstimatedPolicy(SchedulingPolicy):
         bounds = run.policy_state.get(_ABS) or []
         at = run.attained_s
         ahead = [b for b in bounds if b > at]
-        ranks = [rank]
-        for b in ahead:
-            cond = walks.given_attained(b - at, min_keep=self.min_keep)
-            if cond is None:
-                break
-            ranks.append(self._samples_rank(run, cond, now))
+        # walks shared between runs (the live sample cache) memoize the table by the offsets
+        # of the boundaries ahead (to the nanosecond, as the conditioned walks are keyed):
+        # every run that starts this unit in this state then reads it instead of conditioning
+        # the walks at each boundary again
+        memo = getattr(walks, "rank_memo", None)
+        key = (self.name, tuple(round(b - at, 9) for b in ahead)) if memo is not None else None
+        got = memo.get(key) if memo is not None else None
+        if got is not None:
+            ranks = [rank, *got]
+        else:
+            ranks = [rank]
+            for b in ahead:
+                cond = walks.given_attained(b - at, min_keep=self.min_keep)
+                if cond is None:
+                    break
+                ranks.append(self._samples_rank(run, cond, now))
+            if memo is not None:
+                memo[key] = tuple(ranks[1:])
         starts = [at, *ahead[: len(ranks) - 1]]
         limit = ahead[len(ranks) - 1] if len(ranks) <= len(ahead) else float("inf")
         run.policy_state[_TABLE] = (len(run.progress.finished), starts, ranks, limit)
