@@ -91,6 +91,35 @@ def need_etcd() -> None:
         pytest.skip(f"missing {' and '.join(missing)}")
 
 
+def make_tls(workdir: Path) -> dict[str, Path]:
+    """A throw-away CA, a server certificate for 127.0.0.1 and a client certificate, made
+    with the ``openssl`` command (paths: ca, server, server_key, client, client_key)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl command to make test certificates")
+    d = workdir
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], check=True, capture_output=True)
+
+    run("req", "-x509", *ec, "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"),
+        "-days", "1", "-subj", "/CN=hermes-test-ca")
+    # the server's certificate is a client one too: etcd 3.4's JSON gateway dials the
+    # member's gRPC port with it, which --client-cert-auth then checks
+    for name, ext in (("server", "subjectAltName=IP:127.0.0.1\n"
+                                 "extendedKeyUsage=serverAuth,clientAuth"),
+                      ("client", "extendedKeyUsage=clientAuth")):
+        (d / f"{name}.ext").write_text(ext + "\n")
+        run("req", *ec, "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"),
+            "-subj", f"/CN=hermes-test-{name}")
+        run("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.pem"),
+            "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-out", str(d / f"{name}.pem"),
+            "-days", "1", "-extfile", str(d / f"{name}.ext"))
+    return {"ca": d / "ca.pem", "server": d / "server.pem", "server_key": d / "server.key",
+            "client": d / "client.pem", "client_key": d / "client.key"}
+
+
 @pytest.fixture(scope="module")
 def etcd_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     need_etcd()

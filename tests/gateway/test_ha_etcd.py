@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 import pytest
-from gw_etcd import etcd_url, need_etcd  # noqa: F401  (fixture)
+from gw_etcd import etcd_url, make_tls, need_etcd, start_etcd, stop_etcd  # noqa: F401
 
 from hermes.core.lease import LeaseTerms
 from hermes.extras import MissingExtraError
@@ -210,6 +210,37 @@ def test_a_paused_leader_wakes_up_deposed(etcd_url: str) -> None:  # noqa: F811
     rec = store(etcd_url, "e2/").leader()
     assert rec is not None and rec["holder"] == "b" and rec["epoch"] == b.elected[0]
     b.e.stop()
+
+
+# ---------------------------------------------------------------------------- TLS
+def test_etcds_verifies_the_server_and_presents_a_client_certificate(tmp_path: Any) -> None:
+    """``etcds://`` against an etcd that requires client certificates: with the CA and a
+    client certificate it works; without the certificate, with the system's CAs only (which
+    do not know this CA) or in plain HTTP, every call fails: no unverified fallback."""
+    import ssl
+
+    need_etcd()
+    tls = make_tls(tmp_path)
+    ctx = ssl.create_default_context(cafile=str(tls["ca"]))
+    ctx.load_cert_chain(str(tls["client"]), str(tls["client_key"]))
+    proc, port = start_etcd(tmp_path, tls=ctx, extra=[
+        "--cert-file", str(tls["server"]), "--key-file", str(tls["server_key"]),
+        "--client-cert-auth", "--trusted-ca-file", str(tls["ca"])])
+    try:
+        base = f"etcds://127.0.0.1:{port}"
+        s = open_lease_store(f"{base}?ca={tls['ca']}&cert={tls['client']}&key={tls['client_key']}")
+        t = s.try_acquire("a", 1.0, edge_address="tcp://a:1")
+        assert t is not None and s.renew(t, 1.0)
+        rec = s.leader()
+        assert rec is not None and rec["epoch"] == t.epoch
+        for url, why in [(f"{base}?ca={tls['ca']}", "(?i)certificate|handshake|ssl|tls"),
+                         (base, "(?i)certificate verify failed"),
+                         (f"etcd://127.0.0.1:{port}", "(?i)connection|aborted|reset|bad")]:
+            with pytest.raises(EtcdStoreError, match=why):
+                open_lease_store(url).leader()
+        assert s.release(t) and s.leader() is None
+    finally:
+        stop_etcd(proc)
 
 
 # ---------------------------------------------------------------------------- choosing a store

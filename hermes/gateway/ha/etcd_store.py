@@ -46,8 +46,10 @@ timeout, rounded up: 2 s with etcd's defaults): the lease is granted for
 frees the key. A standby takes over once etcd expires the lease: after the granted TTL plus up
 to 0.5 s (etcd looks for expired leases twice a second).
 
-TLS: ``etcds://HOST:PORT`` speaks HTTPS, verifying the server against the system's CAs or
-``?ca=PATH``; ``&cert=PATH&key=PATH`` add a client certificate. etcd's user/password
+TLS: ``etcds://HOST:PORT`` speaks HTTPS, verifying the server against ``?ca=PATH`` (else
+requests' own CA bundle, certifi's); ``&cert=PATH&key=PATH`` add a client certificate. The
+environment is not consulted (no ``REQUESTS_CA_BUNDLE``, no ``HTTPS_PROXY``): the URL alone
+says how etcd is reached. etcd's user/password
 authentication is not supported (etcd3gw does not do it): use client certificates.
 One endpoint: put etcd's members behind one name or address (a DNS name, a load balancer, or
 the local member).
@@ -117,6 +119,7 @@ class EtcdLeaseStore:
     def __init__(self, url: str, *, prefix: str = "hermes/ha/", timeout_s: float = 0.5) -> None:
         host, port, protocol, tls = parse_etcd_url(url)
         require("ha-etcd")  # one clear error naming the extra when etcd3gw is missing
+        import requests
         from etcd3gw import Etcd3Client, Lease
         from etcd3gw.exceptions import Etcd3Exception
 
@@ -124,9 +127,16 @@ class EtcdLeaseStore:
         self._errors_of = Etcd3Exception
         self.prefix = prefix
         self._lease = Lease
-        self.client: Etcd3Client = Etcd3Client(
-            host=host, port=port, protocol=protocol, ca_cert=tls.get("ca"),
-            cert_cert=tls.get("cert"), cert_key=tls.get("key"), timeout=timeout_s)
+        session = requests.Session()
+        # the URL says how to reach etcd, not the environment: requests would let
+        # REQUESTS_CA_BUNDLE override the CA given here, and send etcd's traffic through an
+        # HTTP(S)_PROXY meant for the outside
+        session.trust_env = False
+        session.verify = tls.get("ca", True)
+        if "cert" in tls:
+            session.cert = (tls["cert"], tls["key"])
+        self.client: Etcd3Client = Etcd3Client(host=host, port=port, protocol=protocol,
+                                               timeout=timeout_s, session=session)
 
     @property
     def leader_key(self) -> str:
