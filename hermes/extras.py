@@ -10,11 +10,13 @@ one clear error naming the extra:
 - ``load`` (the OpenAI SDK): ``hermes load``, whose clients are OpenAI-SDK agents;
 - ``tracing`` (the OpenTelemetry SDK with its OTLP exporter): traces of runs
   (:mod:`hermes.gateway.tracing`, ``[tracing]``);
+- ``ha-etcd`` (etcd3gw): the etcd election store of elected schedulers
+  (``[ha] election = "etcd://HOST:PORT"``, :mod:`hermes.gateway.ha.etcd_store`);
 - ``baselines`` (pgmpy): the Bayesian networks of the faithful ``llmsched`` baseline
   (``hermes.core.policies.llmsched_bn``, which checks for it itself: the core imports nothing
   above it).
 
-``pip install 'hermes-gateway[plot,docker,load,baselines,tracing]'`` (or ``[all]``) installs every one of them.
+``pip install 'hermes-gateway[plot,docker,load,baselines,tracing,ha-etcd]'`` (or ``[all]``) installs every one of them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ EXTRAS: dict[str, tuple[str, str, str]] = {
     "baselines": ("pgmpy", "pgmpy", "the llmsched baseline (Bayesian networks)"),
     "tracing": ("opentelemetry-exporter-otlp-proto-http", "opentelemetry.sdk.trace",
                 "tracing of runs (OpenTelemetry SDK and OTLP exporter)"),
+    "ha-etcd": ("etcd3gw", "etcd3gw", "the etcd election store ([ha] election = etcd://...)"),
 }
 
 

@@ -139,6 +139,9 @@ class Cluster:
     #: every process shares its state in the Redis (``[cluster] store``): quotas, the
     #: Responses store, the run resolver's evidence index
     shared_store: bool = False
+    #: the election store (``--ha``) when it is not the Redis, e.g. ``etcd://HOST:PORT``
+    #: (the run state stays in the Redis: ``--redis``)
+    election: str = ""
 
     def start(self) -> None:
         for tool in ("redis-server", "haproxy"):
@@ -169,7 +172,7 @@ class Cluster:
                     "--state-dir", str(self.workdir / f"gw{i}"),
                     "--kb", str(self.workdir / f"gw{i}" / "kb")]
             if self.ha:
-                argv += ["--ha", self.redis_url]
+                argv += ["--ha", self.election or self.redis_url]
             if self.n_edges or self.edge_socket:
                 argv += ["--role", "scheduler", "--edge-bind", f"tcp://127.0.0.1:{free_port()}"]
             self.gateways.append(Proc(f"gw{i}", argv, self.workdir / f"gw{i}.log",
@@ -184,7 +187,7 @@ class Cluster:
         self.edge_ports = [free_port() for _ in range(self.n_edges)]
         for k in range(self.n_edges):
             argv = [sys.executable, "-m", "hermes.cli", "serve", "--role", "edge",
-                    "--ha", self.redis_url, "--host", "127.0.0.1",
+                    "--ha", self.election or self.redis_url, "--host", "127.0.0.1",
                     "--port", str(self.edge_ports[k]),
                     "--bind", f"tcp://127.0.0.1:{free_port()}",
                     "--time-scale", str(self.time_scale),

@@ -80,10 +80,11 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--auth-file", dest="auth_file",
                    help="API keys (hermes keys create): turns authentication on")
     s.add_argument("--redis", help="durable run state in Redis (default: SQLite in --state-dir)")
-    s.add_argument("--ha", metavar="REDIS_URL",
+    s.add_argument("--ha", metavar="URL",
                    help="elected schedulers: take part in the election for the scheduler lease "
-                   "in this Redis (a standby until elected; needs --redis and remote "
-                   "HermesLets; see the High availability page of the docs)")
+                   "in this store, redis://HOST:PORT/DB or etcd://HOST:PORT (a standby until "
+                   "elected; needs --redis and remote HermesLets; see the High availability "
+                   "page of the docs)")
     s.add_argument("--role", choices=("all", "edge", "scheduler"),
                    help="which part of the gateway this process runs (default all: HTTP and "
                    "scheduler in one process). edge: HTTP only, many behind a load balancer, "

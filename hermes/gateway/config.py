@@ -369,11 +369,19 @@ class ClusterConfig(_Section):
         if v and not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"expected a redis://, rediss:// or unix:// URL, got {v!r}")
         return v
+
+
+#: URL schemes of an election store (``[ha] election``): Redis, or etcd (the ``ha-etcd`` extra);
+#: :mod:`hermes.gateway.ha.backends` maps each to its store
+ELECTION_SCHEMES: tuple[str, ...] = ("redis", "rediss", "unix", "etcd", "etcds")
+
+
 class HAConfig(_Section):
     """``[ha]``: several schedulers, one active, chosen by a lease (``hermes/gateway/ha``);
     off by default (one scheduler, no election)."""
 
-    #: the store holding the lease, ``redis://HOST:PORT/DB`` (``--ha``); "": no election
+    #: the store holding the lease (``--ha``): ``redis://HOST:PORT/DB`` or
+    #: ``etcd://HOST:PORT`` (``etcds://`` with TLS); "": no election
     election: str = ""
     #: the lease's time to live and how often its holder renews it (wall s): a dead leader
     #: is replaced within about ``lease_ttl_s``
@@ -394,6 +402,15 @@ class HAConfig(_Section):
     #: addresses it advertises (a scheduler's ``edge_bind``, an edge's ``scheduler.bind``
     #: where nodes send answers); "": the address as bound
     advertise: str = ""
+
+    @field_validator("election")
+    @classmethod
+    def _election_url(cls, v: str) -> str:
+        if v and ("://" not in v or v.split("://", 1)[0] not in ELECTION_SCHEMES):
+            raise ValueError(f"[ha] election must be a URL of an election store, one of "
+                             f"{', '.join(s + '://' for s in ELECTION_SCHEMES)} (Redis or "
+                             f"etcd), got {v!r}")
+        return v
 
     def advertised(self, address: str) -> str:
         """``address`` as others should dial it (``advertise`` for a wildcard host)."""
@@ -602,8 +619,8 @@ class GatewayConfig(_Section):
         standby that takes over must find the accepted runs and the nodes' work."""
         role = self.ha.role
         if role != "all" and not self.ha.election:
-            raise ValueError(f"[ha] role = {role!r} needs the election store (--ha REDIS_URL): "
-                             "edges find the active scheduler in its lease record")
+            raise ValueError(f"[ha] role = {role!r} needs the election store (--ha URL, "
+                             "Redis or etcd): edges find the active scheduler in its lease record")
         if role == "scheduler" and not self.ha.edge_bind:
             raise ValueError("[ha] role = 'scheduler' needs [ha] edge_bind (--edge-bind "
                              "tcp://HOST:PORT): the address edges send their calls to")

@@ -123,13 +123,13 @@ class SchedulerLink:
 
     def __init__(self, config: GatewayConfig, ctx: zmq.asyncio.Context, name: str,
                  reply_to: str) -> None:
-        from hermes.gateway.ha.store import RedisLeaseStore
+        from hermes.gateway.ha.backends import open_lease_store
 
         self.config = config
         self.ctx = ctx
         self.name = name
         self.reply_to = reply_to
-        self.store = RedisLeaseStore(config.ha.election)
+        self.store = open_lease_store(config.ha.election)
         self.gate = EpochGate()
         self.leader: dict[str, Any] | None = None
         self.sock: zmq.asyncio.Socket | None = None

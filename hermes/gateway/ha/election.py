@@ -10,7 +10,7 @@ it, renews it every ``renew_s`` while it does, and calls back:
   unreachable). Whoever held the lease must stop acting at once; the participant takes no
   further part (its process restarts as a standby: its memory is of a term that ended).
 
-It runs on its own thread with a synchronous Redis client, so that an event loop busy with
+It runs on its own thread with a synchronous store client (Redis or etcd), so that an event loop busy with
 requests (or a stall of seconds) cannot delay the renewals; :meth:`LeaderElection.held`,
 read by the sending path before every message to a node, is a clock read and a comparison.
 A store error is logged and retried; it never extends the lease.
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hermes.core.lease import LeaseState, LeaseTerms
-from hermes.gateway.ha.store import RedisLeaseStore, Term
+from hermes.gateway.ha.base import LeaseStore, Term
 
 log = logging.getLogger("hermes.gateway.ha")
 
@@ -33,7 +33,7 @@ log = logging.getLogger("hermes.gateway.ha")
 class LeaderElection:
     """One participant of the election (see the module doc)."""
 
-    def __init__(self, store: RedisLeaseStore, terms: LeaseTerms, holder: str, *,
+    def __init__(self, store: LeaseStore, terms: LeaseTerms, holder: str, *,
                  on_elected: Callable[[int], None],
                  on_deposed: Callable[[int, str], None],
                  record: dict[str, Any] | None = None,

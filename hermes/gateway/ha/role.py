@@ -33,8 +33,8 @@ from typing import Any
 
 from hermes.core.lease import LeaseTerms
 from hermes.gateway.config import GatewayConfig
+from hermes.gateway.ha.backends import open_lease_store
 from hermes.gateway.ha.election import LeaderElection
-from hermes.gateway.ha.store import RedisLeaseStore
 
 log = logging.getLogger("hermes.gateway.ha")
 
@@ -57,7 +57,7 @@ class SchedulerRole:
         self.activate = activate
         self.exit = exit
         self.member = ha.member or f"{socket.gethostname()}:{os.getpid()}"
-        self.store = RedisLeaseStore(ha.election)
+        self.store = open_lease_store(ha.election)
         terms = LeaseTerms(ttl_s=ha.lease_ttl_s, renew_s=ha.lease_renew_s)
         self.election = LeaderElection(
             self.store, terms, self.member, on_elected=self._on_elected,

@@ -1,4 +1,5 @@
-"""The scheduler lease in Redis: one key with a time to live, and an epoch counter.
+"""The scheduler lease in Redis: one key with a time to live, and an epoch counter
+(a :class:`~hermes.gateway.ha.base.LeaseStore`; etcd's is :mod:`hermes.gateway.ha.etcd_store`).
 
 Keys (``prefix`` ``hermes:ha:`` by default):
 
@@ -19,10 +20,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import redis
+
+from hermes.gateway.ha.base import Term
+
+__all__ = ["RedisLeaseStore", "Term"]
 
 _ACQUIRE = """
 if redis.call('exists', KEYS[1]) == 1 then return {0, false} end
@@ -44,14 +48,6 @@ _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
 """
-
-
-@dataclass(frozen=True, slots=True)
-class Term:
-    """A lease granted: its epoch and the leader record as stored (what a renewal matches)."""
-
-    epoch: int
-    record: str
 
 
 class RedisLeaseStore:
