@@ -15,6 +15,8 @@ import json
 import math
 from typing import Any
 
+import msgspec
+
 #: deeper documents are refused (JSON's own parser stops near Python's recursion limit)
 MAX_DEPTH = 64
 
@@ -33,7 +35,19 @@ def _constant(name: str) -> float:
 
 
 def loads(raw: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
-    """Parse ``raw`` (bytes must be UTF-8) as strict JSON (see the module docstring)."""
+    """Parse ``raw`` (bytes must be UTF-8) as strict JSON (see the module docstring).
+
+    msgspec parses first (every request body passes here: it is several times faster than
+    :mod:`json` and accepts only JSON proper); what it refuses is parsed again by
+    :mod:`json`, whose refusal or value (``NaN``, ``1e400``, a lone surrogate) then meets the
+    same checks and messages as before. A document both accept is the same value."""
+    try:
+        value = msgspec.json.decode(raw)
+    except (msgspec.MsgspecError, RecursionError):
+        pass
+    else:
+        check(value, max_depth=max_depth)
+        return value
     if isinstance(raw, bytes | bytearray):
         try:
             text = bytes(raw).decode("utf-8")
