@@ -9,6 +9,8 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
+
 from hermes.gateway.config import IdentityConfig, load_config
 from hermes.gateway.edge import wire
 from hermes.gateway.edge.infer import EdgeRuns, close_due, run_headers
@@ -95,7 +97,7 @@ def test_inference_off_leaves_calls_to_the_fast_path() -> None:
 
 
 def test_the_scheduler_joins_creates_and_closes_an_edges_inferred_runs(tmp_path: Path) -> None:
-    from hermes.gateway.edge.link import EdgeLink
+    from hermes.gateway.edge.link import EdgeLink, InferredRunEnded
     from hermes.gateway.scheduler import LiveScheduler
 
     cfg = load_config(None, environ={}, bind="", kb=str(tmp_path / "kb"),
@@ -120,9 +122,12 @@ def test_the_scheduler_joins_creates_and_closes_an_edges_inferred_runs(tmp_path:
         assert link.close_inferred([wire.ClosedRun("run-aaaa", 30.0),
                                     wire.ClosedRun("run-unknown", 1.0)]) == 1
         assert reg.get_run("run-aaaa").status == "finished" and link.closed_runs == 1
-        # a call of it from an edge that still tracked it: a new run, not the ended one
-        again = link._inferred_run(_call(run="run-aaaa", app="acme.agent", tenant="acme",
-                                         inferred=True))
-        assert again.run_id != "run-aaaa" and again.inferred and again.app == "acme.agent"
+        # a call of it from an edge that still tracked it: refused (the edge resolves it
+        # again, so that its answer names the run it joins), no run made under another id
+        with pytest.raises(InferredRunEnded) as refused:
+            link._inferred_run(_call(run="run-aaaa", app="acme.agent", tenant="acme",
+                                     inferred=True))
+        assert refused.value.code == wire.RUN_ENDED and refused.value.status == 409
+        assert len(reg.runs) == 0
 
     asyncio.run(main())

@@ -35,7 +35,12 @@ class Call(msgspec.Struct, tag="call", omit_defaults=True):
     engine body (without ``model`` and ``stream``), sent once and forwarded to the node.
     ``inferred``: ``run``, ``app`` and ``unit`` are what the edge's run resolver found for a
     header-less call (:mod:`hermes.gateway.edge.infer`): the scheduler joins that inferred
-    run, creating it on its first call (``new``)."""
+    run, creating it on its first call (``new``); a run the scheduler has ended meanwhile is
+    refused (:class:`CallFailed` with code :data:`RUN_ENDED`: the edge resolves the call
+    again, so that its answer names the run it was counted in). ``k`` and ``deadline_s``:
+    ``X-Hermes-K`` and ``X-Hermes-Deadline-S`` for the run the call creates (checked at the
+    edge); ``authed``: ``tenant`` is the API key's (authentication on), so the scheduler
+    hides other tenants' runs from it, as the all-in-one gateway does (404)."""
 
     rid: str
     reply_to: str
@@ -50,6 +55,9 @@ class Call(msgspec.Struct, tag="call", omit_defaults=True):
     stream: bool = False
     inferred: bool = False
     new: bool = False
+    k: float | None = None
+    deadline_s: float | None = None
+    authed: bool = False
     #: calls of this edge answered since its last message (piggybacked: no message of their
     #: own under load)
     settled: list[Settled] = []
@@ -81,6 +89,23 @@ class Closed(msgspec.Struct, tag="closed"):
     runs: list[ClosedRun]
 
 
+class HeldRun(msgspec.Struct, array_like=True):
+    """An inferred run a stopping edge's resolver held open: idle for ``idle_s`` and due to
+    close after ``close_after_s`` of idleness (its app's figure), edge seconds."""
+
+    run: str
+    idle_s: float
+    close_after_s: float
+
+
+class Handover(msgspec.Struct, tag="handover"):
+    """A stopping edge's open inferred runs (one message, on a clean stop): the scheduler
+    closes each once idle past its figure, unless a call of it comes first (then the edge
+    that sent that call holds it: its resolver adopted it from the shared index)."""
+
+    runs: list[HeldRun]
+
+
 class Cancel(msgspec.Struct, tag="cancel"):
     """The client of a call went away: cancel it at its node."""
 
@@ -107,9 +132,13 @@ class CallFailed(msgspec.Struct, tag="failed"):
     status: int
     code: str | None
     message: str
+    param: str | None = None
 
 
-EdgeMessage = Call | Cancel | Ping | Report | Closed
+#: :attr:`CallFailed.code` of an inferred call whose run the scheduler has already ended
+RUN_ENDED = "inferred_run_ended"
+
+EdgeMessage = Call | Cancel | Ping | Report | Closed | Handover
 SchedulerMessage = Pong | CallFailed
 
 _ENCODER = msgspec.msgpack.Encoder()
