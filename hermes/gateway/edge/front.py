@@ -15,7 +15,9 @@ Many edges run behind a load balancer; each
   ranks and dispatches it with ``reply_to`` = this edge's ZeroMQ address (``--bind``): the
   node streams the tokens and sends the answer **here**, and the scheduler only the counts;
 - forwards every other request (runs, apps, responses, admin) to the active scheduler's HTTP
-  address, as a reverse proxy (hosted runs are journaled there before they are accepted).
+  address, as a reverse proxy (hosted runs are journaled there before they are accepted);
+- on a clean stop, hands the inferred runs its resolver holds to the scheduler and saves the
+  resolver's state for the edge started in its place (:meth:`EdgeApp._hand_over`).
 
 Fencing: every scheduler message carries the lease epoch; a message of an epoch lower than
 the highest seen is dropped and counted (:class:`hermes.core.lease.EpochGate`). When the
@@ -328,6 +330,7 @@ class EdgeApp:
         self.runs = EdgeRuns(config.identity, evidence_index)
         self._evidence_index = evidence_index
         self._scale = config.scheduler.time_scale
+        self._wall0 = time.time() - time.monotonic()
         self.timeout_s = config.scheduler.request_timeout_s
         self.inbox: zmq.asyncio.Socket | None = None
         self.http: httpx.AsyncClient | None = None
@@ -337,10 +340,11 @@ class EdgeApp:
 
     def now(self) -> float:
         """The resolver's clock: model seconds (``scheduler.time_scale`` times the wall
-        clock), as the all-in-one gateway's resolver reads the scheduler clock; only its
-        differences matter, also between this edge and the one started in its place (the
-        saved state: :meth:`shutdown`)."""
-        return time.time() * self._scale
+        clock read at start, advanced by the monotonic clock: a step of the wall clock does
+        not close runs), as the all-in-one gateway's resolver reads the scheduler clock;
+        only its differences matter, also between this edge and the one started in its
+        place (the saved state: :meth:`_hand_over`)."""
+        return (self._wall0 + time.monotonic()) * self._scale
 
     def _saved_state(self) -> Path:
         """Where a clean stop saves the run resolver's state (``stores.state_dir``), for
@@ -551,10 +555,12 @@ class EdgeApp:
             self.stats["calls"] += 1
             self.link.send_call(msg)
             try:
-                await self._started(call)
-                done = None
-                if not parsed.stream or call.future.done():
-                    done = await self._wait(call)  # (a stream's refusal raises here)
+                if parsed.stream:
+                    await self._started(call)
+                    # (a refusal raises here, before the stream's answer starts)
+                    done = await self._wait(call) if call.future.done() else None
+                else:
+                    done = await self._wait(call)
             except CallFailedError as e:
                 if ident is not None:
                     if e.code == wire.RUN_ENDED and attempt < self.REBIND_TRIES:

@@ -10,7 +10,9 @@ call without run or app headers (opted out of run inference, or inference off) t
 fast path (:mod:`hermes.gateway.edge.direct`: no run in the registry, what the global
 ordering needs and no more). A call the edge's run resolver put in an inferred run
 (``inferred``, :mod:`hermes.gateway.edge.infer`) joins that run, created on its first call;
-the edge's ``closed`` messages end such runs (:meth:`EdgeLink.close_inferred`). The scheduler answers the edge only when a call fails (:class:`~hermes.gateway.edge.wire.
+the edge's ``closed`` messages end such runs (:meth:`EdgeLink.close_inferred`), and a
+stopping edge's ``handover`` has them closed here when due
+(:class:`~hermes.gateway.edge.infer.HandedRuns`). The scheduler answers the edge only when a call fails (:class:`~hermes.gateway.edge.wire.
 CallFailed`) and pings with a pong; both carry the lease epoch and are not sent once the
 lease has run out (a deposed scheduler says nothing).
 """

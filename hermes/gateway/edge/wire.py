@@ -4,9 +4,12 @@ One msgpack frame a message (msgspec: typed decoding at C speed; the scheduler's
 request bounds a whole cluster, so this wire is kept compact). An edge sends one
 :class:`Call` per LLM call and a :class:`Ping` every few hundred milliseconds; the scheduler
 answers a ping with a :class:`Pong` and a call only when it fails (:class:`CallFailed`): the
-call's tokens and answer come from the node, straight to the edge (``reply_to``). Every
+call's tokens and answer come from the node, straight to the edge (``reply_to``). An edge's
+run resolver tells the scheduler the inferred runs it closed (:class:`Closed`, one message
+per sweep) and, on a clean stop, hands over the ones it holds open (:class:`Handover`). Every
 scheduler message carries the lease epoch; an edge that has seen a higher one drops it
-(:class:`hermes.core.lease.EpochGate`).
+(:class:`hermes.core.lease.EpochGate`). Fields are added with defaults (and omitted when at
+their default), so that a message of the previous layout still decodes.
 """
 
 from __future__ import annotations
