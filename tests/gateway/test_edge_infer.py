@@ -172,9 +172,12 @@ def test_an_edges_resolver_state_is_saved_and_handed_over(tmp_path: Path) -> Non
             self.status, self.last_activity, self.pending = "running", last, {}
 
     handed = HandedRuns()
-    handed.take([wire.HeldRun("a", 1.0, 10.0), wire.HeldRun("b", 1.0, 10.0),
-                 wire.HeldRun("c", 1.0, 10.0)])
-    live = {"a": Run(0.0), "b": Run(0.0)}  # c ended meanwhile
+    live = {"a": Run(0.0), "b": Run(0.0), "d": Run(0.1)}
+    # (at 0.1 s, time scale 50: a and b idle 5 model s here as at the edge; c unknown
+    # here; d active here since the edge saw it: another edge holds it)
+    handed.take([wire.HeldRun("a", 5.0, 10.0), wire.HeldRun("b", 5.0, 10.0),
+                 wire.HeldRun("c", 5.0, 10.0), wire.HeldRun("d", 5.0, 10.0)], live, 0.1, 50.0)
+    assert len(handed) == 2
     assert handed.due(live, 0.1, 50.0) == [] and len(handed) == 2  # 5 model s idle
     live["b"].pending = {"req": 1}  # in flight: waits
     handed.pop("a")  # a call of a came (an edge holds it)

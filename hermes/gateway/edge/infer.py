@@ -194,9 +194,17 @@ class HandedRuns:
     def __len__(self) -> int:
         return len(self._after)
 
-    def take(self, held: Sequence[wire.HeldRun]) -> None:
+    def take(self, held: Sequence[wire.HeldRun], runs: Mapping[str, Any], now: float,
+             scale: float) -> None:
+        """Keep the runs of a handover that are active here and were not active since the
+        stopping edge last saw them (:func:`close_due`'s test: a call through another
+        edge that overtook the handover means that edge holds the run now)."""
         for h in held:
-            self._after[h.run] = h.close_after_s
+            run = runs.get(h.run)
+            if run is None or run.status not in ACTIVE:
+                continue
+            if close_due(h.idle_s, (now - run.last_activity) * scale, 0):
+                self._after[h.run] = h.close_after_s
 
     def pop(self, run: str) -> None:
         self._after.pop(run, None)

@@ -184,7 +184,8 @@ class EdgeLink:
         elif isinstance(msg, wire.Closed):
             self.close_inferred(msg.runs)
         elif isinstance(msg, wire.Handover):
-            self.handed.take(msg.runs)
+            self.handed.take(msg.runs, self.sched.registry.runs, time.monotonic(),
+                             self.sched.ctx.clock.time_scale)
         elif isinstance(msg, wire.Ping):
             self._send(identity, wire.Pong(epoch=self.sched.node_table.epoch))
         elif isinstance(msg, wire.Cancel):
