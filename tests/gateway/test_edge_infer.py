@@ -9,6 +9,8 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
+
 from hermes.gateway.config import IdentityConfig, load_config
 from hermes.gateway.edge import wire
 from hermes.gateway.edge.infer import EdgeRuns, close_due, run_headers
@@ -95,7 +97,7 @@ def test_inference_off_leaves_calls_to_the_fast_path() -> None:
 
 
 def test_the_scheduler_joins_creates_and_closes_an_edges_inferred_runs(tmp_path: Path) -> None:
-    from hermes.gateway.edge.link import EdgeLink
+    from hermes.gateway.edge.link import EdgeLink, InferredRunEnded
     from hermes.gateway.scheduler import LiveScheduler
 
     cfg = load_config(None, environ={}, bind="", kb=str(tmp_path / "kb"),
@@ -120,9 +122,65 @@ def test_the_scheduler_joins_creates_and_closes_an_edges_inferred_runs(tmp_path:
         assert link.close_inferred([wire.ClosedRun("run-aaaa", 30.0),
                                     wire.ClosedRun("run-unknown", 1.0)]) == 1
         assert reg.get_run("run-aaaa").status == "finished" and link.closed_runs == 1
-        # a call of it from an edge that still tracked it: a new run, not the ended one
-        again = link._inferred_run(_call(run="run-aaaa", app="acme.agent", tenant="acme",
-                                         inferred=True))
-        assert again.run_id != "run-aaaa" and again.inferred and again.app == "acme.agent"
+        # a call of it from an edge that still tracked it: refused (the edge resolves it
+        # again, so that its answer names the run it joins), no run made under another id
+        with pytest.raises(InferredRunEnded) as refused:
+            link._inferred_run(_call(run="run-aaaa", app="acme.agent", tenant="acme",
+                                     inferred=True))
+        assert refused.value.code == wire.RUN_ENDED and refused.value.status == 409
+        assert len(reg.runs) == 0
 
     asyncio.run(main())
+
+
+def test_run_parameters_travel_only_when_set() -> None:
+    plain = wire.encode(_call())
+    assert len(wire.encode(_call(k=None, deadline_s=None, authed=False))) == len(plain)
+    back = wire.decode_edge(wire.encode(_call(k=0.3, deadline_s=30.0, authed=True)))
+    assert isinstance(back, wire.Call) and (back.k, back.deadline_s, back.authed) == \
+        (0.3, 30.0, True)
+    failed = wire.CallFailed(rid="r", epoch=1, status=404, code="model_not_found",
+                             message="m", param="model")
+    assert wire.decode_scheduler(wire.encode(failed)) == failed
+
+
+def test_an_edges_resolver_state_is_saved_and_handed_over(tmp_path: Path) -> None:
+    from hermes.gateway.edge.infer import HandedRuns
+
+    runs = EdgeRuns(IdentityConfig(close_prior_s=10.0, close_min_s=5.0))
+    first = runs.resolve("acme", _body([SYSTEM, {"role": "user", "content": "Go."}]), {}, 100.0)
+    assert first is not None
+    reply = {"role": "assistant", "content": "Done."}
+    runs.answered(first, [reply], 101.0)
+    held = runs.held(104.0)
+    assert [(h.run, h.idle_s, h.close_after_s) for h in held] == [(first.run, 3.0, 10.0)]
+    path = tmp_path / "edge-identity-e0.json"
+    assert runs.save(path) == 1
+    again = EdgeRuns(IdentityConfig(close_prior_s=10.0, close_min_s=5.0))
+    assert again.load(path) == 1 and not path.exists()  # read once
+    nxt = again.resolve("acme", _body([SYSTEM, {"role": "user", "content": "Go."}, reply,
+                                       {"role": "user", "content": "More."}]), {}, 105.0)
+    assert nxt is not None and nxt.run == first.run and not nxt.new_run
+    # the run ended at the scheduler: forgotten, the call resolved again is a new run
+    again.ended(nxt, 106.0)
+    redo = again.resolve("acme", _body([SYSTEM, {"role": "user", "content": "Go."}, reply,
+                                        {"role": "user", "content": "More."}]), {}, 106.0)
+    assert redo is not None and redo.new_run and redo.run != first.run
+
+    class Run:  # what HandedRuns reads of a LiveRun
+        def __init__(self, last: float) -> None:
+            self.status, self.last_activity, self.pending = "running", last, {}
+
+    handed = HandedRuns()
+    live = {"a": Run(0.0), "b": Run(0.0), "d": Run(0.1)}
+    # (at 0.1 s, time scale 50: a and b idle 5 model s here as at the edge; c unknown
+    # here; d active here since the edge saw it: another edge holds it)
+    handed.take([wire.HeldRun("a", 5.0, 10.0), wire.HeldRun("b", 5.0, 10.0),
+                 wire.HeldRun("c", 5.0, 10.0), wire.HeldRun("d", 5.0, 10.0)], live, 0.1, 50.0)
+    assert len(handed) == 2
+    assert handed.due(live, 0.1, 50.0) == [] and len(handed) == 2  # 5 model s idle
+    live["b"].pending = {"req": 1}  # in flight: waits
+    handed.pop("a")  # a call of a came (an edge holds it)
+    assert handed.due(live, 0.3, 50.0) == [] and len(handed) == 1
+    live["b"].pending = {}
+    assert handed.due(live, 0.3, 50.0) == [wire.ClosedRun("b", 15.0)] and not handed

@@ -65,18 +65,31 @@ async def bind_run(sched: LiveScheduler, request: Request, body: Mapping[str, An
     resolver); ``messages``: its chat form when the edge has it; ``infer=False``: headers
     only (a request without ``X-Hermes-Run`` is a one-request run)."""
     h = request.headers
-    k = _run_header(h, K_HEADER, parse_knob)
-    deadline_s = _run_header(h, DEADLINE_HEADER, parse_deadline_s)
+    k, deadline_s = run_params(h)
     tenant = tenant_for(request, h.get("X-Hermes-Tenant")) or DEFAULT_TENANT
-    named = h.get(APP_HEADER)
-    if named and foreign_app(named.strip()):
-        raise AppNotOwned(f"header {APP_HEADER}: app {named.strip()!r} is another tenant's "
-                          f"(a tenant's own apps are named '{tenant}.NAME')")
+    check_app_header(h, tenant)
     headers: Mapping[str, str] = h
     if not infer and RUN_HEADER not in h:
         headers = {**h, RUN_HEADER: "none"}
     return sched.identities.bind(tenant, body or {}, headers, messages=messages, k=k,
                                  deadline_s=deadline_s)
+
+
+def run_params(h: Mapping[str, str]) -> tuple[float | None, float | None]:
+    """``(k, deadline_s)`` of the run a request creates, from ``X-Hermes-K`` and
+    ``X-Hermes-Deadline-S`` (None where absent); a bad value raises :class:`SchedulerError`
+    (400) naming the header. (The all-in-one gateway and an edge,
+    :mod:`hermes.gateway.edge.front`, check them here.)"""
+    return _run_header(h, K_HEADER, parse_knob), _run_header(h, DEADLINE_HEADER, parse_deadline_s)
+
+
+def check_app_header(h: Mapping[str, str], tenant: str) -> None:
+    """Raise :class:`AppNotOwned` (403) when ``X-Hermes-App`` names another tenant's own app
+    (authentication on: :func:`~hermes.gateway.api.apps_api.foreign_app`)."""
+    named = h.get(APP_HEADER)
+    if named and foreign_app(named.strip()):
+        raise AppNotOwned(f"header {APP_HEADER}: app {named.strip()!r} is another tenant's "
+                          f"(a tenant's own apps are named '{tenant}.NAME')")
 
 
 def _run_header(h: Any, name: str, parse: Callable[[str], float]) -> float | None:

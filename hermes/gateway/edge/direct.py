@@ -81,8 +81,13 @@ class DirectCalls:
         ctx = self.ctx
         now = ctx.now()
         policy = ctx.policy
-        state = RunState(run_id=c.rid, app=DEFAULT_APP, submitted=now, tenant=c.tenant)
-        state.rank = self._rank(c.tenant, policy, now)
+        state = RunState(run_id=c.rid, app=DEFAULT_APP, submitted=now, tenant=c.tenant,
+                         deadline=None if c.deadline_s is None else now + c.deadline_s,
+                         k=c.k)
+        # a run with its own deadline or K is ranked as itself (the all-in-one gateway makes
+        # it a one-request run with them); the others share their tenant's fresh-run rank
+        state.rank = (self._rank(c.tenant, policy, now) if c.deadline_s is None and c.k is None
+                      else float(policy.rank(state, now)))
         view = RequestView(request_id=c.rid, run_id=c.rid, unit=c.unit or "default",
                            arrival=now, input_tokens=c.prompt_tokens,
                            max_output_tokens=c.body.get("max_tokens"), seq=next(ctx.seq))

@@ -15,7 +15,9 @@ Many edges run behind a load balancer; each
   ranks and dispatches it with ``reply_to`` = this edge's ZeroMQ address (``--bind``): the
   node streams the tokens and sends the answer **here**, and the scheduler only the counts;
 - forwards every other request (runs, apps, responses, admin) to the active scheduler's HTTP
-  address, as a reverse proxy (hosted runs are journaled there before they are accepted).
+  address, as a reverse proxy (hosted runs are journaled there before they are accepted);
+- on a clean stop, hands the inferred runs its resolver holds to the scheduler and saves the
+  resolver's state for the edge started in its place (:meth:`EdgeApp._hand_over`).
 
 Fencing: every scheduler message carries the lease epoch; a message of an epoch lower than
 the highest seen is dropped and counted (:class:`hermes.core.lease.EpochGate`). When the
@@ -37,30 +39,40 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 import msgspec
 import zmq
 import zmq.asyncio
+from fastapi import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from hermes import protocol as P
 from hermes.core.lease import EpochGate
-from hermes.gateway.api.binding import APP_HEADER, RUN_HEADER, UNIT_HEADER
-from hermes.gateway.api.errors import error_response
+from hermes.gateway.api.binding import (
+    APP_HEADER,
+    RUN_HEADER,
+    UNIT_HEADER,
+    check_app_header,
+    run_params,
+)
+from hermes.gateway.api.errors import error_response, scheduler_error
 from hermes.gateway.api.openai_api import ChunkWriter, completion_object
 from hermes.gateway.api.openai_bodies import (
     engine_body,
     parse_completion_body,
 )
 from hermes.gateway.auth import tenant_for
-from hermes.gateway.config import GatewayConfig
+from hermes.gateway.config import GatewayConfig, resolve_state_dir
 from hermes.gateway.edge import wire
 from hermes.gateway.edge.infer import EdgeRuns, run_headers
+from hermes.gateway.errors import SchedulerError, error_type
 from hermes.gateway.resolve import ChatReplies, Identity
 from hermes.gateway.shared import StoreUnavailable
+from hermes.gateway.tenancy import current_tenant
 from hermes.zmqdrain import QueuedMessages
 
 log = logging.getLogger("hermes.gateway.edge")
@@ -75,17 +87,19 @@ _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
 class CallFailedError(Exception):
     """A call the scheduler refused or could not serve (status, code: the client's)."""
 
-    def __init__(self, status: int, code: str | None, message: str) -> None:
+    def __init__(self, status: int, code: str | None, message: str,
+                 param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
+        self.param = param
 
 
 class EdgeCall:
     """One call in flight at this edge: the message (kept to send it again after a leader
     change), its tokens (streamed calls) and its answer."""
 
-    __slots__ = ("msg", "tokens", "future", "answered", "source")
+    __slots__ = ("msg", "tokens", "future", "answered", "source", "started")
 
     def __init__(self, msg: wire.Call) -> None:
         self.msg = msg
@@ -97,9 +111,13 @@ class EdgeCall:
         #: the node that streamed its first token: a stream is never stitched from two
         #: nodes (a resend after a node died would repeat the start of the answer)
         self.source: bytes | None = None
+        #: set at its first token or its end (a stream's answer starts then: its headers
+        #: name the run the scheduler put it in, and a refusal gets its HTTP status)
+        self.started = asyncio.Event()
 
     def settle(self, result: P.Done | BaseException) -> None:
         self.answered = True
+        self.started.set()
         if self.future.done():
             return
         if isinstance(result, BaseException):
@@ -239,7 +257,7 @@ class SchedulerLink:
         elif isinstance(msg, wire.CallFailed):
             call = self.calls.get(msg.rid)
             if call is not None:
-                call.settle(CallFailedError(msg.status, msg.code, msg.message))
+                call.settle(CallFailedError(msg.status, msg.code, msg.message, msg.param))
 
     # ------------------------------------------------------------------ node answers
     def on_node_message(self, node: bytes, msg: Any) -> None:
@@ -254,6 +272,7 @@ class SchedulerLink:
                 return  # a second node's copy of a stream already under way
             call.answered = True
             call.tokens.put_nowait(msg)
+            call.started.set()
         elif isinstance(msg, P.Done):
             call = self.calls.get(msg.request_id)
             if call is None:
@@ -311,6 +330,7 @@ class EdgeApp:
         self.runs = EdgeRuns(config.identity, evidence_index)
         self._evidence_index = evidence_index
         self._scale = config.scheduler.time_scale
+        self._wall0 = time.time() - time.monotonic()
         self.timeout_s = config.scheduler.request_timeout_s
         self.inbox: zmq.asyncio.Socket | None = None
         self.http: httpx.AsyncClient | None = None
@@ -319,10 +339,19 @@ class EdgeApp:
         self.stats = {"calls": 0, "answered": 0, "failed": 0, "proxied": 0}
 
     def now(self) -> float:
-        """The resolver's clock: model seconds (``scheduler.time_scale`` times the monotonic
-        clock), as the all-in-one gateway's resolver reads the scheduler clock; only its
-        differences matter."""
-        return time.monotonic() * self._scale
+        """The resolver's clock: model seconds (``scheduler.time_scale`` times the wall
+        clock read at start, advanced by the monotonic clock: a step of the wall clock does
+        not close runs), as the all-in-one gateway's resolver reads the scheduler clock;
+        only its differences matter, also between this edge and the one started in its
+        place (the saved state: :meth:`_hand_over`)."""
+        return (self._wall0 + time.monotonic()) * self._scale
+
+    def _saved_state(self) -> Path:
+        """Where a clean stop saves the run resolver's state (``stores.state_dir``), for
+        the edge started in its place (of the same ``[ha] member``)."""
+        member = "".join(c if c.isalnum() or c in "-_." else "_"
+                         for c in (self.config.ha.member or "edge"))
+        return resolve_state_dir(self.config.stores.state_dir) / f"edge-identity-{member}.json"
 
     # ------------------------------------------------------------------ lifecycle
     async def startup(self) -> None:
@@ -337,6 +366,10 @@ class EdgeApp:
                        loop.create_task(self._inbox_loop(sock), name="hermes-edge-inbox")]
         if self.runs.enabled:
             self._tasks.append(loop.create_task(self._sweep_runs(), name="hermes-edge-runs"))
+            n = self.runs.load(self._saved_state())
+            if n:
+                log.warning("edge %s: %d open inferred runs restored from %s", self.name, n,
+                            self._saved_state())
             if self._evidence_index is None:
                 log.warning("edge %s: runs are inferred from this edge's own evidence index "
                             "([cluster] store is not set): a conversation whose next turn "
@@ -348,6 +381,8 @@ class EdgeApp:
     async def shutdown(self) -> None:
         for t in self._tasks:
             t.cancel()
+        if self.runs.enabled:
+            self._hand_over()
         if self.link._recv is not None:
             self.link._recv.cancel()
         if self.http is not None:
@@ -355,8 +390,34 @@ class EdgeApp:
         if self.inbox is not None:
             self.inbox.close(linger=0)
         if self.link.sock is not None:
-            self.link.sock.close(linger=0)
+            # the last messages (the handover) leave before the socket closes
+            self.link.sock.close(linger=self.HANDOVER_LINGER_MS)
         self.ctx.term()
+
+    #: how long a stopping edge's last messages to the scheduler may take to leave
+    HANDOVER_LINGER_MS = 1000
+
+    def _hand_over(self) -> None:
+        """A clean stop: tell the scheduler the runs closed and not told yet, and hand it the
+        open ones (:class:`~hermes.gateway.edge.wire.Handover`: it closes each when its
+        app's idle figure says, unless a next turn reaches an edge first, which joins it
+        through the shared index); save the resolver's state for the edge started in this
+        one's place (a next turn through it joins its run, with or without a shared
+        index)."""
+        now = self.now()
+        try:
+            closed = self.runs.sweep(now)
+            if closed and self.link.send(wire.Closed(runs=closed)):
+                self.runs.told()
+            held = self.runs.held(now)
+            if held and self.link.send(wire.Handover(runs=held)):
+                log.warning("edge %s: %d open inferred runs handed over to the scheduler",
+                            self.name, len(held))
+            path = self._saved_state()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.runs.save(path)
+        except Exception:
+            log.exception("edge %s: handing over the inferred runs at stop failed", self.name)
 
     async def _sweep_runs(self) -> None:
         """Close the idle inferred runs every ``scheduler.rekey_interval_s`` (the all-in-one
@@ -428,10 +489,16 @@ class EdgeApp:
                 return
 
     # ------------------------------------------------------------------ completions
+    #: times a call is resolved again after the scheduler said its inferred run had ended
+    REBIND_TRIES = 2
+
     async def completion(self, request: Request,
                          endpoint: Literal["chat", "completions"]) -> Response:
         """One completion request: validate, one call to the scheduler, the answer from the
-        node (module doc)."""
+        node (module doc). The run headers are checked as the all-in-one gateway checks
+        them (:func:`~hermes.gateway.api.binding.run_params`, the ``X-Hermes-App`` owner,
+        the tenant); a stream's answer starts at its first token (or its end), so that a
+        refusal gets its HTTP status and the headers name the run the call is counted in."""
         parsed = await parse_completion_body(request, endpoint)
         if isinstance(parsed, Response):
             return parsed
@@ -440,63 +507,100 @@ class EdgeApp:
                                   "through the load balancer", code="not_ready",
                                   headers={"Retry-After": "1"})
         h = request.headers
+        try:
+            tenant = tenant_for(request, h.get("X-Hermes-Tenant")) or "default"
+            k, deadline_s = run_params(h)
+            check_app_header(h, tenant)
+        except HTTPException as e:
+            return error_response(e.status_code, str(e.detail), code="permission_denied")
+        except SchedulerError as e:
+            return scheduler_error(e)
         ebody = engine_body(parsed)
-        rid = f"{P.EDGE_REQUEST_PREFIX}{uuid.uuid4().hex[:16]}"
-        tenant = tenant_for(request, h.get("X-Hermes-Tenant")) or "default"
-        ident: Identity | None = None
-        if RUN_HEADER not in h and self.runs.enabled:
+        authed = current_tenant.get() is not None
+        for attempt in range(self.REBIND_TRIES + 1):
+            rid = f"{P.EDGE_REQUEST_PREFIX}{uuid.uuid4().hex[:16]}"
+            ident: Identity | None = None
+            if RUN_HEADER not in h and self.runs.enabled:
+                try:
+                    ident = self.runs.resolve(tenant, {**ebody, "model": parsed.model}, h,
+                                              self.now())
+                except StoreUnavailable as e:
+                    return error_response(503, f"{e}; retry later", code="store_unavailable",
+                                          headers={"Retry-After": "1"})
+            if ident is not None:  # a header-less call in an inferred run
+                msg = wire.Call(rid=rid, reply_to=self.reply_to, model=parsed.model,
+                                endpoint=endpoint, body=ebody,
+                                prompt_tokens=P.estimate_tokens(endpoint, ebody),
+                                tenant=tenant, app=ident.app, unit=ident.unit, run=ident.run,
+                                stream=bool(parsed.stream), inferred=True, new=ident.new_run,
+                                k=k, deadline_s=deadline_s, authed=authed)
+                headers = run_headers(ident)
+            else:
+                run = h.get(RUN_HEADER)
+                app = h.get(APP_HEADER)
+                if run is not None and run.strip().lower() == "none" and not app:
+                    run = None  # opted out: a one-request run of app default, the fast path
+                msg = wire.Call(rid=rid, reply_to=self.reply_to, model=parsed.model,
+                                endpoint=endpoint, body=ebody,
+                                prompt_tokens=P.estimate_tokens(endpoint, ebody),
+                                tenant=tenant, app=app, unit=h.get(UNIT_HEADER), run=run,
+                                stream=bool(parsed.stream), k=k, deadline_s=deadline_s,
+                                authed=authed)
+                # a named run's answers name it, as the all-in-one gateway's do (a
+                # one-request run's id is the scheduler's and is not shown)
+                headers = ({RUN_HEADER: msg.run, UNIT_HEADER: msg.unit or "default"}
+                           if msg.run and msg.run.lower() != "none" else {})
+            call = EdgeCall(msg)
+            self.link.calls[rid] = call
+            self.stats["calls"] += 1
+            self.link.send_call(msg)
             try:
-                ident = self.runs.resolve(tenant, {**ebody, "model": parsed.model}, h,
-                                          self.now())
-            except StoreUnavailable as e:
-                return error_response(503, f"{e}; retry later", code="store_unavailable",
-                                      headers={"Retry-After": "1"})
-        if ident is not None:  # a header-less call in an inferred run
-            msg = wire.Call(rid=rid, reply_to=self.reply_to, model=parsed.model,
-                            endpoint=endpoint, body=ebody,
-                            prompt_tokens=P.estimate_tokens(endpoint, ebody), tenant=tenant,
-                            app=ident.app, unit=ident.unit, run=ident.run,
-                            stream=bool(parsed.stream), inferred=True, new=ident.new_run)
-            headers = run_headers(ident)
-        else:
-            run = h.get(RUN_HEADER)
-            app = h.get(APP_HEADER)
-            if run is not None and run.strip().lower() == "none" and not app:
-                run = None  # opted out: a one-request run of app default, the fast path
-            msg = wire.Call(rid=rid, reply_to=self.reply_to, model=parsed.model,
-                            endpoint=endpoint, body=ebody,
-                            prompt_tokens=P.estimate_tokens(endpoint, ebody), tenant=tenant,
-                            app=app, unit=h.get(UNIT_HEADER), run=run,
-                            stream=bool(parsed.stream))
-            # a named run's answers name it, as the all-in-one gateway's do (a one-request
-            # run's id is the scheduler's and is not shown)
-            headers = ({RUN_HEADER: msg.run, UNIT_HEADER: msg.unit or "default"}
-                       if msg.run and msg.run.lower() != "none" else {})
-        call = EdgeCall(msg)
-        self.link.calls[rid] = call
-        self.stats["calls"] += 1
-        self.link.send_call(msg)
+                if parsed.stream:
+                    await self._started(call)
+                    # (a refusal raises here, before the stream's answer starts)
+                    done = await self._wait(call) if call.future.done() else None
+                else:
+                    done = await self._wait(call)
+            except CallFailedError as e:
+                if ident is not None:
+                    if e.code == wire.RUN_ENDED and attempt < self.REBIND_TRIES:
+                        self.runs.ended(ident, self.now())  # and resolve it again
+                        continue
+                    self.runs.abandoned(ident, self.now())
+                return error_response(e.status, str(e), code=e.code, param=e.param)
+            except BaseException:
+                if ident is not None:  # the client went away
+                    self.runs.abandoned(ident, self.now())
+                raise
+            break
         if parsed.stream:
             include_usage = bool((parsed.stream_options or {}).get("include_usage"))
             return StreamingResponse(
                 self._sse(call, endpoint, parsed.model, include_usage, ident),
                 media_type="text/event-stream",
                 headers={**headers, "Cache-Control": "no-cache"})
-        try:
-            done = await self._wait(call)
-        except CallFailedError as e:
-            if ident is not None:
-                self.runs.abandoned(ident, self.now())
-            return error_response(e.status, str(e), code=e.code)
-        except BaseException:
-            if ident is not None:  # the client went away
-                self.runs.abandoned(ident, self.now())
-            raise
+        assert done is not None
         content = completion_object(endpoint, rid, parsed.model, done)
         if ident is not None:  # before the answer leaves: the next turn finds the run
             self.runs.answered(ident, _chat_replies(content) if endpoint == "chat" else None,
                                self.now())
         return JSONResponse(content, headers=headers)
+
+    async def _started(self, call: EdgeCall) -> None:
+        """Until the call's first token or its end; a timeout cancels it (504)."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await call.started.wait()
+        except TimeoutError:
+            rid = call.msg.rid
+            self.link.send(wire.Cancel(rid=rid))
+            self.link.calls.pop(rid, None)
+            raise CallFailedError(504, "timeout", f"request {rid} timed out after "
+                                  f"{self.timeout_s:g} s") from None
+        except BaseException:  # the client went away
+            self.link.send(wire.Cancel(rid=call.msg.rid))
+            self.link.calls.pop(call.msg.rid, None)
+            raise
 
     async def _wait(self, call: EdgeCall) -> P.Done:
         rid = call.msg.rid
@@ -560,7 +664,7 @@ class EdgeApp:
             yield b"data: [DONE]\n\n"
         except (CallFailedError, TimeoutError) as e:
             status, code = (e.status, e.code) if isinstance(e, CallFailedError) else (504, "timeout")
-            err = {"error": {"message": str(e) or "timed out", "type": "api_error",
+            err = {"error": {"message": str(e) or "timed out", "type": error_type(status),
                              "param": None, "code": code, "status": status}}
             yield f"data: {json.dumps(err)}\n\n".encode()
         finally:

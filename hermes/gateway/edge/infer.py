@@ -28,14 +28,20 @@ own index: a turn that reaches another edge starts a new run of the same app.
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from hermes.fsutil import atomic_write_text
 from hermes.gateway.config import IdentityConfig
 from hermes.gateway.edge import wire
 from hermes.gateway.resolve import Identity, Resolver
 from hermes.gateway.shared import StoreUnavailable
-from hermes.gateway.state import new_run_id
+from hermes.gateway.state import ACTIVE, new_run_id
+
+log = logging.getLogger("hermes.gateway.edge")
 
 #: the resolver's evidence kinds of a request that is not in an inferred run
 _NOT_INFERRED = frozenset({"header", "opt-out", "off"})
@@ -115,6 +121,47 @@ class EdgeRuns:
     def abandoned(self, ident: Identity, now: float) -> None:
         self.resolver.abandoned(ident, now)
 
+    def ended(self, ident: Identity, now: float) -> None:
+        """The scheduler refused the call of ``ident``: its run has ended there (closed
+        through another edge, reaped, finished through the API). The resolver forgets it,
+        and so does the shared index (no edge adopts it any more), so that the call, resolved
+        again, starts a new run (as the all-in-one gateway's binding does)."""
+        self.resolver.abandoned(ident, now)
+        self.resolver.forget(ident.run)
+        if self.index is not None:
+            try:
+                self.index.forget_run(ident.tenant, ident.run)
+            except StoreUnavailable:
+                pass  # the store logged it; adoption then finds the run again and is refused
+
+    def held(self, now: float) -> list[wire.HeldRun]:
+        """The open runs, for a :class:`~hermes.gateway.edge.wire.Handover` at a clean stop."""
+        return [wire.HeldRun(key, round(idle, 3), round(after, 3))
+                for key, idle, after in self.resolver.held(now)]
+
+    def save(self, path: Path) -> int:
+        """Write the resolver's state (the index when it is this edge's own, the open runs,
+        the apps' gaps) to ``path`` (a clean stop), so that the edge started again in its
+        place joins continuing conversations to their runs. Returns the open runs saved."""
+        data = self.resolver.snapshot()
+        atomic_write_text(path, json.dumps(data, separators=(",", ":")))
+        return len(data["open"])
+
+    def load(self, path: Path) -> int:
+        """Read what :meth:`save` wrote (a start) and delete it (a crash later must not bring
+        back a stale state). The runs the scheduler has ended meanwhile are found out at
+        their next call (:meth:`ended`). Returns the open runs restored."""
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            return 0
+        except (OSError, ValueError) as e:
+            log.warning("ignoring the edge's saved run resolver state in %s: %s", path, e)
+            return 0
+        n = self.resolver.restore(data)
+        path.unlink(missing_ok=True)
+        return n
+
     def sweep(self, now: float) -> list[wire.ClosedRun]:
         """Close the idle runs; returns every closed run not yet told to a scheduler (kept
         in :attr:`pending` until :meth:`told`)."""
@@ -128,6 +175,56 @@ class EdgeRuns:
     def told(self) -> None:
         """The closed runs :meth:`sweep` returned reached a scheduler."""
         self.pending = []
+
+
+class HandedRuns:
+    """The scheduler's side of a :class:`~hermes.gateway.edge.wire.Handover`: the inferred
+    runs stopped edges held open, each closed once idle past its app's figure (as the edge's
+    resolver would have), unless a call of it comes first (:meth:`pop`: the edge that sent
+    it adopted the run and closes it). Without a handover such a run would stay open until
+    the scheduler's idle reaping (``scheduler.run_idle_timeout_s``)."""
+
+    def __init__(self) -> None:
+        #: run -> idleness (model seconds) after which it closes
+        self._after: dict[str, float] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._after)
+
+    def __len__(self) -> int:
+        return len(self._after)
+
+    def take(self, held: Sequence[wire.HeldRun], runs: Mapping[str, Any], now: float,
+             scale: float) -> None:
+        """Keep the runs of a handover that are active here and were not active since the
+        stopping edge last saw them (:func:`close_due`'s test: a call through another
+        edge that overtook the handover means that edge holds the run now)."""
+        for h in held:
+            run = runs.get(h.run)
+            if run is None or run.status not in ACTIVE:
+                continue
+            if close_due(h.idle_s, (now - run.last_activity) * scale, 0):
+                self._after[h.run] = h.close_after_s
+
+    def pop(self, run: str) -> None:
+        self._after.pop(run, None)
+
+    def due(self, runs: Mapping[str, Any], now: float, scale: float) -> list[wire.ClosedRun]:
+        """The handed-over runs idle past their figure (model seconds: ``scale`` times the
+        monotonic seconds from a run's ``last_activity`` to ``now``), for :meth:`hermes.gateway.edge.link.EdgeLink.
+        close_inferred`; runs ended meanwhile are dropped, runs with requests in flight
+        wait."""
+        out: list[wire.ClosedRun] = []
+        for key, after in list(self._after.items()):
+            run = runs.get(key)
+            if run is None or run.status not in ACTIVE:
+                del self._after[key]
+                continue
+            idle = (now - run.last_activity) * scale
+            if idle > after and not run.pending:
+                out.append(wire.ClosedRun(key, round(idle, 3)))
+                del self._after[key]
+        return out
 
 
 def run_headers(ident: Identity) -> dict[str, str]:

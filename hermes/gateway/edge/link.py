@@ -10,7 +10,9 @@ call without run or app headers (opted out of run inference, or inference off) t
 fast path (:mod:`hermes.gateway.edge.direct`: no run in the registry, what the global
 ordering needs and no more). A call the edge's run resolver put in an inferred run
 (``inferred``, :mod:`hermes.gateway.edge.infer`) joins that run, created on its first call;
-the edge's ``closed`` messages end such runs (:meth:`EdgeLink.close_inferred`). The scheduler answers the edge only when a call fails (:class:`~hermes.gateway.edge.wire.
+the edge's ``closed`` messages end such runs (:meth:`EdgeLink.close_inferred`), and a
+stopping edge's ``handover`` has them closed here when due
+(:class:`~hermes.gateway.edge.infer.HandedRuns`). The scheduler answers the edge only when a call fails (:class:`~hermes.gateway.edge.wire.
 CallFailed`) and pings with a pong; both carry the lease epoch and are not sent once the
 lease has run out (a deposed scheduler says nothing).
 """
@@ -29,9 +31,10 @@ import zmq.asyncio
 from hermes.gateway.api.binding import APP_HEADER, RUN_HEADER, UNIT_HEADER
 from hermes.gateway.edge import wire
 from hermes.gateway.edge.direct import DirectCalls
-from hermes.gateway.edge.infer import close_due
+from hermes.gateway.edge.infer import HandedRuns, close_due
 from hermes.gateway.errors import RunNotActive, SchedulerError
 from hermes.gateway.state import ACTIVE, LiveRun, PendingRequest
+from hermes.gateway.tenancy import current_tenant
 
 log = logging.getLogger("hermes.gateway.edge")
 
@@ -65,6 +68,8 @@ class EdgeLink:
         self.bad = 0
         #: inferred runs finished on their edges' close
         self.closed_runs = 0
+        #: inferred runs stopped edges handed over (closed here when due)
+        self.handed = HandedRuns()
 
     def start(self) -> None:
         # a plain socket read on the event loop's readiness callback: every message queued
@@ -94,6 +99,9 @@ class EdgeLink:
             if n:
                 log.warning("%d direct calls were never reported settled (their edge is "
                             "gone?) and no node holds them: dropped", n)
+            if self.handed:
+                self.close_inferred(self.handed.due(self.sched.registry.runs, time.monotonic(),
+                                                    self.sched.ctx.clock.time_scale))
 
     def close(self) -> None:
         if self._sweeper is not None:
@@ -175,6 +183,9 @@ class EdgeLink:
             self.direct.settle(msg.settled)
         elif isinstance(msg, wire.Closed):
             self.close_inferred(msg.runs)
+        elif isinstance(msg, wire.Handover):
+            self.handed.take(msg.runs, self.sched.registry.runs, time.monotonic(),
+                             self.sched.ctx.clock.time_scale)
         elif isinstance(msg, wire.Ping):
             self._send(identity, wire.Pong(epoch=self.sched.node_table.epoch))
         elif isinstance(msg, wire.Cancel):
@@ -189,6 +200,8 @@ class EdgeLink:
     async def _call(self, identity: bytes, c: wire.Call) -> None:
         sched = self.sched
         run = ident = None
+        if c.authed:  # other tenants' runs are hidden (404), as at the all-in-one gateway
+            current_tenant.set(c.tenant)  # (this task's own context)
         try:
             served = await sched.serving_model(c.model, strict=True)
             if c.inferred:
@@ -205,7 +218,8 @@ class EdgeLink:
                 headers[APP_HEADER] = c.app
             if c.unit:
                 headers[UNIT_HEADER] = c.unit
-            run, ident = sched.identities.bind(c.tenant, {}, headers)
+            run, ident = sched.identities.bind(c.tenant, {}, headers, k=c.k,
+                                               deadline_s=c.deadline_s)
             if run.auto_finish:  # its id is never shown to the client: nothing to store
                 run.transient = True
             inv = sched.unit_for_request(run, ident.unit, f"llm:{served}")
@@ -223,24 +237,25 @@ class EdgeLink:
 
     def _inferred_run(self, c: wire.Call) -> LiveRun:
         """The inferred run an edge's resolver put ``c`` in: the active one of that id, or a
-        new one (its first call; or a call of a run its edge's resolver still tracks that
-        ended here meanwhile: a new run, under a new id)."""
+        new one under that id (its first call, or the first after a failover: not stored at
+        its start). A run that ended here meanwhile (closed through another edge, reaped,
+        finished through the API) is refused with :class:`InferredRunEnded`: the edge
+        resolves the call again, as the all-in-one gateway's binding does, so that the
+        answer's ``X-Hermes-Run`` names the run the call is counted in."""
         reg = self.sched.registry
         assert c.run is not None
+        self.handed.pop(c.run)  # a call of it: its edge holds it now
         run: LiveRun | None = reg.runs.get(c.run)
         if run is not None and run.status in ACTIVE:
             return run
-        app = c.app or "default"
-        rid: str | None = c.run
         if run is not None or c.run in reg.finished:
-            log.info("inferred run %s ended before a call of it from an edge: the call "
-                     "starts a new run of app %s", c.run, app)
-            rid = None
+            raise InferredRunEnded(f"inferred run {c.run!r} has ended")
         # not written at its start: after a failover its next call re-creates it under its
         # id (a durable write per new run was a quarter of the scheduler's CPU per one-turn
         # run); written with its progress and at its end
-        new: LiveRun = reg.create_run(app, tenant=c.tenant, run_id=rid, inferred=True,
-                                      lazy_store=True)
+        new: LiveRun = reg.create_run(c.app or "default", tenant=c.tenant, run_id=c.run,
+                                      inferred=True, lazy_store=True, k=c.k,
+                                      deadline_s=c.deadline_s)
         return new
 
     def close_inferred(self, runs: list[wire.ClosedRun]) -> int:
@@ -286,4 +301,11 @@ class EdgeLink:
         status = getattr(exc, "status", 500) if isinstance(exc, SchedulerError) else 500
         code = getattr(exc, "code", None)
         self._send(identity, wire.CallFailed(rid=rid, epoch=self.sched.node_table.epoch,
-                                             status=int(status), code=code, message=str(exc)))
+                                             status=int(status), code=code, message=str(exc),
+                                             param=getattr(exc, "param", None)))
+
+
+class InferredRunEnded(RunNotActive):
+    """A call of an inferred run that has ended here (:meth:`EdgeLink._inferred_run`)."""
+
+    code = wire.RUN_ENDED

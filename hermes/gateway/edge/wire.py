@@ -4,9 +4,12 @@ One msgpack frame a message (msgspec: typed decoding at C speed; the scheduler's
 request bounds a whole cluster, so this wire is kept compact). An edge sends one
 :class:`Call` per LLM call and a :class:`Ping` every few hundred milliseconds; the scheduler
 answers a ping with a :class:`Pong` and a call only when it fails (:class:`CallFailed`): the
-call's tokens and answer come from the node, straight to the edge (``reply_to``). Every
+call's tokens and answer come from the node, straight to the edge (``reply_to``). An edge's
+run resolver tells the scheduler the inferred runs it closed (:class:`Closed`, one message
+per sweep) and, on a clean stop, hands over the ones it holds open (:class:`Handover`). Every
 scheduler message carries the lease epoch; an edge that has seen a higher one drops it
-(:class:`hermes.core.lease.EpochGate`).
+(:class:`hermes.core.lease.EpochGate`). Fields are added with defaults (and omitted when at
+their default), so that a message of the previous layout still decodes.
 """
 
 from __future__ import annotations
@@ -35,7 +38,12 @@ class Call(msgspec.Struct, tag="call", omit_defaults=True):
     engine body (without ``model`` and ``stream``), sent once and forwarded to the node.
     ``inferred``: ``run``, ``app`` and ``unit`` are what the edge's run resolver found for a
     header-less call (:mod:`hermes.gateway.edge.infer`): the scheduler joins that inferred
-    run, creating it on its first call (``new``)."""
+    run, creating it on its first call (``new``); a run the scheduler has ended meanwhile is
+    refused (:class:`CallFailed` with code :data:`RUN_ENDED`: the edge resolves the call
+    again, so that its answer names the run it was counted in). ``k`` and ``deadline_s``:
+    ``X-Hermes-K`` and ``X-Hermes-Deadline-S`` for the run the call creates (checked at the
+    edge); ``authed``: ``tenant`` is the API key's (authentication on), so the scheduler
+    hides other tenants' runs from it, as the all-in-one gateway does (404)."""
 
     rid: str
     reply_to: str
@@ -50,6 +58,9 @@ class Call(msgspec.Struct, tag="call", omit_defaults=True):
     stream: bool = False
     inferred: bool = False
     new: bool = False
+    k: float | None = None
+    deadline_s: float | None = None
+    authed: bool = False
     #: calls of this edge answered since its last message (piggybacked: no message of their
     #: own under load)
     settled: list[Settled] = []
@@ -81,6 +92,23 @@ class Closed(msgspec.Struct, tag="closed"):
     runs: list[ClosedRun]
 
 
+class HeldRun(msgspec.Struct, array_like=True):
+    """An inferred run a stopping edge's resolver held open: idle for ``idle_s`` and due to
+    close after ``close_after_s`` of idleness (its app's figure), edge seconds."""
+
+    run: str
+    idle_s: float
+    close_after_s: float
+
+
+class Handover(msgspec.Struct, tag="handover"):
+    """A stopping edge's open inferred runs (one message, on a clean stop): the scheduler
+    closes each once idle past its figure, unless a call of it comes first (then the edge
+    that sent that call holds it: its resolver adopted it from the shared index)."""
+
+    runs: list[HeldRun]
+
+
 class Cancel(msgspec.Struct, tag="cancel"):
     """The client of a call went away: cancel it at its node."""
 
@@ -107,9 +135,13 @@ class CallFailed(msgspec.Struct, tag="failed"):
     status: int
     code: str | None
     message: str
+    param: str | None = None
 
 
-EdgeMessage = Call | Cancel | Ping | Report | Closed
+#: :attr:`CallFailed.code` of an inferred call whose run the scheduler has already ended
+RUN_ENDED = "inferred_run_ended"
+
+EdgeMessage = Call | Cancel | Ping | Report | Closed | Handover
 SchedulerMessage = Pong | CallFailed
 
 _ENCODER = msgspec.msgpack.Encoder()

@@ -427,6 +427,12 @@ class Resolver:
     def open_runs(self) -> int:
         return len(self._open)
 
+    def held(self, now: float) -> list[tuple[str, float, float]]:
+        """``(run, idle_s, close_after_s)`` of every open run: how long each has been idle
+        and after how long its app's figure closes it (a stopping edge hands them over)."""
+        return [(r.key, max(0.0, now - r.last), self.gaps.close_after(r.app_id))
+                for r in self._open.values()]
+
     def is_open(self, run_key: str) -> bool:
         """The resolver tracks ``run_key`` as an open inferred run (it will close it)."""
         return run_key in self._open

@@ -1,0 +1,209 @@
+"""An edge (``hermes serve --role edge``) answers the completion calls it serves as the
+all-in-one gateway does: the run headers checked and applied (``X-Hermes-K``,
+``X-Hermes-Deadline-S``), other tenants' apps and runs refused, a refusal with its HTTP
+status also for a stream, the answer naming the run the call was really counted in when its
+inferred run ended at the scheduler meanwhile, the active-run quota counting the same runs,
+and the inferred runs an edge holds handed over on a clean stop (saved for the edge started
+in its place; closed on time by the scheduler otherwise).
+
+Real parts in one test process (``edge_inproc``): Redis (the lease, the durable runs, the
+shared store), a ``--role scheduler`` gateway, a HermesLet with the built-in engine, edges;
+the all-in-one gateway beside them for the same requests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from edge_inproc import MODEL, Split, start_split, wait_for
+from gw_redis import redis_url  # noqa: F401  (fixture)
+
+from hermes.gateway.keys import FileKeyStore
+from hermes.gateway.server import BackgroundServer
+
+pytestmark = pytest.mark.timeout(120)
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+AGENT = [{"role": "system", "content": "You are a careful research agent."},
+         {"role": "user", "content": "Find the capital of France."}]
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    auth = tmp_path / "auth.json"
+    store = FileKeyStore(auth)
+    return auth, {t: store.create(t) for t in ("alice", "bob")}
+
+
+@pytest.fixture
+def split(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Split]]:  # noqa: F811
+    made: list[Split] = []
+
+    def start(**overrides: Any) -> Split:
+        redis.Redis.from_url(redis_url).flushdb()  # nothing of another test's cluster
+        s = start_split(tmp_path, redis_url, **overrides)
+        made.append(s)
+        return s
+
+    yield start
+    for s in made:
+        s.stop()
+
+
+def _hermes(r: httpx.Response) -> dict[str, str]:
+    return {k.lower(): v for k, v in r.headers.items() if k.lower().startswith("x-hermes-")}
+
+
+def _post(base: str, headers: dict[str, str], body: dict[str, Any] = CHAT) -> httpx.Response:
+    return httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers, timeout=30)
+
+
+def _stream(base: str, headers: dict[str, str], body: dict[str, Any] = CHAT
+            ) -> tuple[httpx.Response, str]:
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json={**body, "stream": True},
+                      headers=headers, timeout=30) as r:
+        return r, r.read().decode()
+
+
+def test_run_headers_and_owners_are_checked_as_at_the_all_in_one(
+        split: Callable[..., Split], make_gateway: Callable[..., BackgroundServer],
+        keys: tuple[Path, dict[str, str]]) -> None:
+    auth, key = keys
+    sp = split(auth_file=str(auth))
+    edge = sp.edge()
+    aio = make_gateway(auth_file=str(auth))
+    A = {"Authorization": f"Bearer {key['alice']}"}
+    B = {"Authorization": f"Bearer {key['bob']}"}
+    refusals = [
+        ({**A, "X-Hermes-K": "2"}, 400),  # inferred call
+        ({**A, "X-Hermes-Deadline-S": "-1"}, 400),
+        ({**A, "X-Hermes-Run": "none", "X-Hermes-K": "zz"}, 400),  # the fast path's
+        ({**A, "X-Hermes-App": "bob.agent"}, 403),  # another tenant's own app
+        ({**A, "X-Hermes-Run": "none", "X-Hermes-App": "bob.agent"}, 403),
+        ({**A, "X-Hermes-Tenant": "bob"}, 403),  # not the key's tenant
+    ]
+    for headers, status in refusals:
+        want = _post(aio.url, headers)
+        got = _post(edge.url, headers)
+        assert want.status_code == status, (headers, want.text)
+        assert (got.status_code, got.json()) == (status, want.json()), headers
+        # a stream is refused the same way, before it starts
+        r, text = _stream(edge.url, headers)
+        assert (r.status_code, json.loads(text)) == (status, want.json()), headers
+    # another tenant's run is not found; an ended run is not active: stream or not
+    for base in (aio.url, edge.url):
+        run = httpx.post(f"{base}/v1/runs", json={"app": "x"}, headers=B).json()["run_id"]
+        r = _post(base, {**A, "X-Hermes-Run": run})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "run_not_found", r.text
+        r, text = _stream(base, {**A, "X-Hermes-Run": run})
+        assert r.status_code == 404 and json.loads(text)["error"]["code"] == "run_not_found"
+        assert httpx.post(f"{base}/v1/runs/{run}/finish", headers=B).status_code == 200
+        r, text = _stream(base, {**B, "X-Hermes-Run": run})
+        assert r.status_code == 409, text
+        assert json.loads(text)["error"]["code"] == "run_not_active"
+        r, text = _stream(base, B, {**CHAT, "model": "nope"})
+        assert r.status_code == 404 and json.loads(text)["error"]["param"] == "model"
+    # good values are applied to the run the call creates
+    for base in (aio.url, edge.url):
+        r = _post(base, {**A, "X-Hermes-K": "0.3", "X-Hermes-Deadline-S": "30"},
+                  {**CHAT, "messages": [*AGENT, {"role": "user", "content": base}]})
+        assert r.status_code == 200, r.text
+        run = httpx.get(f"{base}/v1/runs/{r.headers['X-Hermes-Run']}", headers=A).json()
+        assert run["inferred"] and run["k"] == 0.3, run
+        assert run["deadline"] == pytest.approx(run["submitted"] + 30, abs=1.0)
+
+
+def test_a_call_of_an_ended_inferred_run_is_answered_under_the_run_it_joined(
+        split: Callable[..., Split]) -> None:
+    sp = split()
+    edge = sp.edge()
+    msgs = list(AGENT)
+    seen: list[str] = []
+    for turn, stream in enumerate((False, False, True, True)):
+        if stream:
+            r, text = _stream(edge.url, {}, {**CHAT, "messages": msgs})
+            reply = "".join(json.loads(e[6:])["choices"][0]["delta"].get("content") or ""
+                            for e in text.splitlines()
+                            if e.startswith("data: {") and json.loads(e[6:])["choices"])
+        else:
+            r = _post(edge.url, {}, {**CHAT, "messages": msgs})
+            reply = r.json()["choices"][0]["message"]["content"]
+        assert r.status_code == 200
+        run = r.headers["X-Hermes-Run"]
+        seen.append(run)
+        # the run the answer names is the scheduler's run of this call
+        info = httpx.get(f"{edge.url}/v1/runs/{run}").json()
+        assert info["state"] in ("queued", "running") and info["inferred"], (turn, info)
+        if turn % 2 == 0:  # the scheduler ends it (as another edge's close, or the API)
+            assert httpx.post(f"{edge.url}/v1/runs/{run}/finish").status_code == 200
+        msgs = [*msgs, {"role": "assistant", "content": reply},
+                {"role": "user", "content": f"Next step {turn}."}]
+    # turn 1 continued turn 0's ended run: a new run; turn 2 joined turn 1's (open) run
+    assert seen[1] != seen[0] and seen[2] == seen[1] and seen[3] != seen[2]
+    assert all(sp.sched.registry.get_run(run) for run in seen)  # each is the scheduler's
+
+
+def test_the_active_run_quota_counts_the_same_runs_as_at_the_all_in_one(
+        split: Callable[..., Split], make_gateway: Callable[..., BackgroundServer],
+        keys: tuple[Path, dict[str, str]]) -> None:
+    """``tenant_max_active_runs`` counts the runs a tenant starts (``POST /v1/runs``), not
+    the gateway's bookkeeping of plain traffic (one-request calls, on an edge the fast
+    path, and inferred runs): at the quota, plain calls are served and a new run is 429,
+    through an edge as at the all-in-one gateway."""
+    auth, key = keys
+    A = {"Authorization": f"Bearer {key['alice']}"}
+    sp = split(auth_file=str(auth), tenant_max_active_runs=1)
+    edge = sp.edge()
+    aio = make_gateway(auth_file=str(auth), tenant_max_active_runs=1)
+    for base in (aio.url, edge.url):
+        assert httpx.post(f"{base}/v1/runs", json={"app": "x"}, headers=A).status_code == 201
+        again = httpx.post(f"{base}/v1/runs", json={"app": "x"}, headers=A)
+        assert again.status_code == 429 and again.json()["error"]["code"] == "run_quota"
+        for h in ({}, {"X-Hermes-Run": "none"}, {"X-Hermes-Run": "none", "X-Hermes-App": "x"}):
+            assert _post(base, {**A, **h}).status_code == 200, h
+
+
+def _agent_turn(base: str, msgs: list[dict[str, str]]) -> tuple[str, list[dict[str, str]]]:
+    r = _post(base, {}, {**CHAT, "messages": msgs})
+    assert r.status_code == 200, r.text
+    reply = r.json()["choices"][0]["message"]["content"]
+    return r.headers["X-Hermes-Run"], [*msgs, {"role": "assistant", "content": reply},
+                                       {"role": "user", "content": "Go on."}]
+
+
+def test_an_edge_stopped_cleanly_hands_its_runs_over(split: Callable[..., Split],
+                                                     redis_url: str) -> None:  # noqa: F811
+    # its own index: the edge started in its place (same member, same state directory)
+    # joins the next turn to the run
+    sp = split()
+    e0 = sp.edge("edge0")
+    run, msgs = _agent_turn(e0.url, AGENT)
+    e0.stop()
+    e0 = sp.edge("edge0")
+    assert httpx.get(e0.url + "/readyz").json()["inferred_open"] == 1
+    again, msgs = _agent_turn(e0.url, msgs)
+    assert again == run
+    assert sp.sched.registry.runs[run].status in ("queued", "running")
+
+
+def test_a_stopped_edges_runs_are_closed_on_time_by_the_scheduler(
+        split: Callable[..., Split], redis_url: str) -> None:  # noqa: F811
+    # a shared index: the next turn joins through any edge; a run no turn comes for is
+    # closed by the scheduler at its app's idle figure (100 model s here: 2 s), not left to
+    # the idle reaping (600 s)
+    sp = split(cluster={"store": redis_url},
+               identity={"close_prior_s": 100.0, "close_min_s": 50.0})
+    e0, e1 = sp.edge("edge0"), sp.edge("edge1")
+    kept, kmsgs = _agent_turn(e0.url, AGENT)
+    left, _ = _agent_turn(e0.url, [AGENT[0], {"role": "user", "content": "Another task."}])
+    e0.stop()
+    joined, _ = _agent_turn(e1.url, kmsgs)  # through the other edge, at once: its run
+    assert joined == kept
+    wait_for(lambda: left not in sp.sched.registry.runs, timeout=10, what="handover close")
+    assert sp.sched.registry.get_run(left).status == "finished"
+    assert len(sp.scheduler_state.edge_link.handed) == 0  # kept: taken over by edge1's call
