@@ -172,7 +172,8 @@ def test_a_node_the_edge_does_not_list_cannot_answer_and_the_call_fails_fast(
     took = time.monotonic() - t0
     assert r.status_code == 502, r.text
     assert "CURVE key" in r.json()["error"]["message"], r.text
-    assert took < 15, took  # the node said so: not the request timeout (600 s)
+    assert took < 10, took  # the node said so: not the request timeout (600 s)
+    print(f"a call the edge cannot get answers for failed in {took:.2f} s")
     info = _ready(strict)
     assert info["curve_refused"] >= 1  # the edge counted the node it refused
     # the fast path (a call opted out of run inference) ends the same way
