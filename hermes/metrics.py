@@ -401,6 +401,23 @@ class _SchedulerCollector:
         yield from self._nodes(s)
         yield from self._prewarm(s)
         yield from self._sample_cache(s)
+        yield from self._curve(s)
+
+    @staticmethod
+    def _curve(s: Any) -> Iterator[Metric]:
+        """ZeroMQ CURVE handshakes refused (a client whose key is not authorized), by socket:
+        ``nodes`` (the node socket), ``edges`` (split roles: [ha] edge_bind)."""
+        table = getattr(s, "node_table", None)
+        if not s.config.security.curve_dir or table is None:
+            return
+        refused = table.curve_refused()
+        c = CounterMetricFamily("hermes_curve_refused", "ZeroMQ CURVE handshakes refused: "
+                                "a client whose public key is not authorized (it gets "
+                                "nothing), by socket.", labels=["socket"])
+        c.add_metric(["nodes"], float(refused.get("nodes", 0)))
+        if s.config.ha.role == "scheduler":
+            c.add_metric(["edges"], float(refused.get("edges", 0)))
+        yield c
 
     @staticmethod
     def _sample_cache(s: Any) -> Iterator[Metric]:

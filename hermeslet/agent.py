@@ -177,7 +177,8 @@ class HermesLet:
         self._placement_lock = asyncio.Lock()
         self._kv_tasks: dict[str, asyncio.Task[None]] = {}  # followers of placed engines
         #: DEALER sockets to the edges that requests name as ``reply_to`` (split roles)
-        self.edges = EdgeSockets(self.ctx, node)
+        self.edges = EdgeSockets(self.ctx, node,
+                                 curve_key=curve_keys[0] if curve_keys is not None else None)
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -712,6 +713,10 @@ class HermesLet:
         if sub.traceparent is not None:  # this task's context: the adapter sends it on
             TRACEPARENT.set(sub.traceparent)
         try:
+            if sub.reply_to is not None:  # the edge must take this node's answers (CURVE)
+                undeliverable = await self.edges.check(sub.reply_to)
+                if undeliverable is not None:
+                    raise EngineError(undeliverable, retryable=True, status=502)
             load_err = await self._ensure_adapter(slot, sub.model)
             result: GenResult | None = None
             async for out in eng.generate(endpoint, body, sub.stream,

@@ -5,8 +5,8 @@
 - ``hermes keys list`` / ``hermes keys revoke ID``;
 - ``hermes keys limits --tenant T --rate R --burst B --max-concurrent N --max-active-runs N
   --rpm N``;
-- ``hermes keys curve --dir DIR --node NAME ...``: ZeroMQ CURVE certificates for the
-  scheduler and its HermesLets (:mod:`hermes.security.curve`).
+- ``hermes keys curve --dir DIR --node NAME ... --edge NAME ...``: ZeroMQ CURVE certificates
+  for the scheduler, its HermesLets and its edges (:mod:`hermes.security.curve`).
 """
 
 from __future__ import annotations
@@ -65,11 +65,12 @@ def cmd_limits(args: argparse.Namespace) -> int:
 def cmd_curve(args: argparse.Namespace) -> int:
     from hermes.security.curve import create_curve_keys
 
-    made = create_curve_keys(args.dir, args.node or [])
+    made = create_curve_keys(args.dir, args.node or [], args.edge or [])
     for role, path in made.items():
         print(f"{role}: {path}")
     if not made:
-        print("nothing new (the server certificate exists; give --node NAME)", file=sys.stderr)
+        print("nothing new (the server certificate exists; give --node NAME or --edge NAME)",
+              file=sys.stderr)
     return 0
 
 
@@ -104,7 +105,10 @@ def add_keys_parser(sub: argparse._SubParsersAction) -> None:
                         "over every gateway process together)")
     store_args(s)
     s.set_defaults(func=cmd_limits)
-    s = ksub.add_parser("curve", help="CURVE certificates for the scheduler and HermesLets")
+    s = ksub.add_parser("curve", help="CURVE certificates for the scheduler, HermesLets "
+                        "and edges")
     s.add_argument("--dir", required=True, help="certificate directory (security.curve_dir)")
     s.add_argument("--node", action="append", help="make a certificate for this node (repeatable)")
+    s.add_argument("--edge", action="append",
+                   help="make a certificate for this edge, --role edge (repeatable)")
     s.set_defaults(func=cmd_curve)

@@ -25,6 +25,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         state_redis=args.redis,
         election=args.ha,
         curve_dir=args.curve_dir,
+        curve_key=args.curve_key,
         unsafe_unsandboxed=True if args.unsafe_unsandboxed_tools else None,
         **{"ha.role": args.role, "ha.edge_bind": args.edge_bind,
            "ha.advertise": args.advertise},
@@ -99,7 +100,11 @@ def add_parsers(sub: Any) -> None:
                    help="the host others reach this process by, in place of 0.0.0.0 in the "
                    "addresses it advertises (e.g. the pod IP)")
     s.add_argument("--curve-dir", dest="curve_dir",
-                   help="CURVE certificates (hermes keys curve): HermesLets must authenticate")
+                   help="CURVE certificates (hermes keys curve): HermesLets (and, with split "
+                   "roles, edges) must authenticate")
+    s.add_argument("--curve-key", dest="curve_key", metavar="FILE",
+                   help="--role edge with --curve-dir: this edge's certificate, "
+                   "DIR/edges/NAME.key_secret (hermes keys curve --dir DIR --edge NAME)")
     s.add_argument("--unsafe-unsandboxed-tools", dest="unsafe_unsandboxed_tools",
                    action="store_true",
                    help="UNSAFE, local development only: without bubblewrap, run tool calls as "

@@ -251,8 +251,12 @@ class SecurityConfig(_Section):
     #: request bodies of one tenant being read at once (more: 429 before reading), so that
     #: slow bodies of one tenant cannot hold the gateway's connections; 0 = unlimited
     tenant_max_uploads: int = Field(default=64, ge=0)
-    #: directory from ``hermes keys curve``: HermesLets must authenticate with CURVE
+    #: directory from ``hermes keys curve``: HermesLets (and, split, edges) must
+    #: authenticate with CURVE (hermes/security/curve.py)
     curve_dir: str = ""
+    #: ``--role edge`` with CURVE: this edge's certificate (``DIR/edges/NAME.key_secret``,
+    #: ``hermes keys curve --dir DIR --edge NAME``)
+    curve_key: str = ""
     #: bearer token ``GET /metrics`` requires (``Authorization: Bearer TOKEN``); "" = open
     #: with authentication off, and the admin token's alone with it on
     metrics_token: str = ""
@@ -628,11 +632,9 @@ class GatewayConfig(_Section):
             if not self.scheduler.bind:
                 raise ValueError("[ha] role = 'edge' needs --bind tcp://HOST:PORT: the address "
                                  "nodes send this edge's answers to")
-            if self.security.curve_dir:
-                raise ValueError("[ha] role = 'edge' does not take CURVE (--curve-dir) yet: "
-                                 "nodes send it answers over plain ZeroMQ; run edges and "
-                                 "nodes on a private network (docs/ha.md)")
+            self._curve_keys_present()
             return self
+        self._curve_keys_present()
         if self.ha.election:
             if self.scheduler.embedded_node:
                 raise ValueError("[ha] election needs remote HermesLets (scheduler.embedded_node"
@@ -647,6 +649,25 @@ class GatewayConfig(_Section):
 
             LeaseTerms(ttl_s=self.ha.lease_ttl_s, renew_s=self.ha.lease_renew_s)
         return self
+
+    def _curve_keys_present(self) -> None:
+        """With CURVE, the files this role's sockets need exist: refused at start, naming
+        each missing file (a standby would otherwise fail only when it is elected)."""
+        sec = self.security
+        if not sec.curve_dir:
+            if sec.curve_key:
+                raise ValueError("[security] curve_key (--curve-key) needs curve_dir "
+                                 "(--curve-dir): the scheduler's public key and the nodes "
+                                 "allowed in are there")
+            return
+        from hermes.security.curve import edge_key_problems, scheduler_key_problems
+
+        role = self.ha.role
+        problems = (edge_key_problems(sec.curve_dir, sec.curve_key) if role == "edge" else
+                    scheduler_key_problems(sec.curve_dir, edges=role == "scheduler"))
+        if problems:
+            raise ValueError(f"CURVE ([security] curve_dir = {sec.curve_dir!r}, role "
+                             f"{role!r}): " + "; ".join(problems))
 
     @model_validator(mode="after")
     def _placement_keeps_real_engines(self) -> GatewayConfig:

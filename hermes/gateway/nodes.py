@@ -135,6 +135,14 @@ class NodeTable:
                 ) from exc
         self.socket = sock
 
+    def curve_refused(self) -> dict[str, int]:
+        """CURVE handshakes refused on this process's sockets, by socket (``nodes``, and
+        ``edges`` for a ``--role scheduler``; :class:`hermes.security.curve.CurveGate`)."""
+        from hermes.security.curve import gate_of
+
+        gate = gate_of(self.context)
+        return gate.counts() if gate is not None else {}
+
     def close(self) -> None:
         if self._monitor_task is not None:
             self._monitor_task.cancel()

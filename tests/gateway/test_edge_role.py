@@ -5,6 +5,7 @@ refusals. The processes themselves: tests/gateway/test_edge_split.py (slow tier)
 from __future__ import annotations
 
 import asyncio
+import shutil
 
 import msgspec
 import pytest
@@ -151,10 +152,6 @@ def test_roles_refuse_what_they_cannot_work_without() -> None:
         load_config(None, environ={"HERMES_EMBEDDED_NODE": "false"},
                     **{"ha.role": "scheduler", "ha.election": ELECTION,
                        "state_redis": ELECTION})
-    with pytest.raises(ConfigError, match="CURVE"):
-        load_config(None, environ={}, **{"ha.role": "edge", "ha.election": ELECTION,
-                                         "scheduler.bind": "tcp://x:1",
-                                         "security.curve_dir": "/tmp"})
     cfg = load_config(None, environ={})
     assert cfg.ha.role == "all"  # the default: one process, as before
     ha = load_config(None, environ={}, **{"ha.role": "edge", "ha.election": ELECTION,
@@ -162,3 +159,41 @@ def test_roles_refuse_what_they_cannot_work_without() -> None:
                                           "ha.advertise": "10.0.0.5"}).ha
     assert ha.advertised("tcp://0.0.0.0:7001") == "tcp://10.0.0.5:7001"
     assert ha.advertised("tcp://127.0.0.1:7001") == "tcp://127.0.0.1:7001"
+
+
+def test_roles_with_curve_refuse_missing_keys_naming_the_file(tmp_path) -> None:  # noqa: ANN001
+    """CURVE on split roles: each role's key files are checked at start; an error names
+    every file that is missing (a standby would otherwise fail only once elected)."""
+    from hermes.security.curve import create_curve_keys
+
+    keys = tmp_path / "k"
+    edge = {"ha.role": "edge", "ha.election": ELECTION, "scheduler.bind": "tcp://x:1"}
+    sched = {"ha.role": "scheduler", "ha.election": ELECTION, "state_redis": ELECTION,
+             "ha.edge_bind": "tcp://x:2"}
+    nodes = {"HERMES_EMBEDDED_NODE": "false"}
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(None, environ={}, **edge, curve_dir=str(keys))
+    create_curve_keys(keys, ["n0"], ["e0"])
+    with pytest.raises(ConfigError, match="curve_key"):  # no certificate of its own named
+        load_config(None, environ={}, **edge, curve_dir=str(keys))
+    secret = keys / "edges" / "e0.key_secret"
+    with pytest.raises(ConfigError, match="holds no secret key"):  # the public half given
+        load_config(None, environ={}, **edge, curve_dir=str(keys),
+                    curve_key=str(keys / "edges" / "e0.key"))
+    with pytest.raises(ConfigError, match="curve_dir"):  # a key without the directory
+        load_config(None, environ={}, **edge, curve_key=str(secret))
+    cfg = load_config(None, environ={}, **edge, curve_dir=str(keys), curve_key=str(secret))
+    assert cfg.security.curve_key == str(secret)
+    load_config(None, environ=nodes, **sched, curve_dir=str(keys))
+    (keys / "server.key").unlink()
+    shutil.rmtree(keys / "authorized-edges")  # as in a directory made by an older version
+    with pytest.raises(ConfigError, match=r"server\.key \(the scheduler's public key\)"):
+        load_config(None, environ={}, **edge, curve_dir=str(keys), curve_key=str(secret))
+    with pytest.raises(ConfigError, match="authorized-edges") as e:
+        load_config(None, environ=nodes, **sched, curve_dir=str(keys))
+    assert "--edge NAME" in str(e.value)
+    # an all-in-one gateway with CURVE does not need the edges' directory
+    load_config(None, environ={}, curve_dir=str(keys))
+    (keys / "server.key_secret").unlink()
+    with pytest.raises(ConfigError, match=r"server\.key_secret"):
+        load_config(None, environ={}, curve_dir=str(keys))

@@ -161,6 +161,14 @@ class SchedulerLink:
         self.bad = 0
         self._recv: asyncio.Task[None] | None = None
         self._record_epoch: Any = None  # the epoch of the last lease record looked at
+        #: with CURVE: (this edge's certificate, the schedulers' public key file), and the
+        #: handshakes of the socket to the leader (a refused key is logged and shown)
+        sec = config.security
+        self.curve: tuple[str, str] | None = (
+            (sec.curve_key, os.path.join(sec.curve_dir, "server.key")) if sec.curve_dir
+            else None)
+        self.handshakes: Any = None
+        self._handshakes_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ leader
     def ready(self) -> bool:
@@ -188,11 +196,12 @@ class SchedulerLink:
         self.last_pong = None
         if self._recv is not None:
             self._recv.cancel()
-        if self.sock is not None:
-            self.sock.close(linger=0)
+        self.close_socket()
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IDENTITY, f"{self.name}-{uuid.uuid4().hex[:6]}".encode())
+        if self.curve is not None:
+            self._secure(sock, address)
         sock.connect(address)
         self.sock = sock
         self._recv = asyncio.get_running_loop().create_task(self._recv_loop(sock),
@@ -204,6 +213,30 @@ class SchedulerLink:
                 self.resent += 1
                 self.send_call(call.msg)
         self.send(wire.Ping(edge=self.name))
+
+    def _secure(self, sock: zmq.asyncio.Socket, address: str) -> None:
+        """CURVE to the scheduler: this edge's certificate, the scheduler's public key; the
+        handshakes followed (a scheduler that does not list this edge's key is logged)."""
+        from hermes.security.curve import Handshakes, secure_client
+
+        assert self.curve is not None
+        secure_client(sock, *self.curve)
+        self.handshakes = Handshakes(sock, f"edge {self.name} -> scheduler {address}")
+        self._handshakes_task = asyncio.get_running_loop().create_task(
+            self.handshakes.run(), name="hermes-edge-handshakes")
+
+    def close_socket(self, *, linger_ms: int = 0) -> None:
+        """Close the socket to the scheduler (and its handshake monitor); ``linger_ms``: how
+        long messages still queued may take to leave (a clean stop's handover)."""
+        if self._handshakes_task is not None:
+            self._handshakes_task.cancel()
+            self._handshakes_task = None
+        if self.handshakes is not None:
+            self.handshakes.close()
+            self.handshakes = None
+        if self.sock is not None:
+            self.sock.close(linger=linger_ms)
+            self.sock = None
 
     async def watch(self) -> None:
         """Read the lease record every :attr:`WATCH_S`; follow a new term."""
@@ -228,10 +261,13 @@ class SchedulerLink:
         if self.sock is None:
             return False
         try:
-            self.sock.send(wire.encode(msg), flags=zmq.NOBLOCK)
-            return True
+            sent = self.sock.send(wire.encode(msg), flags=zmq.NOBLOCK)
         except zmq.Again:
             return False
+        # an asyncio socket answers a NOBLOCK send with a finished future: zmq.Again (no
+        # connection up, e.g. a CURVE key the scheduler refuses) is its exception, taken here
+        return not (isinstance(sent, asyncio.Future) and sent.done()
+                    and sent.exception() is not None)
 
     async def _recv_loop(self, sock: zmq.asyncio.Socket) -> None:
         while True:
@@ -324,6 +360,12 @@ class EdgeApp:
         self.config = config
         self.name = config.ha.member or f"{socket.gethostname()}:{os.getpid()}"
         self.reply_to = config.ha.advertised(config.scheduler.bind)
+        sec = config.security
+        if sec.curve_dir:  # nodes learn this edge's public key with the address
+            from hermes.security.curve import public_key, reply_address
+
+            self.reply_to = reply_address(self.reply_to, public_key(sec.curve_key))
+        self._zap: Any = None  # the CURVE gate of the answers' socket (with CURVE)
         self.ctx = zmq.asyncio.Context()
         self.link = SchedulerLink(config, self.ctx, self.name, self.reply_to)
         #: the run resolver: header-less calls in inferred runs
@@ -357,6 +399,12 @@ class EdgeApp:
     async def startup(self) -> None:
         sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
+        sec = self.config.security
+        if sec.curve_dir:  # CURVE: answers only from nodes with a key in authorized/
+            from hermes.security.curve import ANSWERS, secure_server
+
+            self._zap = secure_server(sock, self.ctx, sec.curve_dir, domain=ANSWERS,
+                                      admit="authorized", secret_file=sec.curve_key)
         sock.bind(self.config.scheduler.bind)
         self.inbox = sock
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s, connect=2.0))
@@ -389,9 +437,11 @@ class EdgeApp:
             await self.http.aclose()
         if self.inbox is not None:
             self.inbox.close(linger=0)
-        if self.link.sock is not None:
-            # the last messages (the handover) leave before the socket closes
-            self.link.sock.close(linger=self.HANDOVER_LINGER_MS)
+        # the last messages (the handover) leave before the socket closes
+        self.link.close_socket(linger_ms=self.HANDOVER_LINGER_MS)
+        if self._zap is not None:
+            self._zap.stop()
+            self._zap = None
         self.ctx.term()
 
     #: how long a stopping edge's last messages to the scheduler may take to leave
@@ -464,6 +514,15 @@ class EdgeApp:
                     "inferred_open": self.runs.resolver.open_runs(),
                     "inferred_closed": self.runs.closed,
                     "inferred_closed_untold": len(self.runs.pending)}
+            if self.config.security.curve_dir:  # CURVE: refused nodes, and this edge's key
+                from hermes.security.curve import ANSWERS
+
+                hs = self.link.handshakes
+                body["curve_refused"] = (self._zap.refused.get(ANSWERS, 0)
+                                         if self._zap is not None else 0)
+                body["curve"] = "pending" if hs is None else hs.state
+                if hs is not None and hs.reason:
+                    body["curve_reason"] = hs.reason
             await JSONResponse(body, status_code=200 if ready else 503)(scope, receive, send)
             return
         endpoint = _ENDPOINTS.get(path)

@@ -57,6 +57,7 @@ class EdgeLink:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd: int | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._zap: Any = None  # the context's CURVE gate (hermes.security.curve), with CURVE
         #: header-less calls: the fast path (hermes.gateway.edge.direct)
         self.direct = DirectCalls(sched, self._send)
         sched.dispatch.external = self.direct.on_node_message
@@ -79,10 +80,19 @@ class EdgeLink:
         sock: zmq.Socket[bytes] = zmq.Socket(self.context, zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        sec = self.sched.config.security
         try:
+            if sec.curve_dir:  # CURVE: only edges with a key in authorized-edges/ get in
+                from hermes.security.curve import EDGES, secure_server
+
+                self._zap = secure_server(sock, self.context, sec.curve_dir, domain=EDGES,
+                                          admit="authorized-edges")
             sock.bind(self.address)
         except zmq.ZMQError as exc:
             sock.close(0)
+            if self._zap is not None:
+                self._zap.stop()
+                self._zap = None
             raise SchedulerError(f"cannot bind the edge socket to [ha] edge_bind = "
                                  f"{self.address!r}: {exc}") from exc
         self.socket = sock
@@ -113,6 +123,9 @@ class EdgeLink:
                 self._loop.remove_reader(self._fd)
             self.socket.close(linger=0)
             self.socket = None
+        if self._zap is not None:
+            self._zap.stop()
+            self._zap = None
 
     # ------------------------------------------------------------------ wire
     def _send(self, identity: bytes, msg: wire.SchedulerMessage) -> None:
@@ -207,11 +220,14 @@ class EdgeLink:
             if c.inferred:
                 run = self._inferred_run(c)
                 inv = sched.unit_for_request(run, c.unit or "default", f"llm:{served}")
-                await sched.submit_llm(run, inv, model=served, endpoint=c.endpoint,
-                                       body=c.body, stream=c.stream, request_id=c.rid,
-                                       reply_to=c.reply_to, prompt_tokens=c.prompt_tokens)
+                req = await sched.submit_llm(run, inv, model=served, endpoint=c.endpoint,
+                                             body=c.body, stream=c.stream, request_id=c.rid,
+                                             reply_to=c.reply_to,
+                                             prompt_tokens=c.prompt_tokens)
                 # the run stays open after its call: the edge's resolver closes it
-                # (close_inferred), or the idle reaping; a failure is the edge's to tell
+                # (close_inferred), or the idle reaping; a failed call is told to the edge
+                # (the node tells only this scheduler: the edge would wait for its timeout)
+                req.future.add_done_callback(lambda _f: self._inferred_settled(identity, req))
                 return
             headers = {RUN_HEADER: c.run or "none"}
             if c.app:
@@ -295,6 +311,15 @@ class EdgeLink:
                 self._failed(identity, req.request_id, exc)
         elif run.auto_finish and run.status in ("queued", "running"):
             sched.finish_run(run.run_id)
+
+    def _inferred_settled(self, identity: bytes, req: PendingRequest) -> None:
+        """A call of an inferred run is settled: a failure is told to its edge."""
+        if req.future.cancelled():  # abandoned here (a Cancel from the edge): nothing to tell
+            return
+        exc = req.future.exception()
+        if exc is not None and not (isinstance(exc, RunNotActive)
+                                    and str(exc) == "client disconnected"):
+            self._failed(identity, req.request_id, exc)
 
     def _failed(self, identity: bytes, rid: str, exc: BaseException) -> None:
         self.failed += 1
