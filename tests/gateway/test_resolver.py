@@ -425,6 +425,25 @@ def test_idle_close_s_is_p99_times_margin_bounded_with_a_prior() -> None:
     assert idle_close_s([1.0] * 99 + [100.0], min_gaps=20, margin=2.0, min_s=0.5) == 2.0
 
 
+def test_the_gap_books_kept_order_gives_the_figure_of_its_window() -> None:
+    """The idle-close figure read at every sweep comes from gaps kept sorted as they arrive
+    and leave the window: always what the window's gaps give, across evictions and apps."""
+    import random
+
+    from hermes.gateway.resolve.runend import GapBook
+
+    rng = random.Random(3)
+    book = GapBook(samples=50, max_apps=3)
+    kw = dict(margin=2.0, min_s=5.0, max_s=600.0, prior_s=60.0, min_gaps=20)
+    for step in range(2000):
+        app = f"a{rng.randrange(5)}"
+        book.add(app, rng.choice([rng.expovariate(0.2), 0.0, -1.0, 3.0, 700.0]))
+        for a in list(book._gaps):
+            assert book.close_after(a) == idle_close_s(book.gaps(a), **kw), (step, a)
+            assert book._sorted[a] == sorted(book.gaps(a))
+    assert set(book._sorted) == set(book._gaps) and len(book) == 3
+
+
 def test_a_run_whose_last_answer_called_tools_closes_by_its_apps_gap() -> None:
     """No fixed wait for tool results (structured output through a forced tool call ends a
     run on a tool call): such a run closes by its app's learned gap like any other, and a

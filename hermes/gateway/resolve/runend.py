@@ -24,27 +24,32 @@ Pure: the caller passes the gaps; :class:`GapBook` keeps them per app.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any
 
 
-def p99(values: Sequence[float]) -> float:
-    """The 99th percentile by nearest rank (0.0 for no values)."""
+def p99(values: Sequence[float], *, ordered: bool = False) -> float:
+    """The 99th percentile by nearest rank (0.0 for no values); ``ordered``: ``values`` is
+    sorted already."""
     if not values:
         return 0.0
-    s = sorted(values)
+    s = values if ordered else sorted(values)
     return s[max(0, math.ceil(0.99 * len(s)) - 1)]
 
 
 def idle_close_s(gaps: Sequence[float], *, margin: float = 2.0, min_s: float = 5.0,
-                 max_s: float = 600.0, prior_s: float = 60.0, min_gaps: int = 20) -> float:
-    """Idle seconds after which an inferred run of an app with these ``gaps`` is closed."""
+                 max_s: float = 600.0, prior_s: float = 60.0, min_gaps: int = 20,
+                 ordered: bool = False) -> float:
+    """Idle seconds after which an inferred run of an app with these ``gaps`` is closed
+    (``ordered``: ``gaps`` is sorted already)."""
     n = len(gaps)
-    learned = p99(gaps) * margin
+    learned = p99(gaps, ordered=ordered) * margin
     if n < min_gaps:
         w = n / min_gaps
-        learned = max(w * learned + (1.0 - w) * prior_s, max(gaps, default=0.0) * margin)
+        top = (gaps[-1] if gaps else 0.0) if ordered else max(gaps, default=0.0)
+        learned = max(w * learned + (1.0 - w) * prior_s, top * margin)
     return min(max(learned, min_s), max(min_s, max_s))
 
 
@@ -66,6 +71,10 @@ class GapBook:
         self._kw: dict[str, Any] = {"margin": margin, "min_s": min_s, "max_s": max_s,
                                     "prior_s": prior_s, "min_gaps": min_gaps}
         self._gaps: OrderedDict[str, deque[float]] = OrderedDict()
+        #: the same gaps per app, sorted (kept in step by :meth:`add`): every new gap
+        #: changes the app's figure, and sorting its window (up to ``samples``) again at the
+        #: next sweep was a cost per request of header-less traffic
+        self._sorted: dict[str, list[float]] = {}
         self._close: dict[str, float] = {}  # only for apps in self._gaps
         self._prior = idle_close_s((), **self._kw)
 
@@ -78,12 +87,19 @@ class GapBook:
         g = self._gaps.get(app)
         if g is None:
             g = self._gaps[app] = deque(maxlen=self.samples)
+            ordered = self._sorted[app] = []
             if len(self._gaps) > self.max_apps:
                 old, _ = self._gaps.popitem(last=False)
                 self._close.pop(old, None)
+                self._sorted.pop(old, None)
         else:
             self._gaps.move_to_end(app)
-        g.append(max(0.0, gap))
+            ordered = self._sorted[app]
+        value = max(0.0, gap)
+        if len(g) == g.maxlen:  # the oldest leaves the window
+            del ordered[bisect_left(ordered, g[0])]
+        g.append(value)
+        insort(ordered, value)
         self._close.pop(app, None)
         if conversation:
             self._mark_conversational(app)
@@ -157,5 +173,5 @@ class GapBook:
             gaps = self._gaps.get(app)
             if gaps is None:
                 return self.min_s if self.one_shot(app) else self._prior
-            v = self._close[app] = idle_close_s(gaps, **self._kw)
+            v = self._close[app] = idle_close_s(self._sorted[app], ordered=True, **self._kw)
         return v
