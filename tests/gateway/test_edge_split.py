@@ -126,7 +126,7 @@ def test_edges_serve_and_hosted_runs_survive_scheduler_and_edge_kills(tmp_path: 
     _need("redis-server", "haproxy")
     # the schedulers share one knowledge base (the app names survive the failover)
     cl = Cluster(tmp_path, time_scale=5.0, n_gateways=2, n_nodes=1, ttl_s=1.0, n_edges=2,
-                 kb=str(tmp_path / "kb"))
+                 shared_kb=True)
     try:
         cl.start()
         edges = [f"http://127.0.0.1:{port}" for port in cl.edge_ports]

@@ -35,8 +35,7 @@ not its own (:meth:`EdgeRuns.follow_names` applies it to the edge's next new run
 all-in-one gateway applies a rename). Why this design rather than each edge reading the
 knowledge base:
 
-- an edge needs no access to the knowledge base (the deployments give edges none; a
-  directory knowledge base would have to be shared by every edge's host);
+- an edge needs no access to the knowledge base (the deployments give edges none);
 - bounded: a rename or merge reaches every edge at its next ping (``SchedulerLink.PING_S``,
   0.2 s) plus one round trip, however many edges; an edge started later, or reconnecting,
   gets the mapping in the pong that makes it ready (``/readyz``), so it never serves a call
@@ -44,8 +43,9 @@ knowledge base:
 - correct after a failover: the mapping is the **leader's**; an elected standby reads it again
   from the knowledge base (:meth:`~hermes.gateway.identity.RunIdentities.reload_names`)
   before it serves, and the edges converge to it at their next ping. The schedulers of an
-  election must share the knowledge base (a ``redis://`` URL or one directory), as they must
-  for their learned PDGraphs; a pong of a deposed scheduler is dropped with its stale epoch;
+  election must share the knowledge base (a ``redis://`` URL: a directory is read-only, what
+  a gateway writes goes under its own state directory), as they must for their learned
+  PDGraphs; a pong of a deposed scheduler is dropped with its stale epoch;
 - nothing is lost to a dropped message: the edge asks again with every ping until its digest
   is the leader's (a push on each change would need acknowledgements to be as sure);
 - the steady cost is one 16-character digest in each ping and none in the pong.

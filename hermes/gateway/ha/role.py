@@ -84,6 +84,14 @@ class SchedulerRole:
         self.election.start()
         log.warning("scheduler %s: standby, waiting for the lease in %s", self.member,
                     self.store.url)
+        from hermes.kb import REDIS_SCHEMES
+
+        kb = self.config.stores.kb
+        if not kb.startswith(REDIS_SCHEMES):
+            log.warning("scheduler %s: [stores] kb = %r is this process's own (a directory is "
+                        "read-only: what it learns and the operator's app names are written "
+                        "under its state directory): a scheduler elected after it has neither; "
+                        "give every scheduler one redis:// knowledge base", self.member, kb)
 
     async def stop(self) -> None:
         """A clean stop: give the lease up (a standby takes over at once)."""
