@@ -142,6 +142,9 @@ class Cluster:
     #: the election store (``--ha``) when it is not the Redis, e.g. ``etcd://HOST:PORT``
     #: (the run state stays in the Redis: ``--redis``)
     election: str = ""
+    #: the gateways share one knowledge base in the Redis (db 4: the learned PDGraphs and
+    #: the operator's app names survive a failover); else each its own directory
+    shared_kb: bool = False
 
     def start(self) -> None:
         for tool in ("redis-server", "haproxy"):
@@ -170,7 +173,8 @@ class Cluster:
                     "--bind", f"tcp://127.0.0.1:{self.zmq_ports[i]}",
                     "--redis", self.redis_url, "--time-scale", str(self.time_scale),
                     "--state-dir", str(self.workdir / f"gw{i}"),
-                    "--kb", str(self.workdir / f"gw{i}" / "kb")]
+                    "--kb", (f"redis://127.0.0.1:{rport}/4" if self.shared_kb
+                             else str(self.workdir / f"gw{i}" / "kb"))]
             if self.ha:
                 argv += ["--ha", self.election or self.redis_url]
             if self.n_edges or self.edge_socket:

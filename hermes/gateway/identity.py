@@ -20,7 +20,11 @@ and turns the answer into a :class:`~hermes.gateway.state.LiveRun` of the regist
 
 Apps: :meth:`apps` lists the inferred ones; :meth:`rename` and :meth:`merge` change what the
 next runs of one are called (``hermes apps rename|merge``), stored in the knowledge base
-(document ``app_names``) so that every gateway sharing it, and the next start, agree.
+(document ``app_names``) so that every gateway sharing it, and the next start, agree. With
+split roles the apps are inferred at the edges: the scheduler learns them from their runs'
+first calls (:meth:`noted`), the edges follow its mapping (:attr:`names_digest`, sent over
+the edge link: :mod:`hermes.gateway.edge.infer`), and an elected standby reads the mapping
+again (:meth:`reload_names`).
 
 The edge reports every answer (:meth:`answered`, with the reply messages, so that the next
 turn of the conversation is found) or failure (:meth:`abandoned`). Restarts: the resolver's
@@ -76,6 +80,8 @@ class RunIdentities(RunObserver):
                                  index=shared_index,
                                  adopt=self._adopt if shared_index is not None else None)
         self.path = None if state_dir is None else Path(state_dir) / SNAPSHOT_FILE
+        #: :meth:`AppNames.digest` of the mapping now applied (edges follow it: split roles)
+        self.names_digest = self.resolver.names.digest()
         #: requests by the kind of evidence that placed them (``header``, ``continuation``,
         #: ``session``, ``new``, ...), for ``/metrics``
         self.evidence: Counter[str] = Counter()
@@ -174,10 +180,12 @@ class RunIdentities(RunObserver):
         return self.resolver.app_list()
 
     def app_id(self, name: str) -> str:
-        """The fingerprint of the inferred app called ``name`` (``KeyError`` if none)."""
+        """The app id of the inferred app called ``name`` (``KeyError`` if none): after
+        the merges (an app merged into another is listed under the other's name, and that
+        name is the other's)."""
         for info in self.resolver.app_list():
             if info.name == name:
-                return info.app_id
+                return self.resolver.names.canonical(info.app_id)
         raise KeyError(name)
 
     def rename(self, name: str, to: str) -> str:
@@ -193,11 +201,36 @@ class RunIdentities(RunObserver):
 
     def merge(self, name: str, into: str) -> str:
         """Runs fingerprinted as the inferred app ``name`` are runs of ``into`` (an inferred
-        app) from now on; stored with the knowledge base. Returns ``into``'s app id."""
+        app) from now on; stored with the knowledge base. Returns ``into``'s app id.
+
+        ``into``'s present name is kept in the mapping (as a rename to itself, when it has
+        none): a resolver that has not seen ``into`` itself (an edge, or this gateway after a
+        restart) names a merged run by the mapping alone."""
         app_id, target = self.app_id(name), self.app_id(into)
-        self.resolver.names.merge(app_id, target)
+        if app_id == target:
+            raise ValueError(f"{name!r} is {into!r} already (merged into it, or the same app)")
+        names = self.resolver.names
+        names.merge(app_id, target)
+        names.renames.setdefault(target, into)
         self._store_names()
         return target
+
+    def noted(self, app_id: str, name: str, tenant: str, model: str) -> None:
+        """An inferred app an edge's resolver named (the first call of a new run, split
+        roles): listed here, and renamed or merged here (``hermes apps``)."""
+        self.resolver.apps.note(app_id, name=name, tenant=tenant, model=model,
+                                now=self.ctx.now())
+
+    def reload_names(self) -> bool:
+        """Read the operator's renames and merges again from the knowledge base (a standby
+        elected: the previous leader may have changed them since this process started).
+        Returns whether they changed; a store that cannot answer keeps the ones held."""
+        names = self._stored_names()
+        if names is None or names.digest() == self.names_digest:
+            return False
+        self.resolver.names = names
+        self.names_digest = names.digest()
+        return True
 
     def _stored_names(self) -> AppNames | None:
         if self.kb is None:
@@ -210,6 +243,7 @@ class RunIdentities(RunObserver):
             return None
 
     def _store_names(self) -> None:
+        self.names_digest = self.resolver.names.digest()
         if self.kb is not None:
             self.kb.put_doc(NAMES_DOC, self.resolver.names.model_dump_json())
 

@@ -184,3 +184,60 @@ def test_an_edges_resolver_state_is_saved_and_handed_over(tmp_path: Path) -> Non
     assert handed.due(live, 0.3, 50.0) == [] and len(handed) == 1
     live["b"].pending = {}
     assert handed.due(live, 0.3, 50.0) == [wire.ClosedRun("b", 15.0)] and not handed
+
+
+def test_app_names_travel_in_pongs_only_when_an_edge_lacks_them(tmp_path: Path) -> None:
+    """The scheduler's side of the app names (module doc of ``infer``, "App names"): a
+    new run's first call makes its app known there (listed, renamed, merged); a pong carries
+    the mapping only to an edge whose ping names another digest; an elected standby on the
+    same knowledge base reads the mapping the leader changed since it started."""
+    from hermes.gateway.edge.link import EdgeLink
+    from hermes.gateway.scheduler import LiveScheduler
+
+    cfg = load_config(None, environ={}, bind="", kb=str(tmp_path / "kb"),
+                      state_dir=str(tmp_path / "state"))
+    runs = EdgeRuns(IdentityConfig())
+    ident = runs.resolve("acme", _body([SYSTEM, {"role": "user", "content": "Go."}]), {}, 1.0)
+    assert ident is not None and ident.new_run and ident.app.startswith("acme.")
+
+    async def main() -> None:
+        sched, standby = LiveScheduler(cfg), LiveScheduler(cfg)
+        link = EdgeLink(sched, "inproc://unused")
+        ids = sched.identities
+        sent: list[wire.SchedulerMessage] = []
+        link._send = lambda _who, msg: sent.append(msg)  # type: ignore[method-assign]
+
+        def pong(digest: str) -> wire.Pong:
+            link.handle(b"e0", wire.decode_edge(wire.encode(wire.Ping(edge="e0",
+                                                                      names=digest))))
+            msg = sent.pop()
+            assert isinstance(msg, wire.Pong)
+            return msg
+
+        first = pong("")  # a new edge: the mapping (empty), with its digest
+        assert first.names is not None and first.names.renames == {} and \
+            first.names.digest == ids.names_digest
+        runs.follow_names(first.names)
+        assert pong(runs.names_digest).names is None  # followed: nothing more
+        small = wire.encode(wire.Pong(epoch=3))
+        assert len(small) < 20 and wire.decode_scheduler(small) == wire.Pong(epoch=3)
+        assert len(wire.encode(wire.Ping(edge="edge-7", names=runs.names_digest))) < 50
+        # the edge's new run makes its app known; renamed there, the edge is told
+        link._inferred_run(_call(run=ident.run, app=ident.app, unit=ident.unit,
+                                 tenant="acme", inferred=True, new=True,
+                                 app_id=ident.app_id))
+        assert [a.name for a in ids.apps()] == [ident.app]
+        sched.rename_app(ident.app, "acme.researcher")
+        told = pong(runs.names_digest).names
+        assert told is not None and told.renames == {ident.app_id: "acme.researcher"}
+        runs.follow_names(told)
+        again = runs.resolve("acme", _body([SYSTEM, {"role": "user", "content": "No."}]), {},
+                             2.0)
+        assert again is not None and again.app == "acme.researcher"  # the next new run
+        # a standby elected later reads what the leader stored since it started
+        assert standby.identities.names_digest != ids.names_digest
+        assert standby.identities.reload_names()
+        assert standby.identities.names_digest == ids.names_digest
+        assert not standby.identities.reload_names()  # unchanged: nothing to do
+
+    asyncio.run(main())

@@ -72,8 +72,14 @@ def test_an_edge_drops_a_stale_epochs_messages() -> None:
         link.apply(wire.CallFailed(rid="req-1", epoch=4, status=503, code="x", message="old"))
         assert not call.future.done() and link.gate.stale_rejected == 1
         link.last_pong = None
-        link.apply(wire.Pong(epoch=4))
+        followed: list[wire.Names] = []
+        link.on_names = followed.append
+        old = wire.Names("0123456789abcdef", {"a1": "old-name"}, {})
+        link.apply(wire.Pong(epoch=4, names=old))
         assert link.last_pong is None  # nor does its pong make the edge ready
+        assert followed == []  # nor are its app names followed
+        link.apply(wire.Pong(epoch=5, names=old))
+        assert followed == [old] and link.last_pong is not None
         link.apply(wire.CallFailed(rid="req-1", epoch=5, status=404, code="model_not_found",
                                    message="no such model"))
         with pytest.raises(CallFailedError) as e:

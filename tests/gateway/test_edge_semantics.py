@@ -13,6 +13,7 @@ the all-in-one gateway beside them for the same requests."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -207,3 +208,70 @@ def test_a_stopped_edges_runs_are_closed_on_time_by_the_scheduler(
     wait_for(lambda: left not in sp.sched.registry.runs, timeout=10, what="handover close")
     assert sp.sched.registry.get_run(left).status == "finished"
     assert len(sp.scheduler_state.edge_link.handed) == 0  # kept: taken over by edge1's call
+
+
+#: the bound within which a rename or merge reaches every edge (the ping period, 0.2 s, and
+#: a round trip; generous for a loaded 2-core machine)
+NAMES_BOUND_S = 1.0
+
+
+def test_edges_follow_the_operators_app_renames_and_merges_as_the_all_in_one(
+        split: Callable[..., Split], make_gateway: Callable[..., BackgroundServer]) -> None:
+    """``hermes apps rename|merge`` (the admin API, which the CLI calls; through an edge it
+    is proxied to the active scheduler) change the app of the next new conversations
+    through every edge, within :data:`NAMES_BOUND_S`, as at the all-in-one gateway for the
+    same steps; an edge started later starts with the current mapping."""
+    sp = split()
+    e0 = sp.edge("edge0")
+    aio = make_gateway()
+    research = "You are a careful research agent."
+    translate = "You translate legal contracts into French."
+
+    def app_of(base: str, system: str, text: str) -> str:
+        r = _post(base, {}, {**CHAT, "messages": [{"role": "system", "content": system},
+                                                  {"role": "user", "content": text}]})
+        assert r.status_code == 200, r.text
+        run = httpx.get(f"{base}/v1/runs/{r.headers['X-Hermes-Run']}").json()
+        assert run["inferred"] and run["app"] == r.headers["X-Hermes-App"], run
+        return r.headers["X-Hermes-App"]
+
+    def names(base: str) -> str | None:
+        return httpx.get(f"{base}/readyz").json().get("app_names")
+
+    def admin(via: str, followers: list[str], name: str, op: str, arg: dict[str, str]
+              ) -> float:
+        """An admin call through ``via``; the time until every edge of ``followers``
+        follows the new mapping (0 for none)."""
+        before = {e: names(e) for e in followers}
+        r = httpx.post(f"{via}/admin/apps/{name}/{op}", json=arg, timeout=30)
+        assert r.status_code == 200, r.text
+        t0 = time.monotonic()
+        for e in followers:
+            wait_for(lambda e=e: names(e) != before[e], timeout=5, what=f"{op} at {e}")
+        return time.monotonic() - t0
+
+    seen: dict[str, list[str]] = {}
+    took: list[float] = []
+    for base, edges in ((aio.url, []), (e0.url, [e0.url])):
+        x = app_of(base, research, "Find the capital of France.")
+        y = app_of(base, translate, "Translate the lease.")
+        took.append(admin(base, edges, x, "rename", {"to": "researcher"}))
+        renamed = app_of(base, research, "Find the capital of Peru.")
+        took.append(admin(base, edges, y, "merge", {"into": "researcher"}))
+        merged = app_of(base, translate, "Translate the deed.")
+        seen[base] = [x, y, renamed, merged]
+    assert seen[e0.url] == seen[aio.url], seen  # the same apps, step by step
+    assert seen[e0.url][2:] == ["researcher", "researcher"], seen
+    assert max(took) < NAMES_BOUND_S, took
+    # an edge started now has the mapping before it serves (ready: the pong that brought it)
+    e1 = sp.edge("edge1")
+    assert names(e1.url) == names(e0.url)
+    assert app_of(e1.url, translate, "Translate the will.") == "researcher"  # never saw it
+    assert app_of(e1.url, research, "Find the capital of Chad.") == "researcher"
+    # a rename through one edge reaches every edge
+    took.append(admin(e1.url, [e0.url, e1.url], "researcher", "rename", {"to": "scholar"}))
+    assert max(took) < NAMES_BOUND_S, took
+    assert app_of(e0.url, research, "Find the capital of Mali.") == "scholar"
+    assert app_of(e0.url, translate, "Translate the bill.") == "scholar"
+    listed = {a["name"]: a for a in httpx.get(f"{e0.url}/admin/apps").json()["apps"]}
+    assert listed["scholar"]["inferred"], listed

@@ -5,6 +5,9 @@ the built-in engine, all started here and stopped by their PIDs (``hermes.bench.
 - header-less chats, plain and streamed, answered through either edge and through haproxy
   (the node streams to the edge; the scheduler takes the fast path); calls of a run the
   client drives (``X-Hermes-Run``) join it through either edge, an unknown run is a 404;
+- a rename of an app inferred at an edge (``hermes apps rename``, through haproxy) reaches
+  both edges; after ``kill -9`` of the active scheduler the new one (same knowledge base)
+  keeps it, and a merge made through it reaches both edges;
 - a hosted run (``POST /v1/runs`` with ``Idempotency-Key``) survives ``kill -9`` of the active
   scheduler, then one started through an edge survives ``kill -9`` of that edge: each
   finishes once, and its key names the same run afterwards; a long stream in flight through
@@ -96,17 +99,49 @@ def _finished(base: str, rid: str, timeout: float = 120.0) -> dict:
     raise AssertionError(f"run {rid} did not end in {timeout} s")
 
 
+def _app_of(base: str, text: str, system: str = "You greet the visitors.") -> str:
+    """The app a new header-less conversation through ``base`` is counted in."""
+    r = httpx.post(f"{base}/v1/chat/completions", timeout=30,
+                   json={**CHAT, "messages": [{"role": "system", "content": system},
+                                              {"role": "user", "content": text}]})
+    assert r.status_code == 200, r.text
+    return r.headers["x-hermes-app"]
+
+
+def _admin(via: str, edges: list[str], path: str, body: dict[str, str]) -> float:
+    """``POST /admin/apps/PATH`` through ``via``; seconds until every edge follows the new
+    app names (its ``/readyz`` ``app_names`` digest changed)."""
+    before = [httpx.get(f"{e}/readyz").json()["app_names"] for e in edges]
+    r = httpx.post(f"{via}/admin/apps/{path}", json=body, timeout=10)
+    assert r.status_code == 200, r.text
+    t0 = time.monotonic()
+    for e, b in zip(edges, before, strict=True):
+        while httpx.get(f"{e}/readyz").json()["app_names"] == b:
+            assert time.monotonic() - t0 < 10, f"{e} did not follow {path}"
+            time.sleep(0.02)
+    return time.monotonic() - t0
+
+
 def test_edges_serve_and_hosted_runs_survive_scheduler_and_edge_kills(tmp_path: Path) -> None:
     _need("redis-server", "haproxy")
-    cl = Cluster(tmp_path, time_scale=5.0, n_gateways=2, n_nodes=1, ttl_s=1.0, n_edges=2)
+    # the schedulers share one knowledge base (the app names survive the failover)
+    cl = Cluster(tmp_path, time_scale=5.0, n_gateways=2, n_nodes=1, ttl_s=1.0, n_edges=2,
+                 shared_kb=True)
     try:
         cl.start()
+        edges = [f"http://127.0.0.1:{port}" for port in cl.edge_ports]
         for port in cl.edge_ports:
             _chat_ok(f"http://127.0.0.1:{port}")
         _chat_ok(cl.url)
         for port in cl.edge_ports:
             d = httpx.get(f"http://127.0.0.1:{port}/readyz").json()
             assert d["role"] == "edge" and d["epoch"] is not None
+        # the operator renames an app inferred at an edge (through haproxy): every edge
+        # follows within the ping period and a round trip
+        greeter = _app_of(edges[0], "Visitor 0")
+        took = _admin(cl.url, edges, f"{greeter}/rename", {"to": "greeter"})
+        assert took < 2.0, took
+        assert [_app_of(e, f"Visitor {i + 1}") for i, e in enumerate(edges)] == ["greeter"] * 2
         # a run the client drives: its calls take the full path (the run registry) and the
         # answers name the run, whichever edge they went through
         run = httpx.post(f"{cl.url}/v1/runs", json={"app": "factool_kbqa"}, timeout=10)
@@ -160,6 +195,14 @@ def test_edges_serve_and_hosted_runs_survive_scheduler_and_edge_kills(tmp_path: 
         cl.wait_edge(0)
         cl.wait_edge(1)
         _chat_ok(cl.url)  # edges followed the new scheduler
+        # its app names are the old leader's (read again from the knowledge base when it was
+        # elected), and a merge made through it reaches both edges
+        assert [_app_of(e, f"Guest {i}") for i, e in enumerate(edges)] == ["greeter"] * 2
+        porter = _app_of(edges[1], "Guest 2", system="You carry the visitors' bags.")
+        assert porter != "greeter"
+        assert _admin(cl.url, edges, f"{porter}/merge", {"into": "greeter"}) < 2.0
+        assert _app_of(edges[0], "Guest 3", system="You carry the visitors' bags.") == \
+            "greeter"
         epochs = {httpx.get(f"http://127.0.0.1:{p}/readyz").json()["epoch"]
                   for p in cl.edge_ports}
         assert len(epochs) == 1 and epochs != {None}

@@ -38,7 +38,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -68,7 +68,7 @@ from hermes.gateway.api.openai_bodies import (
 from hermes.gateway.auth import tenant_for
 from hermes.gateway.config import GatewayConfig, resolve_state_dir
 from hermes.gateway.edge import wire
-from hermes.gateway.edge.infer import EdgeRuns, run_headers
+from hermes.gateway.edge.infer import EdgeRuns, inferred_app_id, run_headers
 from hermes.gateway.errors import SchedulerError, error_type
 from hermes.gateway.resolve import ChatReplies, Identity
 from hermes.gateway.shared import StoreUnavailable
@@ -169,6 +169,10 @@ class SchedulerLink:
             else None)
         self.handshakes: Any = None
         self._handshakes_task: asyncio.Task[None] | None = None
+        #: the app names this edge follows: their digest (sent in every ping) and what to do
+        #: with the scheduler's when a pong brings them (:mod:`hermes.gateway.edge.infer`)
+        self.names_digest: Callable[[], str] = lambda: ""
+        self.on_names: Callable[[wire.Names], None] | None = None
 
     # ------------------------------------------------------------------ leader
     def ready(self) -> bool:
@@ -212,7 +216,10 @@ class SchedulerLink:
             if not call.answered:
                 self.resent += 1
                 self.send_call(call.msg)
-        self.send(wire.Ping(edge=self.name))
+        self.send(self._ping())
+
+    def _ping(self) -> wire.Ping:
+        return wire.Ping(edge=self.name, names=self.names_digest())
 
     def _secure(self, sock: zmq.asyncio.Socket, address: str) -> None:
         """CURVE to the scheduler: this edge's certificate, the scheduler's public key; the
@@ -253,7 +260,7 @@ class SchedulerLink:
 
     async def ping(self) -> None:
         while True:
-            self.send(wire.Ping(edge=self.name))
+            self.send(self._ping())
             await asyncio.sleep(self.PING_S)
 
     # ------------------------------------------------------------------ wire
@@ -288,6 +295,8 @@ class SchedulerLink:
                         self.gate.epoch, self.gate.stale_rejected)
             return
         if isinstance(msg, wire.Pong):
+            if msg.names is not None and self.on_names is not None:
+                self.on_names(msg.names)  # before it makes the edge ready: no call misnamed
             if self.leader is not None and msg.epoch == self.leader.get("epoch"):
                 self.last_pong = time.monotonic()
         elif isinstance(msg, wire.CallFailed):
@@ -370,6 +379,9 @@ class EdgeApp:
         self.link = SchedulerLink(config, self.ctx, self.name, self.reply_to)
         #: the run resolver: header-less calls in inferred runs
         self.runs = EdgeRuns(config.identity, evidence_index)
+        # the operator's app names: the active scheduler's, brought by its pongs
+        self.link.names_digest = lambda: self.runs.names_digest
+        self.link.on_names = self._follow_names
         self._evidence_index = evidence_index
         self._scale = config.scheduler.time_scale
         self._wall0 = time.time() - time.monotonic()
@@ -387,6 +399,11 @@ class EdgeApp:
         only its differences matter, also between this edge and the one started in its
         place (the saved state: :meth:`_hand_over`)."""
         return (self._wall0 + time.monotonic()) * self._scale
+
+    def _follow_names(self, names: wire.Names) -> None:
+        self.runs.follow_names(names)
+        log.info("edge %s: app names %s (%d renames, %d merges) from the scheduler",
+                 self.name, names.digest, len(names.renames), len(names.merges))
 
     def _saved_state(self) -> Path:
         """Where a clean stop saves the run resolver's state (``stores.state_dir``), for
@@ -513,7 +530,9 @@ class EdgeApp:
                     # or waiting for one)
                     "inferred_open": self.runs.resolver.open_runs(),
                     "inferred_closed": self.runs.closed,
-                    "inferred_closed_untold": len(self.runs.pending)}
+                    "inferred_closed_untold": len(self.runs.pending),
+                    # the digest of the app names followed (the scheduler's)
+                    "app_names": self.runs.names_digest}
             if self.config.security.curve_dir:  # CURVE: refused nodes, and this edge's key
                 from hermes.security.curve import ANSWERS
 
@@ -592,7 +611,8 @@ class EdgeApp:
                                 prompt_tokens=P.estimate_tokens(endpoint, ebody),
                                 tenant=tenant, app=ident.app, unit=ident.unit, run=ident.run,
                                 stream=bool(parsed.stream), inferred=True, new=ident.new_run,
-                                k=k, deadline_s=deadline_s, authed=authed)
+                                k=k, deadline_s=deadline_s, authed=authed,
+                                app_id=inferred_app_id(ident))
                 headers = run_headers(ident)
             else:
                 run = h.get(RUN_HEADER)

@@ -24,6 +24,36 @@ With ``[cluster] store`` the evidence index is the shared one
 at another edge joins the same run (that edge adopts the run from the index's run info,
 which the scheduler deletes when the run ends). Without a shared store every edge has its
 own index: a turn that reaches another edge starts a new run of the same app.
+
+**App names.** The operator's renames and merges of inferred apps (``hermes apps
+rename|merge``, :class:`~hermes.gateway.resolve.apps.AppNames`) are made at the active
+scheduler (the admin API; an edge proxies it there) and stored in its knowledge base. An edge
+does not read the knowledge base: it **follows the active scheduler's mapping over the edge
+link**. Every ping carries the digest of the mapping the edge follows; the scheduler answers
+with the mapping itself (:class:`~hermes.gateway.edge.wire.Names`) only when the digest is
+not its own (:meth:`EdgeRuns.follow_names` applies it to the edge's next new runs, as the
+all-in-one gateway applies a rename). Why this design rather than each edge reading the
+knowledge base:
+
+- an edge needs no access to the knowledge base (the deployments give edges none);
+- bounded: a rename or merge reaches every edge at its next ping (``SchedulerLink.PING_S``,
+  0.2 s) plus one round trip, however many edges; an edge started later, or reconnecting,
+  gets the mapping in the pong that makes it ready (``/readyz``), so it never serves a call
+  under the old names;
+- correct after a failover: the mapping is the **leader's**; an elected standby reads it again
+  from the knowledge base (:meth:`~hermes.gateway.identity.RunIdentities.reload_names`)
+  before it serves, and the edges converge to it at their next ping. The schedulers of an
+  election must share the knowledge base (a ``redis://`` URL: a directory is read-only, what
+  a gateway writes goes under its own state directory), as they must for their learned
+  PDGraphs; a pong of a deposed scheduler is dropped with its stale epoch;
+- nothing is lost to a dropped message: the edge asks again with every ping until its digest
+  is the leader's (a push on each change would need acknowledgements to be as sure);
+- the steady cost is one 16-character digest in each ping and none in the pong.
+
+The scheduler learns the apps the edges infer from the first call of each new run (its app id,
+:attr:`~hermes.gateway.edge.wire.Call.app_id`), so that ``hermes apps`` lists them there and
+finds them by name to rename or merge (after a failover, an app is listed again from its next
+new run, as the all-in-one gateway's after a restart).
 """
 
 from __future__ import annotations
@@ -37,7 +67,7 @@ from typing import Any
 from hermes.fsutil import atomic_write_text
 from hermes.gateway.config import IdentityConfig
 from hermes.gateway.edge import wire
-from hermes.gateway.resolve import Identity, Resolver
+from hermes.gateway.resolve import AppNames, Identity, Resolver
 from hermes.gateway.shared import StoreUnavailable
 from hermes.gateway.state import ACTIVE, new_run_id
 
@@ -75,10 +105,23 @@ class EdgeRuns:
         self.closed = 0
         #: the tenant of the request being resolved (for :meth:`_adopt`)
         self._tenant: str | None = None
+        self._names_digest = ""
 
     @property
     def enabled(self) -> bool:
         return self.config.infer
+
+    @property
+    def names_digest(self) -> str:
+        """The digest of the app names followed ("" before the scheduler sent any)."""
+        return self._names_digest
+
+    def follow_names(self, names: wire.Names) -> None:
+        """The active scheduler's app names (module doc, "App names"): applied to the runs
+        this edge's resolver starts from now on (open runs keep their app, as at the
+        all-in-one gateway)."""
+        self.resolver.names = AppNames(renames=names.renames, merges=names.merges)
+        self._names_digest = names.digest
 
     def resolve(self, tenant: str, body: Mapping[str, Any], headers: Mapping[str, str],
                 now: float, messages: Sequence[Any] | None = None) -> Identity | None:
@@ -225,6 +268,16 @@ class HandedRuns:
                 out.append(wire.ClosedRun(key, round(idle, 3)))
                 del self._after[key]
         return out
+
+
+def inferred_app_id(ident: Identity) -> str | None:
+    """The app id a new run's first call carries (:attr:`~hermes.gateway.edge.wire.Call.
+    app_id`): that of an app inferred from the request's fingerprint; None for a next call,
+    or an app the client named (``X-Hermes-App``: not an inferred app, as at the all-in-one
+    gateway)."""
+    if not ident.new_run or not ident.app_id or "/" in ident.app_id:
+        return None
+    return ident.app_id
 
 
 def run_headers(ident: Identity) -> dict[str, str]:

@@ -12,7 +12,9 @@ ordering needs and no more). A call the edge's run resolver put in an inferred r
 (``inferred``, :mod:`hermes.gateway.edge.infer`) joins that run, created on its first call;
 the edge's ``closed`` messages end such runs (:meth:`EdgeLink.close_inferred`), and a
 stopping edge's ``handover`` has them closed here when due
-(:class:`~hermes.gateway.edge.infer.HandedRuns`). The scheduler answers the edge only when a call fails (:class:`~hermes.gateway.edge.wire.
+(:class:`~hermes.gateway.edge.infer.HandedRuns`). A new inferred run's first call names its
+app id, so that the app is listed here and ``hermes apps rename|merge`` finds it; the
+mapping they make reaches the edges in the pongs (:meth:`EdgeLink._names_for`). The scheduler answers the edge only when a call fails (:class:`~hermes.gateway.edge.wire.
 CallFailed`) and pings with a pong; both carry the lease epoch and are not sent once the
 lease has run out (a deposed scheduler says nothing).
 """
@@ -200,7 +202,8 @@ class EdgeLink:
             self.handed.take(msg.runs, self.sched.registry.runs, time.monotonic(),
                              self.sched.ctx.clock.time_scale)
         elif isinstance(msg, wire.Ping):
-            self._send(identity, wire.Pong(epoch=self.sched.node_table.epoch))
+            self._send(identity, wire.Pong(epoch=self.sched.node_table.epoch,
+                                           names=self._names_for(msg.names)))
         elif isinstance(msg, wire.Cancel):
             if msg.rid in self.direct.calls:
                 self.direct.cancel(msg.rid)
@@ -208,6 +211,16 @@ class EdgeLink:
             req = self.sched.requests.get(msg.rid)
             if req is not None:
                 self.sched.abandon(req)
+
+    def _names_for(self, digest: str) -> wire.Names | None:
+        """The app names for a pong: None while the edge follows this scheduler's (the
+        digest its ping carried is theirs), else the mapping (a rename or merge since, or a
+        new edge, or a new leader whose knowledge base says otherwise)."""
+        ids = self.sched.identities
+        if digest == ids.names_digest:
+            return None
+        names = ids.resolver.names
+        return wire.Names(ids.names_digest, dict(names.renames), dict(names.merges))
 
     # ------------------------------------------------------------------ calls
     async def _call(self, identity: bytes, c: wire.Call) -> None:
@@ -272,6 +285,8 @@ class EdgeLink:
         new: LiveRun = reg.create_run(c.app or "default", tenant=c.tenant, run_id=c.run,
                                       inferred=True, lazy_store=True, k=c.k,
                                       deadline_s=c.deadline_s)
+        if c.new and c.app_id and c.app:  # the operator can list, rename, merge it here
+            self.sched.identities.noted(c.app_id, c.app, c.tenant, c.model)
         return new
 
     def close_inferred(self, runs: list[wire.ClosedRun]) -> int:

@@ -8,7 +8,10 @@ call's tokens and answer come from the node, straight to the edge (``reply_to``)
 run resolver tells the scheduler the inferred runs it closed (:class:`Closed`, one message
 per sweep) and, on a clean stop, hands over the ones it holds open (:class:`Handover`). Every
 scheduler message carries the lease epoch; an edge that has seen a higher one drops it
-(:class:`hermes.core.lease.EpochGate`). Fields are added with defaults (and omitted when at
+(:class:`hermes.core.lease.EpochGate`). The operator's app names (``hermes apps
+rename|merge``) reach the edges in the pongs: a ping carries the digest of the mapping the edge
+follows, and the pong carries the scheduler's mapping (:class:`Names`) only when the digests
+differ (:mod:`hermes.gateway.edge.infer`, "App names"). Fields are added with defaults (and omitted when at
 their default), so that a message of the previous layout still decodes.
 """
 
@@ -61,6 +64,10 @@ class Call(msgspec.Struct, tag="call", omit_defaults=True):
     k: float | None = None
     deadline_s: float | None = None
     authed: bool = False
+    #: the app id of ``app`` (:func:`~hermes.gateway.resolve.apps.app_fingerprint`, after
+    #: the operator's merges), on a new inferred run's first call only: the scheduler lists
+    #: the app and lets the operator rename or merge it (``hermes apps``)
+    app_id: str | None = None
     #: calls of this edge answered since its last message (piggybacked: no message of their
     #: own under load)
     settled: list[Settled] = []
@@ -115,16 +122,31 @@ class Cancel(msgspec.Struct, tag="cancel"):
     rid: str
 
 
-class Ping(msgspec.Struct, tag="ping"):
-    """An edge says it is there (and learns the scheduler's epoch from the pong)."""
+class Ping(msgspec.Struct, tag="ping", omit_defaults=True):
+    """An edge says it is there (and learns the scheduler's epoch from the pong).
+    ``names``: the :attr:`Names.digest` of the app names the edge follows ("" for none
+    yet)."""
 
     edge: str
+    names: str = ""
 
 
-class Pong(msgspec.Struct, tag="pong"):
-    """The active scheduler's answer to a ping: its epoch."""
+class Names(msgspec.Struct, array_like=True):
+    """The operator's renames and merges of inferred apps
+    (:class:`~hermes.gateway.resolve.apps.AppNames`, app id -> name, app id -> app id), and
+    their digest."""
+
+    digest: str
+    renames: dict[str, str]
+    merges: dict[str, str]
+
+
+class Pong(msgspec.Struct, tag="pong", omit_defaults=True):
+    """The active scheduler's answer to a ping: its epoch, and its app names when the ping's
+    digest is not theirs (else omitted)."""
 
     epoch: int | None
+    names: Names | None = None
 
 
 class CallFailed(msgspec.Struct, tag="failed"):

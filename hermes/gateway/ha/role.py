@@ -10,9 +10,11 @@ gateway's :class:`~hermes.gateway.scheduler.LiveScheduler`:
   balancer that checks it sends no traffic here;
 - **elected** (a new epoch): every message to a node is stamped with the epoch and sent only
   while the lease holds (:attr:`~hermes.gateway.nodes.NodeTable.fence`); the scheduler starts
-  (binds the node socket), restores the accepted runs from the shared store and resumes them
-  once the nodes its predecessor served have said hello (they report the work they hold,
-  which is adopted rather than run again: :mod:`hermes.gateway.recovery`); ``/readyz`` is 200;
+  (binds the node socket), reads the operator's app names again from the knowledge base (a
+  rename or merge made under the previous leader), restores the accepted runs from the
+  shared store and resumes them once the nodes its predecessor served have said hello (they
+  report the work they hold, which is adopted rather than run again:
+  :mod:`hermes.gateway.recovery`); ``/readyz`` is 200;
 - **deposed** (a renewal refused, or none in time: a pause, a lost store): the process stops
   at once with exit status :data:`EXIT_DEPOSED`, without writing anything, as Kubernetes'
   leader-elected controllers do; its supervisor (Kubernetes, systemd, ``hermes bench ha``)
@@ -82,6 +84,14 @@ class SchedulerRole:
         self.election.start()
         log.warning("scheduler %s: standby, waiting for the lease in %s", self.member,
                     self.store.url)
+        from hermes.kb import REDIS_SCHEMES
+
+        kb = self.config.stores.kb
+        if not kb.startswith(REDIS_SCHEMES):
+            log.warning("scheduler %s: [stores] kb = %r is this process's own (a directory is "
+                        "read-only: what it learns and the operator's app names are written "
+                        "under its state directory): a scheduler elected after it has neither; "
+                        "give every scheduler one redis:// knowledge base", self.member, kb)
 
     async def stop(self) -> None:
         """A clean stop: give the lease up (a standby takes over at once)."""
@@ -121,6 +131,14 @@ class SchedulerRole:
             log.warning("could not read the previous leader's nodes: %s", exc)
             expected = set()
         sched.recovery.expect_nodes = expected or None
+        ids = getattr(sched, "identities", None)
+        if ids is not None:  # the app names the previous leader may have changed since
+            try:  # this process started (edges follow this leader's: hermes.gateway.edge.infer)
+                if await asyncio.to_thread(ids.reload_names):
+                    log.warning("scheduler %s: app names (renames, merges) read again from "
+                                "the knowledge base", self.member)
+            except Exception as exc:
+                log.warning("could not read the app names again: %s", exc)
         sched.recovery.defer_ended = True  # the active runs first: dispatch starts sooner
         store = sched.durable.store
         if store is not None:  # read off the loop: the election thread keeps renewing

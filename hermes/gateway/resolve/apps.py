@@ -129,6 +129,24 @@ class AppBook:
                 del self._by_name[old.name]
         return info
 
+    def note(self, app_id: str, *, name: str, tenant: str, model: str, now: float) -> AppInfo:
+        """An app another process's resolver named (an edge's new inferred run, split
+        roles): remembered under the name that resolver gave it, so that the operator can
+        list, rename and merge it here, where the mapping is kept; its runs counted."""
+        info = self._apps.get(app_id)
+        if info is None:
+            info = AppInfo(app_id, name, tenant, model, [], "", now)
+            self._apps[app_id] = info
+            self._by_name.setdefault(name, app_id)
+            if len(self._apps) > self.max_apps:
+                _, old = self._apps.popitem(last=False)
+                if self._by_name.get(old.name) == old.app_id:
+                    del self._by_name[old.name]
+        else:
+            self._apps.move_to_end(app_id)
+        info.runs += 1
+        return info
+
     def apps(self) -> list[AppInfo]:
         """Every app remembered, most recently seen last."""
         return list(self._apps.values())
@@ -171,3 +189,10 @@ class AppNames(BaseModel):
         if self.canonical(into) == app_id or app_id == into:
             raise ValueError(f"merging {app_id} into {into} would make a cycle")
         self.merges[app_id] = into
+
+    def digest(self) -> str:
+        """A short digest of the mapping (hex BLAKE2b-64 of its sorted JSON): edges compare
+        it with the one they follow (:mod:`hermes.gateway.edge.wire` ``Ping.names``)."""
+        text = json.dumps({"r": self.renames, "m": self.merges}, sort_keys=True,
+                          separators=(",", ":"))
+        return blake2b(text.encode(), digest_size=8, person=b"hermes-names").hexdigest()
