@@ -40,7 +40,15 @@ class UnitObservation:
         started: float,
         finished: float,
     ) -> UnitObservation:
-        """An LLM invocation observed through its requests' token counts."""
+        """An LLM invocation observed through its requests' token counts. One request under
+        a linear cost model is priced in plain floats (:meth:`CostModel.request_service_s`,
+        bit for bit the batch formula there: every header-less request of the live gateway
+        closes a one-request unit, and numpy's per-call overhead was most of its cost)."""
+        if len(inputs) == 1 and not cost.token_knots:
+            i, o = inputs[0], outputs[0]
+            return cls(unit=unit, input_tokens=int(i), output_tokens=int(o), parallelism=1,
+                       duration_s=duration_s, service_s=cost.request_service_s(i, o),
+                       started=started, finished=finished)
         import numpy as np
 
         i = np.array([inputs], dtype=float)

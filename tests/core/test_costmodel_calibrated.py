@@ -218,3 +218,29 @@ def test_v04_is_slower_than_v1_on_a_mixed_load() -> None:
         return now
 
     assert finish(V04) > finish(V1)
+
+
+def test_a_one_request_observation_is_priced_as_the_batch_formula_bit_for_bit() -> None:
+    """The plain-float price of a one-request unit (the live gateway's every header-less
+    request) is exactly what the numpy batch formula gives under the linear cost models, and
+    the calibrated ones keep the batch formula: the simulator's figures cannot move."""
+    import random
+
+    import numpy as np
+
+    from hermes.core.costmodel import MODES, SETUPS, get_cost_model
+    from hermes.core.state import UnitObservation
+
+    rng = random.Random(5)
+    for setup in SETUPS:
+        for mode in MODES:
+            cm = get_cost_model(setup, mode=mode)
+            for _ in range(2000):
+                i = rng.choice([0, rng.randint(1, 64), rng.randint(1, 60_000)])
+                o = rng.choice([0, 1, rng.randint(1, 8_000)])
+                obs = UnitObservation.from_requests("u", [i], [o], cm, duration_s=1.0,
+                                                    started=0.0, finished=1.0)
+                want = float(cm.unit_service_s(np.array([[i]], dtype=float),
+                                               np.array([[o]], dtype=float))[0])
+                assert obs.service_s == want, (setup, mode, i, o)
+                assert (obs.input_tokens, obs.output_tokens, obs.parallelism) == (i, o, 1)
