@@ -40,7 +40,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import httpx
 import msgspec
@@ -59,11 +59,13 @@ from hermes.gateway.api.binding import (
     check_app_header,
     run_params,
 )
-from hermes.gateway.api.errors import error_response, scheduler_error
-from hermes.gateway.api.openai_api import ChunkWriter, completion_object
+from hermes.gateway.api.errors import error_response
+from hermes.gateway.api.openai_api import ChunkWriter, completion_object, embeddings_object
 from hermes.gateway.api.openai_bodies import (
+    EmbeddingBody,
     engine_body,
     parse_completion_body,
+    validate_body,
 )
 from hermes.gateway.auth import tenant_for
 from hermes.gateway.config import GatewayConfig, resolve_state_dir
@@ -77,8 +79,10 @@ from hermes.zmqdrain import QueuedMessages
 
 log = logging.getLogger("hermes.gateway.edge")
 
-_ENDPOINTS: dict[str, Literal["chat", "completions"]] = {
-    "/v1/chat/completions": "chat", "/v1/completions": "completions"}
+#: the endpoints an edge serves itself (POST): path -> what it is
+_ENDPOINTS: dict[str, Literal["chat", "completions", "embeddings"]] = {
+    "/v1/chat/completions": "chat", "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings"}
 #: hop-by-hop headers a proxy does not forward (RFC 9110 7.6.1)
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
         "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
@@ -88,11 +92,28 @@ class CallFailedError(Exception):
     """A call the scheduler refused or could not serve (status, code: the client's)."""
 
     def __init__(self, status: int, code: str | None, message: str,
-                 param: str | None = None) -> None:
+                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.param = param
+        self.headers = headers
+
+    def openai(self) -> JSONResponse:
+        """The refusal in OpenAI's error shape."""
+        return error_response(self.status, str(self), code=self.code, param=self.param,
+                              headers=self.headers)
+
+
+class Sent(NamedTuple):
+    """A call the scheduler took (:meth:`EdgeApp._dispatch`): the call, its answer (None
+    for a stream under way), its inferred run (None: not in one) and the run headers its
+    answer carries."""
+
+    call: EdgeCall
+    done: P.Done | None
+    ident: Identity | None
+    headers: dict[str, str]
 
 
 class EdgeCall:
@@ -527,7 +548,11 @@ class EdgeApp:
             return
         endpoint = _ENDPOINTS.get(path)
         if endpoint is not None and scope["method"] == "POST":
-            response = await self.completion(Request(scope, receive), endpoint)
+            request = Request(scope, receive)
+            if endpoint == "embeddings":
+                response = await self.embeddings(request)
+            else:
+                response = await self.completion(request, endpoint)
             await response(scope, receive, send)
             return
         await self.proxy(scope, receive, send)
@@ -554,16 +579,68 @@ class EdgeApp:
     async def completion(self, request: Request,
                          endpoint: Literal["chat", "completions"]) -> Response:
         """One completion request: validate, one call to the scheduler, the answer from the
-        node (module doc). The run headers are checked as the all-in-one gateway checks
-        them (:func:`~hermes.gateway.api.binding.run_params`, the ``X-Hermes-App`` owner,
-        the tenant); a stream's answer starts at its first token (or its end), so that a
-        refusal gets its HTTP status and the headers name the run the call is counted in."""
+        node (module doc; :meth:`_dispatch`)."""
         parsed = await parse_completion_body(request, endpoint)
         if isinstance(parsed, Response):
             return parsed
+        ebody = engine_body(parsed)
+        try:
+            sent = await self._dispatch(request, model=parsed.model, endpoint=endpoint,
+                                        body=ebody, stream=bool(parsed.stream),
+                                        evidence={**ebody, "model": parsed.model})
+        except CallFailedError as e:
+            return e.openai()
+        call, ident = sent.call, sent.ident
+        if parsed.stream:
+            include_usage = bool((parsed.stream_options or {}).get("include_usage"))
+            return StreamingResponse(
+                self._sse(call, endpoint, parsed.model, include_usage, ident),
+                media_type="text/event-stream",
+                headers={**sent.headers, "Cache-Control": "no-cache"})
+        assert sent.done is not None
+        content = completion_object(endpoint, call.msg.rid, parsed.model, sent.done)
+        if ident is not None:  # before the answer leaves: the next turn finds the run
+            self.runs.answered(ident, _chat_replies(content) if endpoint == "chat" else None,
+                               self.now())
+        return JSONResponse(content, headers=sent.headers)
+
+    async def embeddings(self, request: Request) -> Response:
+        """``POST /v1/embeddings``: the body checked as the all-in-one gateway checks it
+        (:class:`~hermes.gateway.api.openai_bodies.EmbeddingBody`: its bounds on inputs,
+        dimensions and the answer's size), one call to the scheduler (an engine that embeds;
+        bound by its run headers only: a vector has no conversation to continue), the answer
+        from the node (:func:`~hermes.gateway.api.openai_api.embeddings_object`)."""
+        body = validate_body(await request.body(), EmbeddingBody)
+        if isinstance(body, Response):
+            return body
+        try:
+            sent = await self._dispatch(
+                request, model=body.model, endpoint="embeddings",
+                body=body.model_dump(exclude_none=True, exclude={"model"}), stream=False,
+                infer=False)
+        except CallFailedError as e:
+            return e.openai()
+        assert sent.done is not None
+        return JSONResponse(embeddings_object(body.model, sent.done), headers=sent.headers)
+
+    async def _dispatch(self, request: Request, *, model: str,
+                        endpoint: Literal["chat", "completions", "embeddings"],
+                        body: dict[str, Any], stream: bool,
+                        evidence: dict[str, Any] | None = None,
+                        messages: list[Any] | None = None,
+                        native: dict[str, Any] | None = None,
+                        infer: bool = True) -> Sent:
+        """Send one call (after the body was validated) and wait for its answer, or, for a
+        stream, its first token (or its end), so that a refusal gets its HTTP status and the
+        headers name the run the call is counted in. The run headers are checked as the
+        all-in-one gateway checks them (:func:`~hermes.gateway.api.binding.run_params`, the
+        ``X-Hermes-App`` owner, the tenant); a header-less call is put in an inferred run by
+        the edge's resolver (``evidence``: the request as the resolver reads it, ``messages``
+        its chat form; ``infer=False``: headers only). Every refusal raises
+        :class:`CallFailedError` (each API answers it in its own error shape)."""
         if not self.link.ready():
-            return error_response(503, "no active scheduler reachable from this edge; retry "
-                                  "through the load balancer", code="not_ready",
+            raise CallFailedError(503, "not_ready", "no active scheduler reachable from this "
+                                  "edge; retry through the load balancer",
                                   headers={"Retry-After": "1"})
         h = request.headers
         try:
@@ -571,40 +648,40 @@ class EdgeApp:
             k, deadline_s = run_params(h)
             check_app_header(h, tenant)
         except HTTPException as e:
-            return error_response(e.status_code, str(e.detail), code="permission_denied")
+            raise CallFailedError(e.status_code, "permission_denied", str(e.detail)) from None
         except SchedulerError as e:
-            return scheduler_error(e)
-        ebody = engine_body(parsed)
+            raise CallFailedError(e.status, e.code, str(e), e.param) from None
         authed = current_tenant.get() is not None
+        prompt_tokens = P.estimate_tokens(endpoint, body)
+        infer = infer and RUN_HEADER not in h and self.runs.enabled
         for attempt in range(self.REBIND_TRIES + 1):
             rid = f"{P.EDGE_REQUEST_PREFIX}{uuid.uuid4().hex[:16]}"
             ident: Identity | None = None
-            if RUN_HEADER not in h and self.runs.enabled:
+            if infer:
                 try:
-                    ident = self.runs.resolve(tenant, {**ebody, "model": parsed.model}, h,
-                                              self.now())
+                    ident = self.runs.resolve(tenant, evidence if evidence is not None
+                                              else {**body, "model": model}, h, self.now(),
+                                              messages=messages)
                 except StoreUnavailable as e:
-                    return error_response(503, f"{e}; retry later", code="store_unavailable",
-                                          headers={"Retry-After": "1"})
+                    raise CallFailedError(503, "store_unavailable", f"{e}; retry later",
+                                          headers={"Retry-After": "1"}) from None
             if ident is not None:  # a header-less call in an inferred run
-                msg = wire.Call(rid=rid, reply_to=self.reply_to, model=parsed.model,
-                                endpoint=endpoint, body=ebody,
-                                prompt_tokens=P.estimate_tokens(endpoint, ebody),
+                msg = wire.Call(rid=rid, reply_to=self.reply_to, model=model,
+                                endpoint=endpoint, body=body, prompt_tokens=prompt_tokens,
                                 tenant=tenant, app=ident.app, unit=ident.unit, run=ident.run,
-                                stream=bool(parsed.stream), inferred=True, new=ident.new_run,
-                                k=k, deadline_s=deadline_s, authed=authed)
+                                stream=stream, inferred=True, new=ident.new_run,
+                                k=k, deadline_s=deadline_s, authed=authed, native=native)
                 headers = run_headers(ident)
             else:
                 run = h.get(RUN_HEADER)
                 app = h.get(APP_HEADER)
                 if run is not None and run.strip().lower() == "none" and not app:
                     run = None  # opted out: a one-request run of app default, the fast path
-                msg = wire.Call(rid=rid, reply_to=self.reply_to, model=parsed.model,
-                                endpoint=endpoint, body=ebody,
-                                prompt_tokens=P.estimate_tokens(endpoint, ebody),
+                msg = wire.Call(rid=rid, reply_to=self.reply_to, model=model,
+                                endpoint=endpoint, body=body, prompt_tokens=prompt_tokens,
                                 tenant=tenant, app=app, unit=h.get(UNIT_HEADER), run=run,
-                                stream=bool(parsed.stream), k=k, deadline_s=deadline_s,
-                                authed=authed)
+                                stream=stream, k=k, deadline_s=deadline_s, authed=authed,
+                                native=native)
                 # a named run's answers name it, as the all-in-one gateway's do (a
                 # one-request run's id is the scheduler's and is not shown)
                 headers = ({RUN_HEADER: msg.run, UNIT_HEADER: msg.unit or "default"}
@@ -614,7 +691,7 @@ class EdgeApp:
             self.stats["calls"] += 1
             self.link.send_call(msg)
             try:
-                if parsed.stream:
+                if stream:
                     await self._started(call)
                     # (a refusal raises here, before the stream's answer starts)
                     done = await self._wait(call) if call.future.done() else None
@@ -626,24 +703,13 @@ class EdgeApp:
                         self.runs.ended(ident, self.now())  # and resolve it again
                         continue
                     self.runs.abandoned(ident, self.now())
-                return error_response(e.status, str(e), code=e.code, param=e.param)
+                raise
             except BaseException:
                 if ident is not None:  # the client went away
                     self.runs.abandoned(ident, self.now())
                 raise
-            break
-        if parsed.stream:
-            include_usage = bool((parsed.stream_options or {}).get("include_usage"))
-            return StreamingResponse(
-                self._sse(call, endpoint, parsed.model, include_usage, ident),
-                media_type="text/event-stream",
-                headers={**headers, "Cache-Control": "no-cache"})
-        assert done is not None
-        content = completion_object(endpoint, rid, parsed.model, done)
-        if ident is not None:  # before the answer leaves: the next turn finds the run
-            self.runs.answered(ident, _chat_replies(content) if endpoint == "chat" else None,
-                               self.now())
-        return JSONResponse(content, headers=headers)
+            return Sent(call, done, ident, headers)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _started(self, call: EdgeCall) -> None:
         """Until the call's first token or its end; a timeout cancels it (504)."""
