@@ -10,20 +10,23 @@ all-in-one gateway beside them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import pytest
 import redis
-from edge_inproc import EMBED_MODEL, MODEL, Split, start_split
+from edge_inproc import EMBED_MODEL, MODEL, Split, start_split, wait_for
 from gw_redis import redis_url  # noqa: F401  (fixture)
+from threaded_node import ThreadedNode
 
 from hermes.gateway.api.openai_bodies import MAX_EMBED_INPUTS
 from hermes.gateway.keys import FileKeyStore
 from hermes.gateway.server import BackgroundServer
-from hermes.procs import free_port
+from hermes.procs import free_port, stop_group
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -136,3 +139,216 @@ def test_embeddings_at_an_edge_need_the_keys_the_all_in_one_needs(
         got = _post(edge.url, "/v1/embeddings", body, headers)
         assert (got.status_code, got.json()) == (status, want.json()), headers
         assert want.status_code == status
+
+
+# ---------------------------------------------------------------------------- messages
+SEED = {"seed": 7}
+
+
+def _same_message(got: dict[str, Any], want: dict[str, Any]) -> None:
+    """Equal but for the message id (each gateway's request id)."""
+    assert got["id"].startswith("msg_") and want["id"].startswith("msg_")
+    assert {**got, "id": ""} == {**want, "id": ""}
+
+
+def _events(text: str) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def _without_ids(events: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for kind, data in events:
+        if kind == "message_start":
+            assert data["message"]["id"].startswith("msg_")
+            data = {**data, "message": {**data["message"], "id": ""}}
+        out.append((kind, data))
+    return out
+
+
+def test_messages_are_served_by_the_edge_with_the_anthropic_sdk(
+        split: Callable[..., Split], make_gateway: Callable[..., BackgroundServer]) -> None:
+    """The Anthropic SDK against an edge and the all-in-one gateway: the same messages,
+    plain and streamed (events in Anthropic's order, equal but for the message id), a tool
+    call, the run headers of an inferred run whose next turn joins it; the edge answered
+    every one itself (one call each to the scheduler)."""
+    sp = split()
+    edge = sp.edge()
+    aio = make_gateway()
+    app = _cut_scheduler_http(edge)
+    calls_before = sp.scheduler_state.edge_link.calls
+    weather = {"name": "get_weather", "description": "Weather in a city.",
+               "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                                "required": ["city"]}}
+    asks: list[dict[str, Any]] = [
+        {"max_tokens": 16, "messages": [{"role": "user", "content": "Say something."}]},
+        {"max_tokens": 64, "system": "Be brief.", "tools": [weather],
+         "tool_choice": {"type": "tool", "name": "get_weather"},
+         "messages": [{"role": "user", "content": "Weather in Paris?"}]},
+        {"max_tokens": 32, "stop_sequences": [" the"],
+         "messages": [{"role": "user", "content": "Tell me a story."}]},
+    ]
+    clients = {base: anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+               for base in (aio.url, edge.url)}
+    answers = []
+    for ask in asks:
+        # (``seed``, passed on to the engine: the built-in engine's answer is then the
+        # body's, not the request id's)
+        got, want = (c.messages.create(model=MODEL, extra_body=SEED, **ask).model_dump()
+                     for c in (clients[edge.url], clients[aio.url]))
+        _same_message(got, want)
+        answers.append(got)
+        # streamed: the SDK assembles the same final message from the edge's events
+        finals = []
+        for base in (edge.url, aio.url):
+            with clients[base].messages.stream(model=MODEL, extra_body=SEED, **ask) as s:
+                kinds = [ev.type for ev in s]
+                finals.append(s.get_final_message().model_dump())
+            assert kinds[0] == "message_start" and kinds[-1] == "message_stop", kinds
+        _same_message(*finals)
+        _same_message(finals[0], got)
+        # and the raw events are the same, in the same order
+        raw = [_without_ids(_events(_post(base, "/v1/messages",
+                                          {"model": MODEL, "stream": True, **SEED, **ask}
+                                          ).text))
+               for base in (edge.url, aio.url)]
+        assert raw[0] == raw[1]
+    assert answers[0]["content"][0]["type"] == "text"
+    assert [b["type"] for b in answers[1]["content"]] == ["tool_use"], answers[1]
+    assert answers[1]["stop_reason"] == "tool_use"
+    assert answers[1]["content"][0]["input"].keys() == {"city"}
+    # a conversation's next turn joins its inferred run, plain or streamed, as at the aio
+    for base, c in clients.items():
+        first = c.messages.with_raw_response.create(
+            model=MODEL, max_tokens=8, system="You are a careful agent.",
+            messages=[{"role": "user", "content": "Plan the trip."}])
+        h = first.headers
+        assert h["x-hermes-run"] and h["x-hermes-app"] and h["request-id"], dict(h)
+        reply = first.parse().content
+        turn2 = [{"role": "user", "content": "Plan the trip."},
+                 {"role": "assistant", "content": [b.model_dump() for b in reply]},
+                 {"role": "user", "content": "Now book it."}]
+        with c.messages.with_streaming_response.create(
+                model=MODEL, max_tokens=8, system="You are a careful agent.", stream=True,
+                messages=turn2) as second:
+            assert second.headers["x-hermes-run"] == h["x-hermes-run"], base
+            assert second.headers["x-hermes-app"] == h["x-hermes-app"]
+            second.read()
+    assert sp.scheduler_state.edge_link.calls - calls_before == len(asks) * 3 + 2
+    assert app.stats["proxied"] == 1  # the /v1/models probe only
+
+
+def test_messages_errors_at_an_edge_take_anthropics_shape_as_at_the_all_in_one(
+        split: Callable[..., Split], make_gateway: Callable[..., BackgroundServer],
+        tmp_path: Path) -> None:
+    auth = tmp_path / "auth.json"
+    key = FileKeyStore(auth).create("alice")
+    sp = split(auth_file=str(auth), max_body_bytes=4096)
+    edge = sp.edge()
+    aio = make_gateway(auth_file=str(auth), max_body_bytes=4096)
+    _cut_scheduler_http(edge)
+    K = {"x-api-key": key}
+    ask = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    cases: list[tuple[Any, dict[str, str], int]] = [
+        (ask, {}, 401),
+        (ask, {"x-api-key": key + "x"}, 401),
+        ({**ask, "messages": [{"role": "user", "content": "x" * 5000}]}, K, 413),
+        (ask, {**K, "anthropic-version": "latest"}, 400),
+        ({**ask, "model": "nope"}, K, 404),
+        ({**ask, "max_tokens": 0}, K, 400),
+        ({**ask, "messages": []}, K, 400),
+        ({**ask, "tools": [{"name": "x", "input_schema": {"type": "string"}}]}, K, 400),
+        ({**ask, "tools": [{"type": "web_search_20250305", "name": "w"}]}, K, 400),
+        ({**ask, "tool_choice": {"type": "any"}}, K, 400),
+        (b'{"model": "llama-2-7b", "max_tokens": 8, "messages": NaN}', K, 400),
+        (ask, {**K, "X-Hermes-K": "2"}, 400),
+        (ask, {**K, "X-Hermes-App": "bob.agent"}, 403),
+        (ask, {**K, "X-Hermes-Tenant": "bob"}, 403),
+        ({"model": "sim-embed", "max_tokens": 8, "messages": ask["messages"]}, K, 400),
+    ]
+    for body, headers, status in cases:
+        want = _post(aio.url, "/v1/messages", body, headers)
+        got = _post(edge.url, "/v1/messages", body, headers)
+        assert want.status_code == status, (body, headers, want.text)
+        assert want.json()["type"] == "error", want.text
+        assert (got.status_code, got.json()) == (status, want.json()), (body, headers)
+        if isinstance(body, dict) and status not in (401, 413):  # a stream: refused first
+            got = _post(edge.url, "/v1/messages", {**body, "stream": True}, headers)
+            want = _post(aio.url, "/v1/messages", {**body, "stream": True}, headers)
+            assert (got.status_code, got.json()) == (want.status_code, want.json())
+    # the SDK raises its own error classes with the gateway's message
+    c = anthropic.Anthropic(base_url=edge.url, api_key=key, max_retries=0)
+    with pytest.raises(anthropic.NotFoundError, match="nope"):
+        c.messages.create(model="nope", max_tokens=8, messages=ask["messages"])
+    with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
+        c.messages.create(model=MODEL, max_tokens=0, messages=ask["messages"])
+    ok = c.messages.create(model=MODEL, max_tokens=8, messages=ask["messages"])
+    assert ok.type == "message" and ok.content
+
+
+NATIVE = "native-llm"
+
+
+class _NativeNode(ThreadedNode):
+    """A second node whose engine serves ``/v1/messages`` itself (an ``openai``-kind engine
+    with ``messages_api = "native"`` over HTTP to a ``hermeslet sim-engine``)."""
+
+    def __init__(self, address: str, url: str) -> None:
+        self.url = url
+        super().__init__(address)
+
+    def make(self, address: str) -> Any:
+        from hermeslet.agent import HermesLet
+        from hermeslet.engines import make_engine
+
+        return HermesLet("n1", address, [make_engine(f"openai:{self.url}", name="up-native",
+                                                     model=NATIVE, messages_api="native")],
+                         heartbeat_s=0.1)
+
+
+def _upstream_routes(url: str) -> dict[str, float]:
+    """Requests the upstream engine server received, by route (its /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {s.labels["route"]: s.value
+            for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+            for s in fam.samples if s.name == "hermes_sim_requests_total"}
+
+
+def test_messages_to_an_engine_serving_them_natively_pass_through_the_edge(
+        split: Callable[..., Split], make_gateway: Callable[..., BackgroundServer]) -> None:
+    """The request as sent travels in the edge's call (``native``) to an engine that serves
+    ``/v1/messages`` itself; its message and events come back untranslated, with the
+    gateway's message id and the model asked for, as at the all-in-one gateway."""
+    from tests.compat.conftest import start_sim_engine
+
+    proc, url = start_sim_engine("--model", NATIVE)
+    node: _NativeNode | None = None
+    try:
+        sp = split()
+        node = _NativeNode(sp.scheduler_state.config.scheduler.bind, url)
+        wait_for(lambda: NATIVE in sp.sched.served_models(), what="the native node")
+        edge = sp.edge()
+        aio = make_gateway(engines=[{"name": "up-native", "kind": "openai", "url": url,
+                                     "model": NATIVE, "messages_api": "native"}])
+        _cut_scheduler_http(edge)
+        before = _upstream_routes(url)
+        ask = {"model": NATIVE, "max_tokens": 16, **SEED,
+               "messages": [{"role": "user", "content": "Say something."}]}
+        got, want = (_post(base, "/v1/messages", ask) for base in (edge.url, aio.url))
+        assert got.status_code == want.status_code == 200, (got.text, want.text)
+        _same_message(got.json(), want.json())
+        assert got.json()["id"] == f"msg_{got.headers['request-id']}"
+        raw = [_without_ids(_events(_post(base, "/v1/messages", {**ask, "stream": True}).text))
+               for base in (edge.url, aio.url)]
+        assert raw[0] == raw[1] and raw[0][-1][0] == "message_stop"
+        after = _upstream_routes(url)
+        grew = {r: after[r] - before.get(r, 0) for r in after if after[r] > before.get(r, 0)}
+        assert grew == {"/v1/messages": 4}, grew  # natively, both gateways, twice each
+    finally:
+        if node is not None:
+            node.stop()
+        stop_group(proc, grace_s=2)

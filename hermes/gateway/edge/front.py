@@ -7,15 +7,19 @@ Many edges run behind a load balancer; each
   re-reads it every :attr:`SchedulerLink.WATCH_S` and reconnects when the leader changes;
 - answers ``/readyz`` 200 only while the active scheduler answers its pings (within
   :attr:`SchedulerLink.READY_S`), so that a load balancer sends it traffic only then;
-- serves the completion endpoints itself (``POST /v1/chat/completions``,
-  ``/v1/completions``): API keys and tenant admission (the gateway's security middleware),
-  parsing and validation (the same models as the all-in-one gateway), then **one compact
-  message per call** to the scheduler (:class:`~hermes.gateway.edge.wire.Call`: the request
-  id, run headers, model, the prompt's token estimate and the engine body). The scheduler
+- serves the LLM endpoints itself (``POST /v1/chat/completions``, ``/v1/completions``,
+  ``/v1/embeddings``, Anthropic's ``/v1/messages``): API keys and tenant admission (the
+  gateway's security middleware), parsing and validation (the same models as the all-in-one
+  gateway), then **one compact message per call** to the scheduler
+  (:class:`~hermes.gateway.edge.wire.Call`: the request id, run headers, model, the prompt's
+  token estimate and the engine body). The scheduler
   ranks and dispatches it with ``reply_to`` = this edge's ZeroMQ address (``--bind``): the
   node streams the tokens and sends the answer **here**, and the scheduler only the counts;
-- forwards every other request (runs, apps, responses, admin) to the active scheduler's HTTP
-  address, as a reverse proxy (hosted runs are journaled there before they are accepted);
+  the answer is written here as the all-in-one gateway writes it (the same functions:
+  :mod:`hermes.gateway.api.openai_api`, :mod:`hermes.gateway.api.anthropic_answers`);
+- forwards every other request (runs, apps, responses, admin, ``count_tokens``) to the
+  active scheduler's HTTP address, as a reverse proxy (hosted runs are journaled there
+  before they are accepted);
 - on a clean stop, hands the inferred runs its resolver holds to the scheduler and saves the
   resolver's state for the edge started in its place (:meth:`EdgeApp._hand_over`).
 
@@ -51,7 +55,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from hermes import protocol as P
+from hermes.anthropic_wire import MessagesError, assistant_reply
+from hermes.anthropic_wire import error_body as anthropic_error_body
+from hermes.anthropic_wire import status as anthropic_status
 from hermes.core.lease import EpochGate
+from hermes.gateway.api.anthropic_answers import (
+    VERSION_HEADER,
+    MessageEvents,
+    message_object,
+    message_request,
+)
 from hermes.gateway.api.binding import (
     APP_HEADER,
     RUN_HEADER,
@@ -80,9 +93,9 @@ from hermes.zmqdrain import QueuedMessages
 log = logging.getLogger("hermes.gateway.edge")
 
 #: the endpoints an edge serves itself (POST): path -> what it is
-_ENDPOINTS: dict[str, Literal["chat", "completions", "embeddings"]] = {
+_ENDPOINTS: dict[str, Literal["chat", "completions", "embeddings", "messages"]] = {
     "/v1/chat/completions": "chat", "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings"}
+    "/v1/embeddings": "embeddings", "/v1/messages": "messages"}
 #: hop-by-hop headers a proxy does not forward (RFC 9110 7.6.1)
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
         "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
@@ -551,6 +564,8 @@ class EdgeApp:
             request = Request(scope, receive)
             if endpoint == "embeddings":
                 response = await self.embeddings(request)
+            elif endpoint == "messages":
+                response = await self.messages(request)
             else:
                 response = await self.completion(request, endpoint)
             await response(scope, receive, send)
@@ -622,6 +637,39 @@ class EdgeApp:
             return e.openai()
         assert sent.done is not None
         return JSONResponse(embeddings_object(body.model, sent.done), headers=sent.headers)
+
+    async def messages(self, request: Request) -> Response:
+        """``POST /v1/messages`` (Anthropic's Messages API): checked as the all-in-one
+        gateway checks it, one call to the scheduler (the chat form for an engine that
+        translates, the request as sent for one that serves ``/v1/messages`` itself), the
+        node's answer written as the all-in-one gateway writes it
+        (:mod:`hermes.gateway.api.anthropic_answers`); every error in Anthropic's shape."""
+        try:
+            m = message_request(await request.body(), request.headers.get(VERSION_HEADER))
+        except MessagesError as e:
+            return _anthropic_error(e.status, str(e))
+        try:
+            sent = await self._dispatch(request, model=m.body.model, endpoint="chat",
+                                        body=m.chat, stream=m.body.stream, evidence=m.evidence,
+                                        messages=m.chat["messages"], native=m.native)
+        except CallFailedError as e:
+            return _anthropic_error(e.status, str(e), e.headers)
+        call, ident = sent.call, sent.ident
+        rid = call.msg.rid
+        headers = {**sent.headers, "request-id": rid}
+        if m.body.stream:
+            def told(reply: dict[str, Any]) -> None:
+                if ident is not None:
+                    self.runs.answered(ident, reply, self.now())
+
+            return StreamingResponse(self._events(call, MessageEvents(rid, m.body, told), ident),
+                                     media_type="text/event-stream",
+                                     headers={**headers, "Cache-Control": "no-cache"})
+        assert sent.done is not None
+        message = message_object(sent.done, rid, m.body)
+        if ident is not None:  # before the answer leaves: the next turn finds the run
+            self.runs.answered(ident, assistant_reply(message["content"]), self.now())
+        return JSONResponse(message, headers=headers)
 
     async def _dispatch(self, request: Request, *, model: str,
                         endpoint: Literal["chat", "completions", "embeddings"],
@@ -799,6 +847,36 @@ class EdgeApp:
                 self.link.send(wire.Cancel(rid=call.msg.rid))
             self.link.calls.pop(call.msg.rid, None)
 
+    async def _events(self, call: EdgeCall, events: MessageEvents,
+                      ident: Identity | None) -> AsyncIterator[bytes]:
+        """A streamed message's tokens as Anthropic's events (:class:`MessageEvents`: the
+        resolver is told the reply before ``message_stop``); a failure after the start is
+        an ``error`` event, as at the all-in-one gateway."""
+        tokens = call.tokens
+        assert tokens is not None
+        told = ident is None
+        try:
+            while True:
+                async with asyncio.timeout(self.timeout_s):
+                    tok = await tokens.get()
+                if tok is None:
+                    break
+                for out in events.feed(tok):
+                    yield out
+            done = await self._wait(call)
+            for out in events.finish(done):
+                yield out
+            told = True
+        except (CallFailedError, TimeoutError) as e:
+            status = e.status if isinstance(e, CallFailedError) else 504
+            yield events.error(status, str(e) or "timed out")
+        finally:
+            if not told and ident is not None:  # failed, or the client went away
+                self.runs.abandoned(ident, self.now())
+            if not call.future.done():
+                self.link.send(wire.Cancel(rid=call.msg.rid))
+            self.link.calls.pop(call.msg.rid, None)
+
     # ------------------------------------------------------------------ the rest: proxied
     async def proxy(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         """Forward a request to the active scheduler's HTTP address, streaming both ways."""
@@ -838,6 +916,13 @@ class EdgeApp:
             await upstream.aclose()
         with contextlib.suppress(Exception):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _anthropic_error(code: int, message: str, headers: dict[str, str] | None = None
+                     ) -> JSONResponse:
+    """An error in Anthropic's shape (the Messages API's routes), as the all-in-one's."""
+    return JSONResponse(anthropic_error_body(code, message), status_code=anthropic_status(code),
+                        headers=headers)
 
 
 def _chat_replies(content: dict[str, Any]) -> list[Any]:
