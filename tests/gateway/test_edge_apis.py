@@ -352,3 +352,86 @@ def test_messages_to_an_engine_serving_them_natively_pass_through_the_edge(
         if node is not None:
             node.stop()
         stop_group(proc, grace_s=2)
+
+
+# ---------------------------------------------------------------------------- responses
+def _same_response(got: dict[str, Any], want: dict[str, Any]) -> None:
+    """Equal but for ids and times (each gateway's own)."""
+    def norm(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: ("" if k in ("id", "item_id", "created_at", "previous_response_id")
+                        else norm(v)) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            return [norm(v) for v in x]
+        return x
+
+    assert norm(got) == norm(want)
+
+
+def test_responses_are_served_by_edges_sharing_the_store(
+        split: Callable[..., Split], make_gateway: Callable[..., BackgroundServer],
+        redis_url: str) -> None:  # noqa: F811
+    """With ``[cluster] store`` an edge answers ``POST /v1/responses`` itself, and a
+    follow-up's ``previous_response_id`` works at the other edge (the shared store; the
+    shared index joins its run), plain and streamed, as at the all-in-one gateway."""
+    sp = split(store=redis_url)
+    e0, e1 = sp.edge("edge0"), sp.edge("edge1")
+    aio = make_gateway(store=redis_url, store_prefix="aio:")
+    apps = [_cut_scheduler_http(e) for e in (e0, e1)]
+    calls_before = sp.scheduler_state.edge_link.calls
+    first = {"model": MODEL, "input": "Remember the word tangerine.", "max_output_tokens": 8,
+             "instructions": "You are a careful agent.", **SEED}
+    for stream in (False, True):
+        got: dict[str, Any] = {}
+        for name, (a, b) in {"aio": (aio.url, aio.url), "edges": (e0.url, e1.url)}.items():
+            r1 = _post(a, "/v1/responses", {**first, "stream": stream})
+            assert r1.status_code == 200, r1.text
+            resp1 = (r1.json() if not stream else
+                     _events(r1.text)[-1][1]["response"])
+            assert resp1["status"] in ("completed", "incomplete") and resp1["output"], resp1
+            follow = {"model": MODEL, "input": "Which word?", "max_output_tokens": 8,
+                      "previous_response_id": resp1["id"], **SEED}
+            r2 = _post(b, "/v1/responses", {**follow, "stream": stream})
+            assert r2.status_code == 200, r2.text
+            # the follow-up continued the conversation in the same run, whichever edge
+            assert _hermes(r2)["x-hermes-run"] == _hermes(r1)["x-hermes-run"], name
+            got[name] = {"first": r1.json() if not stream else _events(r1.text),
+                         "follow": r2.json() if not stream else _events(r2.text),
+                         "headers": sorted(_hermes(r1))}
+        _same_response(got["edges"], got["aio"])
+    # refusals: the same status and error body
+    bad: list[Any] = [
+        {"model": MODEL, "input": "x", "previous_response_id": "resp_nope"},
+        {"model": MODEL, "input": "x", "max_output_tokens": 0},
+        {"model": MODEL, "input": [{"type": "nope"}]},
+        {"model": "nope", "input": "x"},
+        {"model": MODEL},
+        b'{"model": "llama-2-7b", "input": NaN}',
+    ]
+    for body in bad:
+        want, got_r = _post(aio.url, "/v1/responses", body), _post(e0.url, "/v1/responses", body)
+        assert want.status_code in (400, 404), want.text
+        assert (got_r.status_code, got_r.json()) == (want.status_code, want.json()), body
+    # one call each (4 answered, the unknown model refused by the scheduler)
+    assert sp.scheduler_state.edge_link.calls - calls_before == 5
+    # what an edge stored is in the shared store: the scheduler's HTTP reads it
+    stored = got["edges"]["follow"][-1][1]["response"]
+    r = httpx.get(f"{sp.scheduler.url}/v1/responses/{stored['id']}", timeout=10)
+    assert r.status_code == 200 and r.json() == stored, r.text
+    assert [a.stats["proxied"] for a in apps] == [1, 1]  # the /v1/models probes only
+
+
+def test_responses_without_a_shared_store_are_forwarded_to_the_scheduler(
+        split: Callable[..., Split]) -> None:
+    """Without ``[cluster] store`` the scheduler's response store is the one every edge
+    reaches: the edge forwards ``/v1/responses``, and a follow-up through another edge finds
+    the response there."""
+    sp = split()
+    e0, e1 = sp.edge("edge0"), sp.edge("edge1")
+    r1 = _post(e0.url, "/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 4})
+    assert r1.status_code == 200, r1.text
+    r2 = _post(e1.url, "/v1/responses", {"model": MODEL, "input": "again",
+                                         "max_output_tokens": 4,
+                                         "previous_response_id": r1.json()["id"]})
+    assert r2.status_code == 200, r2.text
+    assert [e.server.config.app.edge.stats["proxied"] for e in (e0, e1)] == [1, 1]  # type: ignore[attr-defined]

@@ -17,8 +17,10 @@ Many edges run behind a load balancer; each
   node streams the tokens and sends the answer **here**, and the scheduler only the counts;
   the answer is written here as the all-in-one gateway writes it (the same functions:
   :mod:`hermes.gateway.api.openai_api`, :mod:`hermes.gateway.api.anthropic_answers`);
-- forwards every other request (runs, apps, responses, admin, ``count_tokens``) to the
-  active scheduler's HTTP address, as a reverse proxy (hosted runs are journaled there
+- serves ``POST /v1/responses`` too when the response store is shared (``[cluster] store``:
+  a follow-up's ``previous_response_id`` is found whichever edge stored it);
+- forwards every other request (runs, apps, admin, ``count_tokens``, stored responses, and
+  ``/v1/responses`` without a shared store) to the active scheduler's HTTP address, as a reverse proxy (hosted runs are journaled there
   before they are accepted);
 - on a clean stop, hands the inferred runs its resolver holds to the scheduler and saves the
   resolver's state for the edge started in its place (:meth:`EdgeApp._hand_over`).
@@ -42,7 +44,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -80,12 +82,18 @@ from hermes.gateway.api.openai_bodies import (
     parse_completion_body,
     validate_body,
 )
+from hermes.gateway.api.responses_answers import (
+    ResponseEvents,
+    response_answer,
+    response_request,
+)
 from hermes.gateway.auth import tenant_for
 from hermes.gateway.config import GatewayConfig, resolve_state_dir
 from hermes.gateway.edge import wire
 from hermes.gateway.edge.infer import EdgeRuns, run_headers
 from hermes.gateway.errors import SchedulerError, error_type
 from hermes.gateway.resolve import ChatReplies, Identity
+from hermes.gateway.responses import ResponsesError, ResponseStorage
 from hermes.gateway.shared import StoreUnavailable
 from hermes.gateway.tenancy import current_tenant
 from hermes.zmqdrain import QueuedMessages
@@ -93,9 +101,11 @@ from hermes.zmqdrain import QueuedMessages
 log = logging.getLogger("hermes.gateway.edge")
 
 #: the endpoints an edge serves itself (POST): path -> what it is
-_ENDPOINTS: dict[str, Literal["chat", "completions", "embeddings", "messages"]] = {
+Endpoint = Literal["chat", "completions", "embeddings", "messages", "responses"]
+_ENDPOINTS: dict[str, Endpoint] = {
     "/v1/chat/completions": "chat", "/v1/completions": "completions",
-    "/v1/embeddings": "embeddings", "/v1/messages": "messages"}
+    "/v1/embeddings": "embeddings", "/v1/messages": "messages",
+    "/v1/responses": "responses"}  # (with a shared response store: EdgeApp.serves)
 #: hop-by-hop headers a proxy does not forward (RFC 9110 7.6.1)
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
         "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
@@ -388,10 +398,15 @@ class SchedulerLink:
 class EdgeApp:
     """The edge's ASGI app (module doc)."""
 
-    def __init__(self, config: GatewayConfig, evidence_index: Any | None = None) -> None:
+    def __init__(self, config: GatewayConfig, evidence_index: Any | None = None,
+                 responses: ResponseStorage | None = None) -> None:
         """``evidence_index``: the run resolver's shared evidence index (``[cluster]
-        store``), or None (this edge's own: :mod:`hermes.gateway.edge.infer`)."""
+        store``), or None (this edge's own: :mod:`hermes.gateway.edge.infer`);
+        ``responses``: the shared response store (``[cluster] store``), or None: without
+        one, ``POST /v1/responses`` is forwarded to the scheduler, whose store is then the
+        one every edge reaches (a follow-up's ``previous_response_id`` is found there)."""
         self.config = config
+        self.responses = responses
         self.name = config.ha.member or f"{socket.gethostname()}:{os.getpid()}"
         self.reply_to = config.ha.advertised(config.scheduler.bind)
         sec = config.security
@@ -559,18 +574,29 @@ class EdgeApp:
                     body["curve_reason"] = hs.reason
             await JSONResponse(body, status_code=200 if ready else 503)(scope, receive, send)
             return
-        endpoint = _ENDPOINTS.get(path)
-        if endpoint is not None and scope["method"] == "POST":
+        endpoint = self.serves(scope)
+        if endpoint is not None:
             request = Request(scope, receive)
             if endpoint == "embeddings":
                 response = await self.embeddings(request)
             elif endpoint == "messages":
                 response = await self.messages(request)
+            elif endpoint == "responses":
+                response = await self.create_response(request)
             else:
                 response = await self.completion(request, endpoint)
             await response(scope, receive, send)
             return
         await self.proxy(scope, receive, send)
+
+    def serves(self, scope: dict[str, Any]) -> Endpoint | None:
+        """The endpoint of an HTTP request this edge answers itself (None: forwarded)."""
+        if scope["method"] != "POST":
+            return None
+        endpoint = _ENDPOINTS.get(scope["path"])
+        if endpoint == "responses" and self.responses is None:
+            return None  # no shared response store: the scheduler's is the one
+        return endpoint
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         while True:
@@ -662,14 +688,67 @@ class EdgeApp:
                 if ident is not None:
                     self.runs.answered(ident, reply, self.now())
 
-            return StreamingResponse(self._events(call, MessageEvents(rid, m.body, told), ident),
-                                     media_type="text/event-stream",
-                                     headers={**headers, "Cache-Control": "no-cache"})
+            events = MessageEvents(rid, m.body, told)
+            return StreamingResponse(
+                self._relay(call, ident, [], events.feed, events.finish,
+                            lambda status, message: [events.error(status, message)]),
+                media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
         assert sent.done is not None
         message = message_object(sent.done, rid, m.body)
         if ident is not None:  # before the answer leaves: the next turn finds the run
             self.runs.answered(ident, assistant_reply(message["content"]), self.now())
         return JSONResponse(message, headers=headers)
+
+    async def create_response(self, request: Request) -> Response:
+        """``POST /v1/responses`` with a shared response store (``[cluster] store``): checked
+        as the all-in-one gateway checks it, ``previous_response_id`` read from the shared
+        store (whichever edge stored it), one call to the scheduler (the chat body), the
+        node's answer written and stored here as the all-in-one gateway does
+        (:mod:`hermes.gateway.api.responses_answers`), the response id told to the resolver
+        (through the shared index, a follow-up at any edge joins the run)."""
+        store = self.responses
+        assert store is not None
+        tenant = tenant_for(request, None)
+        try:
+            r = response_request(await request.body(), store, tenant)
+        except ResponsesError as e:
+            return error_response(e.status, str(e), param=e.param, code=e.code)
+        except StoreUnavailable as e:
+            return error_response(503, f"{e}; retry later", code="store_unavailable",
+                                  headers={"Retry-After": "1"})
+        try:
+            sent = await self._dispatch(request, model=r.req.model, endpoint=r.endpoint,
+                                        body=r.body, stream=r.req.stream, evidence=r.raw,
+                                        messages=r.body["messages"])
+        except CallFailedError as e:
+            return e.openai()
+        call, ident = sent.call, sent.ident
+        run_id = ident.run if ident is not None else sent.headers.get(RUN_HEADER)
+
+        def told(reply: dict[str, Any], response_id: str | None) -> None:
+            if ident is not None:
+                self._answered(ident, reply, response_id)
+
+        if r.req.stream:
+            events = ResponseEvents(r, store, tenant, told)
+            return StreamingResponse(
+                self._relay(call, ident, events.start(), events.feed,
+                            lambda done: events.finish(done, run_id),
+                            lambda _status, message: events.fail(message)),
+                media_type="text/event-stream",
+                headers={**sent.headers, "Cache-Control": "no-cache"})
+        assert sent.done is not None
+        resp, reply = response_answer(sent.done, call.msg.rid, r, store, tenant, run_id)
+        told(reply, resp["id"] if r.req.store else None)  # before the answer leaves
+        return JSONResponse(resp, headers=sent.headers)
+
+    def _answered(self, ident: Identity, reply: Any, response_id: str | None) -> None:
+        """Tell the resolver a Responses call's reply and its stored response's id (the
+        evidence ``previous_response_id`` is resolved by)."""
+        try:
+            self.runs.resolver.answered(ident, reply, self.now(), response_id=response_id)
+        except StoreUnavailable:
+            pass  # the answer is out; its evidence is lost (the store logged and counts it)
 
     async def _dispatch(self, request: Request, *, model: str,
                         endpoint: Literal["chat", "completions", "embeddings"],
@@ -847,29 +926,35 @@ class EdgeApp:
                 self.link.send(wire.Cancel(rid=call.msg.rid))
             self.link.calls.pop(call.msg.rid, None)
 
-    async def _events(self, call: EdgeCall, events: MessageEvents,
-                      ident: Identity | None) -> AsyncIterator[bytes]:
-        """A streamed message's tokens as Anthropic's events (:class:`MessageEvents`: the
-        resolver is told the reply before ``message_stop``); a failure after the start is
-        an ``error`` event, as at the all-in-one gateway."""
+    async def _relay(self, call: EdgeCall, ident: Identity | None, head: list[bytes],
+                     feed: Callable[[P.Token], list[bytes]],
+                     finish: Callable[[P.Done], list[bytes]],
+                     fail: Callable[[int, str], list[bytes]]) -> AsyncIterator[bytes]:
+        """A streamed call's events in its API's format, written by the all-in-one gateway's
+        own writers: ``head`` first, ``feed`` per token, ``finish`` with the node's answer
+        (which tells the resolver the reply before the last event), ``fail`` (status,
+        message) for a failure after the start, as at the all-in-one gateway."""
         tokens = call.tokens
         assert tokens is not None
         told = ident is None
         try:
+            for out in head:
+                yield out
             while True:
                 async with asyncio.timeout(self.timeout_s):
                     tok = await tokens.get()
                 if tok is None:
                     break
-                for out in events.feed(tok):
+                for out in feed(tok):
                     yield out
             done = await self._wait(call)
-            for out in events.finish(done):
+            for out in finish(done):
                 yield out
             told = True
         except (CallFailedError, TimeoutError) as e:
             status = e.status if isinstance(e, CallFailedError) else 504
-            yield events.error(status, str(e) or "timed out")
+            for out in fail(status, str(e) or "timed out"):
+                yield out
         finally:
             if not told and ident is not None:  # failed, or the client went away
                 self.runs.abandoned(ident, self.now())
@@ -934,18 +1019,20 @@ def _chat_replies(content: dict[str, Any]) -> list[Any]:
 
 def edge_app(config: GatewayConfig) -> Any:
     """The edge's ASGI app, inside the gateway's security middleware (body limits, API
-    keys, tenant admission: :mod:`hermes.gateway.auth`) for the completion endpoints; the
-    proxied requests are checked by the scheduler that answers them."""
+    keys, tenant admission: :mod:`hermes.gateway.auth`) for the endpoints it serves itself
+    (:meth:`EdgeApp.serves`); the proxied requests are checked by the scheduler that answers
+    them."""
     from hermes.gateway.auth import SecurityMiddleware, build_security
     from hermes.gateway.shared import open_shared_state
 
     shared = open_shared_state(config)
-    app = EdgeApp(config, shared.evidence if shared is not None else None)
+    app = EdgeApp(config, shared.evidence if shared is not None else None,
+                  shared.responses if shared is not None else None)
     secured = SecurityMiddleware(app, build_security(
         config, shared.store if shared is not None else None))
 
     async def route(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] in _ENDPOINTS:
+        if scope["type"] == "http" and app.serves(scope) is not None:
             await secured(scope, receive, send)
         else:
             await app(scope, receive, send)
