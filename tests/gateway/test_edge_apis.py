@@ -355,12 +355,15 @@ def test_messages_to_an_engine_serving_them_natively_pass_through_the_edge(
 
 
 # ---------------------------------------------------------------------------- responses
+_IDS = frozenset({"id", "item_id", "created_at", "previous_response_id", "first_id",
+                  "last_id"})
+
+
 def _same_response(got: dict[str, Any], want: dict[str, Any]) -> None:
     """Equal but for ids and times (each gateway's own)."""
     def norm(x: Any) -> Any:
         if isinstance(x, dict):
-            return {k: ("" if k in ("id", "item_id", "created_at", "previous_response_id")
-                        else norm(v)) for k, v in x.items()}
+            return {k: ("" if k in _IDS else norm(v)) for k, v in x.items()}
         if isinstance(x, list | tuple):
             return [norm(v) for v in x]
         return x
@@ -412,6 +415,31 @@ def test_responses_are_served_by_edges_sharing_the_store(
         want, got_r = _post(aio.url, "/v1/responses", body), _post(e0.url, "/v1/responses", body)
         assert want.status_code in (400, 404), want.text
         assert (got_r.status_code, got_r.json()) == (want.status_code, want.json()), body
+    # the stored responses' routes, at either edge: the shared store, the all-in-one's answers
+    ids = {name: [got_name["first"][-1][1]["response"]["id"],
+                  got_name["follow"][-1][1]["response"]["id"]]
+           for name, got_name in got.items()}
+    for suffix in ("", "/input_items", "/input_items?order=asc&limit=1",
+                   "/input_items?limit=abc", "/input_items?limit=0", "/input_items?order=x",
+                   "/input_items?after=zz", "/input_items?limit=1.5&limit=2"):
+        for i, edge in ((0, e1), (1, e0)):
+            want = httpx.get(f"{aio.url}/v1/responses/{ids['aio'][i]}{suffix}", timeout=10)
+            got_r = httpx.get(f"{edge.url}/v1/responses/{ids['edges'][i]}{suffix}", timeout=10)
+            assert got_r.status_code == want.status_code, (suffix, got_r.text, want.text)
+            _same_response(got_r.json(), want.json())
+    assert httpx.get(f"{e0.url}/v1/responses/{ids['edges'][0]}/input_items?limit=abc"
+                     ).status_code == 422
+    for base, rid in ((aio.url, ids["aio"][0]), (e0.url, ids["edges"][0])):
+        assert httpx.delete(f"{base}/v1/responses/{rid}").json()["deleted"] is True
+    for path in (f"/v1/responses/{ids['edges'][0]}", "/v1/responses/resp_nope",
+                 "/v1/responses/resp_nope/input_items"):
+        want = httpx.get(aio.url + path.replace(ids["edges"][0], ids["aio"][0]))
+        got_r = httpx.get(e1.url + path)  # deleted through the other edge: gone everywhere
+        assert (got_r.status_code, got_r.json()) == (404, want.json() | {
+            "error": {**want.json()["error"], "message": got_r.json()["error"]["message"]}})
+        assert want.status_code == 404
+    want = httpx.delete(f"{aio.url}/v1/responses/resp_nope")
+    assert httpx.delete(f"{e1.url}/v1/responses/resp_nope").json() == want.json()
     # one call each (4 answered, the unknown model refused by the scheduler)
     assert sp.scheduler_state.edge_link.calls - calls_before == 5
     # what an edge stored is in the shared store: the scheduler's HTTP reads it
@@ -435,3 +463,27 @@ def test_responses_without_a_shared_store_are_forwarded_to_the_scheduler(
                                          "previous_response_id": r1.json()["id"]})
     assert r2.status_code == 200, r2.text
     assert [e.server.config.app.edge.stats["proxied"] for e in (e0, e1)] == [1, 1]  # type: ignore[attr-defined]
+
+
+def test_stored_responses_at_edges_are_the_key_tenants_own(
+        split: Callable[..., Split], tmp_path: Path, redis_url: str) -> None:  # noqa: F811
+    auth = tmp_path / "auth.json"
+    keys = FileKeyStore(auth)
+    A = {"Authorization": f"Bearer {keys.create('alice')}"}
+    B = {"Authorization": f"Bearer {keys.create('bob')}"}
+    sp = split(store=redis_url, auth_file=str(auth))
+    e0, e1 = sp.edge("edge0"), sp.edge("edge1")
+    for e in (e0, e1):
+        _cut_scheduler_http(e)
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 4}
+    assert _post(e0.url, "/v1/responses", body).status_code == 401
+    rid = _post(e0.url, "/v1/responses", body, A).json()["id"]
+    assert httpx.get(f"{e1.url}/v1/responses/{rid}", headers=A).status_code == 200
+    assert httpx.get(f"{e1.url}/v1/responses/{rid}").status_code == 401
+    for r in (httpx.get(f"{e1.url}/v1/responses/{rid}", headers=B),
+              httpx.get(f"{e1.url}/v1/responses/{rid}/input_items", headers=B),
+              httpx.delete(f"{e1.url}/v1/responses/{rid}", headers=B),
+              _post(e1.url, "/v1/responses", {**body, "previous_response_id": rid}, B)):
+        assert r.status_code == 404, r.text  # another tenant's id: not found
+    r = _post(e1.url, "/v1/responses", {**body, "previous_response_id": rid}, A)
+    assert r.status_code == 200, r.text

@@ -10,7 +10,9 @@ tokens and answer come from.
   true) with the conversation it ends, so that ``previous_response_id`` continues it;
 - :class:`ResponseEvents`: a streamed answer as the Responses event stream, the response
   stored and the reply told (``on_reply``) before the last event leaves, so that a client
-  continuing at once finds both.
+  continuing at once finds both;
+- :func:`stored_response`, :func:`delete_stored`, :func:`stored_items`: the answers of
+  ``GET``/``DELETE /v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from starlette.responses import JSONResponse
+
 from hermes.core import strict_json
+from hermes.gateway.api.errors import error_response
 from hermes.gateway.api.openai_api import completion_object
 from hermes.gateway.responses import (
     ResponsesError,
@@ -164,3 +169,66 @@ class ResponseEvents:
 
     def fail(self, message: str) -> list[bytes]:
         return [sse(ev) for ev in self.tr.fail(message)]
+
+
+# ------------------------------------------------------------------ stored responses
+def store_unavailable(e: StoreUnavailable) -> JSONResponse:
+    """The 503 of a shared store that cannot answer (the client retries)."""
+    return error_response(503, f"{e}; retry later", code="store_unavailable",
+                          headers={"Retry-After": "1"})
+
+
+def _not_found(response_id: str) -> JSONResponse:
+    return error_response(404, f"Response with id {response_id!r} not found.",
+                          code="response_not_found")
+
+
+def stored_response(store: ResponseStorage, tenant: str | None, response_id: str
+                    ) -> JSONResponse:
+    """A stored response (404 when unknown, expired, not stored or another tenant's)."""
+    try:
+        entry = store.get(tenant, response_id)
+    except StoreUnavailable as e:
+        return store_unavailable(e)
+    if entry is None:
+        return _not_found(response_id)
+    return JSONResponse(entry.response)
+
+
+def delete_stored(store: ResponseStorage, tenant: str | None, response_id: str
+                  ) -> JSONResponse:
+    """Delete a stored response (it can no longer be read or continued)."""
+    try:
+        deleted = store.delete(tenant, response_id)
+    except StoreUnavailable as e:
+        return store_unavailable(e)
+    if not deleted:
+        return _not_found(response_id)
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+
+def stored_items(store: ResponseStorage, tenant: str | None, response_id: str, *,
+                 limit: int, order: str, after: str | None) -> JSONResponse:
+    """The input items of a stored response, as a list object (``order`` ``desc``, newest
+    first, by default as OpenAI; ``after``: an item id to page on; ``limit`` 1 to 100)."""
+    if not 1 <= limit <= 100:
+        return error_response(400, "limit: must be between 1 and 100", param="limit")
+    if order not in ("asc", "desc"):
+        return error_response(400, "order: expected 'asc' or 'desc'", param="order")
+    try:
+        entry = store.get(tenant, response_id)
+    except StoreUnavailable as e:
+        return store_unavailable(e)
+    if entry is None:
+        return _not_found(response_id)
+    items = entry.input_items if order == "asc" else entry.input_items[::-1]
+    if after is not None:
+        ids = [it.get("id") for it in items]
+        if after not in ids:
+            return error_response(400, f"after: no input item {after!r}", param="after")
+        items = items[ids.index(after) + 1:]
+    page = items[:limit]
+    return JSONResponse({"object": "list", "data": page,
+                         "first_id": page[0]["id"] if page else None,
+                         "last_id": page[-1]["id"] if page else None,
+                         "has_more": len(items) > limit})

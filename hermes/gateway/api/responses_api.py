@@ -39,8 +39,12 @@ from hermes.gateway.api.binding import (
 from hermes.gateway.api.errors import error_response, scheduler_error
 from hermes.gateway.api.responses_answers import (
     ResponseEvents,
+    delete_stored,
     response_answer,
     response_request,
+    store_unavailable,
+    stored_items,
+    stored_response,
 )
 from hermes.gateway.auth import tenant_for
 from hermes.gateway.errors import SchedulerError
@@ -71,16 +75,8 @@ def response_store(request: Request) -> ResponseStorage:
     return store
 
 
-def _unavailable(e: StoreUnavailable) -> JSONResponse:
-    return error_response(503, f"{e}; retry later", code="store_unavailable",
-                          headers={"Retry-After": "1"})
 def _error(e: ResponsesError) -> JSONResponse:
     return error_response(e.status, str(e), param=e.param, code=e.code)
-
-
-def _not_found(response_id: str, param: str | None = None) -> JSONResponse:
-    return error_response(404, f"Response with id {response_id!r} not found.", param=param,
-                          code="response_not_found")
 
 
 @router.post("/v1/responses", tags=["openai"])
@@ -94,7 +90,7 @@ async def create_response(request: Request) -> Response:
     except ResponsesError as e:
         return _error(e)
     except StoreUnavailable as e:
-        return _unavailable(e)
+        return store_unavailable(e)
     try:
         call = await submit_call(sched, request, model=r.req.model, endpoint=r.endpoint,
                                  body=r.body, stream=r.req.stream, client_body=r.raw,
@@ -149,25 +145,13 @@ async def _events(sched: LiveScheduler, call: BoundCall, events: ResponseEvents
 @router.get("/v1/responses/{response_id}", tags=["openai"])
 async def get_response(request: Request, response_id: str) -> Response:
     """A stored response (404 when unknown, expired, not stored or another tenant's)."""
-    try:
-        entry = response_store(request).get(tenant_for(request, None), response_id)
-    except StoreUnavailable as e:
-        return _unavailable(e)
-    if entry is None:
-        return _not_found(response_id)
-    return JSONResponse(entry.response)
+    return stored_response(response_store(request), tenant_for(request, None), response_id)
 
 
 @router.delete("/v1/responses/{response_id}", tags=["openai"])
 async def delete_response(request: Request, response_id: str) -> Response:
     """Delete a stored response (it can no longer be read or continued)."""
-    try:
-        deleted = response_store(request).delete(tenant_for(request, None), response_id)
-    except StoreUnavailable as e:
-        return _unavailable(e)
-    if not deleted:
-        return _not_found(response_id)
-    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+    return delete_stored(response_store(request), tenant_for(request, None), response_id)
 
 
 @router.get("/v1/responses/{response_id}/input_items", tags=["openai"])
@@ -175,24 +159,5 @@ async def list_input_items(request: Request, response_id: str, limit: int = 20,
                            order: str = "desc", after: str | None = None) -> Response:
     """The input items of a stored response, as a list object (``order`` ``desc``, newest
     first, by default as OpenAI; ``after``: an item id to page on; ``limit`` 1 to 100)."""
-    if not 1 <= limit <= 100:
-        return error_response(400, "limit: must be between 1 and 100", param="limit")
-    if order not in ("asc", "desc"):
-        return error_response(400, "order: expected 'asc' or 'desc'", param="order")
-    try:
-        entry = response_store(request).get(tenant_for(request, None), response_id)
-    except StoreUnavailable as e:
-        return _unavailable(e)
-    if entry is None:
-        return _not_found(response_id)
-    items = entry.input_items if order == "asc" else entry.input_items[::-1]
-    if after is not None:
-        ids = [it.get("id") for it in items]
-        if after not in ids:
-            return error_response(400, f"after: no input item {after!r}", param="after")
-        items = items[ids.index(after) + 1:]
-    page = items[:limit]
-    return JSONResponse({"object": "list", "data": page,
-                         "first_id": page[0]["id"] if page else None,
-                         "last_id": page[-1]["id"] if page else None,
-                         "has_more": len(items) > limit})
+    return stored_items(response_store(request), tenant_for(request, None), response_id,
+                        limit=limit, order=order, after=after)

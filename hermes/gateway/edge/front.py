@@ -17,10 +17,11 @@ Many edges run behind a load balancer; each
   node streams the tokens and sends the answer **here**, and the scheduler only the counts;
   the answer is written here as the all-in-one gateway writes it (the same functions:
   :mod:`hermes.gateway.api.openai_api`, :mod:`hermes.gateway.api.anthropic_answers`);
-- serves ``POST /v1/responses`` too when the response store is shared (``[cluster] store``:
-  a follow-up's ``previous_response_id`` is found whichever edge stored it);
-- forwards every other request (runs, apps, admin, ``count_tokens``, stored responses, and
-  ``/v1/responses`` without a shared store) to the active scheduler's HTTP address, as a reverse proxy (hosted runs are journaled there
+- serves ``POST /v1/responses`` and the stored responses' routes too when the response store
+  is shared (``[cluster] store``: a follow-up's ``previous_response_id`` is found whichever
+  edge stored it);
+- forwards every other request (runs, apps, admin, ``count_tokens``, and the Responses
+  API's routes without a shared store) to the active scheduler's HTTP address, as a reverse proxy (hosted runs are journaled there
   before they are accepted);
 - on a clean stop, hands the inferred runs its resolver holds to the scheduler and saves the
   resolver's state for the edge started in its place (:meth:`EdgeApp._hand_over`).
@@ -53,6 +54,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 from fastapi import HTTPException
+from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -84,8 +86,11 @@ from hermes.gateway.api.openai_bodies import (
 )
 from hermes.gateway.api.responses_answers import (
     ResponseEvents,
+    delete_stored,
     response_answer,
     response_request,
+    stored_items,
+    stored_response,
 )
 from hermes.gateway.auth import tenant_for
 from hermes.gateway.config import GatewayConfig, resolve_state_dir
@@ -101,7 +106,7 @@ from hermes.zmqdrain import QueuedMessages
 log = logging.getLogger("hermes.gateway.edge")
 
 #: the endpoints an edge serves itself (POST): path -> what it is
-Endpoint = Literal["chat", "completions", "embeddings", "messages", "responses"]
+Endpoint = Literal["chat", "completions", "embeddings", "messages", "responses", "stored"]
 _ENDPOINTS: dict[str, Endpoint] = {
     "/v1/chat/completions": "chat", "/v1/completions": "completions",
     "/v1/embeddings": "embeddings", "/v1/messages": "messages",
@@ -583,6 +588,8 @@ class EdgeApp:
                 response = await self.messages(request)
             elif endpoint == "responses":
                 response = await self.create_response(request)
+            elif endpoint == "stored":
+                response = self.stored(request)
             else:
                 response = await self.completion(request, endpoint)
             await response(scope, receive, send)
@@ -590,12 +597,17 @@ class EdgeApp:
         await self.proxy(scope, receive, send)
 
     def serves(self, scope: dict[str, Any]) -> Endpoint | None:
-        """The endpoint of an HTTP request this edge answers itself (None: forwarded)."""
+        """The endpoint of an HTTP request this edge answers itself (None: forwarded).
+        With a shared response store, ``POST /v1/responses`` and the stored responses'
+        routes too (``stored``: :func:`_stored_route`); without one the scheduler's store is
+        the one every edge reaches."""
         if scope["method"] != "POST":
+            if self.responses is not None and _stored_route(scope["method"], scope["path"]):
+                return "stored"
             return None
         endpoint = _ENDPOINTS.get(scope["path"])
         if endpoint == "responses" and self.responses is None:
-            return None  # no shared response store: the scheduler's is the one
+            return None
         return endpoint
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
@@ -741,6 +753,29 @@ class EdgeApp:
         resp, reply = response_answer(sent.done, call.msg.rid, r, store, tenant, run_id)
         told(reply, resp["id"] if r.req.store else None)  # before the answer leaves
         return JSONResponse(resp, headers=sent.headers)
+
+    def stored(self, request: Request) -> Response:
+        """``GET``/``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``
+        from the shared response store, answered as the all-in-one gateway answers them
+        (``limit`` parsed as its router parses it: a 422 naming ``query.limit``)."""
+        store = self.responses
+        route = _stored_route(request.method, request.url.path)
+        assert store is not None and route is not None
+        kind, response_id = route
+        tenant = tenant_for(request, None)
+        if kind == "get":
+            return stored_response(store, tenant, response_id)
+        if kind == "delete":
+            return delete_stored(store, tenant, response_id)
+        q = request.query_params
+        try:
+            limit = _QUERY_INT.validate_python(q.get("limit", "20"))
+        except ValidationError as e:
+            msg = e.errors()[0]["msg"]
+            return error_response(422, f"query.limit: {msg}", param="query.limit",
+                                  code="invalid_value")
+        return stored_items(store, tenant, response_id, limit=limit,
+                            order=q.get("order", "desc"), after=q.get("after"))
 
     def _answered(self, ident: Identity, reply: Any, response_id: str | None) -> None:
         """Tell the resolver a Responses call's reply and its stored response's id (the
@@ -1001,6 +1036,29 @@ class EdgeApp:
             await upstream.aclose()
         with contextlib.suppress(Exception):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+#: a query parameter read as an integer, as the all-in-one gateway's router reads it
+_QUERY_INT: TypeAdapter[int] = TypeAdapter(int)
+
+
+def _stored_route(method: str, path: str) -> tuple[Literal["get", "delete", "items"], str] | None:
+    """``(what, response id)`` of a stored response's route (the all-in-one gateway's
+    ``/v1/responses/{response_id}`` and ``.../input_items``), or None."""
+    prefix = "/v1/responses/"
+    if not path.startswith(prefix):
+        return None
+    rest = path[len(prefix):]
+    kind: Literal["get", "delete", "items"]
+    if method == "GET" and rest.endswith("/input_items"):
+        kind, rest = "items", rest[:-len("/input_items")]
+    elif method in ("GET", "DELETE"):
+        kind = "get" if method == "GET" else "delete"
+    else:
+        return None
+    if not rest or "/" in rest:
+        return None
+    return kind, rest
 
 
 def _anthropic_error(code: int, message: str, headers: dict[str, str] | None = None
