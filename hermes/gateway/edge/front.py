@@ -89,6 +89,7 @@ from hermes.gateway.api.responses_answers import (
     delete_stored,
     response_answer,
     response_request,
+    store_unavailable,
     stored_items,
     stored_response,
 )
@@ -726,8 +727,7 @@ class EdgeApp:
         except ResponsesError as e:
             return error_response(e.status, str(e), param=e.param, code=e.code)
         except StoreUnavailable as e:
-            return error_response(503, f"{e}; retry later", code="store_unavailable",
-                                  headers={"Retry-After": "1"})
+            return store_unavailable(e)
         try:
             sent = await self._dispatch(request, model=r.req.model, endpoint=r.endpoint,
                                         body=r.body, stream=r.req.stream, evidence=r.raw,
