@@ -77,7 +77,10 @@ def test_embeddings_are_served_by_the_edge_as_by_the_all_in_one(
     calls_before = sp.scheduler_state.edge_link.calls
     ok = [{"model": EMBED_MODEL, "input": "hello world"},
           {"model": EMBED_MODEL, "input": ["a", "b c"], "dimensions": 8},
-          {"model": EMBED_MODEL, "input": [[1, 2, 3], [4]], "encoding_format": "base64"}]
+          {"model": EMBED_MODEL, "input": [[1, 2, 3], [4]], "encoding_format": "base64"},
+          # the largest request the bounds admit: its ~4 MB answer comes from the node
+          {"model": EMBED_MODEL, "input": [f"word{i}" for i in range(MAX_EMBED_INPUTS)],
+           "dimensions": 512, "encoding_format": "base64"}]
     for body in ok:
         want, got = _post(aio.url, "/v1/embeddings", body), _post(edge.url, "/v1/embeddings", body)
         assert want.status_code == 200, want.text
