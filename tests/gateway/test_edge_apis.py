@@ -1,6 +1,7 @@
-"""An edge serves ``/v1/embeddings`` and Anthropic's ``/v1/messages`` itself (one call to the
-scheduler, the node's answer translated at the edge), with the all-in-one gateway's answers
-and errors for the same requests.
+"""An edge serves ``/v1/embeddings``, Anthropic's ``/v1/messages`` and, with a shared store,
+the Responses API itself (one call to the scheduler, the node's answer translated at the
+edge), with the all-in-one gateway's answers and errors for the same requests; without a
+shared store the Responses API is forwarded to the scheduler.
 
 Each test makes the scheduler's HTTP unreachable from the edge (the leader's ``http_address``
 the edge follows points at a closed port): what an edge forwards then fails (503), so every
