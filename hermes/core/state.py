@@ -45,9 +45,9 @@ class UnitObservation:
         bit for bit the batch formula there: every header-less request of the live gateway
         closes a one-request unit, and numpy's per-call overhead was most of its cost)."""
         if len(inputs) == 1 and not cost.token_knots:
-            i, o = inputs[0], outputs[0]
-            return cls(unit=unit, input_tokens=int(i), output_tokens=int(o), parallelism=1,
-                       duration_s=duration_s, service_s=cost.request_service_s(i, o),
+            i1, o1 = inputs[0], outputs[0]
+            return cls(unit=unit, input_tokens=int(i1), output_tokens=int(o1), parallelism=1,
+                       duration_s=duration_s, service_s=cost.request_service_s(i1, o1),
                        started=started, finished=finished)
         import numpy as np
 

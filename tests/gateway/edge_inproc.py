@@ -21,6 +21,7 @@ from hermes.gateway.server import BackgroundServer, gateway_state, start_backgro
 from hermes.procs import free_port
 
 MODEL = "llama-2-7b"
+EMBED_MODEL = "sim-embed"
 SCALE = 50.0
 
 
@@ -29,8 +30,11 @@ class _Node(ThreadedNode):
         from hermeslet.agent import HermesLet
         from hermeslet.engines.sim_engine import SimEngine
 
-        return HermesLet("n0", address, [SimEngine(name="sim", model=MODEL, time_scale=SCALE)],
-                         heartbeat_s=0.1)
+        # the all-in-one gateway's embedded default: the model, and an embedding model
+        return HermesLet("n0", address, [
+            SimEngine(name="sim", model=MODEL, time_scale=SCALE),
+            SimEngine(name="embed0", model=EMBED_MODEL, time_scale=SCALE, task="embed")],
+            heartbeat_s=0.1)
 
 
 def wait_for(pred: Any, timeout: float = 15.0, what: str = "condition") -> None:

@@ -38,6 +38,20 @@ def test_wire_round_trips_and_refuses_what_is_not_a_message() -> None:
         wire.decode_edge(b"\xc1 not msgpack")
 
 
+def test_wire_embeddings_and_native_calls() -> None:
+    """An embeddings call needs an embedding engine; Anthropic's request as sent travels
+    beside its chat body only when given (nothing on the wire otherwise)."""
+    emb = _call(endpoint="embeddings", body={"input": "x"})
+    assert wire.decode_edge(wire.encode(emb)) == emb and emb.task == "embed"
+    assert _call().task == "generate"
+    native = {"endpoint": "messages", "body": {"max_tokens": 8, "messages": []}}
+    c = _call(native=native)
+    assert wire.decode_edge(wire.encode(c)) == c
+    assert b"native" not in wire.encode(_call()) and b"native" in wire.encode(c)
+    with pytest.raises(msgspec.ValidationError):
+        wire.decode_edge(wire.encode(_call(endpoint="responses")))  # not an endpoint
+
+
 def test_submit_reply_fields_are_additive() -> None:
     old = P.decode(P.encode(P.Submit(request_id="r", run_id="r", unit="u", model="m",
                                      endpoint="chat", key=[0.0])))

@@ -28,27 +28,26 @@ others, the built-in engine included, whose answer is translated back: a ``messa
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from hermes.anthropic_wire import (
     CountTokensBody,
-    EventContent,
-    MessagesBody,
     MessagesError,
-    MessageStreamer,
     assistant_reply,
     count_tokens,
     error_body,
-    from_chat,
     status,
-    to_chat,
 )
-from hermes.gateway.api.anthropic_bodies import check_version, parse_body, resolver_body
+from hermes.gateway.api.anthropic_answers import (
+    VERSION_HEADER,
+    MessageEvents,
+    message_object,
+    message_request,
+)
+from hermes.gateway.api.anthropic_bodies import check_version, parse_body
 from hermes.gateway.api.appstate import scheduler_of
 from hermes.gateway.api.binding import (
     BoundCall,
@@ -59,14 +58,11 @@ from hermes.gateway.api.binding import (
     submit_call,
     wait_call,
 )
-from hermes.gateway.api.openai_api import completion_object
 from hermes.gateway.errors import SchedulerError
 from hermes.gateway.scheduler import LiveScheduler
 from hermes.protocol import Done
 
 router = APIRouter()
-
-VERSION_HEADER = "anthropic-version"
 
 
 def _error(code: int, message: str) -> JSONResponse:
@@ -77,8 +73,8 @@ def _refused(e: MessagesError | SchedulerError) -> JSONResponse:
     return _error(e.status, str(e))
 
 
-async def _parse(request: Request, cls: type[MessagesBody] | type[CountTokensBody]
-                 ) -> MessagesBody | CountTokensBody | JSONResponse:
+async def _parse(request: Request, cls: type[CountTokensBody]
+                 ) -> CountTokensBody | JSONResponse:
     try:
         check_version(request.headers.get(VERSION_HEADER))
         body = parse_body(await request.body(), cls)
@@ -92,98 +88,48 @@ async def _parse(request: Request, cls: type[MessagesBody] | type[CountTokensBod
 async def create_message(request: Request) -> Response:
     """Create a message (``stream: true`` for Anthropic's event stream)."""
     sched = scheduler_of(request)
-    parsed = await _parse(request, MessagesBody)
-    if isinstance(parsed, JSONResponse):
-        return parsed
-    assert isinstance(parsed, MessagesBody)
-    body = parsed
-    raw = json.loads(await request.body())  # valid: parsed above
-    native = {"endpoint": "messages",
-              "body": {k: v for k, v in raw.items() if k not in ("model", "stream")}}
     try:
-        chat = to_chat(body)
-        call = await submit_call(sched, request, model=body.model, endpoint="chat", body=chat,
-                                 stream=body.stream, client_body=resolver_body(body, chat),
-                                 messages=chat["messages"], native=native)
+        m = message_request(await request.body(), request.headers.get(VERSION_HEADER))
+        call = await submit_call(sched, request, model=m.body.model, endpoint="chat",
+                                 body=m.chat, stream=m.body.stream, client_body=m.evidence,
+                                 messages=m.chat["messages"], native=m.native)
     except (MessagesError, SchedulerError) as e:
         return _refused(e)
-    message_id = f"msg_{call.req.request_id}"
-    headers = {**call.headers, "request-id": call.req.request_id}
-    if body.stream:
-        streamer = MessageStreamer(message_id=message_id, model=body.model,
-                                   input_tokens=count_tokens(body),
-                                   stop_sequences=body.stop_sequences)
-        return StreamingResponse(_events(sched, call, streamer), media_type="text/event-stream",
+    rid = call.req.request_id
+    headers = {**call.headers, "request-id": rid}
+    if m.body.stream:
+        events = MessageEvents(rid, m.body, lambda reply: call_answered(sched, call, reply))
+        return StreamingResponse(_events(sched, call, events), media_type="text/event-stream",
                                  headers={**headers, "Cache-Control": "no-cache"})
     try:
         done = await wait_call(sched, call)
     except SchedulerError as e:
         return _refused(e)
-    if isinstance(done.response, dict) and done.response.get("type") == "message":
-        message = {**done.response, "id": message_id, "model": body.model}  # served natively
-    else:
-        completion = completion_object("chat", call.req.request_id, body.model, done)
-        message = from_chat(completion, message_id=message_id, model=body.model,
-                            stop_sequences=body.stop_sequences)
+    message = message_object(done, rid, m.body)
     response = answer(sched, call, message, replies=assistant_reply(message["content"]))
-    response.headers["request-id"] = call.req.request_id
+    response.headers["request-id"] = rid
     return response
 
 
-def _sse(event: str, data: dict[str, Any]) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
-
-
-async def _events(sched: LiveScheduler, call: BoundCall, tr: MessageStreamer
+async def _events(sched: LiveScheduler, call: BoundCall, events: MessageEvents
                   ) -> AsyncIterator[bytes]:
-    """Anthropic's event stream of a streamed request: the engine's own events when it serves
-    ``/v1/messages`` itself (the message's ``id`` and ``model`` the gateway's), else the chat
-    chunks translated (:class:`MessageStreamer`). The resolver is told the reply before
-    ``message_stop`` leaves, so that a client continuing at once finds the run; a failure
+    """Anthropic's event stream of a streamed request (:class:`MessageEvents`). A failure
     mid-stream is an ``error`` event (Anthropic's shape) and fails a one-request run; a client
     that went away has its request abandoned at its node."""
     completed = False
-    started = False  # message_start has left (the engine's or the translation's)
-    native: EventContent | None = None
     try:
         async for tok in sched.stream(call.req):
-            ev = tok.chunk
-            if ev is not None and "type" in ev and "choices" not in ev:  # Anthropic's event
-                if native is None:
-                    native = EventContent()
-                started = True
-                kind = str(ev["type"])
-                if kind == "message_start":
-                    ev = {**ev, "message": {**(ev.get("message") or {}), "id": tr.message_id,
-                                            "model": tr.model}}
-                elif kind == "message_stop":
-                    call_answered(sched, call, assistant_reply(native.content))
-                native.feed(ev)
-                yield _sse(kind, ev)
-                continue
-            if not started:
-                started = True
-                for e in tr.start():
-                    yield _sse(*e)
-            events = tr.feed_chunk(ev) if ev is not None else tr.feed_text(tok.text)
-            for e in events:
-                yield _sse(*e)
-        if native is None:
-            if not started:
-                for e in tr.start():
-                    yield _sse(*e)
-            done = call.req.result
-            assert isinstance(done, Done)
-            final = tr.finish(done.finish_reason, input_tokens=done.input_tokens,
-                              output_tokens=done.output_tokens)
-            call_answered(sched, call, assistant_reply(tr.content))
-            for e in final:
-                yield _sse(*e)
+            for out in events.feed(tok):
+                yield out
+        done = call.req.result
+        assert isinstance(done, Done)
+        for out in events.finish(done):
+            yield out
         completed = True
         call_ended(sched, call)
     except SchedulerError as e:
         call_ended(sched, call, str(e))
-        yield _sse("error", error_body(e.status, str(e)))
+        yield events.error(e.status, str(e))
         completed = True
     finally:
         if not completed:  # client disconnected mid-stream

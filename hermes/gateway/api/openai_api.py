@@ -243,12 +243,19 @@ async def embeddings(request: Request) -> Response:
         done = await wait_call(sched, call)
     except SchedulerError as e:
         return scheduler_error(e)
+    return answer(sched, call, embeddings_object(body.model, done))
+
+
+def embeddings_object(model: str, done: Done) -> dict[str, Any]:
+    """The embeddings answer of a node's ``done`` (the engine's list object, the model the
+    client asked for, usage from the counts when the engine gave none). (The all-in-one
+    gateway and an edge, :mod:`hermes.gateway.edge.front`, answer with it.)"""
     out = dict(done.response or {})
-    out["model"] = body.model
+    out["model"] = model
     out.setdefault("object", "list")
     out.setdefault("usage", {"prompt_tokens": done.input_tokens,
                              "total_tokens": done.input_tokens})
-    return answer(sched, call, out)
+    return out
 
 
 def _model_obj(model: str, created: int) -> dict[str, Any]:

@@ -14,20 +14,18 @@ conversation each ended with, so that ``previous_response_id`` continues it; an 
 expired or other tenant's id is a 404 naming ``previous_response_id``.
 
 Engines that serve ``/v1/responses`` themselves are not passed the body natively yet: see
-:func:`_engine_request`, the one place that decides what the engine gets.
+:func:`hermes.gateway.api.responses_answers.engine_request`, the one place that decides
+what the engine gets (the request, the answer and the event stream are written there, for
+the all-in-one gateway and an edge alike).
 """
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import AsyncIterator
-from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from hermes.core import strict_json
 from hermes.gateway.api.appstate import scheduler_of
 from hermes.gateway.api.binding import (
     BoundCall,
@@ -39,24 +37,23 @@ from hermes.gateway.api.binding import (
     wait_call,
 )
 from hermes.gateway.api.errors import error_response, scheduler_error
-from hermes.gateway.api.openai_api import completion_object
+from hermes.gateway.api.responses_answers import (
+    ResponseEvents,
+    delete_stored,
+    response_answer,
+    response_request,
+    store_unavailable,
+    stored_items,
+    stored_response,
+)
 from hermes.gateway.auth import tenant_for
 from hermes.gateway.errors import SchedulerError
 from hermes.gateway.responses import (
     DEFAULT_MAX_STORED,
     DEFAULT_RETENTION_S,
     ResponsesError,
-    ResponsesRequest,
     ResponseStorage,
     ResponseStore,
-    ResponseStreamer,
-    assistant_message,
-    from_chat,
-    input_items,
-    input_messages,
-    new_response_id,
-    parse_request,
-    to_chat,
 )
 from hermes.gateway.scheduler import LiveScheduler
 from hermes.gateway.shared import StoreUnavailable
@@ -78,135 +75,67 @@ def response_store(request: Request) -> ResponseStorage:
     return store
 
 
-def _unavailable(e: StoreUnavailable) -> JSONResponse:
-    return error_response(503, f"{e}; retry later", code="store_unavailable",
-                          headers={"Retry-After": "1"})
-def parse_json(raw: bytes) -> Any:
-    """The body as strict JSON (:mod:`hermes.core.strict_json`: a lone surrogate, NaN or
-    deep nesting is a 400 naming where, not a 500 after the work), else ResponsesError."""
-    try:
-        return strict_json.loads(raw)
-    except strict_json.StrictJSONError as e:
-        raise ResponsesError(f"the request body is not valid JSON ({e})", param=e.path or None,
-                             code="invalid_json") from None
-
-
 def _error(e: ResponsesError) -> JSONResponse:
     return error_response(e.status, str(e), param=e.param, code=e.code)
-
-
-def _not_found(response_id: str, param: str | None = None) -> JSONResponse:
-    return error_response(404, f"Response with id {response_id!r} not found.", param=param,
-                          code="response_not_found")
-
-
-def _engine_request(req: ResponsesRequest, history: list[dict[str, Any]]
-                    ) -> tuple[Literal["chat"], dict[str, Any]]:
-    """The endpoint and body the engine gets: the one place to add pass-through. Always
-    chat completions today. An engine that serves ``/v1/responses`` itself (recent vLLM,
-    OpenAI) could get the body as it is, with ``previous_response_id`` resolved into
-    ``input`` from the store (engines do not share the gateway's store), once the node
-    protocol has a ``responses`` endpoint (:class:`hermes.protocol.Submit`) and engines
-    advertise it in their hello; its answer and events would then pass back untranslated."""
-    return "chat", to_chat(req, history)
 
 
 @router.post("/v1/responses", tags=["openai"])
 async def create_response(request: Request) -> Response:
     """Create a model response (``stream: true`` for the Responses event stream)."""
     sched = scheduler_of(request)
-    try:
-        raw = parse_json(await request.body())
-        req = parse_request(raw)
-    except ResponsesError as e:
-        return _error(e)
-    assert isinstance(raw, dict)
     tenant = tenant_for(request, None)
     store = response_store(request)
-    history: list[dict[str, Any]] = []
-    if req.previous_response_id is not None:
-        try:
-            prev = store.get(tenant, req.previous_response_id)
-        except StoreUnavailable as e:
-            return _unavailable(e)
-        if prev is None:
-            return error_response(404, f"Previous response with id {req.previous_response_id!r} "
-                                  "not found.", param="previous_response_id",
-                                  code="previous_response_not_found")
-        history = prev.conversation
-    endpoint, body = _engine_request(req, history)
     try:
-        call = await submit_call(sched, request, model=req.model, endpoint=endpoint, body=body,
-                                 stream=req.stream, client_body=raw, messages=body["messages"])
+        r = response_request(await request.body(), store, tenant)
+    except ResponsesError as e:
+        return _error(e)
+    except StoreUnavailable as e:
+        return store_unavailable(e)
+    try:
+        call = await submit_call(sched, request, model=r.req.model, endpoint=r.endpoint,
+                                 body=r.body, stream=r.req.stream, client_body=r.raw,
+                                 messages=r.body["messages"])
     except SchedulerError as e:
         return scheduler_error(e)
-    conversation = [*history, *input_messages(req)]
-    if req.stream:
+    if r.req.stream:
+        events = ResponseEvents(r, store, tenant, lambda reply, response_id: call_answered(
+            sched, call, reply, response_id=response_id))
         return StreamingResponse(
-            _events(sched, call, req, store, tenant, conversation),
+            _events(sched, call, events),
             media_type="text/event-stream", headers={**call.headers, "Cache-Control": "no-cache"})
     try:
         done = await wait_call(sched, call)
     except SchedulerError as e:
         return scheduler_error(e)
-    chat = completion_object("chat", call.req.request_id, req.model, done)
-    resp = from_chat(chat, req, response_id=new_response_id(), created_at=time.time())
-    reply = assistant_message(resp)
-    if req.store:
-        _put(store, tenant, resp, input_items(req), [*conversation, reply], call.run.run_id)
-    return answer(sched, call, resp, replies=reply, response_id=resp["id"] if req.store else None)
+    resp, reply = response_answer(done, call.req.request_id, r, store, tenant,
+                                  call.run.run_id)
+    return answer(sched, call, resp, replies=reply,
+                  response_id=resp["id"] if r.req.store else None)
 
 
-def _put(store: ResponseStorage, tenant: str | None, resp: dict[str, Any],
-         items: list[dict[str, Any]], conversation: list[dict[str, Any]],
-         run_id: str) -> None:
-    """Store a response; a shared store that does not answer leaves it unstored (the answer
-    still goes out: it is generated; the store logs and counts the outage)."""
-    try:
-        store.put(tenant, resp, items, conversation, run_id=run_id)
-    except StoreUnavailable:
-        pass
-
-
-def _sse(event: dict[str, Any]) -> bytes:
-    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
-
-
-async def _events(sched: LiveScheduler, call: BoundCall, req: ResponsesRequest,
-                  store: ResponseStorage, tenant: str | None,
-                  conversation: list[dict[str, Any]]) -> AsyncIterator[bytes]:
-    """The Responses event stream of a streamed request. The response is stored before its
-    last event leaves, so that a client continuing it at once finds it; a header-less run
-    is finished after it (failed on an error, and on a client that went away, whose request
-    is abandoned at its node)."""
-    tr = ResponseStreamer(req, created_at=time.time())
+async def _events(sched: LiveScheduler, call: BoundCall, events: ResponseEvents
+                  ) -> AsyncIterator[bytes]:
+    """The Responses event stream of a streamed request (:class:`ResponseEvents`: the
+    response is stored before its last event leaves, so that a client continuing it at once
+    finds it); a header-less run is finished after it (failed on an error, and on a client
+    that went away, whose request is abandoned at its node)."""
     completed = False
     try:
-        for ev in tr.start():
-            yield _sse(ev)
+        for out in events.start():
+            yield out
         async for tok in sched.stream(call.req):
-            events = tr.feed_chunk(tok.chunk) if tok.chunk is not None else tr.feed_text(tok.text)
-            for ev in events:
-                yield _sse(ev)
+            for out in events.feed(tok):
+                yield out
         done = call.req.result
         assert isinstance(done, Done)
-        final = tr.finish(done.finish_reason, input_tokens=done.input_tokens,
-                          output_tokens=done.output_tokens)
-        assert tr.response is not None
-        reply = assistant_message(tr.response)
-        if req.store:
-            _put(store, tenant, tr.response, input_items(req), [*conversation, reply],
-                 call.run.run_id)
-        call_answered(sched, call, reply,
-                      response_id=tr.response["id"] if req.store else None)
-        for ev in final:
-            yield _sse(ev)
+        for out in events.finish(done, call.run.run_id):
+            yield out
         completed = True
         call_ended(sched, call)
     except SchedulerError as e:
         call_ended(sched, call, str(e))
-        for ev in tr.fail(str(e)):
-            yield _sse(ev)
+        for out in events.fail(str(e)):
+            yield out
         completed = True
     finally:
         if not completed:  # client disconnected mid-stream
@@ -216,25 +145,13 @@ async def _events(sched: LiveScheduler, call: BoundCall, req: ResponsesRequest,
 @router.get("/v1/responses/{response_id}", tags=["openai"])
 async def get_response(request: Request, response_id: str) -> Response:
     """A stored response (404 when unknown, expired, not stored or another tenant's)."""
-    try:
-        entry = response_store(request).get(tenant_for(request, None), response_id)
-    except StoreUnavailable as e:
-        return _unavailable(e)
-    if entry is None:
-        return _not_found(response_id)
-    return JSONResponse(entry.response)
+    return stored_response(response_store(request), tenant_for(request, None), response_id)
 
 
 @router.delete("/v1/responses/{response_id}", tags=["openai"])
 async def delete_response(request: Request, response_id: str) -> Response:
     """Delete a stored response (it can no longer be read or continued)."""
-    try:
-        deleted = response_store(request).delete(tenant_for(request, None), response_id)
-    except StoreUnavailable as e:
-        return _unavailable(e)
-    if not deleted:
-        return _not_found(response_id)
-    return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+    return delete_stored(response_store(request), tenant_for(request, None), response_id)
 
 
 @router.get("/v1/responses/{response_id}/input_items", tags=["openai"])
@@ -242,24 +159,5 @@ async def list_input_items(request: Request, response_id: str, limit: int = 20,
                            order: str = "desc", after: str | None = None) -> Response:
     """The input items of a stored response, as a list object (``order`` ``desc``, newest
     first, by default as OpenAI; ``after``: an item id to page on; ``limit`` 1 to 100)."""
-    if not 1 <= limit <= 100:
-        return error_response(400, "limit: must be between 1 and 100", param="limit")
-    if order not in ("asc", "desc"):
-        return error_response(400, "order: expected 'asc' or 'desc'", param="order")
-    try:
-        entry = response_store(request).get(tenant_for(request, None), response_id)
-    except StoreUnavailable as e:
-        return _unavailable(e)
-    if entry is None:
-        return _not_found(response_id)
-    items = entry.input_items if order == "asc" else entry.input_items[::-1]
-    if after is not None:
-        ids = [it.get("id") for it in items]
-        if after not in ids:
-            return error_response(400, f"after: no input item {after!r}", param="after")
-        items = items[ids.index(after) + 1:]
-    page = items[:limit]
-    return JSONResponse({"object": "list", "data": page,
-                         "first_id": page[0]["id"] if page else None,
-                         "last_id": page[-1]["id"] if page else None,
-                         "has_more": len(items) > limit})
+    return stored_items(response_store(request), tenant_for(request, None), response_id,
+                        limit=limit, order=order, after=after)

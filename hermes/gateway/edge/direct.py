@@ -77,7 +77,7 @@ class DirectCalls:
     # ------------------------------------------------------------------ intake
     def take(self, edge: bytes, c: wire.Call) -> None:
         """Rank, route and send ``c`` (raises :class:`SchedulerError` when it cannot)."""
-        model = self.nodes.resolve_model(c.model, strict=True)
+        model = self.nodes.resolve_model(c.model, strict=True, task=c.task)
         ctx = self.ctx
         now = ctx.now()
         policy = ctx.policy
@@ -94,7 +94,8 @@ class DirectCalls:
         key = policy_key(policy, state, view, now)
         msg = Submit(request_id=c.rid, run_id=c.rid, unit=view.unit, model=model,
                      endpoint=c.endpoint, body=c.body, stream=c.stream, key=list(key),
-                     prompt_tokens=c.prompt_tokens, reply_to=c.reply_to, reply_only=True)
+                     prompt_tokens=c.prompt_tokens, reply_to=c.reply_to, reply_only=True,
+                     native=c.native)
         call = DirectCall(edge=edge, msg=msg, sent_at=time.monotonic())
         self._send(call)
         self.calls[c.rid] = call

@@ -7,15 +7,22 @@ Many edges run behind a load balancer; each
   re-reads it every :attr:`SchedulerLink.WATCH_S` and reconnects when the leader changes;
 - answers ``/readyz`` 200 only while the active scheduler answers its pings (within
   :attr:`SchedulerLink.READY_S`), so that a load balancer sends it traffic only then;
-- serves the completion endpoints itself (``POST /v1/chat/completions``,
-  ``/v1/completions``): API keys and tenant admission (the gateway's security middleware),
-  parsing and validation (the same models as the all-in-one gateway), then **one compact
-  message per call** to the scheduler (:class:`~hermes.gateway.edge.wire.Call`: the request
-  id, run headers, model, the prompt's token estimate and the engine body). The scheduler
+- serves the LLM endpoints itself (``POST /v1/chat/completions``, ``/v1/completions``,
+  ``/v1/embeddings``, Anthropic's ``/v1/messages``): API keys and tenant admission (the
+  gateway's security middleware), parsing and validation (the same models as the all-in-one
+  gateway), then **one compact message per call** to the scheduler
+  (:class:`~hermes.gateway.edge.wire.Call`: the request id, run headers, model, the prompt's
+  token estimate and the engine body). The scheduler
   ranks and dispatches it with ``reply_to`` = this edge's ZeroMQ address (``--bind``): the
   node streams the tokens and sends the answer **here**, and the scheduler only the counts;
-- forwards every other request (runs, apps, responses, admin) to the active scheduler's HTTP
-  address, as a reverse proxy (hosted runs are journaled there before they are accepted);
+  the answer is written here as the all-in-one gateway writes it (the same functions:
+  :mod:`hermes.gateway.api.openai_api`, :mod:`hermes.gateway.api.anthropic_answers`);
+- serves ``POST /v1/responses`` and the stored responses' routes too when the response store
+  is shared (``[cluster] store``: a follow-up's ``previous_response_id`` is found whichever
+  edge stored it);
+- forwards every other request (runs, apps, admin, ``count_tokens``, and the Responses
+  API's routes without a shared store) to the active scheduler's HTTP address, as a reverse proxy (hosted runs are journaled there
+  before they are accepted);
 - on a clean stop, hands the inferred runs its resolver holds to the scheduler and saves the
   resolver's state for the edge started in its place (:meth:`EdgeApp._hand_over`).
 
@@ -40,18 +47,28 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import httpx
 import msgspec
 import zmq
 import zmq.asyncio
 from fastapi import HTTPException
+from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from hermes import protocol as P
+from hermes.anthropic_wire import MessagesError, assistant_reply
+from hermes.anthropic_wire import error_body as anthropic_error_body
+from hermes.anthropic_wire import status as anthropic_status
 from hermes.core.lease import EpochGate
+from hermes.gateway.api.anthropic_answers import (
+    VERSION_HEADER,
+    MessageEvents,
+    message_object,
+    message_request,
+)
 from hermes.gateway.api.binding import (
     APP_HEADER,
     RUN_HEADER,
@@ -59,11 +76,22 @@ from hermes.gateway.api.binding import (
     check_app_header,
     run_params,
 )
-from hermes.gateway.api.errors import error_response, scheduler_error
-from hermes.gateway.api.openai_api import ChunkWriter, completion_object
+from hermes.gateway.api.errors import error_response
+from hermes.gateway.api.openai_api import ChunkWriter, completion_object, embeddings_object
 from hermes.gateway.api.openai_bodies import (
+    EmbeddingBody,
     engine_body,
     parse_completion_body,
+    validate_body,
+)
+from hermes.gateway.api.responses_answers import (
+    ResponseEvents,
+    delete_stored,
+    response_answer,
+    response_request,
+    store_unavailable,
+    stored_items,
+    stored_response,
 )
 from hermes.gateway.auth import tenant_for
 from hermes.gateway.config import GatewayConfig, resolve_state_dir
@@ -71,14 +99,19 @@ from hermes.gateway.edge import wire
 from hermes.gateway.edge.infer import EdgeRuns, inferred_app_id, run_headers
 from hermes.gateway.errors import SchedulerError, error_type
 from hermes.gateway.resolve import ChatReplies, Identity
+from hermes.gateway.responses import ResponsesError, ResponseStorage
 from hermes.gateway.shared import StoreUnavailable
 from hermes.gateway.tenancy import current_tenant
 from hermes.zmqdrain import QueuedMessages
 
 log = logging.getLogger("hermes.gateway.edge")
 
-_ENDPOINTS: dict[str, Literal["chat", "completions"]] = {
-    "/v1/chat/completions": "chat", "/v1/completions": "completions"}
+#: the endpoints an edge serves itself (POST): path -> what it is
+Endpoint = Literal["chat", "completions", "embeddings", "messages", "responses", "stored"]
+_ENDPOINTS: dict[str, Endpoint] = {
+    "/v1/chat/completions": "chat", "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings", "/v1/messages": "messages",
+    "/v1/responses": "responses"}  # (with a shared response store: EdgeApp.serves)
 #: hop-by-hop headers a proxy does not forward (RFC 9110 7.6.1)
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
         "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
@@ -88,11 +121,28 @@ class CallFailedError(Exception):
     """A call the scheduler refused or could not serve (status, code: the client's)."""
 
     def __init__(self, status: int, code: str | None, message: str,
-                 param: str | None = None) -> None:
+                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.param = param
+        self.headers = headers
+
+    def openai(self) -> JSONResponse:
+        """The refusal in OpenAI's error shape."""
+        return error_response(self.status, str(self), code=self.code, param=self.param,
+                              headers=self.headers)
+
+
+class Sent(NamedTuple):
+    """A call the scheduler took (:meth:`EdgeApp._dispatch`): the call, its answer (None
+    for a stream under way), its inferred run (None: not in one) and the run headers its
+    answer carries."""
+
+    call: EdgeCall
+    done: P.Done | None
+    ident: Identity | None
+    headers: dict[str, str]
 
 
 class EdgeCall:
@@ -363,10 +413,15 @@ class SchedulerLink:
 class EdgeApp:
     """The edge's ASGI app (module doc)."""
 
-    def __init__(self, config: GatewayConfig, evidence_index: Any | None = None) -> None:
+    def __init__(self, config: GatewayConfig, evidence_index: Any | None = None,
+                 responses: ResponseStorage | None = None) -> None:
         """``evidence_index``: the run resolver's shared evidence index (``[cluster]
-        store``), or None (this edge's own: :mod:`hermes.gateway.edge.infer`)."""
+        store``), or None (this edge's own: :mod:`hermes.gateway.edge.infer`);
+        ``responses``: the shared response store (``[cluster] store``), or None: without
+        one, ``POST /v1/responses`` is forwarded to the scheduler, whose store is then the
+        one every edge reaches (a follow-up's ``previous_response_id`` is found there)."""
         self.config = config
+        self.responses = responses
         self.name = config.ha.member or f"{socket.gethostname()}:{os.getpid()}"
         self.reply_to = config.ha.advertised(config.scheduler.bind)
         sec = config.security
@@ -544,12 +599,36 @@ class EdgeApp:
                     body["curve_reason"] = hs.reason
             await JSONResponse(body, status_code=200 if ready else 503)(scope, receive, send)
             return
-        endpoint = _ENDPOINTS.get(path)
-        if endpoint is not None and scope["method"] == "POST":
-            response = await self.completion(Request(scope, receive), endpoint)
+        endpoint = self.serves(scope)
+        if endpoint is not None:
+            request = Request(scope, receive)
+            if endpoint == "embeddings":
+                response = await self.embeddings(request)
+            elif endpoint == "messages":
+                response = await self.messages(request)
+            elif endpoint == "responses":
+                response = await self.create_response(request)
+            elif endpoint == "stored":
+                response = self.stored(request)
+            else:
+                response = await self.completion(request, endpoint)
             await response(scope, receive, send)
             return
         await self.proxy(scope, receive, send)
+
+    def serves(self, scope: dict[str, Any]) -> Endpoint | None:
+        """The endpoint of an HTTP request this edge answers itself (None: forwarded).
+        With a shared response store, ``POST /v1/responses`` and the stored responses'
+        routes too (``stored``: :func:`_stored_route`); without one the scheduler's store is
+        the one every edge reaches."""
+        if scope["method"] != "POST":
+            if self.responses is not None and _stored_route(scope["method"], scope["path"]):
+                return "stored"
+            return None
+        endpoint = _ENDPOINTS.get(scope["path"])
+        if endpoint == "responses" and self.responses is None:
+            return None
+        return endpoint
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         while True:
@@ -573,16 +652,176 @@ class EdgeApp:
     async def completion(self, request: Request,
                          endpoint: Literal["chat", "completions"]) -> Response:
         """One completion request: validate, one call to the scheduler, the answer from the
-        node (module doc). The run headers are checked as the all-in-one gateway checks
-        them (:func:`~hermes.gateway.api.binding.run_params`, the ``X-Hermes-App`` owner,
-        the tenant); a stream's answer starts at its first token (or its end), so that a
-        refusal gets its HTTP status and the headers name the run the call is counted in."""
+        node (module doc; :meth:`_dispatch`)."""
         parsed = await parse_completion_body(request, endpoint)
         if isinstance(parsed, Response):
             return parsed
+        ebody = engine_body(parsed)
+        try:
+            sent = await self._dispatch(request, model=parsed.model, endpoint=endpoint,
+                                        body=ebody, stream=bool(parsed.stream),
+                                        evidence={**ebody, "model": parsed.model})
+        except CallFailedError as e:
+            return e.openai()
+        call, ident = sent.call, sent.ident
+        if parsed.stream:
+            include_usage = bool((parsed.stream_options or {}).get("include_usage"))
+            return StreamingResponse(
+                self._sse(call, endpoint, parsed.model, include_usage, ident),
+                media_type="text/event-stream",
+                headers={**sent.headers, "Cache-Control": "no-cache"})
+        assert sent.done is not None
+        content = completion_object(endpoint, call.msg.rid, parsed.model, sent.done)
+        if ident is not None:  # before the answer leaves: the next turn finds the run
+            self.runs.answered(ident, _chat_replies(content) if endpoint == "chat" else None,
+                               self.now())
+        return JSONResponse(content, headers=sent.headers)
+
+    async def embeddings(self, request: Request) -> Response:
+        """``POST /v1/embeddings``: the body checked as the all-in-one gateway checks it
+        (:class:`~hermes.gateway.api.openai_bodies.EmbeddingBody`: its bounds on inputs,
+        dimensions and the answer's size), one call to the scheduler (an engine that embeds;
+        bound by its run headers only: a vector has no conversation to continue), the answer
+        from the node (:func:`~hermes.gateway.api.openai_api.embeddings_object`)."""
+        body = validate_body(await request.body(), EmbeddingBody)
+        if isinstance(body, Response):
+            return body
+        try:
+            sent = await self._dispatch(
+                request, model=body.model, endpoint="embeddings",
+                body=body.model_dump(exclude_none=True, exclude={"model"}), stream=False,
+                infer=False)
+        except CallFailedError as e:
+            return e.openai()
+        assert sent.done is not None
+        return JSONResponse(embeddings_object(body.model, sent.done), headers=sent.headers)
+
+    async def messages(self, request: Request) -> Response:
+        """``POST /v1/messages`` (Anthropic's Messages API): checked as the all-in-one
+        gateway checks it, one call to the scheduler (the chat form for an engine that
+        translates, the request as sent for one that serves ``/v1/messages`` itself), the
+        node's answer written as the all-in-one gateway writes it
+        (:mod:`hermes.gateway.api.anthropic_answers`); every error in Anthropic's shape."""
+        try:
+            m = message_request(await request.body(), request.headers.get(VERSION_HEADER))
+        except MessagesError as e:
+            return _anthropic_error(e.status, str(e))
+        try:
+            sent = await self._dispatch(request, model=m.body.model, endpoint="chat",
+                                        body=m.chat, stream=m.body.stream, evidence=m.evidence,
+                                        messages=m.chat["messages"], native=m.native)
+        except CallFailedError as e:
+            return _anthropic_error(e.status, str(e), e.headers)
+        call, ident = sent.call, sent.ident
+        rid = call.msg.rid
+        headers = {**sent.headers, "request-id": rid}
+        if m.body.stream:
+            def told(reply: dict[str, Any]) -> None:
+                if ident is not None:
+                    self.runs.answered(ident, reply, self.now())
+
+            events = MessageEvents(rid, m.body, told)
+            return StreamingResponse(
+                self._relay(call, ident, [], events.feed, events.finish,
+                            lambda status, message: [events.error(status, message)]),
+                media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
+        assert sent.done is not None
+        message = message_object(sent.done, rid, m.body)
+        if ident is not None:  # before the answer leaves: the next turn finds the run
+            self.runs.answered(ident, assistant_reply(message["content"]), self.now())
+        return JSONResponse(message, headers=headers)
+
+    async def create_response(self, request: Request) -> Response:
+        """``POST /v1/responses`` with a shared response store (``[cluster] store``): checked
+        as the all-in-one gateway checks it, ``previous_response_id`` read from the shared
+        store (whichever edge stored it), one call to the scheduler (the chat body), the
+        node's answer written and stored here as the all-in-one gateway does
+        (:mod:`hermes.gateway.api.responses_answers`), the response id told to the resolver
+        (through the shared index, a follow-up at any edge joins the run)."""
+        store = self.responses
+        assert store is not None
+        tenant = tenant_for(request, None)
+        try:
+            r = response_request(await request.body(), store, tenant)
+        except ResponsesError as e:
+            return error_response(e.status, str(e), param=e.param, code=e.code)
+        except StoreUnavailable as e:
+            return store_unavailable(e)
+        try:
+            sent = await self._dispatch(request, model=r.req.model, endpoint=r.endpoint,
+                                        body=r.body, stream=r.req.stream, evidence=r.raw,
+                                        messages=r.body["messages"])
+        except CallFailedError as e:
+            return e.openai()
+        call, ident = sent.call, sent.ident
+        run_id = ident.run if ident is not None else sent.headers.get(RUN_HEADER)
+
+        def told(reply: dict[str, Any], response_id: str | None) -> None:
+            if ident is not None:
+                self._answered(ident, reply, response_id)
+
+        if r.req.stream:
+            events = ResponseEvents(r, store, tenant, told)
+            return StreamingResponse(
+                self._relay(call, ident, events.start(), events.feed,
+                            lambda done: events.finish(done, run_id),
+                            lambda _status, message: events.fail(message)),
+                media_type="text/event-stream",
+                headers={**sent.headers, "Cache-Control": "no-cache"})
+        assert sent.done is not None
+        resp, reply = response_answer(sent.done, call.msg.rid, r, store, tenant, run_id)
+        told(reply, resp["id"] if r.req.store else None)  # before the answer leaves
+        return JSONResponse(resp, headers=sent.headers)
+
+    def stored(self, request: Request) -> Response:
+        """``GET``/``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``
+        from the shared response store, answered as the all-in-one gateway answers them
+        (``limit`` parsed as its router parses it: a 422 naming ``query.limit``)."""
+        store = self.responses
+        route = _stored_route(request.method, request.url.path)
+        assert store is not None and route is not None
+        kind, response_id = route
+        tenant = tenant_for(request, None)
+        if kind == "get":
+            return stored_response(store, tenant, response_id)
+        if kind == "delete":
+            return delete_stored(store, tenant, response_id)
+        q = request.query_params
+        try:
+            limit = _QUERY_INT.validate_python(q.get("limit", "20"))
+        except ValidationError as e:
+            msg = e.errors()[0]["msg"]
+            return error_response(422, f"query.limit: {msg}", param="query.limit",
+                                  code="invalid_value")
+        return stored_items(store, tenant, response_id, limit=limit,
+                            order=q.get("order", "desc"), after=q.get("after"))
+
+    def _answered(self, ident: Identity, reply: Any, response_id: str | None) -> None:
+        """Tell the resolver a Responses call's reply and its stored response's id (the
+        evidence ``previous_response_id`` is resolved by)."""
+        try:
+            self.runs.resolver.answered(ident, reply, self.now(), response_id=response_id)
+        except StoreUnavailable:
+            pass  # the answer is out; its evidence is lost (the store logged and counts it)
+
+    async def _dispatch(self, request: Request, *, model: str,
+                        endpoint: Literal["chat", "completions", "embeddings"],
+                        body: dict[str, Any], stream: bool,
+                        evidence: dict[str, Any] | None = None,
+                        messages: list[Any] | None = None,
+                        native: dict[str, Any] | None = None,
+                        infer: bool = True) -> Sent:
+        """Send one call (after the body was validated) and wait for its answer, or, for a
+        stream, its first token (or its end), so that a refusal gets its HTTP status and the
+        headers name the run the call is counted in. The run headers are checked as the
+        all-in-one gateway checks them (:func:`~hermes.gateway.api.binding.run_params`, the
+        ``X-Hermes-App`` owner, the tenant); a header-less call is put in an inferred run by
+        the edge's resolver (``evidence``: the request as the resolver reads it, ``messages``
+        its chat form; ``infer=False``: headers only). Every refusal raises
+        :class:`CallFailedError` (each API answers it in its own error shape)."""
         if not self.link.ready():
-            return error_response(503, "no active scheduler reachable from this edge; retry "
-                                  "through the load balancer", code="not_ready",
+            raise CallFailedError(503, "not_ready", "no active scheduler reachable from this "
+                                  "edge; retry through the load balancer",
                                   headers={"Retry-After": "1"})
         h = request.headers
         try:
@@ -590,28 +829,29 @@ class EdgeApp:
             k, deadline_s = run_params(h)
             check_app_header(h, tenant)
         except HTTPException as e:
-            return error_response(e.status_code, str(e.detail), code="permission_denied")
+            raise CallFailedError(e.status_code, "permission_denied", str(e.detail)) from None
         except SchedulerError as e:
-            return scheduler_error(e)
-        ebody = engine_body(parsed)
+            raise CallFailedError(e.status, e.code, str(e), e.param) from None
         authed = current_tenant.get() is not None
+        prompt_tokens = P.estimate_tokens(endpoint, body)
+        infer = infer and RUN_HEADER not in h and self.runs.enabled
         for attempt in range(self.REBIND_TRIES + 1):
             rid = f"{P.EDGE_REQUEST_PREFIX}{uuid.uuid4().hex[:16]}"
             ident: Identity | None = None
-            if RUN_HEADER not in h and self.runs.enabled:
+            if infer:
                 try:
-                    ident = self.runs.resolve(tenant, {**ebody, "model": parsed.model}, h,
-                                              self.now())
+                    ident = self.runs.resolve(tenant, evidence if evidence is not None
+                                              else {**body, "model": model}, h, self.now(),
+                                              messages=messages)
                 except StoreUnavailable as e:
-                    return error_response(503, f"{e}; retry later", code="store_unavailable",
-                                          headers={"Retry-After": "1"})
+                    raise CallFailedError(503, "store_unavailable", f"{e}; retry later",
+                                          headers={"Retry-After": "1"}) from None
             if ident is not None:  # a header-less call in an inferred run
-                msg = wire.Call(rid=rid, reply_to=self.reply_to, model=parsed.model,
-                                endpoint=endpoint, body=ebody,
-                                prompt_tokens=P.estimate_tokens(endpoint, ebody),
+                msg = wire.Call(rid=rid, reply_to=self.reply_to, model=model,
+                                endpoint=endpoint, body=body, prompt_tokens=prompt_tokens,
                                 tenant=tenant, app=ident.app, unit=ident.unit, run=ident.run,
-                                stream=bool(parsed.stream), inferred=True, new=ident.new_run,
-                                k=k, deadline_s=deadline_s, authed=authed,
+                                stream=stream, inferred=True, new=ident.new_run,
+                                k=k, deadline_s=deadline_s, authed=authed, native=native,
                                 app_id=inferred_app_id(ident))
                 headers = run_headers(ident)
             else:
@@ -619,12 +859,11 @@ class EdgeApp:
                 app = h.get(APP_HEADER)
                 if run is not None and run.strip().lower() == "none" and not app:
                     run = None  # opted out: a one-request run of app default, the fast path
-                msg = wire.Call(rid=rid, reply_to=self.reply_to, model=parsed.model,
-                                endpoint=endpoint, body=ebody,
-                                prompt_tokens=P.estimate_tokens(endpoint, ebody),
+                msg = wire.Call(rid=rid, reply_to=self.reply_to, model=model,
+                                endpoint=endpoint, body=body, prompt_tokens=prompt_tokens,
                                 tenant=tenant, app=app, unit=h.get(UNIT_HEADER), run=run,
-                                stream=bool(parsed.stream), k=k, deadline_s=deadline_s,
-                                authed=authed)
+                                stream=stream, k=k, deadline_s=deadline_s, authed=authed,
+                                native=native)
                 # a named run's answers name it, as the all-in-one gateway's do (a
                 # one-request run's id is the scheduler's and is not shown)
                 headers = ({RUN_HEADER: msg.run, UNIT_HEADER: msg.unit or "default"}
@@ -634,7 +873,7 @@ class EdgeApp:
             self.stats["calls"] += 1
             self.link.send_call(msg)
             try:
-                if parsed.stream:
+                if stream:
                     await self._started(call)
                     # (a refusal raises here, before the stream's answer starts)
                     done = await self._wait(call) if call.future.done() else None
@@ -646,24 +885,13 @@ class EdgeApp:
                         self.runs.ended(ident, self.now())  # and resolve it again
                         continue
                     self.runs.abandoned(ident, self.now())
-                return error_response(e.status, str(e), code=e.code, param=e.param)
+                raise
             except BaseException:
                 if ident is not None:  # the client went away
                     self.runs.abandoned(ident, self.now())
                 raise
-            break
-        if parsed.stream:
-            include_usage = bool((parsed.stream_options or {}).get("include_usage"))
-            return StreamingResponse(
-                self._sse(call, endpoint, parsed.model, include_usage, ident),
-                media_type="text/event-stream",
-                headers={**headers, "Cache-Control": "no-cache"})
-        assert done is not None
-        content = completion_object(endpoint, rid, parsed.model, done)
-        if ident is not None:  # before the answer leaves: the next turn finds the run
-            self.runs.answered(ident, _chat_replies(content) if endpoint == "chat" else None,
-                               self.now())
-        return JSONResponse(content, headers=headers)
+            return Sent(call, done, ident, headers)
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _started(self, call: EdgeCall) -> None:
         """Until the call's first token or its end; a timeout cancels it (504)."""
@@ -753,6 +981,42 @@ class EdgeApp:
                 self.link.send(wire.Cancel(rid=call.msg.rid))
             self.link.calls.pop(call.msg.rid, None)
 
+    async def _relay(self, call: EdgeCall, ident: Identity | None, head: list[bytes],
+                     feed: Callable[[P.Token], list[bytes]],
+                     finish: Callable[[P.Done], list[bytes]],
+                     fail: Callable[[int, str], list[bytes]]) -> AsyncIterator[bytes]:
+        """A streamed call's events in its API's format, written by the all-in-one gateway's
+        own writers: ``head`` first, ``feed`` per token, ``finish`` with the node's answer
+        (which tells the resolver the reply before the last event), ``fail`` (status,
+        message) for a failure after the start, as at the all-in-one gateway."""
+        tokens = call.tokens
+        assert tokens is not None
+        told = ident is None
+        try:
+            for out in head:
+                yield out
+            while True:
+                async with asyncio.timeout(self.timeout_s):
+                    tok = await tokens.get()
+                if tok is None:
+                    break
+                for out in feed(tok):
+                    yield out
+            done = await self._wait(call)
+            for out in finish(done):
+                yield out
+            told = True
+        except (CallFailedError, TimeoutError) as e:
+            status = e.status if isinstance(e, CallFailedError) else 504
+            for out in fail(status, str(e) or "timed out"):
+                yield out
+        finally:
+            if not told and ident is not None:  # failed, or the client went away
+                self.runs.abandoned(ident, self.now())
+            if not call.future.done():
+                self.link.send(wire.Cancel(rid=call.msg.rid))
+            self.link.calls.pop(call.msg.rid, None)
+
     # ------------------------------------------------------------------ the rest: proxied
     async def proxy(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         """Forward a request to the active scheduler's HTTP address, streaming both ways."""
@@ -794,6 +1058,36 @@ class EdgeApp:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+#: a query parameter read as an integer, as the all-in-one gateway's router reads it
+_QUERY_INT: TypeAdapter[int] = TypeAdapter(int)
+
+
+def _stored_route(method: str, path: str) -> tuple[Literal["get", "delete", "items"], str] | None:
+    """``(what, response id)`` of a stored response's route (the all-in-one gateway's
+    ``/v1/responses/{response_id}`` and ``.../input_items``), or None."""
+    prefix = "/v1/responses/"
+    if not path.startswith(prefix):
+        return None
+    rest = path[len(prefix):]
+    kind: Literal["get", "delete", "items"]
+    if method == "GET" and rest.endswith("/input_items"):
+        kind, rest = "items", rest[:-len("/input_items")]
+    elif method in ("GET", "DELETE"):
+        kind = "get" if method == "GET" else "delete"
+    else:
+        return None
+    if not rest or "/" in rest:
+        return None
+    return kind, rest
+
+
+def _anthropic_error(code: int, message: str, headers: dict[str, str] | None = None
+                     ) -> JSONResponse:
+    """An error in Anthropic's shape (the Messages API's routes), as the all-in-one's."""
+    return JSONResponse(anthropic_error_body(code, message), status_code=anthropic_status(code),
+                        headers=headers)
+
+
 def _chat_replies(content: dict[str, Any]) -> list[Any]:
     """The assistant message of every choice of a chat completion object."""
     choices = content.get("choices")
@@ -803,18 +1097,20 @@ def _chat_replies(content: dict[str, Any]) -> list[Any]:
 
 def edge_app(config: GatewayConfig) -> Any:
     """The edge's ASGI app, inside the gateway's security middleware (body limits, API
-    keys, tenant admission: :mod:`hermes.gateway.auth`) for the completion endpoints; the
-    proxied requests are checked by the scheduler that answers them."""
+    keys, tenant admission: :mod:`hermes.gateway.auth`) for the endpoints it serves itself
+    (:meth:`EdgeApp.serves`); the proxied requests are checked by the scheduler that answers
+    them."""
     from hermes.gateway.auth import SecurityMiddleware, build_security
     from hermes.gateway.shared import open_shared_state
 
     shared = open_shared_state(config)
-    app = EdgeApp(config, shared.evidence if shared is not None else None)
+    app = EdgeApp(config, shared.evidence if shared is not None else None,
+                  shared.responses if shared is not None else None)
     secured = SecurityMiddleware(app, build_security(
         config, shared.store if shared is not None else None))
 
     async def route(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] in _ENDPOINTS:
+        if scope["type"] == "http" and app.serves(scope) is not None:
             await secured(scope, receive, send)
         else:
             await app(scope, receive, send)

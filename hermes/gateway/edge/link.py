@@ -229,13 +229,13 @@ class EdgeLink:
         if c.authed:  # other tenants' runs are hidden (404), as at the all-in-one gateway
             current_tenant.set(c.tenant)  # (this task's own context)
         try:
-            served = await sched.serving_model(c.model, strict=True)
+            served = await sched.serving_model(c.model, strict=True, task=c.task)
             if c.inferred:
                 run = self._inferred_run(c)
                 inv = sched.unit_for_request(run, c.unit or "default", f"llm:{served}")
                 req = await sched.submit_llm(run, inv, model=served, endpoint=c.endpoint,
                                              body=c.body, stream=c.stream, request_id=c.rid,
-                                             reply_to=c.reply_to,
+                                             reply_to=c.reply_to, native=c.native,
                                              prompt_tokens=c.prompt_tokens)
                 # the run stays open after its call: the edge's resolver closes it
                 # (close_inferred), or the idle reaping; a failed call is told to the edge
@@ -254,7 +254,8 @@ class EdgeLink:
             inv = sched.unit_for_request(run, ident.unit, f"llm:{served}")
             req = await sched.submit_llm(run, inv, model=served, endpoint=c.endpoint,
                                          body=c.body, stream=c.stream, request_id=c.rid,
-                                         reply_to=c.reply_to, prompt_tokens=c.prompt_tokens)
+                                         reply_to=c.reply_to, prompt_tokens=c.prompt_tokens,
+                                         native=c.native)
         except SchedulerError as e:
             if ident is not None:
                 sched.identities.abandoned(ident)

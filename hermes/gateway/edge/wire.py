@@ -46,12 +46,15 @@ class Call(msgspec.Struct, tag="call", omit_defaults=True):
     again, so that its answer names the run it was counted in). ``k`` and ``deadline_s``:
     ``X-Hermes-K`` and ``X-Hermes-Deadline-S`` for the run the call creates (checked at the
     edge); ``authed``: ``tenant`` is the API key's (authentication on), so the scheduler
-    hides other tenants' runs from it, as the all-in-one gateway does (404)."""
+    hides other tenants' runs from it, as the all-in-one gateway does (404). ``endpoint``
+    ``embeddings`` goes to an engine that embeds (``task = "embed"``); ``native``: the request
+    in the client's API (Anthropic's Messages) for an engine that serves it itself
+    (:attr:`hermes.protocol.Submit.native`), beside its chat form in ``body``."""
 
     rid: str
     reply_to: str
     model: str
-    endpoint: Literal["chat", "completions"]
+    endpoint: Literal["chat", "completions", "embeddings"]
     body: dict[str, Any]
     prompt_tokens: int
     tenant: str = "default"
@@ -68,6 +71,9 @@ class Call(msgspec.Struct, tag="call", omit_defaults=True):
     #: the operator's merges), on a new inferred run's first call only: the scheduler lists
     #: the app and lets the operator rename or merge it (``hermes apps``)
     app_id: str | None = None
+    #: Anthropic's request as the client sent it, for an engine that serves ``/v1/messages``
+    #: itself (left off the wire when empty)
+    native: dict[str, Any] | None = None
     #: calls of this edge answered since its last message (piggybacked: no message of their
     #: own under load)
     settled: list[Settled] = []
@@ -77,6 +83,11 @@ class Call(msgspec.Struct, tag="call", omit_defaults=True):
         """Without run or app headers: the scheduler's fast path
         (:mod:`hermes.gateway.edge.direct`), which the edge reports settled."""
         return self.run is None and self.app is None
+
+    @property
+    def task(self) -> Literal["generate", "embed"]:
+        """The engine task the call needs (an embeddings call goes to an embedding model)."""
+        return "embed" if self.endpoint == "embeddings" else "generate"
 
 
 class Report(msgspec.Struct, tag="report"):
