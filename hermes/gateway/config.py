@@ -152,8 +152,11 @@ class StoresConfig(_Section):
     #: learned out past it; its graph stays in the knowledge base, and is loaded again when
     #: a run of it finishes)
     max_learned_apps: int = Field(default=2000, ge=1)
-    #: memoized demand samples of all apps together (MiB)
-    sample_cache_mb: float = Field(default=64.0, gt=0.0)
+    #: memoized demand samples of all apps together (MiB). 128: 50 learned apps of agent
+    #: traffic keep ~95 MiB of walks hot after 50,000 requests; at 64 the memo evicted and
+    #: redrew ~40 states per 1,000 requests (~0.1 ms of CPU per request), at 128 ~4
+    #: (docs/performance.md)
+    sample_cache_mb: float = Field(default=128.0, gt=0.0)
 
 
 class EngineConfig(_Section):

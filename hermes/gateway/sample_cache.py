@@ -49,7 +49,7 @@ _FIELDS = DemandSamples.__slots__  # type: ignore[attr-defined]
 #: app's runs keep to a few hot states, and each costs a draw in the worker per version
 HOT_STATES = 16
 #: all apps' memoized samples together, bytes (1000 walks: ~80 KB a state)
-DEFAULT_MAX_BYTES = 64 << 20
+DEFAULT_MAX_BYTES = 128 << 20
 
 
 def _nbytes(samples: Any) -> int:
