@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis as redis_client
+from edge_inproc import Split, start_split
 
 from hermes.gateway.config import load_config
 from hermes.gateway.server import BackgroundServer, start_background
@@ -42,3 +44,20 @@ def make_gateway(tmp_path: Path) -> Iterator[Callable[..., BackgroundServer]]:
 @pytest.fixture
 def gateway(make_gateway: Callable[..., BackgroundServer]) -> BackgroundServer:
     return make_gateway()
+
+
+@pytest.fixture
+def split(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Split]]:
+    """Start split clusters (:func:`start_split`) on a flushed Redis; all stopped after the
+    test. The module needs the ``redis_url`` fixture (``gw_redis``)."""
+    made: list[Split] = []
+
+    def start(**overrides: Any) -> Split:
+        redis_client.Redis.from_url(redis_url).flushdb()  # nothing of another test's cluster
+        s = start_split(tmp_path, redis_url, **overrides)
+        made.append(s)
+        return s
+
+    yield start
+    for s in made:
+        s.stop()

@@ -98,3 +98,4 @@ def start_split(tmp: Path, redis: str, **overrides: Any) -> Split:
     split = Split(tmp, redis, common, sched, node)
     wait_for(lambda: httpx.get(sched.url + "/healthz").json().get("nodes"), what="node")
     return split
+

@@ -12,15 +12,14 @@ all-in-one gateway beside them."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
-import redis
-from edge_inproc import EMBED_MODEL, MODEL, Split, start_split, wait_for
+from edge_inproc import EMBED_MODEL, MODEL, Split, wait_for
 from gw_redis import redis_url  # noqa: F401  (fixture)
 from threaded_node import ThreadedNode
 
@@ -30,21 +29,6 @@ from hermes.gateway.server import BackgroundServer
 from hermes.procs import free_port, stop_group
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def split(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Split]]:  # noqa: F811
-    made: list[Split] = []
-
-    def start(**overrides: Any) -> Split:
-        redis.Redis.from_url(redis_url).flushdb()  # nothing of another test's cluster
-        s = start_split(tmp_path, redis_url, **overrides)
-        made.append(s)
-        return s
-
-    yield start
-    for s in made:
-        s.stop()
 
 
 def _cut_scheduler_http(edge: BackgroundServer) -> Any:

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import redis
-from edge_inproc import MODEL, Split, start_split, wait_for
+from edge_inproc import MODEL, Split, wait_for
 from gw_redis import redis_url  # noqa: F401  (fixture)
 
 from hermes.gateway.keys import FileKeyStore
@@ -39,21 +38,6 @@ def keys(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     auth = tmp_path / "auth.json"
     store = FileKeyStore(auth)
     return auth, {t: store.create(t) for t in ("alice", "bob")}
-
-
-@pytest.fixture
-def split(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Split]]:  # noqa: F811
-    made: list[Split] = []
-
-    def start(**overrides: Any) -> Split:
-        redis.Redis.from_url(redis_url).flushdb()  # nothing of another test's cluster
-        s = start_split(tmp_path, redis_url, **overrides)
-        made.append(s)
-        return s
-
-    yield start
-    for s in made:
-        s.stop()
 
 
 def _hermes(r: httpx.Response) -> dict[str, str]:
