@@ -198,7 +198,8 @@ class FinishedRuns:
     def add_run(self, run: Any, now: float) -> None:
         """:meth:`add` for a ``LiveRun`` that has just ended (its document at ``now``)."""
         self.add(run.to_json(now),
-                 units_done=[getattr(o, "unit", str(o)) for o in run.state.progress.finished],
+                 units_done=[o.unit if hasattr(o, "unit") else str(o)  # (no repr per unit)
+                             for o in run.state.progress.finished],
                  idempotency=getattr(run, "idempotency", None))
 
     def get(self, run_id: str) -> FinishedRun | None:
