@@ -52,7 +52,10 @@ def test_second_turn_routing(make_gateway, router: str, follows_prefix: bool) ->
         t.start()
         deadline = time.monotonic() + 10
         sched = gw.server.config.app.state.scheduler
-        while not sched.requests and time.monotonic() < deadline:
+        # the long request is accepted, then dispatched: wait until it has its engine (read
+        # between the two, on a loaded machine, it had none yet)
+        while not any(r.engine for r in sched.requests.values()) \
+                and time.monotonic() < deadline:
             time.sleep(0.01)
         (busy,) = [r.engine for r in sched.requests.values()]
         assert busy == first
