@@ -52,6 +52,7 @@ from hermes.protocol import (
     decode,
     encode,
 )
+from hermes.zmqdrain import NOBLOCK, POLLIN, POLLOUT, events, send_frames
 
 log = logging.getLogger("hermes.gateway.nodes")
 
@@ -120,6 +121,7 @@ class NodeTable:
         self._sync: zmq.Socket[bytes] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd: int | None = None
+        self._reading = False
         #: frames the peers' pipes could not take yet (zmq.Again), in send order
         self._unsent: deque[list[bytes]] = deque()
         self._unsent_timer: asyncio.TimerHandle | None = None
@@ -230,15 +232,22 @@ class NodeTable:
         sync = self._sync
         if sync is None or self._fd is None:
             return
+        self._reading = True  # (sends meanwhile need not look: this loop asks EVENTS next)
+        try:
+            self._read_batch(sync)
+        finally:
+            self._reading = False
+
+    def _read_batch(self, sync: zmq.Socket[bytes]) -> None:
         for _ in range(self.BATCH):
             try:
                 # asked first: an empty queue answered by zmq.Again costs an exception object
-                events = int(sync.getsockopt(zmq.EVENTS))
-                if self._unsent and events & zmq.POLLOUT:
+                ev = events(sync)
+                if self._unsent and ev & POLLOUT:
                     self._flush_unsent()
-                if not events & zmq.POLLIN:
+                if not ev & POLLIN:
                     return
-                frames = sync.recv_multipart(zmq.NOBLOCK)
+                frames = sync.recv_multipart(NOBLOCK)
             except zmq.Again:
                 return
             except zmq.ZMQError as e:  # closed meanwhile
@@ -253,8 +262,8 @@ class NodeTable:
         taken by the send; read it (on the next loop iteration) rather than wait for the
         next signal, which may never come."""
         sync = self._sync
-        if (sync is not None and self._loop is not None and self._fd is not None
-                and int(sync.getsockopt(zmq.EVENTS)) & zmq.POLLIN):
+        if (sync is not None and not self._reading and self._loop is not None
+                and self._fd is not None and events(sync) & POLLIN):
             self._loop.call_soon(self._readable)
 
     def _on_frames(self, frames: list[bytes]) -> None:
@@ -312,7 +321,7 @@ class NodeTable:
         """One non-blocking send; False: the peer's pipe is full (kept for later)."""
         assert self._sync is not None
         try:
-            self._sync.send_multipart(frames, flags=zmq.NOBLOCK)
+            send_frames(self._sync, frames)
         except zmq.Again:  # the node's pipe is full (ROUTER_MANDATORY): kept, sent later
             self._keep_unsent(frames)
             return False
@@ -351,7 +360,7 @@ class NodeTable:
                 self._unsent.append(frames)
             else:
                 try:
-                    self._sync.send_multipart(frames, flags=zmq.NOBLOCK)
+                    send_frames(self._sync, frames)
                 except zmq.Again:
                     full.add(frames[0])
                     self._unsent.append(frames)

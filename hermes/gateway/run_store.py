@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes.gateway.config import resolve_state_dir
-from hermes.gateway.state import TERMINAL
+from hermes.gateway.state import TERMINAL, encode_doc
 
 #: one :meth:`RunStore.put_run`: (run_id, status, run document, unit documents by index)
 RunWrite = tuple[str, str, dict[str, Any], dict[int, dict[str, Any]]]
@@ -97,8 +97,8 @@ class SqliteRunStore(RunStore):
         self.put_runs([(run_id, status, doc, units or {})])
 
     def put_runs(self, batch: list[RunWrite]) -> None:
-        encoded = [(run_id, status, json.dumps(doc, default=str),
-                    [(run_id, i, json.dumps(u, default=str)) for i, u in units.items()])
+        encoded = [(run_id, status, encode_doc(doc).decode(),
+                    [(run_id, i, encode_doc(u).decode()) for i, u in units.items()])
                    for run_id, status, doc, units in batch]
         one = len(encoded) == 1 and not encoded[0][3]  # one statement: its own transaction
         with self._lock:
@@ -202,7 +202,7 @@ class RedisRunStore(RunStore):
     def put_runs(self, batch: list[RunWrite]) -> None:
         pipe = self.r.pipeline(transaction=True)
         for run_id, status, doc, units in batch:
-            pipe.hset(self.p + "runs", run_id, json.dumps(doc, default=str))
+            pipe.hset(self.p + "runs", run_id, encode_doc(doc))
             if status in TERMINAL:
                 pipe.srem(self.p + "active", run_id)
             else:
@@ -210,7 +210,7 @@ class RedisRunStore(RunStore):
             pipe.zadd(self.p + "order", {run_id: float(doc.get("submitted", 0.0))}, nx=True)
             if units:
                 pipe.hset(f"{self.p}units:{run_id}",
-                          mapping={str(i): json.dumps(u, default=str) for i, u in units.items()})
+                          mapping={str(i): encode_doc(u) for i, u in units.items()})
         pipe.execute()
 
     def put_call(self, run_id: str, seq: int, entry: dict[str, Any]) -> None:

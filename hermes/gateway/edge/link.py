@@ -37,6 +37,7 @@ from hermes.gateway.edge.infer import HandedRuns, close_due
 from hermes.gateway.errors import RunNotActive, SchedulerError
 from hermes.gateway.state import ACTIVE, LiveRun, PendingRequest
 from hermes.gateway.tenancy import current_tenant
+from hermes.zmqdrain import NOBLOCK, POLLIN, events, send_frames
 
 log = logging.getLogger("hermes.gateway.edge")
 
@@ -137,7 +138,7 @@ class EdgeLink:
         if self.socket is None:
             return
         try:
-            self.socket.send_multipart([identity, wire.encode(msg)], flags=zmq.NOBLOCK)
+            send_frames(self.socket, [identity, wire.encode(msg)])
         except zmq.Again:
             log.warning("edge %r takes no more messages: dropped a %s", identity,
                         type(msg).__name__)
@@ -147,7 +148,7 @@ class EdgeLink:
         """After a send: ZeroMQ's descriptor is edge-triggered, and an operation on the socket
         may have taken the readiness of messages that arrived meanwhile; look again."""
         if (self.socket is not None and self._loop is not None
-                and int(self.socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN):
+                and events(self.socket) & POLLIN):
             self._loop.call_soon(self._readable)
 
     def _readable(self) -> None:
@@ -157,9 +158,9 @@ class EdgeLink:
             return
         for _ in range(self.BATCH):
             try:
-                if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                if not events(sock) & POLLIN:
                     return  # (asked: a zmq.Again per empty queue costs more than the question)
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = sock.recv_multipart(NOBLOCK)
             except zmq.Again:
                 return
             except zmq.ZMQError:
