@@ -123,7 +123,8 @@ class NodeTable:
         self._fd: int | None = None
         self._reading = False
         #: frames the peers' pipes could not take yet (zmq.Again), in send order
-        self._unsent: deque[list[bytes]] = deque()
+        self._unsent: dict[bytes, deque[list[bytes]]] = {}  # by node identity
+        self._n_unsent = 0
         self._unsent_timer: asyncio.TimerHandle | None = None
         #: messages refused because their node is gone (EHOSTUNREACH), and dropped because
         #: :data:`MAX_UNSENT` were waiting already
@@ -310,7 +311,7 @@ class NodeTable:
         if self._sync is None:
             raise NoCapacity("scheduler is not running")
         frames = [identity, encode(msg)]
-        if self._unsent:  # after those waiting already (a node gets its messages in order)
+        if frames[0] in self._unsent:  # after those waiting already: a node's in order
             self._keep_unsent(frames)
             self._flush_unsent()
         else:
@@ -318,7 +319,7 @@ class NodeTable:
         self._recheck()
 
     def _send_frames(self, frames: list[bytes]) -> bool:
-        """One non-blocking send; False: the peer's pipe is full (kept for later)."""
+        """One non-blocking send; False: the node's pipe is full (kept, sent later)."""
         assert self._sync is not None
         try:
             send_frames(self._sync, frames)
@@ -333,13 +334,14 @@ class NodeTable:
         return True
 
     def _keep_unsent(self, frames: list[bytes]) -> None:
-        if len(self._unsent) >= MAX_UNSENT:
+        if self._n_unsent >= MAX_UNSENT:
             self.overflowed += 1
             if self.overflowed == 1 or self.overflowed % 1000 == 0:
                 log.error("%d messages to nodes dropped: %d are waiting for nodes that do not "
-                          "read (pipes full)", self.overflowed, len(self._unsent))
+                          "read (pipes full)", self.overflowed, self._n_unsent)
             return
-        self._unsent.append(frames)
+        self._unsent.setdefault(frames[0], deque()).append(frames)
+        self._n_unsent += 1
         if self._unsent_timer is None and self._loop is not None:
             self._unsent_timer = self._loop.call_later(UNSENT_RETRY_S, self._retry_unsent)
 
@@ -349,25 +351,28 @@ class NodeTable:
         self._recheck()
 
     def _flush_unsent(self) -> None:
-        """Send the kept messages that the nodes' pipes take now, each node's in order; try
-        again later while some are left (:data:`UNSENT_RETRY_S`; also whenever the socket
-        says it can send)."""
+        """Send the kept messages that the nodes' pipes take now, each node's in order, up
+        to the first its pipe refuses; try again later while some are left
+        (:data:`UNSENT_RETRY_S`; also whenever the socket says it can send)."""
         assert self._sync is not None
-        waiting, self._unsent = self._unsent, deque()
-        full: set[bytes] = set()
-        for frames in waiting:
-            if frames[0] in full:
-                self._unsent.append(frames)
-            else:
+        for identity in list(self._unsent):
+            queue = self._unsent[identity]
+            while queue:
                 try:
-                    send_frames(self._sync, frames)
+                    send_frames(self._sync, queue[0])
                 except zmq.Again:
-                    full.add(frames[0])
-                    self._unsent.append(frames)
+                    break
                 except zmq.ZMQError as e:
                     if e.errno != zmq.EHOSTUNREACH:
                         raise
-                    self.unroutable += 1
+                    self.unroutable += len(queue)  # gone: what it was owed goes nowhere
+                    self._n_unsent -= len(queue)
+                    queue.clear()
+                    break
+                queue.popleft()
+                self._n_unsent -= 1
+            if not queue:
+                del self._unsent[identity]
         if self._unsent and self._unsent_timer is None and self._loop is not None:
             self._unsent_timer = self._loop.call_later(UNSENT_RETRY_S, self._retry_unsent)
 

@@ -31,11 +31,11 @@ def _table(address: str, context: zmq.asyncio.Context | None = None
     return table, got
 
 
-def _node(address: str, *, rcvhwm: int = 1000,
-          context: zmq.asyncio.Context | None = None) -> zmq.Socket[bytes]:
+def _node(address: str, *, rcvhwm: int = 1000, context: zmq.asyncio.Context | None = None,
+          name: bytes = b"n1") -> zmq.Socket[bytes]:
     sock: zmq.Socket[bytes] = zmq.Socket(context or zmq.asyncio.Context.instance(),
                                          zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, b"n1")
+    sock.setsockopt(zmq.IDENTITY, name)
     sock.setsockopt(zmq.RCVHWM, rcvhwm)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(address)
@@ -85,6 +85,37 @@ async def test_a_full_pipe_keeps_the_messages_and_sends_them_in_order() -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         node.close(0)
+        table.close()
+        context.term()
+
+
+async def test_a_node_that_does_not_read_holds_up_no_other() -> None:
+    address = "inproc://node-socket-stuck"
+    context = zmq.asyncio.Context()
+    context.setsockopt(zmq.SNDHWM, 4)
+    table, got = _table(address, context)
+    task = asyncio.get_running_loop().create_task(table.recv_loop())
+    stuck = _node(address, rcvhwm=4, context=context, name=b"stuck")
+    other = _node(address, context=context, name=b"other")
+    try:
+        stuck.send(encode(_HELLO))
+        other.send(encode(_HELLO))
+        assert await _until(lambda: len(got) == 2)
+        for i in range(50):
+            table.send_raw(b"stuck", Cancel(request_ids=[f"s{i}"]))
+            table.send_raw(b"other", Cancel(request_ids=[f"o{i}"]))
+        assert list(table._unsent) == [b"stuck"]  # only the stuck node's wait
+        seen = [decode(other.recv()).request_ids[0] for _ in range(50)]  # type: ignore[union-attr]
+        assert seen == [f"o{i}" for i in range(50)]
+        await asyncio.sleep(0.05)
+        assert table._n_unsent == 50 - 8  # its pipe holds 8 (4 + 4); the rest wait, in order
+        stuck.close(0)  # it goes away: what it was owed is dropped (EHOSTUNREACH), counted
+        assert await _until(lambda: not table._unsent)
+        assert table.unroutable == 50 - 8 and table._n_unsent == 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        other.close(0)
         table.close()
         context.term()
 
