@@ -43,13 +43,6 @@ def _dumps(obj: Any) -> bytes:
     return encode_doc(obj)  # (json.dumps(obj, default=str)'s values, compact, faster)
 
 
-def _unit_name(obs: Any) -> str:
-    """The unit of a ``progress.finished`` entry (its ``str`` only when it has none: the
-    dataclass ``repr`` it would otherwise build for nothing is several microseconds)."""
-    unit = getattr(obs, "unit", None)
-    return unit if unit is not None else str(obs)
-
-
 class FinishedProgress(NamedTuple):
     """``state.progress`` of a finished run as the admin rows read it."""
 
@@ -207,7 +200,7 @@ class FinishedRuns:
     def add_run(self, run: Any, now: float) -> None:
         """:meth:`add` for a ``LiveRun`` that has just ended (its document at ``now``)."""
         self.add(run.to_json(now),
-                 units_done=[_unit_name(o) for o in run.state.progress.finished],
+                 units_done=[getattr(o, "unit", str(o)) for o in run.state.progress.finished],
                  idempotency=getattr(run, "idempotency", None))
 
     def get(self, run_id: str) -> FinishedRun | None:
