@@ -112,6 +112,30 @@ class Dispatcher(RunObserver):
             raise RunNotActive(f"run {run.run_id!r} is {run.status}")
         if not self.nodes.nodes:
             await self.nodes.wait_for_nodes()
+        return self.submit_llm_now(run, inv, model=model, endpoint=endpoint, body=body,
+                                   stream=stream, native=native, request_id=request_id,
+                                   reply_to=reply_to, prompt_tokens=prompt_tokens)
+
+    def submit_llm_now(
+        self,
+        run: LiveRun,
+        inv: UnitInvocation,
+        *,
+        model: str,
+        endpoint: Literal["chat", "completions", "embeddings"],
+        body: dict[str, Any],
+        stream: bool = False,
+        native: dict[str, Any] | None = None,
+        request_id: str | None = None,
+        reply_to: str | None = None,
+        prompt_tokens: int | None = None,
+    ) -> PendingRequest:
+        """:meth:`submit_llm` without waiting for a node (none connected: the request
+        fails with :class:`NoCapacity`): for a caller that runs in a loop callback rather than
+        a task (an edge's call, :class:`hermes.gateway.edge.link.EdgeLink`), which costs a
+        task per call less."""
+        if run.status not in ACTIVE:
+            raise RunNotActive(f"run {run.run_id!r} is {run.status}")
         now = self.ctx.now()
         self.prewarm.note_request(run.app, inv.unit, body, run.state.tenant)
         rid = request_id or f"req-{uuid.uuid4().hex[:16]}"

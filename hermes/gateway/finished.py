@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from hermes.gateway.state import encode_doc
+
 #: entry: (status, app, tenant, submitted, hosted, document bytes, extra bytes or None)
 _Entry = tuple[str, str, str, float, bool, bytes, "bytes | None"]
 
@@ -38,7 +40,7 @@ _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), default=str).encode()
+    return encode_doc(obj)  # (json.dumps(obj, default=str)'s values, compact, faster)
 
 
 class FinishedProgress(NamedTuple):

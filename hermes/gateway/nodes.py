@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Set
 from typing import Any
 
@@ -51,9 +52,14 @@ from hermes.protocol import (
     decode,
     encode,
 )
-from hermes.zmqdrain import QueuedMessages
+from hermes.zmqdrain import NOBLOCK, POLLIN, POLLOUT, events, send_frames
 
 log = logging.getLogger("hermes.gateway.nodes")
+
+#: messages kept for nodes whose pipes are full, at most (then dropped, logged)
+MAX_UNSENT = 100_000
+#: how often kept messages are tried again (also when the socket says it can send)
+UNSENT_RETRY_S = 0.005
 
 NODE_TIMEOUT_S = 10.0  # wall seconds without a message before a node is considered gone
 
@@ -110,6 +116,20 @@ class NodeTable:
         #: count the CPU time of node messages in ``stats["scheduler_cpu_ns"]`` (set by the
         #: scheduler with ``HERMES_ROLE_CPU=1``)
         self.meter = False
+        #: a synchronous shadow of :attr:`socket`: every receive and send goes through it
+        #: on the event loop's readiness callback (:meth:`recv_loop`)
+        self._sync: zmq.Socket[bytes] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._fd: int | None = None
+        self._reading = False
+        #: frames the peers' pipes could not take yet (zmq.Again), in send order
+        self._unsent: dict[bytes, deque[list[bytes]]] = {}  # by node identity
+        self._n_unsent = 0
+        self._unsent_timer: asyncio.TimerHandle | None = None
+        #: messages refused because their node is gone (EHOSTUNREACH), and dropped because
+        #: :data:`MAX_UNSENT` were waiting already
+        self.unroutable = 0
+        self.overflowed = 0
 
     # ------------------------------------------------------------------ wire
     def bind(self) -> None:
@@ -133,7 +153,12 @@ class NodeTable:
                     f"{cfg.scheduler.bind!r}: {exc} (is another gateway running? pick "
                     f"another address with --bind / HERMES_BIND, or '' for embedded nodes only)"
                 ) from exc
+        # a message the peer's pipe cannot take now is refused (zmq.Again) rather than
+        # dropped without a word, and kept until it can (:meth:`_flush_unsent`); one to a
+        # peer that is gone is refused too (EHOSTUNREACH) and dropped, as before
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.socket = sock
+        self._sync = zmq.Socket.shadow(sock.underlying)
 
     def curve_refused(self) -> dict[str, int]:
         """CURVE handshakes refused on this process's sockets, by socket (``nodes``, and
@@ -149,6 +174,11 @@ class NodeTable:
         if self._monitor is not None:
             self._monitor.close(linger=0)
             self._monitor = None
+        self._stop_reading()
+        if self._unsent_timer is not None:
+            self._unsent_timer.cancel()
+            self._unsent_timer = None
+        self._sync = None
         if self.socket is not None:
             self.socket.close(linger=0)
             self.socket = None
@@ -160,28 +190,82 @@ class NodeTable:
             self._zap = None
 
     async def recv_loop(self) -> None:
-        """Receive node messages until cancelled."""
-        assert self.socket is not None
-        sock = self.socket
-        # messages already queued are taken without a future each (hermes.zmqdrain)
-        drain = QueuedMessages(sock)
-        while True:
+        """Receive node messages until cancelled.
+
+        A plain (synchronous) read of the socket on the event loop's readiness callback, as
+        :class:`hermes.gateway.edge.link.EdgeLink` reads the edges: every queued message is
+        taken in one wake-up, without the future, event registration and done callback that
+        an asyncio socket's receive costs per message. ZeroMQ's descriptor is
+        edge-triggered: it signals when the socket's state changed, and any operation on
+        the socket (a send included) may take that signal, so :meth:`_readable` reads until
+        ``EVENTS`` says nothing is queued and every send looks again (:meth:`_recheck`)."""
+        assert self._sync is not None
+        loop = self._loop = asyncio.get_running_loop()
+        fd = self._fd = int(self._sync.getsockopt(zmq.FD))
+        loop.add_reader(fd, self._readable)
+        loop.call_soon(self._readable)  # queued before the reader was added
+        try:
+            await loop.create_future()  # never set: until cancelled
+        finally:
+            self._stop_reading()
+
+    def _stop_reading(self) -> None:
+        if self._loop is not None and self._fd is not None:
             try:
-                first = await sock.recv_multipart()
-            except asyncio.CancelledError:
-                raise
-            except zmq.ZMQError as e:
-                log.warning("zmq receive failed: %s", e)
-                await asyncio.sleep(0.05)
-                continue
-            if not self.meter:
-                for frames in drain.after(first):
-                    self._on_frames(frames)
-                continue
-            t0 = time.thread_time_ns()  # HERMES_ROLE_CPU: the scheduler's share of the CPU
-            for frames in drain.after(first):
-                self._on_frames(frames)
-            self.ctx.stats["scheduler_cpu_ns"] += time.thread_time_ns() - t0
+                self._loop.remove_reader(self._fd)
+            except (RuntimeError, ValueError, OSError):  # the loop or descriptor is closed
+                pass
+        self._fd = None
+
+    #: messages taken in a row before the loop's other work runs
+    BATCH = 64
+
+    def _readable(self) -> None:
+        """Take the queued node messages (at most :attr:`BATCH`, then yield and come back)."""
+        if not self.meter:
+            self._read()
+            return
+        t0 = time.thread_time_ns()  # HERMES_ROLE_CPU: the scheduler's share of the CPU
+        self._read()
+        self.ctx.stats["scheduler_cpu_ns"] += time.thread_time_ns() - t0
+
+    def _read(self) -> None:
+        sync = self._sync
+        if sync is None or self._fd is None:
+            return
+        self._reading = True  # (sends meanwhile need not look: this loop asks EVENTS next)
+        try:
+            self._read_batch(sync)
+        finally:
+            self._reading = False
+
+    def _read_batch(self, sync: zmq.Socket[bytes]) -> None:
+        for _ in range(self.BATCH):
+            try:
+                # asked first: an empty queue answered by zmq.Again costs an exception object
+                ev = events(sync)
+                if self._unsent and ev & POLLOUT:
+                    self._flush_unsent()
+                if not ev & POLLIN:
+                    return
+                frames = sync.recv_multipart(NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError as e:  # closed meanwhile
+                log.debug("zmq receive failed: %s", e)
+                return
+            self._on_frames(frames)
+        if self._loop is not None:
+            self._loop.call_soon(self._readable)  # more queued: the loop's other work first
+
+    def _recheck(self) -> None:
+        """After a send: a message that arrived meanwhile may have had its readiness signal
+        taken by the send; read it (on the next loop iteration) rather than wait for the
+        next signal, which may never come."""
+        sync = self._sync
+        if (sync is not None and not self._reading and self._loop is not None
+                and self._fd is not None and events(sync) & POLLIN):
+            self._loop.call_soon(self._readable)
 
     def _on_frames(self, frames: list[bytes]) -> None:
         if len(frames) >= 2:
@@ -224,13 +308,73 @@ class NodeTable:
         if link is not None:
             link.deliver(msg)
             return
-        if self.socket is None:
+        if self._sync is None:
             raise NoCapacity("scheduler is not running")
         frames = [identity, encode(msg)]
+        if frames[0] in self._unsent:  # after those waiting already: a node's in order
+            self._keep_unsent(frames)
+            self._flush_unsent()
+        else:
+            self._send_frames(frames)
+        self._recheck()
+
+    def _send_frames(self, frames: list[bytes]) -> bool:
+        """One non-blocking send; False: the node's pipe is full (kept, sent later)."""
+        assert self._sync is not None
         try:
-            self.socket.send_multipart(frames, flags=zmq.NOBLOCK)
-        except zmq.Again:  # the peer's pipe is full: send from the loop (rare)
-            asyncio.ensure_future(self.socket.send_multipart(frames))
+            send_frames(self._sync, frames)
+        except zmq.Again:  # the node's pipe is full (ROUTER_MANDATORY): kept, sent later
+            self._keep_unsent(frames)
+            return False
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            self.unroutable += 1  # the node is gone: its work is moved when it is noticed
+            log.debug("node %r is gone: dropped a message to it", frames[0])
+        return True
+
+    def _keep_unsent(self, frames: list[bytes]) -> None:
+        if self._n_unsent >= MAX_UNSENT:
+            self.overflowed += 1
+            if self.overflowed == 1 or self.overflowed % 1000 == 0:
+                log.error("%d messages to nodes dropped: %d are waiting for nodes that do not "
+                          "read (pipes full)", self.overflowed, self._n_unsent)
+            return
+        self._unsent.setdefault(frames[0], deque()).append(frames)
+        self._n_unsent += 1
+        if self._unsent_timer is None and self._loop is not None:
+            self._unsent_timer = self._loop.call_later(UNSENT_RETRY_S, self._retry_unsent)
+
+    def _retry_unsent(self) -> None:
+        self._unsent_timer = None
+        self._flush_unsent()
+        self._recheck()
+
+    def _flush_unsent(self) -> None:
+        """Send the kept messages that the nodes' pipes take now, each node's in order, up
+        to the first its pipe refuses; try again later while some are left
+        (:data:`UNSENT_RETRY_S`; also whenever the socket says it can send)."""
+        assert self._sync is not None
+        for identity in list(self._unsent):
+            queue = self._unsent[identity]
+            while queue:
+                try:
+                    send_frames(self._sync, queue[0])
+                except zmq.Again:
+                    break
+                except zmq.ZMQError as e:
+                    if e.errno != zmq.EHOSTUNREACH:
+                        raise
+                    self.unroutable += len(queue)  # gone: what it was owed goes nowhere
+                    self._n_unsent -= len(queue)
+                    queue.clear()
+                    break
+                queue.popleft()
+                self._n_unsent -= 1
+            if not queue:
+                del self._unsent[identity]
+        if self._unsent and self._unsent_timer is None and self._loop is not None:
+            self._unsent_timer = self._loop.call_later(UNSENT_RETRY_S, self._retry_unsent)
 
     def _fenced(self, msg: Any) -> None:
         stats = self.ctx.stats

@@ -432,6 +432,24 @@ class LiveScheduler:
         finally:
             self.ctx.stats["scheduler_cpu_ns"] += time.thread_time_ns() - c0
 
+    def submit_llm_now(self, run: LiveRun, inv: UnitInvocation, *, model: str,
+                       endpoint: Literal["chat", "completions", "embeddings"],
+                       body: dict[str, Any], stream: bool = False,
+                       native: dict[str, Any] | None = None, request_id: str | None = None,
+                       reply_to: str | None = None,
+                       prompt_tokens: int | None = None) -> PendingRequest:
+        """:meth:`submit_llm` from a loop callback, with a node connected (see
+        :meth:`hermes.gateway.dispatch.Dispatcher.submit_llm_now`)."""
+        c0 = time.thread_time_ns() if self.meter else 0
+        try:
+            return self.dispatch.submit_llm_now(run, inv, model=model, endpoint=endpoint,
+                                                body=body, stream=stream, native=native,
+                                                request_id=request_id, reply_to=reply_to,
+                                                prompt_tokens=prompt_tokens)
+        finally:
+            if self.meter:
+                self.ctx.stats["scheduler_cpu_ns"] += time.thread_time_ns() - c0
+
     async def submit_tool(self, run: LiveRun, inv: UnitInvocation, *, backend: str,
                           code: str | None = None, command: list[str] | None = None,
                           timeout_s: float = 30.0) -> PendingRequest:

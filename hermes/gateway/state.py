@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import numpy as np
+import msgspec
 
 from hermes.core.policies.fair_share import policy_rank
 from hermes.core.state import RequestView, RunState
@@ -195,7 +197,31 @@ class LiveRun:
 
 def finite(x: float) -> float | None:
     """``x`` as a float, or None when it is not finite (JSON has no infinity)."""
-    return float(x) if np.isfinite(x) else None
+    return float(x) if math.isfinite(x) else None  # (numpy's isfinite: ~1 us a scalar)
+
+
+_DOC_ENCODER = msgspec.json.Encoder()
+_DOC_DECODER = msgspec.json.Decoder()
+
+
+def encode_doc(doc: Any) -> bytes:
+    """A run's (or unit's) JSON document as stored and served, with the values that
+    ``json.dumps(doc, default=str)`` writes (compact, UTF-8).
+
+    msgspec writes it several times faster, but differs where the document is not plain
+    JSON: a non-finite float becomes ``null`` (json: ``Infinity``/``NaN``), and a set, tuple,
+    dataclass, ``bytes``, date or enum its own way (json: an array, or ``str(obj)``). Its
+    output is used only when it reads back equal to ``doc`` (a decode and one comparison, in
+    C: still about half of json's time for a run's document), which holds exactly for plain
+    JSON values (``null`` != NaN, a list != a tuple or set, a dict != a dataclass, a string
+    != bytes or a date); anything else is written by :mod:`json` as before."""
+    try:
+        out = _DOC_ENCODER.encode(doc)
+        if _DOC_DECODER.decode(out) == doc:
+            return out
+    except Exception:  # noqa: BLE001  (a type or value msgspec refuses: json's turn)
+        pass
+    return json.dumps(doc, separators=(",", ":"), default=str).encode()
 
 
 @dataclass(eq=False)

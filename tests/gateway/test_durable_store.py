@@ -264,3 +264,35 @@ def test_an_inferred_run_is_written_at_its_start_every_16_units_and_on_a_clean_s
         got = http.get(f"/v1/runs/{rid}").json()
     assert got["inferred"] is True and len(got["units"]) == 40
     assert all(u["requests"][0]["output_tokens"] >= 1 for u in got["units"])
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_a_batch_leaves_what_its_writes_one_by_one_leave(kind: str, tmp_path: Path,
+                                                          request: pytest.FixtureRequest) -> None:
+    """A batch (the Redis store writes it in a few commands for all its runs) ends in the
+    state of its writes in order: a run written twice keeps its last document and status,
+    its unit documents from both, its first acceptance order."""
+    store = (SqliteRunStore(tmp_path / "s.db") if kind == "sqlite"
+             else RedisRunStore(request.getfixturevalue("redis_url"), prefix=f"b{time.time()}:"))
+    store.put_run("old", "running", {"run_id": "old", "submitted": 0.5, "status": "running"})
+    store.put_runs([
+        ("a", "running", {"run_id": "a", "submitted": 1.0, "status": "running", "n_units": 1},
+         {0: {"unit": "u0", "closed": True}}),
+        ("b", "finished", {"run_id": "b", "submitted": 2.0, "status": "finished", "n_units": 0},
+         {}),
+        ("a", "finished", {"run_id": "a", "submitted": 1.0, "status": "finished", "n_units": 2,
+                           "result": "é"}, {1: {"unit": "u1", "closed": True}}),
+        ("old", "failed", {"run_id": "old", "submitted": 0.5, "status": "failed"}, {}),
+        ("c", "running", {"run_id": "c", "submitted": 3.0, "status": "running", "n_units": 0},
+         {}),
+    ])
+    runs = {d["run_id"]: d for d in store.runs()}
+    assert list(runs) == ["old", "a", "b", "c"]  # acceptance order
+    assert runs["a"]["status"] == "finished" and runs["a"]["result"] == "é"
+    assert [u["unit"] for u in runs["a"]["units"]] == ["u0", "u1"]
+    assert runs["old"]["status"] == "failed" and runs["b"]["status"] == "finished"
+    if isinstance(store, RedisRunStore):
+        assert store.r.smembers(store.p + "active") == {"c"}
+        assert [d["run_id"] for d in store.active_runs()] == ["c"]
+    store.put_runs([])  # nothing: no write
+    store.close()

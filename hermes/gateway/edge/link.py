@@ -37,6 +37,7 @@ from hermes.gateway.edge.infer import HandedRuns, close_due
 from hermes.gateway.errors import RunNotActive, SchedulerError
 from hermes.gateway.state import ACTIVE, LiveRun, PendingRequest
 from hermes.gateway.tenancy import current_tenant
+from hermes.zmqdrain import NOBLOCK, POLLIN, events, send_frames
 
 log = logging.getLogger("hermes.gateway.edge")
 
@@ -137,7 +138,7 @@ class EdgeLink:
         if self.socket is None:
             return
         try:
-            self.socket.send_multipart([identity, wire.encode(msg)], flags=zmq.NOBLOCK)
+            send_frames(self.socket, [identity, wire.encode(msg)])
         except zmq.Again:
             log.warning("edge %r takes no more messages: dropped a %s", identity,
                         type(msg).__name__)
@@ -147,7 +148,7 @@ class EdgeLink:
         """After a send: ZeroMQ's descriptor is edge-triggered, and an operation on the socket
         may have taken the readiness of messages that arrived meanwhile; look again."""
         if (self.socket is not None and self._loop is not None
-                and int(self.socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN):
+                and events(self.socket) & POLLIN):
             self._loop.call_soon(self._readable)
 
     def _readable(self) -> None:
@@ -157,9 +158,9 @@ class EdgeLink:
             return
         for _ in range(self.BATCH):
             try:
-                if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                if not events(sock) & POLLIN:
                     return  # (asked: a zmq.Again per empty queue costs more than the question)
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = sock.recv_multipart(NOBLOCK)
             except zmq.Again:
                 return
             except zmq.ZMQError:
@@ -190,6 +191,9 @@ class EdgeLink:
                     self.direct.take(identity, msg)
                 except SchedulerError as e:
                     self._failed(identity, msg.rid, e)
+                return
+            if msg.inferred and self.sched.nodes:  # nothing to wait for: no task
+                self._inferred_now(identity, msg)
                 return
             task = asyncio.get_running_loop().create_task(self._call(identity, msg))
             self._calls.add(task)
@@ -231,16 +235,7 @@ class EdgeLink:
         try:
             served = await sched.serving_model(c.model, strict=True, task=c.task)
             if c.inferred:
-                run = self._inferred_run(c)
-                inv = sched.unit_for_request(run, c.unit or "default", f"llm:{served}")
-                req = await sched.submit_llm(run, inv, model=served, endpoint=c.endpoint,
-                                             body=c.body, stream=c.stream, request_id=c.rid,
-                                             reply_to=c.reply_to, native=c.native,
-                                             prompt_tokens=c.prompt_tokens)
-                # the run stays open after its call: the edge's resolver closes it
-                # (close_inferred), or the idle reaping; a failed call is told to the edge
-                # (the node tells only this scheduler: the edge would wait for its timeout)
-                req.future.add_done_callback(lambda _f: self._inferred_settled(identity, req))
+                self._submit_inferred(identity, c, served)
                 return
             headers = {RUN_HEADER: c.run or "none"}
             if c.app:
@@ -264,6 +259,32 @@ class EdgeLink:
             self._failed(identity, c.rid, e)
             return
         req.future.add_done_callback(lambda _f: self._settled(identity, req, ident))
+
+    def _inferred_now(self, identity: bytes, c: wire.Call) -> None:
+        """A call of an inferred run, with a node connected: taken in the socket's read
+        callback, as it arrives (a task per call was a tenth of the scheduler's CPU per
+        call); the same steps as :meth:`_call`'s."""
+        token = current_tenant.set(c.tenant) if c.authed else None  # reset below: the
+        try:  # callback's context is the reader's, shared by every call
+            served = self.sched.resolve_model(c.model, strict=True, task=c.task)
+            self._submit_inferred(identity, c, served)
+        except SchedulerError as e:
+            self._failed(identity, c.rid, e)
+        finally:
+            if token is not None:
+                current_tenant.reset(token)
+
+    def _submit_inferred(self, identity: bytes, c: wire.Call, served: str) -> None:
+        sched = self.sched
+        run = self._inferred_run(c)
+        inv = sched.unit_for_request(run, c.unit or "default", f"llm:{served}")
+        req = sched.submit_llm_now(run, inv, model=served, endpoint=c.endpoint, body=c.body,
+                                   stream=c.stream, request_id=c.rid, reply_to=c.reply_to,
+                                   native=c.native, prompt_tokens=c.prompt_tokens)
+        # the run stays open after its call: the edge's resolver closes it (close_inferred),
+        # or the idle reaping; a failed call is told to the edge (the node tells only this
+        # scheduler: the edge would wait for its timeout)
+        req.future.add_done_callback(lambda _f: self._inferred_settled(identity, req))
 
     def _inferred_run(self, c: wire.Call) -> LiveRun:
         """The inferred run an edge's resolver put ``c`` in: the active one of that id, or a

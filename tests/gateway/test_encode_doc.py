@@ -1,0 +1,94 @@
+"""Run documents are written by msgspec where that gives the values ``json.dumps(doc,
+default=str)`` gave, and by json otherwise (:func:`hermes.gateway.state.encode_doc`): what is
+stored (the run store) and served (the finished runs) reads back the same."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import json
+import math
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+
+from hermes.core.state import RunState
+from hermes.gateway.durable import _inv_doc, run_doc
+from hermes.gateway.finished import FinishedRuns
+from hermes.gateway.state import LiveRun, PendingRequest, UnitInvocation, encode_doc
+from hermes.protocol import Done
+
+
+def _old(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), default=str).encode()
+
+
+def _same(a: bytes, b: bytes) -> bool:
+    """Equal once read back (NaN read back equals NaN here: compared by its JSON text)."""
+    return json.dumps(json.loads(a), sort_keys=True) == json.dumps(json.loads(b), sort_keys=True)
+
+
+def _run(key: tuple[float, ...]) -> LiveRun:
+    run = LiveRun(state=RunState(run_id="run-1", app="default.syn", tenant="t", submitted=5.0))
+    run.status = "finished"
+    run.state.finished = 7.5
+    for i in range(3):
+        inv = UnitInvocation(unit=f"step{i}", backend="llm:m", started=5.0 + i,
+                             explicit=False, finished=5.5 + i, closed=True)
+        req = PendingRequest(request_id=f"r{i}", run=run, inv=inv, kind="llm", key=key,
+                             msg=None, view=None, future=None,  # type: ignore[arg-type]
+                             node="n1", engine="e0", sent_at=5.0 + i, finished_at=5.4 + i)
+        req.result = Done(request_id=f"r{i}", input_tokens=3, output_tokens=4, text="héllo",
+                          engine="e0", queue_s=0.0, service_s=0.01)
+        inv.requests.append(req)
+        run.units.append(inv)
+    return run
+
+
+def test_a_run_document_is_msgspec_s_and_reads_back_the_same() -> None:
+    run = _run((0.25, 5.0, 1.0))
+    for doc in (run.to_json(8.0), run_doc(run), _inv_doc(run.units[0])):
+        out = encode_doc(doc)
+        assert out == msgspec.json.encode(doc)  # the fast path was taken
+        assert json.loads(out) == json.loads(_old(doc)) == doc
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+class Level(enum.StrEnum):
+    HIGH = "high"
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+
+
+@pytest.mark.parametrize("value", [
+    math.inf, -math.inf, math.nan, (1, 2), {1, 2}, frozenset(), Point(1), b"raw",
+    datetime.datetime(2026, 1, 2, 3, 4, 5), datetime.date(2026, 1, 2), Color.RED, Level.HIGH,
+    np.int64(7), np.float64(0.5), {1: "int key"}, 2 ** 70, "\ud800", [1, [2.5, {"a": None}]],
+])
+def test_what_is_not_plain_json_is_written_as_json_wrote_it(value: Any) -> None:
+    doc = {"run_id": "r", "result": value, "units": [{"key": [value]}]}
+    assert _same(encode_doc(doc), _old(doc)), value
+
+
+def test_a_non_finite_rank_in_a_served_document_is_as_before() -> None:
+    run = _run((math.inf, 5.0))  # keys may be infinite: to_json writes them as null
+    run.input = {"score": math.nan, "when": datetime.date(2026, 1, 2)}  # a hosted app's input
+    fin = FinishedRuns(keep=10)
+    fin.add_run(run, 8.0)
+    got = fin.get("run-1")
+    assert got is not None
+    served = got.to_json(9.0)
+    expected = json.loads(_old(run.to_json(8.0)))
+    assert math.isnan(served["input"]["score"]) and served["input"]["when"] == "2026-01-02"
+    served["input"]["score"] = expected["input"]["score"] = None
+    assert served == expected
+    assert served["units"][0]["requests"][0]["key"] == [None, 5.0]
