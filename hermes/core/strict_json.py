@@ -43,7 +43,7 @@ def loads(raw: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     same checks and messages as before. A document both accept is the same value."""
     try:
         value = msgspec.json.decode(raw)
-    except (msgspec.MsgspecError, RecursionError):
+    except (ValueError, RecursionError):  # msgspec's errors, and bytes that are not UTF-8
         pass
     else:
         check(value, max_depth=max_depth)
