@@ -975,11 +975,17 @@ class EdgeApp:
                              "param": None, "code": code, "status": status}}
             yield f"data: {json.dumps(err)}\n\n".encode()
         finally:
-            if not told and ident is not None:  # failed, or the client went away
-                self.runs.abandoned(ident, self.now())
-            if not call.future.done():
-                self.link.send(wire.Cancel(rid=call.msg.rid))
-            self.link.calls.pop(call.msg.rid, None)
+            self._stream_ended(call, ident, told)
+
+    def _stream_ended(self, call: EdgeCall, ident: Identity | None, told: bool) -> None:
+        """A streamed call's relay ended (answered, failed, or the client went away): an
+        inferred run not told its reply is told the call was abandoned, a call still open
+        at the scheduler is cancelled there, and the edge forgets it."""
+        if not told and ident is not None:
+            self.runs.abandoned(ident, self.now())
+        if not call.future.done():
+            self.link.send(wire.Cancel(rid=call.msg.rid))
+        self.link.calls.pop(call.msg.rid, None)
 
     async def _relay(self, call: EdgeCall, ident: Identity | None, head: list[bytes],
                      feed: Callable[[P.Token], list[bytes]],
@@ -1011,11 +1017,7 @@ class EdgeApp:
             for out in fail(status, str(e) or "timed out"):
                 yield out
         finally:
-            if not told and ident is not None:  # failed, or the client went away
-                self.runs.abandoned(ident, self.now())
-            if not call.future.done():
-                self.link.send(wire.Cancel(rid=call.msg.rid))
-            self.link.calls.pop(call.msg.rid, None)
+            self._stream_ended(call, ident, told)
 
     # ------------------------------------------------------------------ the rest: proxied
     async def proxy(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
