@@ -287,8 +287,10 @@ class RunRegistry:
         if self.ctx.metrics is not None:
             self.ctx.metrics.on_run_end(run)
         run.finished_event.set()
-        self.runs.pop(run.run_id, None)
+        # kept before it leaves the active runs: a reader on another thread (a test, a
+        # debugger) never finds it in neither
         self.finished.add_run(run, self.ctx.now())
+        self.runs.pop(run.run_id, None)
 
     def restore(self, run: LiveRun, *, ended: bool) -> None:
         """Put back a run stored before a restart (recovery); ``ended`` ones join the

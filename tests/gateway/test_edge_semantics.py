@@ -189,7 +189,8 @@ def test_a_stopped_edges_runs_are_closed_on_time_by_the_scheduler(
     e0.stop()
     joined, _ = _agent_turn(e1.url, kmsgs)  # through the other edge, at once: its run
     assert joined == kept
-    wait_for(lambda: left not in sp.sched.registry.runs, timeout=10, what="handover close")
+    # (the registry is the scheduler thread's: wait for the run among the finished ones)
+    wait_for(lambda: left in sp.sched.registry.finished, timeout=10, what="handover close")
     assert sp.sched.registry.get_run(left).status == "finished"
     assert len(sp.scheduler_state.edge_link.handed) == 0  # kept: taken over by edge1's call
 
