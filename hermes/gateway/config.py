@@ -88,6 +88,11 @@ class SchedulerConfig(_Section):
     #: K also starts earlier, a monotone knob) | ready (p_s P(t_c > t_s + t_p) = K, as first
     #: specified)
     prewarm_timing: Literal["ready", "late"] = "late"
+    #: a KV-prefix prewarm is not sent when a unit whose requests carried that prefix ended
+    #: less than this many seconds ago (wall clock): the engine still holds its blocks, at
+    #: the recent end of its prefix cache's LRU; a prefill would only cost the engine and the
+    #: gateway a request. 0: send it anyway (only a running unit's prefix is held)
+    prewarm_kv_recent_s: float = Field(default=1.0, ge=0.0)
     seed: int = 0
     #: ZeroMQ ROUTER address that external HermesLets connect to (``--bind``); "" (default):
     #: none while the embedded node serves, ``tcp://127.0.0.1:5557`` without it

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -78,7 +79,13 @@ class GatewayPrewarmer(RunObserver):
         #: it counts for)
         self._running: dict[str, int] = {}
         self._holding: dict[int, tuple[UnitInvocation, list[str]]] = {}
-        #: started KV prewarms not sent because a running unit held the prefix (:meth:`_signal`)
+        #: KV resource -> when (``time.monotonic()``) the last unit holding it closed, least
+        #: recently closed first (bounded by MAX_PREFIXES): a prefix used that recently is
+        #: still in the engine's cache (``scheduler.prewarm_kv_recent_s``)
+        self._recent: dict[str, float] = {}
+        self.kv_recent_s = float(getattr(ctx.config.scheduler, "prewarm_kv_recent_s", 0.0))
+        #: started KV prewarms not sent because a running unit held the prefix, or one that
+        #: ended within ``kv_recent_s`` (:meth:`_hold`)
         self._held: set[int] = set()
         self.held = 0
         self.acks_failed = 0
@@ -163,6 +170,13 @@ class GatewayPrewarmer(RunObserver):
         got = self._holding.pop(id(inv), None)
         if got is None or got[0] is not inv:
             return
+        if self.kv_recent_s > 0:
+            closed, recent = time.monotonic(), self._recent
+            for r in got[1]:
+                recent.pop(r, None)  # (re-inserted: the newest last)
+                recent[r] = closed
+            while len(recent) > MAX_PREFIXES:
+                del recent[next(iter(recent))]
         for r in got[1]:
             left = self._running.get(r, 0) - 1
             if left > 0:
@@ -212,10 +226,16 @@ class GatewayPrewarmer(RunObserver):
         """Whether a KV prefix action needs no message: a start while a unit whose requests
         carry that prefix is running (the engine computes and holds its blocks for that
         request: a prefill of the same prefix would only cost the engine and this process a
-        request), and the release of such a start. The planner's decision and counters are
-        unchanged (the prefix is warm, as it planned); what it saves is the round trip, at
-        every turn of an agent whose next turn shares the running turn's prompt prefix."""
-        if a.action == "start" and self._running.get(a.resource):
+        request), or within ``kv_recent_s`` of such a unit's end (its blocks are the most
+        recently used of the engine's prefix cache, the last it would evict: an engine
+        evicts only under allocation pressure, least recently used first), and the release
+        of such a start. The planner's decision and counters are unchanged (the prefix is
+        warm, as it planned); what it saves is the round trip, at every turn of an agent
+        whose next turn shares the running (or just ended) turn's prompt prefix."""
+        if a.action == "start" and (
+                self._running.get(a.resource)
+                or time.monotonic() - self._recent.get(a.resource, float("-inf"))
+                < self.kv_recent_s):
             self._held.add(a.pid)
             self.held += 1
             self.warm.add(a.resource)

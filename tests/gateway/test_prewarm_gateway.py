@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -308,5 +309,62 @@ def test_prefix_held_by_the_running_unit_is_not_prefilled_again(tmp_path) -> Non
         (held,) = [float(line.split()[-1]) for line in r.text.splitlines()
                    if line.startswith("hermes_prewarm_held_total")]
         assert held >= 1
+    finally:
+        srv.stop()
+
+
+def test_prefix_of_a_unit_that_just_ended_is_not_prefilled_again(tmp_path) -> None:  # noqa: ANN001
+    """gen -> answer: a run's gen starts soon after the end of another run's answer unit
+    whose requests carried answer's prefix (within ``prewarm_kv_recent_s``, 1 s by default):
+    the engine holds those blocks (the most recently used of its cache), so the planner's
+    prewarm of that prefix is held, not sent. Past the window it is sent, as without it."""
+    srv = _embedded_gateway(tmp_path, {"name": "sim0", "model": MODEL})
+    state = gateway_state(srv)
+    sched = state.scheduler
+    assert sched.prewarm.kv_recent_s == 1.0  # the default
+    sched.prewarm.kv_recent_s = 30.0  # (no flake on a slow machine: the expiry is below)
+    warmed = _record_warms(state.node.prewarmer.prefixes[MODEL])
+    system = "You answer from the retrieved passages only. " * 40
+    resource = f"kv:{MODEL}/default/pwapp/answer"
+
+    def gen_then_answer(http: httpx.Client, check: Callable[[], None] | None = None) -> None:
+        run = http.post("/v1/runs", json={"app": "pwapp"}).json()["run_id"]
+        ev = f"/v1/runs/{run}/events"
+        assert http.post(ev, json={"unit": "gen", "event": "start",
+                                   "backend": f"llm:{MODEL}"}).status_code == 200
+        if check is not None:
+            check()
+        http.post(ev, json={"unit": "gen", "event": "finish"})
+        _ask(http, run, MODEL, system)
+        assert http.post(f"/v1/runs/{run}/finish").status_code == 200
+
+    try:
+        with httpx.Client(base_url=srv.url, timeout=30) as http:
+            assert http.put("/v1/apps/pwapp", content=json.dumps(_graph(0.0))).status_code in (
+                200, 201)
+            gen_then_answer(http)  # teaches the prefix
+            gen_then_answer(http)  # its answer unit holds the prefix: ends recent
+            assert resource in sched.prewarm._recent
+            st0 = sched.prewarm.stats()
+
+            def held() -> None:
+                _wait(lambda: sched.prewarm.stats()["prewarm_held"] > st0["prewarm_held"],
+                      sched.prewarm.stats)
+
+            gen_then_answer(http, held)
+            st = sched.prewarm.stats()
+            assert st["prewarm_sent_start"] == st0["prewarm_sent_start"], st
+            sent = len(warmed)
+            sched.prewarm.kv_recent_s = 0.3
+            time.sleep(0.5)  # past the window
+
+            def sent_again() -> None:
+                _wait(lambda: len(warmed) > sent, sched.prewarm.stats)
+
+            gen_then_answer(http, sent_again)
+            assert warmed[-1] == (system, None)
+            st1 = sched.prewarm.stats()
+            assert st1["prewarm_sent_start"] == st0["prewarm_sent_start"] + 1, st1
+            assert st1["prewarm_held"] == st["prewarm_held"], st1
     finally:
         srv.stop()
