@@ -46,7 +46,13 @@ def loads(raw: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     except (ValueError, RecursionError):  # msgspec's errors, and bytes that are not UTF-8
         pass
     else:
-        check(value, max_depth=max_depth)
+        # msgspec refuses NaN/Infinity, numbers out of range and lone surrogates (escaped,
+        # or in bytes or a str that are not UTF-8) itself, and yields str keys and JSON
+        # types only: of :func:`check`'s rules only the depth is left to look at, which
+        # needs the containers alone (a full walk visits every string: a tenth of the
+        # gateway's own work on a chat request); a document too deep gets check's message
+        if not _within_depth(value, max_depth):
+            check(value, max_depth=max_depth)
         return value
     if isinstance(raw, bytes | bytearray):
         try:
@@ -63,6 +69,25 @@ def loads(raw: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
         raise StrictJSONError(f"not valid JSON: {e.msg} (line {e.lineno} column {e.colno})") from None
     check(value, max_depth=max_depth)
     return value
+
+
+def _within_depth(value: Any, max_depth: int) -> bool:
+    """Whether no container of ``value`` (parsed JSON) is nested ``max_depth`` levels deep
+    or more (:func:`check`'s depth rule: the outermost container is at level 0), looking at
+    containers only, one level at a time."""
+    level = [value] if type(value) is dict or type(value) is list else []
+    depth = 0
+    while level:
+        if depth >= max_depth:
+            return False
+        depth += 1
+        below: list[Any] = []
+        for v in level:
+            for item in (v.values() if type(v) is dict else v):
+                if type(item) is dict or type(item) is list:
+                    below.append(item)
+        level = below
+    return True
 
 
 def _where(path: tuple[Any, ...], root: str) -> str:

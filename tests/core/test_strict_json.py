@@ -29,3 +29,44 @@ def test_what_msgspec_parses_is_what_json_parses(raw: bytes | str) -> None:
 def test_refusals_name_what_was_wrong(raw: bytes, says: str) -> None:
     with pytest.raises(StrictJSONError, match=says):
         loads(raw)
+
+
+def _nested(levels: int) -> bytes:
+    """``levels`` containers inside each other, lists and objects alternating."""
+    raw = b"1"
+    for i in range(levels):
+        raw = b'{"k": [0, ' + raw + b']}' if i % 2 else b'[' + raw + b']'
+    return raw
+
+
+@pytest.mark.parametrize("levels", [1, 2, 63, 64, 65, 66, 90])
+def test_the_fast_path_refuses_the_depth_the_full_check_refuses(levels: int) -> None:
+    """msgspec's values meet only the depth rule (its own refusals cover the others): the
+    containers-only look agrees with :func:`check` at the limit and names the same place."""
+    from hermes.core.strict_json import MAX_DEPTH, _within_depth, check
+
+    raw = _nested(levels)
+    value = json.loads(raw)
+    containers = levels + levels // 2  # each object holds a list
+    try:
+        check(value)
+        full = None
+    except StrictJSONError as e:
+        full = str(e)
+    assert _within_depth(value, MAX_DEPTH) is (full is None)
+    assert (full is None) is (containers <= MAX_DEPTH)
+    if full is None:
+        assert loads(raw) == value
+    else:
+        with pytest.raises(StrictJSONError) as got:
+            loads(raw)
+        assert str(got.value) == full and "nested more than 64" in full
+
+
+@pytest.mark.parametrize("raw", [
+    '["\ud800"]', '{"\udc00": 1}', b'{"\\udc00": 1}', b'["\xed\xa0\x80"]'])
+def test_lone_surrogates_anywhere_are_refused_by_name(raw: bytes | str) -> None:
+    """In a str, escaped, as a key, or encoded in bytes (not UTF-8): refused with a message
+    (msgspec refuses each; the json path says what and where)."""
+    with pytest.raises(StrictJSONError, match="lone surrogate|not UTF-8"):
+        loads(raw)
