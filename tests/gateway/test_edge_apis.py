@@ -594,6 +594,8 @@ def test_a_model_served_later_is_countable_at_the_edge_within_a_ping(
     assert r.status_code == 404 and LATE in r.json()["error"]["message"], r.text
     node = _LateNode(sp.scheduler_state.config.scheduler.bind)
     try:
+        digest = httpx.get(edge.url + "/readyz").json()["models"]
+        assert digest
         wait_for(lambda: LATE in sp.sched.served_models(), what="the late node")
         t0 = time.monotonic()
         while _post(edge.url, "/v1/messages/count_tokens", ask).status_code != 200:
@@ -601,6 +603,7 @@ def test_a_model_served_later_is_countable_at_the_edge_within_a_ping(
             time.sleep(0.01)
         took = time.monotonic() - t0
         assert took < 1.0, took  # a ping period (0.2 s) and a round trip, on a busy machine
+        assert httpx.get(edge.url + "/readyz").json()["models"] not in ("", digest)
     finally:
         node.stop()
     # an edge following an election store where no scheduler leads: no pong, no set

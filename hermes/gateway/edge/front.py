@@ -631,7 +631,10 @@ class EdgeApp:
                     "inferred_closed": self.runs.closed,
                     "inferred_closed_untold": len(self.runs.pending),
                     # the digest of the app names followed (the scheduler's)
-                    "app_names": self.runs.names_digest}
+                    "app_names": self.runs.names_digest,
+                    # the digest of the served-model set held (count_tokens is answered
+                    # from it), "" before the scheduler gave one
+                    "models": self.link.models.digest if self.link.models else ""}
             if self.config.security.curve_dir:  # CURVE: refused nodes, and this edge's key
                 from hermes.security.curve import ANSWERS
 
