@@ -8,8 +8,7 @@ Many edges run behind a load balancer; each
 - answers ``/readyz`` 200 only while the active scheduler answers its pings (within
   :attr:`SchedulerLink.READY_S`), so that a load balancer sends it traffic only then;
 - serves the LLM endpoints itself (``POST /v1/chat/completions``, ``/v1/completions``,
-  ``/v1/embeddings``, Anthropic's ``/v1/messages`` and ``/v1/messages/count_tokens``, the
-  last without any message to the scheduler: the served-model set comes in its pongs): API keys and tenant admission (the
+  ``/v1/embeddings``, Anthropic's ``/v1/messages``): API keys and tenant admission (the
   gateway's security middleware), parsing and validation (the same models as the all-in-one
   gateway), then **one compact message per call** to the scheduler
   (:class:`~hermes.gateway.edge.wire.Call`: the request id, run headers, model, the prompt's
@@ -18,12 +17,14 @@ Many edges run behind a load balancer; each
   node streams the tokens and sends the answer **here**, and the scheduler only the counts;
   the answer is written here as the all-in-one gateway writes it (the same functions:
   :mod:`hermes.gateway.api.openai_api`, :mod:`hermes.gateway.api.anthropic_answers`);
+- answers ``POST /v1/messages/count_tokens`` without any message to the scheduler: the
+  served-model set comes in its pongs (:meth:`EdgeApp.count_tokens`);
 - serves ``POST /v1/responses`` and the stored responses' routes too when the response store
   is shared (``[cluster] store``: a follow-up's ``previous_response_id`` is found whichever
   edge stored it);
-- forwards every other request (runs, apps, admin, and the Responses
-  API's routes without a shared store) to the active scheduler's HTTP address, as a reverse proxy (hosted runs are journaled there
-  before they are accepted);
+- forwards every other request (runs, apps, admin, and the Responses API's routes without
+  a shared store) to the active scheduler's HTTP address, as a reverse proxy (hosted runs
+  are journaled there before they are accepted);
 - on a clean stop, hands the inferred runs its resolver holds to the scheduler and saves the
   resolver's state for the edge started in its place (:meth:`EdgeApp._hand_over`).
 

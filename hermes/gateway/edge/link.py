@@ -16,10 +16,11 @@ stopping edge's ``handover`` has them closed here when due
 app id, so that the app is listed here and ``hermes apps rename|merge`` finds it; the
 mapping they make reaches the edges in the pongs (:meth:`EdgeLink._names_for`), and so does
 the served-model set (:meth:`EdgeLink._models_for`: edges answer ``count_tokens`` from it).
-The apps an edge's resolver knows come once to each new leader (:class:`~hermes.gateway.edge.
-wire.Apps`), which then lists them at once after a failover. The scheduler answers the edge only when a call fails (:class:`~hermes.gateway.edge.wire.
-CallFailed`) and pings with a pong; both carry the lease epoch and are not sent once the
-lease has run out (a deposed scheduler says nothing).
+The apps an edge's resolver knows come once to each new leader
+(:class:`~hermes.gateway.edge.wire.Apps`), which then lists them at once after a failover.
+The scheduler answers the edge only when a call fails
+(:class:`~hermes.gateway.edge.wire.CallFailed`) and pings with a pong; both carry the lease
+epoch and are not sent once the lease has run out (a deposed scheduler says nothing).
 """
 
 from __future__ import annotations

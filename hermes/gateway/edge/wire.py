@@ -13,9 +13,10 @@ rename|merge``) reach the edges in the pongs: a ping carries the digest of the m
 follows, and the pong carries the scheduler's mapping (:class:`Names`) only when the digests
 differ (:mod:`hermes.gateway.edge.infer`, "App names"); the models the connected engines
 serve reach them the same way (:class:`Models`: an edge answers Anthropic's ``count_tokens``
-itself from them). A new leader is told the apps an edge's resolver knows (:class:`Apps`, once
-per leader), so that it lists them before their next new run. Fields are added with defaults (and omitted when at
-their default), so that a message of the previous layout still decodes.
+itself from them). A new leader is told the apps an edge's resolver knows (:class:`Apps`,
+once per leader), so that it lists them before their next new run. Fields are added with
+defaults (and omitted when at their default), so that a message of the previous layout still
+decodes (a scheduler of the previous layout drops an :class:`Apps` as a bad message).
 """
 
 from __future__ import annotations
