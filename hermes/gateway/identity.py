@@ -22,7 +22,8 @@ Apps: :meth:`apps` lists the inferred ones; :meth:`rename` and :meth:`merge` cha
 next runs of one are called (``hermes apps rename|merge``), stored in the knowledge base
 (document ``app_names``) so that every gateway sharing it, and the next start, agree. With
 split roles the apps are inferred at the edges: the scheduler learns them from their runs'
-first calls (:meth:`noted`), the edges follow its mapping (:attr:`names_digest`, sent over
+first calls (:meth:`noted`) and, once elected, from the edges' own books (:meth:`learned`:
+a failover loses none), the edges follow its mapping (:attr:`names_digest`, sent over
 the edge link: :mod:`hermes.gateway.edge.infer`), and an elected standby reads the mapping
 again (:meth:`reload_names`).
 
@@ -42,7 +43,7 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,17 @@ class RunIdentities(RunObserver):
         roles): listed here, and renamed or merged here (``hermes apps``)."""
         self.resolver.apps.note(app_id, name=name, tenant=tenant, model=model,
                                 now=self.ctx.now())
+
+    def learned(self, apps: Iterable[Any]) -> None:
+        """The apps an edge's resolver knows (:class:`~hermes.gateway.edge.wire.AppSeen`:
+        ``app_id``, ``name``, ``tenant``, ``model``, ``tools``, ``instructions``, ``age_s``,
+        ``runs``), told to this scheduler once it leads (split roles): listed, renamed and
+        merged here at once after a failover, rather than from each app's next new run."""
+        book = self.resolver.apps
+        now = self.ctx.now()
+        for a in apps:
+            book.learn(AppInfo(a.app_id, a.name, a.tenant, a.model, list(a.tools),
+                               a.instructions, now - a.age_s, a.runs))
 
     def reload_names(self) -> bool:
         """Read the operator's renames and merges again from the knowledge base (a standby

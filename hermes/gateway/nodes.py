@@ -34,8 +34,9 @@ from hermes.core.routing import (
     make_router,
 )
 from hermes.gateway.context import SchedulerContext
-from hermes.gateway.errors import ModelNotFound, NoCapacity, SchedulerError, WrongTask
+from hermes.gateway.errors import NoCapacity, SchedulerError
 from hermes.gateway.prefixes import prompt_token_ids
+from hermes.gateway.served import resolve_served
 from hermes.gateway.state import Node
 from hermes.inproc import InprocLink
 from hermes.protocol import (
@@ -84,6 +85,9 @@ class NodeTable:
         self.context = context
         self.inproc_address = inproc_address
         self.nodes: dict[str, Node] = {}
+        #: bumped whenever the engines served may have changed (a node's hello, a node
+        #: dropped): what the served-model set given to edges is cached by
+        self.models_version = 0
         #: set while at least one node is connected
         self.ready = asyncio.Event()
         #: request id -> (node, "queued"|"inflight"), from the nodes' hellos and heartbeats
@@ -469,6 +473,7 @@ class NodeTable:
                 self.kv_indexes.pop(f"{msg.node}/{gone}", None)
                 self._kv_seq.pop(f"{msg.node}/{gone}", None)
         self.nodes[msg.node] = node
+        self.models_version += 1
         for e in msg.engines:  # a full summary follows a hello
             self.kv_indexes.pop(f"{msg.node}/{e.name}", None)
             self._kv_seq.pop(f"{msg.node}/{e.name}", None)
@@ -491,6 +496,7 @@ class NodeTable:
                 log.warning("node %s disconnected and silent for %.1f s: re-dispatching", name,
                             silent_s)
             for e in self.nodes.pop(name).engines:
+                self.models_version += 1
                 self.router.index.forget(f"{name}/{e}")
                 self.kv_indexes.pop(f"{name}/{e}", None)
                 self._kv_seq.pop(f"{name}/{e}", None)
@@ -550,21 +556,12 @@ class NodeTable:
     def resolve_model(self, model: str | None, *, strict: bool, task: str = "generate") -> str:
         """The model a request for ``task`` goes to: itself if served, else the default
         (unless strict). A model served only for the other task is refused (:class:`WrongTask`)
-        rather than routed elsewhere."""
-        served = self.served_models(task)
-        if model and model in served:
-            return model
-        if model and strict and model in self.served_models():
-            what = "embedding" if task == "embed" else "chat/text generation"
-            raise WrongTask(f"the model {model!r} does not support {what}; models that do: "
-                            f"{', '.join(served) or 'none'}")
+        rather than routed elsewhere (:func:`hermes.gateway.served.resolve_served`, the rule
+        edges apply to the served-model set this scheduler gives them)."""
         sc = self.ctx.config.scheduler
-        if strict and model and not sc.route_unknown_models:
-            raise ModelNotFound(f"the model {model!r} does not exist; served: {', '.join(served) or 'none'}")
-        default = (sc.default_model if task == "generate" else "") or (served[0] if served else "")
-        if not default:
-            raise NoCapacity(f"no connected engine serves {task} requests")
-        return default
+        return resolve_served(model, strict=strict, task=task, served=self.served_models,
+                              default_model=sc.default_model,
+                              route_unknown=sc.route_unknown_models)
 
     async def serving_model(self, model: str | None, *, strict: bool,
                             task: str = "generate") -> str:

@@ -1,4 +1,5 @@
-"""An edge serves ``/v1/embeddings``, Anthropic's ``/v1/messages`` and, with a shared store,
+"""An edge serves ``/v1/embeddings``, Anthropic's ``/v1/messages`` (and ``count_tokens``,
+from the served-model set its scheduler gives it) and, with a shared store,
 the Responses API itself (one call to the scheduler, the node's answer translated at the
 edge), with the all-in-one gateway's answers and errors for the same requests; without a
 shared store the Responses API is forwarded to the scheduler.
@@ -12,6 +13,7 @@ all-in-one gateway beside them."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,8 +26,9 @@ from gw_redis import redis_url  # noqa: F401  (fixture)
 from threaded_node import ThreadedNode
 
 from hermes.gateway.api.openai_bodies import MAX_EMBED_INPUTS
+from hermes.gateway.config import load_config
 from hermes.gateway.keys import FileKeyStore
-from hermes.gateway.server import BackgroundServer
+from hermes.gateway.server import BackgroundServer, start_background
 from hermes.procs import free_port, stop_group
 
 pytestmark = pytest.mark.timeout(120)
@@ -475,3 +478,145 @@ def test_stored_responses_at_edges_are_the_key_tenants_own(
         assert r.status_code == 404, r.text  # another tenant's id: not found
     r = _post(e1.url, "/v1/responses", {**body, "previous_response_id": rid}, A)
     assert r.status_code == 200, r.text
+
+
+# ---------------------------------------------------------------------------- count_tokens
+COUNT = {"model": MODEL, "messages": [{"role": "user", "content": "How many tokens is this?"}]}
+
+
+def test_count_tokens_is_answered_by_the_edge_as_by_the_all_in_one(
+        split: Callable[..., Split], make_gateway: Callable[..., BackgroundServer]) -> None:
+    """``POST /v1/messages/count_tokens`` at an edge whose scheduler's HTTP is unreachable:
+    the Anthropic SDK gets the all-in-one gateway's counts, and every refusal (a bad body or
+    version, an unknown model, a model that does not generate) its status and error body;
+    nothing reached the scheduler (no call, nothing forwarded)."""
+    sp = split()
+    edge = sp.edge()
+    aio = make_gateway()
+    app = _cut_scheduler_http(edge)
+    calls_before = sp.scheduler_state.edge_link.calls
+    weather = {"name": "get_weather", "description": "Weather in a city.",
+               "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    asks: list[dict[str, Any]] = [
+        {"messages": COUNT["messages"]},
+        {"system": "Be brief.", "tools": [weather],
+         "messages": [{"role": "user", "content": "Weather in Paris?"},
+                      {"role": "assistant", "content": [
+                          {"type": "tool_use", "id": "t1", "name": "get_weather",
+                           "input": {"city": "Paris"}}]},
+                      {"role": "user", "content": [
+                          {"type": "tool_result", "tool_use_id": "t1", "content": "Sunny"}]}]},
+    ]
+    clients = {base: anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+               for base in (aio.url, edge.url)}
+    counts = []
+    for ask in asks:
+        got, want = (clients[b].messages.count_tokens(model=MODEL, **ask).model_dump()
+                     for b in (edge.url, aio.url))
+        assert got == want and got["input_tokens"] > 0, (got, want)
+        counts.append(got["input_tokens"])
+    assert counts[1] > counts[0]
+    bad: list[tuple[Any, dict[str, str], int]] = [
+        ({**COUNT, "model": "nope"}, {}, 404),
+        ({**COUNT, "model": EMBED_MODEL}, {}, 400),  # an embedding model
+        ({"model": MODEL}, {}, 400),
+        ({**COUNT, "messages": []}, {}, 400),
+        ({**COUNT, "tools": [{"name": "x", "input_schema": {"type": "string"}}]}, {}, 400),
+        (COUNT, {"anthropic-version": "latest"}, 400),
+        (b'{"model": "llama-2-7b", "messages": NaN}', {}, 400),
+        (b"[1]", {}, 400),
+        (b"not json", {}, 400),
+    ]
+    for body, headers, status in bad:
+        want = _post(aio.url, "/v1/messages/count_tokens", body, headers)
+        got = _post(edge.url, "/v1/messages/count_tokens", body, headers)
+        assert want.status_code == status, (body, want.text)
+        assert want.json()["type"] == "error", want.text
+        assert (got.status_code, got.json()) == (status, want.json()), body
+    with pytest.raises(anthropic.NotFoundError, match="nope"):
+        clients[edge.url].messages.count_tokens(model="nope", messages=COUNT["messages"])
+    assert sp.scheduler_state.edge_link.calls == calls_before  # nothing reached it
+    assert app.stats["proxied"] == 1  # the /v1/models probe only
+    assert app.stats["counted"] == len(asks)  # (refusals are not counted)
+
+
+def test_count_tokens_at_an_edge_needs_the_keys_the_all_in_one_needs(
+        split: Callable[..., Split], make_gateway: Callable[..., BackgroundServer],
+        tmp_path: Path) -> None:
+    auth = tmp_path / "auth.json"
+    keys = FileKeyStore(auth)
+    key, gone = keys.create("alice"), keys.create("alice")
+    sp = split(auth_file=str(auth))
+    edge = sp.edge()
+    aio = make_gateway(auth_file=str(auth))
+    _cut_scheduler_http(edge)
+    cases = [({}, 401), ({"x-api-key": "nope"}, 401), ({"x-api-key": key + "x"}, 401),
+             ({"x-api-key": key}, 200), ({"Authorization": f"Bearer {gone}"}, 200)]
+    for headers, status in cases:
+        want = _post(aio.url, "/v1/messages/count_tokens", COUNT, headers)
+        got = _post(edge.url, "/v1/messages/count_tokens", COUNT, headers)
+        assert want.status_code == status, (headers, want.text)
+        assert (got.status_code, got.json()) == (status, want.json()), headers
+    assert FileKeyStore(auth).revoke(gone.split(".")[0][3:])  # revoked: refused at once
+    for base in (aio.url, edge.url):
+        r = _post(base, "/v1/messages/count_tokens", COUNT, {"Authorization": f"Bearer {gone}"})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", \
+            r.text
+    c = anthropic.Anthropic(base_url=edge.url, api_key=key, max_retries=0)
+    assert c.messages.count_tokens(model=MODEL, messages=COUNT["messages"]).input_tokens > 0
+
+
+LATE = "late-llm"
+
+
+class _LateNode(ThreadedNode):
+    """A node joining later, with a model nobody served before."""
+
+    def make(self, address: str) -> Any:
+        from hermeslet.agent import HermesLet
+        from hermeslet.engines.sim_engine import SimEngine
+
+        return HermesLet("n-late", address, [SimEngine(name="late", model=LATE)],
+                         heartbeat_s=0.1)
+
+
+def test_a_model_served_later_is_countable_at_the_edge_within_a_ping(
+        split: Callable[..., Split], redis_url: str) -> None:  # noqa: F811
+    """A node joining with a new model: the scheduler's pongs bring the edge the new set
+    (its digest changed) and the model is countable there within a ping period and a round
+    trip. An edge that has no pong of an active scheduler (so no served-model set) is not
+    ready and answers 503 ``not_ready`` with ``Retry-After``, in Anthropic's shape (529)."""
+    sp = split()
+    edge = sp.edge()
+    _cut_scheduler_http(edge)
+    ask = {**COUNT, "model": LATE}
+    r = _post(edge.url, "/v1/messages/count_tokens", ask)
+    assert r.status_code == 404 and LATE in r.json()["error"]["message"], r.text
+    node = _LateNode(sp.scheduler_state.config.scheduler.bind)
+    try:
+        digest = httpx.get(edge.url + "/readyz").json()["models"]
+        assert digest
+        wait_for(lambda: LATE in sp.sched.served_models(), what="the late node")
+        t0 = time.monotonic()
+        while _post(edge.url, "/v1/messages/count_tokens", ask).status_code != 200:
+            assert time.monotonic() - t0 < 5.0, "the edge never learnt the new model"
+            time.sleep(0.01)
+        took = time.monotonic() - t0
+        assert took < 1.0, took  # a ping period (0.2 s) and a round trip, on a busy machine
+        assert httpx.get(edge.url + "/readyz").json()["models"] not in ("", digest)
+    finally:
+        node.stop()
+    # an edge following an election store where no scheduler leads: no pong, no set
+    lone = start_background(load_config(None, environ={}, **{
+        **sp.common, "role": "edge", "bind": f"tcp://127.0.0.1:{free_port()}",
+        "election": redis_url.rsplit("/", 1)[0] + "/9", "member": "lone",
+        "state_dir": str(sp.tmp / "lone"), "kb": str(sp.tmp / "lone" / "kb")}))
+    try:
+        assert httpx.get(lone.url + "/readyz").status_code == 503
+        r = _post(lone.url, "/v1/messages/count_tokens", COUNT)
+        assert r.status_code == 529 and r.headers["retry-after"] == "1", r.text
+        assert r.json()["error"]["type"] == "overloaded_error"
+        r = _post(lone.url, "/v1/messages/count_tokens", {"model": MODEL})  # checked first
+        assert r.status_code == 400, r.text
+    finally:
+        lone.stop()

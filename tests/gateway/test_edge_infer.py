@@ -241,3 +241,108 @@ def test_app_names_travel_in_pongs_only_when_an_edge_lacks_them(tmp_path: Path) 
         assert not standby.identities.reload_names()  # unchanged: nothing to do
 
     asyncio.run(main())
+
+
+def test_the_served_models_travel_in_pongs_only_when_they_change(tmp_path: Path) -> None:
+    """The scheduler's served-model set (``count_tokens`` at the edges): in the pong to an
+    edge whose ping names another digest only; a node's hello changes it (and its digest),
+    and the edge's answer from it is the scheduler's own (:func:`resolve_served`)."""
+    from hermes import protocol as P
+    from hermes.gateway.edge.link import EdgeLink
+    from hermes.gateway.errors import ModelNotFound, WrongTask
+    from hermes.gateway.scheduler import LiveScheduler
+    from hermes.gateway.served import resolve_served
+
+    cfg = load_config(None, environ={}, bind="", kb=str(tmp_path / "kb"),
+                      state_dir=str(tmp_path / "state"))
+
+    async def main() -> None:
+        sched = LiveScheduler(cfg)
+        link = EdgeLink(sched, "inproc://unused")
+        sent: list[wire.SchedulerMessage] = []
+        link._send = lambda _who, msg: sent.append(msg)  # type: ignore[method-assign]
+
+        def pong(digest: str) -> wire.Pong:
+            link.handle(b"e0", wire.decode_edge(wire.encode(wire.Ping(edge="e0",
+                                                                      models=digest))))
+            msg = wire.decode_scheduler(wire.encode(sent.pop()))
+            assert isinstance(msg, wire.Pong)
+            return msg
+
+        empty = pong("").models
+        assert empty is not None and empty.nodes == 0 and empty.models(None) == []
+        assert pong(empty.digest).models is None  # held: nothing more
+        hello = P.Hello(node="n1", engines=[
+            P.EngineInfo(name="a", model="m-chat", kind="sim", max_inflight=4,
+                         loras=["m-lora"]),
+            P.EngineInfo(name="b", model="m-embed", kind="sim", max_inflight=4,
+                         task="embed")])
+        sched.node_table.observe(b"n1", hello)
+        got = pong(empty.digest).models
+        assert got is not None and got.digest != empty.digest and got.nodes == 1
+        assert got.served == {"generate": ["m-chat", "m-lora"], "embed": ["m-embed"]}
+        assert pong(got.digest).models is None
+        sched.node_table.observe(b"n1", hello)  # the same engines again: the same set
+        assert pong(got.digest).models is None
+        for model in ("m-chat", "m-lora", "m-embed", "nope", ""):
+            for task in ("generate", "embed"):
+                outcomes = []
+                for resolve in (
+                        lambda m, t: sched.resolve_model(m, strict=True, task=t),
+                        lambda m, t: resolve_served(
+                            m, strict=True, task=t, served=got.models,
+                            default_model=got.default_model, route_unknown=got.route_unknown)):
+                    try:
+                        outcomes.append(resolve(model, task))
+                    except (ModelNotFound, WrongTask) as e:
+                        outcomes.append(f"{type(e).__name__}: {e}")
+                assert outcomes[0] == outcomes[1], (model, task, outcomes)
+
+    asyncio.run(main())
+
+
+def test_a_new_leader_lists_the_apps_the_edges_report(tmp_path: Path) -> None:
+    """An edge tells a newly elected scheduler the apps its resolver knows (one ``apps``
+    message): listed there at once (their runs counted over the edges), renamed through
+    it, and the edge follows the rename; the scheduler notes nothing per call for it."""
+    from hermes.gateway.edge.link import EdgeLink
+    from hermes.gateway.scheduler import LiveScheduler
+
+    cfg = load_config(None, environ={}, bind="", kb=str(tmp_path / "kb"),
+                      state_dir=str(tmp_path / "state"))
+    e0, e1 = EdgeRuns(IdentityConfig()), EdgeRuns(IdentityConfig())
+    tool = {"type": "function", "function": {"name": "search", "parameters": {}}}
+    a = e0.resolve("acme", {**_body([SYSTEM, {"role": "user", "content": "Go."}]),
+                            "tools": [tool]}, {}, 10.0)
+    b = e1.resolve("acme", {**_body([SYSTEM, {"role": "user", "content": "Again."}]),
+                            "tools": [tool]}, {}, 12.0)
+    other = e1.resolve("acme", _body([{"role": "system", "content": "You sum numbers."},
+                                      {"role": "user", "content": "1+1"}]), {}, 13.0)
+    assert a is not None and b is not None and other is not None
+    assert a.app == b.app != other.app  # the same app at both edges, one run each
+
+    async def main() -> None:
+        sched = LiveScheduler(cfg)
+        link = EdgeLink(sched, "inproc://unused")
+        sent: list[wire.SchedulerMessage] = []
+        link._send = lambda _who, msg: sent.append(msg)  # type: ignore[method-assign]
+        assert sched.identities.apps() == []
+        for i, runs in enumerate((e0, e1)):
+            msg = wire.Apps(apps=runs.apps_seen(20.0))
+            link.handle(f"e{i}".encode(), wire.decode_edge(wire.encode(msg)))
+        listed = {x.name: x for x in sched.identities.apps()}
+        assert set(listed) == {a.app, other.app}
+        assert listed[a.app].runs == 2 and listed[other.app].runs == 1
+        assert listed[a.app].tools == ["search"] and listed[a.app].app_id == a.app_id
+        assert listed[a.app].instructions.startswith("You are a careful")
+        sched.rename_app(a.app, "acme.searcher")
+        link.handle(b"e0", wire.decode_edge(wire.encode(
+            wire.Ping(edge="e0", names=e0.names_digest))))
+        told = sent.pop()
+        assert isinstance(told, wire.Pong) and told.names is not None
+        e0.follow_names(told.names)
+        nxt = e0.resolve("acme", {**_body([SYSTEM, {"role": "user", "content": "More."}]),
+                                  "tools": [tool]}, {}, 30.0)
+        assert nxt is not None and nxt.new_run and nxt.app == "acme.searcher"
+
+    asyncio.run(main())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 
 import msgspec
 import pytest
@@ -99,6 +100,41 @@ def test_an_edge_drops_a_stale_epochs_messages() -> None:
         with pytest.raises(CallFailedError) as e:
             await call.future
         assert e.value.status == 404 and link.gate.stale_rejected == 2
+
+    asyncio.run(go())
+
+
+def test_an_edge_holds_the_leaders_served_models_and_greets_each_leader_once() -> None:
+    """The served-model set comes in pongs (a stale epoch's is dropped), its digest goes in
+    the next pings; the edge tells each new leader its apps once, at that leader's first
+    pong; a request waits for a set with a node while the scheduler has none (as the
+    scheduler's own requests wait for a node), up to its timeout."""
+    def models(digest: str, nodes: int) -> wire.Models:
+        return wire.Models(digest, {"generate": ["m"] if nodes else [], "embed": []}, "",
+                           False, nodes)
+
+    async def go() -> None:
+        link = _link()
+        greeted: list[object] = []
+        link.on_leader = lambda: greeted.append(link.leader and link.leader["epoch"])
+        link.leader = {"epoch": 5}
+        assert link._ping().models == "" and link.models is None
+        none_yet = models("aaaaaaaaaaaaaaaa", 0)
+        link.apply(wire.Pong(epoch=5, models=none_yet))
+        link.apply(wire.Pong(epoch=5))
+        assert link.models == none_yet and link._ping().models == "aaaaaaaaaaaaaaaa"
+        assert greeted == [5]  # once for this leader
+        t0 = time.monotonic()
+        assert await link.models_with_nodes(0.2) == none_yet  # none came: what it holds
+        assert time.monotonic() - t0 >= 0.2
+        one = models("bbbbbbbbbbbbbbbb", 1)
+        asyncio.get_running_loop().call_later(0.05, link.apply, wire.Pong(epoch=5, models=one))
+        assert await link.models_with_nodes(5.0) == one  # the set with a node, at once
+        link.apply(wire.Pong(epoch=4, models=none_yet))  # a deposed scheduler's: dropped
+        assert link.models == one
+        link.leader = {"epoch": 6}
+        link.apply(wire.Pong(epoch=6))
+        assert greeted == [5, 6]
 
     asyncio.run(go())
 

@@ -12,6 +12,8 @@ the built-in engine, all started here and stopped by their PIDs (``hermes.bench.
   scheduler, then one started through an edge survives ``kill -9`` of that edge: each
   finishes once, and its key names the same run afterwards; a long stream in flight through
   an edge survives the scheduler's kill whole;
+- after ``kill -9`` of the active scheduler the new leader lists an app an edge inferred
+  before that app's next run (the edge tells it), and a rename through it reaches the edge;
 - an edge rejects a message of a lower epoch than the scheduler it follows (the test plays a
   scheduler that took the lease with a higher epoch, then sends as a deposed one);
 - a header-less agent whose turns go alternately through the two edges (``[cluster] store``:
@@ -289,6 +291,59 @@ def test_a_header_less_agent_through_both_edges_is_one_inferred_run(tmp_path: Pa
         assert len(d["units"]) == 3 and all(u.get("finished") for u in d["units"]), d["units"]
         # no edge adopts it any more: its run info is gone from the shared index
         assert info.exists(f"hermes:run:{{default}}:{run_id}") == 0
+    finally:
+        cl.stop()
+
+
+def test_a_new_leader_lists_the_apps_edges_inferred_before_their_next_run(
+        tmp_path: Path) -> None:
+    """A header-less agent through an edge makes an inferred app; after ``kill -9`` of the
+    active scheduler the new leader lists it (``GET /admin/apps``) before any new
+    conversation (the edge told it the apps its resolver knows at its first pong), and a
+    rename through it reaches the edge."""
+    _need("redis-server", "haproxy")
+    cl = Cluster(tmp_path, time_scale=5.0, n_gateways=2, n_nodes=1, ttl_s=1.0, n_edges=1,
+                 shared_kb=True)
+    try:
+        cl.start()
+        edge = f"http://127.0.0.1:{cl.edge_ports[0]}"
+        system = {"role": "system", "content": "You plan trips for the visitors."}
+        tools = [{"type": "function", "function": {
+            "name": "book", "parameters": {"type": "object", "properties": {}}}}]
+        messages = [system, {"role": "user", "content": "Plan a day in Lyon."}]
+        app = ""
+        for turn in range(2):  # an agent: its second turn continues the first's run
+            r = httpx.post(f"{edge}/v1/chat/completions", timeout=30,
+                           json={"model": MODEL, "messages": messages, "tools": tools,
+                                 "max_tokens": 8})
+            assert r.status_code == 200, r.text
+            app = app or r.headers["x-hermes-app"]
+            assert r.headers["x-hermes-app"] == app
+            messages += [r.json()["choices"][0]["message"],
+                         {"role": "user", "content": f"And then {turn}?"}]
+        old = cl.wait_leader(30.0)
+        listed = httpx.get(f"http://127.0.0.1:{cl.http_ports[old]}/admin/apps",
+                           timeout=10).json()["apps"]
+        assert app in {a["name"] for a in listed if a["inferred"]}, listed
+        cl.gateways[old].signal(signal.SIGKILL)
+        new = cl.wait_leader(30.0, other_than=old)
+        leader = f"http://127.0.0.1:{cl.http_ports[new]}"
+        cl.wait_edge(0)
+        t0 = time.monotonic()
+        row: dict = {}
+        while not row:  # no conversation is sent meanwhile
+            r = httpx.get(f"{leader}/admin/apps", timeout=10)
+            if r.status_code == 200:
+                row = next((a for a in r.json()["apps"] if a["name"] == app), {})
+            assert time.monotonic() - t0 < 5.0, r.text
+            time.sleep(0.05)
+        assert row["inferred"] and row["app_id"] and row["inferred_runs"] == 1, row
+        assert row["tools"] == ["book"] and row["instructions"].startswith("You plan"), row
+        assert _admin(leader, [edge], f"{app}/rename", {"to": "planner"}) < 2.0
+        r = httpx.post(f"{edge}/v1/chat/completions", timeout=30,
+                       json={"model": MODEL, "tools": tools, "max_tokens": 8,
+                             "messages": [system, {"role": "user", "content": "Paris?"}]})
+        assert r.status_code == 200 and r.headers["x-hermes-app"] == "planner", r.headers
     finally:
         cl.stop()
 

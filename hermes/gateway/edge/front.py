@@ -17,12 +17,14 @@ Many edges run behind a load balancer; each
   node streams the tokens and sends the answer **here**, and the scheduler only the counts;
   the answer is written here as the all-in-one gateway writes it (the same functions:
   :mod:`hermes.gateway.api.openai_api`, :mod:`hermes.gateway.api.anthropic_answers`);
+- answers ``POST /v1/messages/count_tokens`` without any message to the scheduler: the
+  served-model set comes in its pongs (:meth:`EdgeApp.count_tokens`);
 - serves ``POST /v1/responses`` and the stored responses' routes too when the response store
   is shared (``[cluster] store``: a follow-up's ``previous_response_id`` is found whichever
   edge stored it);
-- forwards every other request (runs, apps, admin, ``count_tokens``, and the Responses
-  API's routes without a shared store) to the active scheduler's HTTP address, as a reverse proxy (hosted runs are journaled there
-  before they are accepted);
+- forwards every other request (runs, apps, admin, and the Responses API's routes without
+  a shared store) to the active scheduler's HTTP address, as a reverse proxy (hosted runs
+  are journaled there before they are accepted);
 - on a clean stop, hands the inferred runs its resolver holds to the scheduler and saves the
   resolver's state for the edge started in its place (:meth:`EdgeApp._hand_over`).
 
@@ -59,7 +61,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from hermes import protocol as P
-from hermes.anthropic_wire import MessagesError, assistant_reply
+from hermes.anthropic_wire import CountTokensBody, MessagesError, assistant_reply, count_tokens
 from hermes.anthropic_wire import error_body as anthropic_error_body
 from hermes.anthropic_wire import status as anthropic_status
 from hermes.core.lease import EpochGate
@@ -69,6 +71,7 @@ from hermes.gateway.api.anthropic_answers import (
     message_object,
     message_request,
 )
+from hermes.gateway.api.anthropic_bodies import check_version, parse_body
 from hermes.gateway.api.binding import (
     APP_HEADER,
     RUN_HEADER,
@@ -100,6 +103,7 @@ from hermes.gateway.edge.infer import EdgeRuns, inferred_app_id, run_headers
 from hermes.gateway.errors import SchedulerError, error_type
 from hermes.gateway.resolve import ChatReplies, Identity
 from hermes.gateway.responses import ResponsesError, ResponseStorage
+from hermes.gateway.served import resolve_served
 from hermes.gateway.shared import StoreUnavailable
 from hermes.gateway.tenancy import current_tenant
 from hermes.zmqdrain import QueuedMessages
@@ -107,10 +111,12 @@ from hermes.zmqdrain import QueuedMessages
 log = logging.getLogger("hermes.gateway.edge")
 
 #: the endpoints an edge serves itself (POST): path -> what it is
-Endpoint = Literal["chat", "completions", "embeddings", "messages", "responses", "stored"]
+Endpoint = Literal["chat", "completions", "embeddings", "messages", "count_tokens",
+                   "responses", "stored"]
 _ENDPOINTS: dict[str, Endpoint] = {
     "/v1/chat/completions": "chat", "/v1/completions": "completions",
     "/v1/embeddings": "embeddings", "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "count_tokens",
     "/v1/responses": "responses"}  # (with a shared response store: EdgeApp.serves)
 #: hop-by-hop headers a proxy does not forward (RFC 9110 7.6.1)
 _HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
@@ -223,6 +229,13 @@ class SchedulerLink:
         #: with the scheduler's when a pong brings them (:mod:`hermes.gateway.edge.infer`)
         self.names_digest: Callable[[], str] = lambda: ""
         self.on_names: Callable[[wire.Names], None] | None = None
+        #: the models the active scheduler's engines serve (its pongs bring them when they
+        #: change: ``count_tokens`` is answered here from them); None before the first
+        self.models: wire.Models | None = None
+        self._models_came = asyncio.Event()
+        #: called at the first pong of each new leader (the edge tells it its apps)
+        self.on_leader: Callable[[], None] | None = None
+        self._greeted: Any = None  # the epoch on_leader was last called for
 
     # ------------------------------------------------------------------ leader
     def ready(self) -> bool:
@@ -269,7 +282,22 @@ class SchedulerLink:
         self.send(self._ping())
 
     def _ping(self) -> wire.Ping:
-        return wire.Ping(edge=self.name, names=self.names_digest())
+        return wire.Ping(edge=self.name, names=self.names_digest(),
+                         models=self.models.digest if self.models is not None else "")
+
+    async def models_with_nodes(self, timeout: float) -> wire.Models | None:
+        """The served-model set, after waiting up to ``timeout`` for one with a node
+        connected when the scheduler has none (the scheduler's own requests wait so for a
+        node: :meth:`~hermes.gateway.nodes.NodeTable.serving_model`)."""
+        deadline = time.monotonic() + timeout
+        while self.models is not None and not self.models.nodes:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            came = self._models_came
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(came.wait(), left)
+        return self.models
 
     def _secure(self, sock: zmq.asyncio.Socket, address: str) -> None:
         """CURVE to the scheduler: this edge's certificate, the scheduler's public key; the
@@ -347,8 +375,16 @@ class SchedulerLink:
         if isinstance(msg, wire.Pong):
             if msg.names is not None and self.on_names is not None:
                 self.on_names(msg.names)  # before it makes the edge ready: no call misnamed
+            if msg.models is not None:  # (likewise: ready with the set, never without it)
+                self.models = msg.models
+                came, self._models_came = self._models_came, asyncio.Event()
+                came.set()
             if self.leader is not None and msg.epoch == self.leader.get("epoch"):
                 self.last_pong = time.monotonic()
+                if self._greeted != msg.epoch:  # a new leader's first pong
+                    self._greeted = msg.epoch
+                    if self.on_leader is not None:
+                        self.on_leader()
         elif isinstance(msg, wire.CallFailed):
             call = self.calls.get(msg.rid)
             if call is not None:
@@ -437,6 +473,7 @@ class EdgeApp:
         # the operator's app names: the active scheduler's, brought by its pongs
         self.link.names_digest = lambda: self.runs.names_digest
         self.link.on_names = self._follow_names
+        self.link.on_leader = self._tell_apps
         self._evidence_index = evidence_index
         self._scale = config.scheduler.time_scale
         self._wall0 = time.time() - time.monotonic()
@@ -445,7 +482,7 @@ class EdgeApp:
         self.http: httpx.AsyncClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
         #: calls taken, and answered from a node
-        self.stats = {"calls": 0, "answered": 0, "failed": 0, "proxied": 0}
+        self.stats = {"calls": 0, "answered": 0, "failed": 0, "proxied": 0, "counted": 0}
 
     def now(self) -> float:
         """The resolver's clock: model seconds (``scheduler.time_scale`` times the wall
@@ -459,6 +496,14 @@ class EdgeApp:
         self.runs.follow_names(names)
         log.info("edge %s: app names %s (%d renames, %d merges) from the scheduler",
                  self.name, names.digest, len(names.renames), len(names.merges))
+
+    def _tell_apps(self) -> None:
+        """A new leader answers: tell it the apps this edge's resolver knows, so that it
+        lists them (and renames or merges them) at once, not from their next new run."""
+        apps = self.runs.apps_seen(self.now()) if self.runs.enabled else []
+        if apps and self.link.send(wire.Apps(apps=apps)):
+            log.info("edge %s: told the scheduler of epoch %s the %d apps inferred here",
+                     self.name, self.link._greeted, len(apps))
 
     def _saved_state(self) -> Path:
         """Where a clean stop saves the run resolver's state (``stores.state_dir``), for
@@ -587,7 +632,10 @@ class EdgeApp:
                     "inferred_closed": self.runs.closed,
                     "inferred_closed_untold": len(self.runs.pending),
                     # the digest of the app names followed (the scheduler's)
-                    "app_names": self.runs.names_digest}
+                    "app_names": self.runs.names_digest,
+                    # the digest of the served-model set held (count_tokens is answered
+                    # from it), "" before the scheduler gave one
+                    "models": self.link.models.digest if self.link.models else ""}
             if self.config.security.curve_dir:  # CURVE: refused nodes, and this edge's key
                 from hermes.security.curve import ANSWERS
 
@@ -606,6 +654,8 @@ class EdgeApp:
                 response = await self.embeddings(request)
             elif endpoint == "messages":
                 response = await self.messages(request)
+            elif endpoint == "count_tokens":
+                response = await self.count_tokens(request)
             elif endpoint == "responses":
                 response = await self.create_response(request)
             elif endpoint == "stored":
@@ -730,6 +780,39 @@ class EdgeApp:
         if ident is not None:  # before the answer leaves: the next turn finds the run
             self.runs.answered(ident, assistant_reply(message["content"]), self.now())
         return JSONResponse(message, headers=headers)
+
+    #: how long a request waits for a node when the scheduler has none (as there)
+    NODE_WAIT_S = 10.0
+
+    async def count_tokens(self, request: Request) -> Response:
+        """``POST /v1/messages/count_tokens``, answered here without a message to the
+        scheduler: the body checked and counted (:func:`hermes.anthropic_wire.count_tokens`)
+        and the model looked up in the served-model set the active scheduler gave this edge
+        (:class:`~hermes.gateway.edge.wire.Models`) by the scheduler's own rule
+        (:func:`~hermes.gateway.served.resolve_served`: an unknown model is a 404), all as
+        the all-in-one gateway answers it. An edge that is not ready (no pong of the active
+        scheduler, hence no set of its own) answers 503 ``not_ready`` with ``Retry-After``,
+        in Anthropic's shape (529), as ``/v1/messages`` does there."""
+        try:
+            check_version(request.headers.get(VERSION_HEADER))
+            body = parse_body(await request.body(), CountTokensBody)
+        except MessagesError as e:
+            return _anthropic_error(e.status, str(e))
+        models = await self.link.models_with_nodes(self.NODE_WAIT_S) \
+            if self.link.ready() else None
+        if models is None:
+            return _anthropic_error(503, "no active scheduler reachable from this edge; retry "
+                                    "through the load balancer", {"Retry-After": "1"})
+        assert isinstance(body, CountTokensBody)
+        try:
+            resolve_served(body.model, strict=True, task="generate", served=models.models,
+                           default_model=models.default_model,
+                           route_unknown=models.route_unknown)
+            n = count_tokens(body)
+        except (MessagesError, SchedulerError) as e:
+            return _anthropic_error(e.status, str(e))
+        self.stats["counted"] += 1
+        return JSONResponse({"input_tokens": n})
 
     async def create_response(self, request: Request) -> Response:
         """``POST /v1/responses`` with a shared response store (``[cluster] store``): checked

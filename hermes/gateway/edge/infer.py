@@ -52,8 +52,14 @@ knowledge base:
 
 The scheduler learns the apps the edges infer from the first call of each new run (its app id,
 :attr:`~hermes.gateway.edge.wire.Call.app_id`), so that ``hermes apps`` lists them there and
-finds them by name to rename or merge (after a failover, an app is listed again from its next
-new run, as the all-in-one gateway's after a restart).
+finds them by name to rename or merge. A newly elected scheduler learns them at once: each
+edge sends it the apps its resolver knows (:meth:`EdgeRuns.apps_seen`, one
+:class:`~hermes.gateway.edge.wire.Apps` message at the new leader's first pong), so that after
+a failover they are listed, renamed and merged before their next new run. Why the edges: they
+hold every app they inferred, in memory, and outlive the scheduler's death; the run documents a
+standby restores do not have them (an inferred run is not stored at its start, and a stored
+one names its app, not the app's id), and keeping the apps in the knowledge base would put a
+write per new app on the scheduler, which a ``kill -9`` just after it could still lose.
 """
 
 from __future__ import annotations
@@ -122,6 +128,13 @@ class EdgeRuns:
         all-in-one gateway)."""
         self.resolver.names = AppNames(renames=names.renames, merges=names.merges)
         self._names_digest = names.digest
+
+    def apps_seen(self, now: float) -> list[wire.AppSeen]:
+        """The apps this edge's resolver knows, for a newly elected scheduler
+        (:class:`~hermes.gateway.edge.wire.Apps`; module doc, "App names")."""
+        return [wire.AppSeen(a.app_id, a.name, a.tenant, a.model, list(a.tools),
+                             a.instructions, max(0.0, now - a.first_seen), a.runs)
+                for a in self.resolver.apps.apps()]
 
     def resolve(self, tenant: str, body: Mapping[str, Any], headers: Mapping[str, str],
                 now: float, messages: Sequence[Any] | None = None) -> Identity | None:

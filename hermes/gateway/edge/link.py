@@ -14,14 +14,19 @@ the edge's ``closed`` messages end such runs (:meth:`EdgeLink.close_inferred`), 
 stopping edge's ``handover`` has them closed here when due
 (:class:`~hermes.gateway.edge.infer.HandedRuns`). A new inferred run's first call names its
 app id, so that the app is listed here and ``hermes apps rename|merge`` finds it; the
-mapping they make reaches the edges in the pongs (:meth:`EdgeLink._names_for`). The scheduler answers the edge only when a call fails (:class:`~hermes.gateway.edge.wire.
-CallFailed`) and pings with a pong; both carry the lease epoch and are not sent once the
-lease has run out (a deposed scheduler says nothing).
+mapping they make reaches the edges in the pongs (:meth:`EdgeLink._names_for`), and so does
+the served-model set (:meth:`EdgeLink._models_for`: edges answer ``count_tokens`` from it).
+The apps an edge's resolver knows come once to each new leader
+(:class:`~hermes.gateway.edge.wire.Apps`), which then lists them at once after a failover.
+The scheduler answers the edge only when a call fails
+(:class:`~hermes.gateway.edge.wire.CallFailed`) and pings with a pong; both carry the lease
+epoch and are not sent once the lease has run out (a deposed scheduler says nothing).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from typing import Any
@@ -74,6 +79,11 @@ class EdgeLink:
         self.closed_runs = 0
         #: inferred runs stopped edges handed over (closed here when due)
         self.handed = HandedRuns()
+        #: the served-model set edges are given, and the node table's models_version of it
+        self._models: wire.Models | None = None
+        self._models_at = -1
+        #: apps the edges reported (their resolvers' books, once per edge per leader)
+        self.apps_reported = 0
 
     def start(self) -> None:
         # a plain socket read on the event loop's readiness callback: every message queued
@@ -207,7 +217,11 @@ class EdgeLink:
                              self.sched.ctx.clock.time_scale)
         elif isinstance(msg, wire.Ping):
             self._send(identity, wire.Pong(epoch=self.sched.node_table.epoch,
-                                           names=self._names_for(msg.names)))
+                                           names=self._names_for(msg.names),
+                                           models=self._models_for(msg.models)))
+        elif isinstance(msg, wire.Apps):
+            self.apps_reported += len(msg.apps)
+            self.sched.identities.learned(msg.apps)
         elif isinstance(msg, wire.Cancel):
             if msg.rid in self.direct.calls:
                 self.direct.cancel(msg.rid)
@@ -225,6 +239,28 @@ class EdgeLink:
             return None
         names = ids.resolver.names
         return wire.Names(ids.names_digest, dict(names.renames), dict(names.merges))
+
+    def _models_for(self, digest: str) -> wire.Models | None:
+        """The served-model set for a pong: None while the edge holds this scheduler's (the
+        digest its ping carried is its digest), else the set (a node joined or left, a new
+        edge, a new leader). Built again only when the node table's engines changed."""
+        models = self.served_models()
+        return None if digest == models.digest else models
+
+    def served_models(self) -> wire.Models:
+        """The models the connected engines serve, by task, with this scheduler's routing
+        settings and their digest (cached by :attr:`~hermes.gateway.nodes.NodeTable.
+        models_version`: a ping costs a comparison of two integers and two strings)."""
+        nodes = self.sched.node_table
+        if self._models is None or self._models_at != nodes.models_version:
+            sc = self.sched.config.scheduler
+            served = {task: nodes.served_models(task) for task in ("generate", "embed")}
+            parts = [served, sc.default_model, sc.route_unknown_models, len(nodes.nodes)]
+            digest = hashlib.blake2b(msgspec.msgpack.encode(parts), digest_size=8).hexdigest()
+            self._models = wire.Models(digest, served, sc.default_model,
+                                       sc.route_unknown_models, len(nodes.nodes))
+            self._models_at = nodes.models_version
+        return self._models
 
     # ------------------------------------------------------------------ calls
     async def _call(self, identity: bytes, c: wire.Call) -> None:

@@ -11,8 +11,12 @@ scheduler message carries the lease epoch; an edge that has seen a higher one dr
 (:class:`hermes.core.lease.EpochGate`). The operator's app names (``hermes apps
 rename|merge``) reach the edges in the pongs: a ping carries the digest of the mapping the edge
 follows, and the pong carries the scheduler's mapping (:class:`Names`) only when the digests
-differ (:mod:`hermes.gateway.edge.infer`, "App names"). Fields are added with defaults (and omitted when at
-their default), so that a message of the previous layout still decodes.
+differ (:mod:`hermes.gateway.edge.infer`, "App names"); the models the connected engines
+serve reach them the same way (:class:`Models`: an edge answers Anthropic's ``count_tokens``
+itself from them). A new leader is told the apps an edge's resolver knows (:class:`Apps`,
+once per leader), so that it lists them before their next new run. Fields are added with
+defaults (and omitted when at their default), so that a message of the previous layout still
+decodes (a scheduler of the previous layout drops an :class:`Apps` as a bad message).
 """
 
 from __future__ import annotations
@@ -136,10 +140,12 @@ class Cancel(msgspec.Struct, tag="cancel"):
 class Ping(msgspec.Struct, tag="ping", omit_defaults=True):
     """An edge says it is there (and learns the scheduler's epoch from the pong).
     ``names``: the :attr:`Names.digest` of the app names the edge follows ("" for none
-    yet)."""
+    yet); ``models``: the :attr:`Models.digest` of the served-model set it holds ("" for
+    none yet)."""
 
     edge: str
     names: str = ""
+    models: str = ""
 
 
 class Names(msgspec.Struct, array_like=True):
@@ -152,12 +158,58 @@ class Names(msgspec.Struct, array_like=True):
     merges: dict[str, str]
 
 
+class Models(msgspec.Struct, array_like=True):
+    """The models the scheduler's connected engines serve, by task (``generate``,
+    ``embed``; each in the scheduler's order: the first is the default where no
+    ``default_model`` is set), with the scheduler's routing settings
+    (``[scheduler] default_model``, ``route_unknown_models``), and their digest: what
+    :func:`hermes.gateway.served.resolve_served` needs to answer as the scheduler would."""
+
+    digest: str
+    served: dict[str, list[str]]
+    default_model: str
+    route_unknown: bool
+    #: nodes connected (with none, a request waits a while for one, as at the scheduler)
+    nodes: int
+
+    def models(self, task: str | None) -> list[str]:
+        """The models served for ``task`` (``None``: for any task)."""
+        if task is not None:
+            return self.served.get(task, [])
+        return list(dict.fromkeys(m for ms in self.served.values() for m in ms))
+
+
 class Pong(msgspec.Struct, tag="pong", omit_defaults=True):
-    """The active scheduler's answer to a ping: its epoch, and its app names when the ping's
-    digest is not theirs (else omitted)."""
+    """The active scheduler's answer to a ping: its epoch, and its app names and served
+    models, each only when the ping's digest is not theirs (else omitted)."""
 
     epoch: int | None
     names: Names | None = None
+    models: Models | None = None
+
+
+class AppSeen(msgspec.Struct, array_like=True):
+    """An app an edge's resolver inferred (:class:`~hermes.gateway.resolve.AppInfo`, its
+    name before the operator's renames; ``age_s``: model seconds since the edge first saw it
+    (clocks differ between processes, ages do not); ``runs``: the runs this edge started of
+    it)."""
+
+    app_id: str
+    name: str
+    tenant: str
+    model: str
+    tools: list[str]
+    instructions: str
+    age_s: float
+    runs: int
+
+
+class Apps(msgspec.Struct, tag="apps"):
+    """The apps an edge's resolver knows, sent once to each new leader (at its first pong):
+    the leader lists them (``hermes apps``) and finds them to rename or merge at once,
+    rather than from each app's next new run."""
+
+    apps: list[AppSeen]
 
 
 class CallFailed(msgspec.Struct, tag="failed"):
@@ -174,7 +226,7 @@ class CallFailed(msgspec.Struct, tag="failed"):
 #: :attr:`CallFailed.code` of an inferred call whose run the scheduler has already ended
 RUN_ENDED = "inferred_run_ended"
 
-EdgeMessage = Call | Cancel | Ping | Report | Closed | Handover
+EdgeMessage = Call | Cancel | Ping | Report | Closed | Handover | Apps
 SchedulerMessage = Pong | CallFailed
 
 _ENCODER = msgspec.msgpack.Encoder()

@@ -147,6 +147,27 @@ class AppBook:
         info.runs += 1
         return info
 
+    def learn(self, seen: AppInfo) -> AppInfo:
+        """An app another process's resolver knows, with what identifies it (an edge's book,
+        told to a newly elected scheduler): remembered as :meth:`note` does, its runs added
+        to those counted here (each edge counts the runs it started)."""
+        info = self._apps.get(seen.app_id)
+        if info is None:
+            info = AppInfo(seen.app_id, seen.name, seen.tenant, seen.model, list(seen.tools),
+                           seen.instructions, seen.first_seen)
+            self._apps[seen.app_id] = info
+            self._by_name.setdefault(seen.name, seen.app_id)
+            if len(self._apps) > self.max_apps:
+                _, old = self._apps.popitem(last=False)
+                if self._by_name.get(old.name) == old.app_id:
+                    del self._by_name[old.name]
+        else:
+            if not info.tools and not info.instructions:  # noted from a call: fill it in
+                info.tools, info.instructions = list(seen.tools), seen.instructions
+            info.first_seen = min(info.first_seen, seen.first_seen)
+        info.runs += seen.runs
+        return info
+
     def apps(self) -> list[AppInfo]:
         """Every app remembered, most recently seen last."""
         return list(self._apps.values())
