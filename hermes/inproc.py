@@ -69,6 +69,8 @@ class InprocLink:
         """A scheduler message to the node."""
         if self.closed:
             return
+        if isinstance(msg, P.Submit):
+            msg.engine_body()  # a body left encoded (an edge's call) is the node's as a dict
         self._inbox.append(msg.model_copy() if isinstance(msg, _RETAINED) else msg)
         self._wake()
 

@@ -17,9 +17,11 @@ original design note are marked "(additive)".
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+import msgspec
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
 
 PROTOCOL_VERSION = 1
 #: (additive) the prefix of the request ids an edge mints (split roles): such a request is
@@ -254,12 +256,46 @@ class Submit(_FromScheduler):
     #: success (the edge reports it, batched with its next call); a failure still goes to
     #: the scheduler, which retries or tells the edge
     reply_only: bool = False
+    #: (not a field) ``body`` as the JSON text an edge encoded it in (:meth:`with_json_body`):
+    #: ``body`` is empty until :meth:`engine_body` decodes it, and :func:`encode` writes these
+    #: bytes as the frame's ``body`` as they are. The active scheduler of split roles never
+    #: decodes nor re-encodes a call's body (a 12 KB agent conversation was ~30 us of its
+    #: CPU per call, growing with the conversation): per-byte work stays off it
+    _body_json: bytes | None = PrivateAttr(default=None)
+
+    @classmethod
+    def with_json_body(cls, body_json: bytes, **fields: Any) -> Submit:
+        """A submit whose ``body`` is ``body_json``, JSON text (an object), left encoded."""
+        msg = cls(**fields)
+        msg._body_json = body_json
+        return msg
+
+    def engine_body(self) -> dict[str, Any]:
+        """``body``; one left encoded (:meth:`with_json_body`) is decoded the first time, for
+        what reads it here (a router that reads prompts, tracing, an in-process node)."""
+        raw = self._body_json
+        if raw is not None:
+            self.body = msgspec.json.decode(raw)
+            self._body_json = None
+        return self.body
 
     def prompt_estimate(self) -> int:
         """The prompt's tokens as the gateway estimated them, else estimated from ``body``."""
         if self.prompt_tokens is not None:
             return self.prompt_tokens
-        return estimate_tokens(self.endpoint, self.body)
+        return estimate_tokens(self.endpoint, self.engine_body())
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedBody:
+    """A request body the scheduler forwards without decoding it (an edge's call): its JSON
+    text (an object, as the engine gets it) and what the scheduler reads of it, taken by the
+    edge: the unit's shared prompt prefix (:func:`hermes.gateway.prefixes.shared_prefix`) and
+    ``max_tokens`` (or ``max_completion_tokens``)."""
+
+    json: bytes
+    prefix: str | None = None
+    max_tokens: int | None = None
 
 
 def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
@@ -355,7 +391,11 @@ _ADAPTER: TypeAdapter[NodeMessage | SchedulerMessage] = TypeAdapter(Message)
 
 
 def encode(msg: BaseModel) -> bytes:
-    """One frame (UTF-8 JSON) for a message."""
+    """One frame (UTF-8 JSON) for a message; a submit's body left encoded
+    (:meth:`Submit.with_json_body`) is written as its bytes are."""
+    if type(msg) is Submit and msg._body_json is not None:
+        head = msg.model_dump_json(exclude={"body"}, exclude_none=False).encode()
+        return b"".join((head[:-1], b',"body":', msg._body_json, b"}"))
     return msg.model_dump_json(exclude_none=False).encode()
 
 

@@ -778,8 +778,23 @@ def _syn_turn(n: int, turns: int) -> tuple[int, int]:
     return block * SYN_RUNS_APART + k, turn
 
 
+def _agent_body(kb: float) -> dict[str, Any]:
+    """A chat body of about ``kb`` KB as an agent's late turn sends it: a system prompt, then
+    user / assistant turns (``kb`` 0: one short message)."""
+    if kb <= 0:
+        return {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful agent. " * 8}]
+    i = 0
+    while len(json.dumps(msgs)) < kb * 1024:
+        msgs.append({"role": "user" if i % 2 == 0 else "assistant",
+                     "content": f"Step {i}: " + "the tool returned these lines of output. " * 12})
+        i += 1
+    return {"messages": msgs, "max_tokens": 64}
+
+
 def run_scheduler_rate(workdir: Path, *, rates: list[int], seconds: float,
-                       inferred_turns: int = 0) -> list[dict]:
+                       inferred_turns: int = 0, body_kb: float = 0.0,
+                       body_wire: str = "json") -> list[dict]:
     """The active scheduler alone, driven at fixed rates of header-less calls by a synthetic
     edge and a synthetic node in this process (both plain ZeroMQ sockets speaking the real
     wire: the edge sends calls, each carrying the ones answered since its last message; the
@@ -791,11 +806,18 @@ def run_scheduler_rate(workdir: Path, *, rates: list[int], seconds: float,
     an edge's run resolver sends them (``inferred``; the scheduler creates the run on its
     first call), the node sends the scheduler each call's counts (``done``), and the edge
     closes every completed run in one ``closed`` message every 0.5 s; otherwise the fast
-    path (one-request calls, settled by the edge)."""
+    path (one-request calls, settled by the edge).
+
+    ``body_kb``: each call carries an agent-like body of about that many KB; ``body_wire``
+    ``json``: as edges send it (``body_json``: encoded once at the edge, forwarded by the
+    scheduler as it came), ``object``: as a msgpack object (the wire before that: decoded
+    and re-encoded by the scheduler)."""
+    import msgspec
     import zmq
 
     from hermes import protocol as P
     from hermes.gateway.edge import wire
+    from hermes.gateway.prefixes import shared_prefix
 
     cl = Cluster(workdir / "rate", n_gateways=1, n_nodes=0, ha=True, edge_socket=True)
     rows: list[dict] = []
@@ -814,7 +836,11 @@ def run_scheduler_rate(workdir: Path, *, rates: list[int], seconds: float,
         edge = ctx.socket(zmq.DEALER)
         edge.connect(rec["edge_address"])
         reply_to = f"tcp://127.0.0.1:{edge_port}"
-        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        body = _agent_body(body_kb)
+        enc: dict[str, Any] = ({"body": body} if body_wire == "object" else
+                               {"body": {}, "body_json": msgspec.json.encode(body),
+                                "prefix": shared_prefix(body),
+                                "max_tokens": body["max_tokens"]})
         time.sleep(1.0)
         lead = cl.gateways[0]
         n = 0
@@ -842,12 +868,12 @@ def run_scheduler_rate(workdir: Path, *, rates: list[int], seconds: float,
                     if turns:
                         k, turn = _syn_turn(n, turns)
                         call = wire.Call(rid=f"r{n}", reply_to=reply_to, model=MODEL,
-                                         endpoint="chat", body=body, prompt_tokens=1,
+                                         endpoint="chat", **enc, prompt_tokens=1,
                                          run=f"run-syn{k}", app="default.syn",
                                          unit=f"step{turn % 2}", inferred=True, new=turn == 0)
                     else:
                         call = wire.Call(rid=f"r{n}", reply_to=reply_to, model=MODEL,
-                                         endpoint="chat", body=body, prompt_tokens=1,
+                                         endpoint="chat", **enc, prompt_tokens=1,
                                          settled=settled)
                     edge.send(wire.encode(call))
                     sent += 1
@@ -878,6 +904,8 @@ def run_scheduler_rate(workdir: Path, *, rates: list[int], seconds: float,
             cpu = lead.cpu_s() - c0
             rows.append({"edges": "synthetic", "roles": "scheduler alone",
                          "calls": f"inferred runs of {turns}" if turns else "fast path",
+                         "body_kb": round(len(json.dumps(body)) / 1024, 1),
+                         "body_wire": body_wire,
                          "offered_req_per_s": rate, "req_per_s": round(sent / wall, 1),
                          "dispatched_per_s": round(dispatched / wall, 1),
                          "scheduler_cpu_ms_per_req": round(1000 * cpu / max(sent, 1), 3),
@@ -934,11 +962,17 @@ def cmd_ha(args: Any) -> int:
     if args.scale:
         rows = run_scale(workdir, edges=[1, 2], clients=args.clients, seconds=args.seconds,
                          time_scale=args.time_scale)
-        rows += run_scheduler_rate(workdir, rates=args.rates, seconds=min(args.seconds, 5.0))
+        wires = ["json", "object"] if args.body_kb > 0 else ["json"]
+        for w in wires:
+            rows += run_scheduler_rate(workdir / f"fast-{w}", rates=args.rates,
+                                       seconds=min(args.seconds, 5.0), body_kb=args.body_kb,
+                                       body_wire=w)
         if args.inferred_turns:
-            rows += run_scheduler_rate(workdir / "inferred", rates=args.rates,
-                                       seconds=min(args.seconds, 5.0),
-                                       inferred_turns=args.inferred_turns)
+            for w in wires:
+                rows += run_scheduler_rate(workdir / f"inferred-{w}", rates=args.rates,
+                                           seconds=min(args.seconds, 5.0),
+                                           inferred_turns=args.inferred_turns,
+                                           body_kb=args.body_kb, body_wire=w)
         for r in rows:
             print(json.dumps(r))
         print("(edges 0: the all-in-one baseline, its scheduler share metered inside the "
@@ -1007,6 +1041,11 @@ def add_ha_parser(bsub: Any) -> None:
                    metavar="T", help="--scale: the scheduler alone is also driven with the "
                    "calls of inferred runs of T calls each, as edges' run resolvers send "
                    "them (0: not)")
+    s.add_argument("--body-kb", dest="body_kb", type=float, default=0.0, metavar="KB",
+                   help="--scale: the scheduler alone gets calls with an agent-like body of "
+                   "about KB kilobytes, each rate run twice: the body as edges send it "
+                   "(JSON text the scheduler forwards) and as a msgpack object (decoded and "
+                   "re-encoded there, the wire before); 0 (default): a one-line body")
     s.add_argument("--workdir", default=None, help="logs and state (default: a temp dir)")
     s.add_argument("--json", default=None, help="write the rows as a JSON list to FILE")
     s.add_argument("--verbose", action="store_true", help="print each row as it ends")

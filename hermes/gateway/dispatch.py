@@ -22,6 +22,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Set
 from typing import Any, Literal
 
+import msgspec
+
 from hermes.core.ordering import policy_key
 from hermes.core.pdgraph import next_llm_p
 from hermes.core.routing import RouteRequest
@@ -36,6 +38,7 @@ from hermes.gateway.state import ACTIVE, LiveRun, PendingRequest, UnitInvocation
 from hermes.protocol import (
     Cancel,
     Done,
+    EncodedBody,
     Failed,
     PrewarmAck,
     Rekey,
@@ -96,7 +99,7 @@ class Dispatcher(RunObserver):
         *,
         model: str,
         endpoint: Literal["chat", "completions", "embeddings"],
-        body: dict[str, Any],
+        body: dict[str, Any] | EncodedBody,
         stream: bool = False,
         native: dict[str, Any] | None = None,
         request_id: str | None = None,
@@ -107,7 +110,8 @@ class Dispatcher(RunObserver):
         (``native``: the request in the client's own API, :attr:`hermes.protocol.Submit.native`;
         ``request_id``: the id an edge chose, ``reply_to``: that edge's address, where the
         node sends the tokens and the answer, :attr:`hermes.protocol.Submit.reply_to`;
-        ``prompt_tokens``: the edge's estimate, so the scheduler does not read the body)."""
+        ``prompt_tokens``: the edge's estimate, so the scheduler does not read the body;
+        ``body`` an :class:`~hermes.protocol.EncodedBody`: an edge's, forwarded as it came)."""
         if run.status not in ACTIVE:
             raise RunNotActive(f"run {run.run_id!r} is {run.status}")
         if not self.nodes.nodes:
@@ -123,7 +127,7 @@ class Dispatcher(RunObserver):
         *,
         model: str,
         endpoint: Literal["chat", "completions", "embeddings"],
-        body: dict[str, Any],
+        body: dict[str, Any] | EncodedBody,
         stream: bool = False,
         native: dict[str, Any] | None = None,
         request_id: str | None = None,
@@ -137,18 +141,28 @@ class Dispatcher(RunObserver):
         if run.status not in ACTIVE:
             raise RunNotActive(f"run {run.run_id!r} is {run.status}")
         now = self.ctx.now()
-        self.prewarm.note_request(run.app, inv.unit, body, run.state.tenant)
         rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
-        if prompt_tokens is None:
-            prompt_tokens = estimate_tokens(endpoint, body)
+        encoded = body if isinstance(body, EncodedBody) else None
+        if encoded is not None:  # an edge's: the scheduler never decodes it
+            self.prewarm.note_prefix(run.app, inv.unit, encoded.prefix, run.state.tenant)
+            max_tokens = encoded.max_tokens
+            if prompt_tokens is None:
+                prompt_tokens = estimate_tokens(endpoint, msgspec.json.decode(encoded.json))
+        else:
+            assert isinstance(body, dict)
+            self.prewarm.note_request(run.app, inv.unit, body, run.state.tenant)
+            max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+            if prompt_tokens is None:
+                prompt_tokens = estimate_tokens(endpoint, body)
         view = self.request_view(run, inv, rid, prompt_tokens, max_tokens, now)
         key = policy_key(self.ctx.policy, run.state, view, now)
-        msg = Submit(
+        fields: dict[str, Any] = dict(
             request_id=rid, run_id=run.run_id, unit=inv.unit, model=model, endpoint=endpoint,
-            body=body, stream=stream, key=list(key), prompt_tokens=prompt_tokens, native=native,
+            stream=stream, key=list(key), prompt_tokens=prompt_tokens, native=native,
             reply_to=reply_to,
         )
+        msg = (Submit.with_json_body(body.json, **fields) if isinstance(body, EncodedBody)
+               else Submit(body=body, **fields))
         req = PendingRequest(
             request_id=rid, run=run, inv=inv, kind="llm", msg=msg, view=view, key=key,
             future=asyncio.get_running_loop().create_future(), model=model,
@@ -201,7 +215,7 @@ class Dispatcher(RunObserver):
     def send_llm(self, req: PendingRequest, exclude: Set[str] = frozenset()) -> None:
         try:
             route = self._route(req)
-            prompt = ((req.msg.endpoint, req.msg.body)
+            prompt = ((req.msg.endpoint, req.msg.engine_body())
                       if route.prefixes and isinstance(req.msg, Submit) else None)
             node, engine = self.nodes.pick_engine(req.model or "", exclude, route, prompt)
         except NoCapacity as e:
@@ -222,7 +236,7 @@ class Dispatcher(RunObserver):
         msg = req.msg
         if self.nodes.router.name == "least-loaded" or not isinstance(msg, Submit):
             return RouteRequest(req.run.run_id)
-        prefixes = prompt_prefixes(msg.endpoint, msg.body)
+        prefixes = prompt_prefixes(msg.endpoint, msg.engine_body())
         return RouteRequest(req.run.run_id, prefixes,
                             prefixes[-1][1] if prefixes else 0,
                             self._next_llm_p(req.run.app, req.inv.unit))

@@ -49,7 +49,7 @@ from hermes.gateway.context import SchedulerContext
 from hermes.gateway.run_store import RunStore, RunWrite
 from hermes.gateway.runs import RunObserver
 from hermes.gateway.state import LiveRun, PendingRequest, UnitInvocation
-from hermes.protocol import Done, ToolDone
+from hermes.protocol import Done, Submit, ToolDone
 
 log = logging.getLogger("hermes.gateway.durable")
 
@@ -240,6 +240,8 @@ def _in_loop() -> bool:
 
 def call_entry(req: PendingRequest, state: str) -> dict[str, Any]:
     """A journal entry for a hosted call (``state``: sent | done)."""
+    if isinstance(req.msg, Submit):
+        req.msg.engine_body()  # (a body left encoded is journalled as the object it is)
     entry: dict[str, Any] = {"request_id": req.request_id, "kind": req.kind, "node": req.node,
                              "sent": req.sent_at, "state": state,
                              "msg": req.msg.model_dump() if req.msg is not None else None}

@@ -25,6 +25,19 @@ from hermes.gateway.resolve.canon import canonical_message
 PROMPT_BLOCK_CHARS = 1024
 
 
+def shared_prefix(body: dict[str, Any]) -> str | None:
+    """The prompt prefix a unit's requests share, as KV prefix prewarming prefills it: the
+    system message of a chat request that has more than that message (else ``None``). An
+    edge sends it with each call, so that the scheduler does not read the body."""
+    msgs = body.get("messages")
+    if isinstance(msgs, list) and len(msgs) > 1 and isinstance(msgs[0], dict):
+        first = msgs[0]
+        if first.get("role") == "system" and isinstance(first.get("content"), str):
+            content: str = first["content"]
+            return content
+    return None
+
+
 def prompt_prefixes(endpoint: str, body: dict[str, Any]) -> list[PrefixKey]:
     """``[(digest, cumulative prompt tokens)]`` of the request's prefixes, shortest first."""
     h = blake2b(digest_size=16, person=b"hermes-prefix")

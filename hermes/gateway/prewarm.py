@@ -44,6 +44,7 @@ from hermes.core.prewarm import (
 from hermes.core.state import RunState
 from hermes.gateway.context import SchedulerContext
 from hermes.gateway.nodes import NodeTable
+from hermes.gateway.prefixes import shared_prefix
 from hermes.gateway.runs import RunObserver, RunRegistry
 from hermes.gateway.state import ACTIVE, LiveRun, UnitInvocation
 from hermes.protocol import Prewarm, PrewarmAck
@@ -194,15 +195,18 @@ class GatewayPrewarmer(RunObserver):
     def note_request(self, app: str, unit: str, body: dict[str, Any],
                      tenant: str = "default") -> None:
         """Remember a unit's shared prefix for ``tenant``: the system message of its chat
-        requests."""
-        msgs = body.get("messages")
-        if isinstance(msgs, list) and len(msgs) > 1 and isinstance(msgs[0], dict):
-            if msgs[0].get("role") == "system" and isinstance(msgs[0].get("content"), str):
-                key = (tenant, app, unit)
-                self.prefixes[key] = msgs[0]["content"]
-                self.prefixes.move_to_end(key)
-                if len(self.prefixes) > MAX_PREFIXES:
-                    self.prefixes.popitem(last=False)
+        requests (:func:`~hermes.gateway.prefixes.shared_prefix`)."""
+        self.note_prefix(app, unit, shared_prefix(body), tenant)
+
+    def note_prefix(self, app: str, unit: str, prefix: str | None,
+                    tenant: str = "default") -> None:
+        """:meth:`note_request` given the prefix (an edge's call carries it)."""
+        if prefix is not None:
+            key = (tenant, app, unit)
+            self.prefixes[key] = prefix
+            self.prefixes.move_to_end(key)
+            if len(self.prefixes) > MAX_PREFIXES:
+                self.prefixes.popitem(last=False)
 
     def on_unit_start(self, run: RunState, unit: str, backend: str, now: float) -> None:
         self._apply(self.strategy.on_unit_start(run, unit, backend, now, self), now)

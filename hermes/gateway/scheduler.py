@@ -69,7 +69,7 @@ from hermes.gateway.run_store import open_run_store
 from hermes.gateway.runs import RunRegistry
 from hermes.gateway.state import ACTIVE, LiveRun, Node, PendingRequest, UnitInvocation
 from hermes.inproc import InprocLink
-from hermes.protocol import Done, EngineInfo, Token, ToolDone
+from hermes.protocol import Done, EncodedBody, EngineInfo, Token, ToolDone
 
 #: the service types and errors, for code that speaks to the scheduler
 __all__ = [
@@ -414,7 +414,7 @@ class LiveScheduler:
 
     async def submit_llm(self, run: LiveRun, inv: UnitInvocation, *, model: str,
                          endpoint: Literal["chat", "completions", "embeddings"],
-                         body: dict[str, Any], stream: bool = False,
+                         body: dict[str, Any] | EncodedBody, stream: bool = False,
                          native: dict[str, Any] | None = None, request_id: str | None = None,
                          reply_to: str | None = None,
                          prompt_tokens: int | None = None) -> PendingRequest:
@@ -434,7 +434,7 @@ class LiveScheduler:
 
     def submit_llm_now(self, run: LiveRun, inv: UnitInvocation, *, model: str,
                        endpoint: Literal["chat", "completions", "embeddings"],
-                       body: dict[str, Any], stream: bool = False,
+                       body: dict[str, Any] | EncodedBody, stream: bool = False,
                        native: dict[str, Any] | None = None, request_id: str | None = None,
                        reply_to: str | None = None,
                        prompt_tokens: int | None = None) -> PendingRequest:

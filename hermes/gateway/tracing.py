@@ -300,7 +300,7 @@ class RunTracer(RunObserver):
                 rt.links.append([caller[0], caller[1]])
         if isinstance(msg, Submit):
             rt.op = OPERATIONS.get(msg.endpoint, msg.endpoint)
-            body = msg.body
+            body = msg.engine_body()
             mt = body.get("max_tokens") or body.get("max_completion_tokens")
             rt.max_tokens = mt if type(mt) is int else None
             if self.capture_content:

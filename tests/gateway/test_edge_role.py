@@ -63,6 +63,35 @@ def test_submit_reply_fields_are_additive() -> None:
     assert isinstance(new, P.Submit) and new.reply_to == "tcp://e:1" and new.reply_only
 
 
+def test_a_submit_with_an_encoded_body_reaches_the_node_as_the_same_message() -> None:
+    """The scheduler forwards an edge's body as the JSON text it came as: the frame decodes
+    to the submit the object form gives (escapes, non-ASCII, numbers alike); what reads the
+    body at the scheduler decodes it once; copies keep it encoded; an in-process node gets
+    the object."""
+    from hermes.inproc import InprocLink
+
+    body = {"messages": [{"role": "system", "content": 'Be "exact".\n\u2028 é 😀'},
+                         {"role": "user", "content": "x" * 300}],
+            "max_tokens": 7, "temperature": 0.1, "stop": None, "n": 1}
+    fields = dict(request_id="r", run_id="run", unit="u", model="m", endpoint="chat",
+                  key=[0.5, 1.0], prompt_tokens=80, reply_to="tcp://e:1")
+    plain = P.Submit(body=body, **fields)  # type: ignore[arg-type]
+    enc = P.Submit.with_json_body(msgspec.json.encode(body), **fields)
+    assert enc.body == {} and P.decode(P.encode(enc)) == P.decode(P.encode(plain))
+    assert P.decode(P.encode(enc)).body == body  # type: ignore[union-attr]
+    copy = enc.model_copy()
+    assert copy._body_json == enc._body_json and copy.body == {}
+    assert enc.engine_body() == body and enc._body_json is None
+    assert P.encode(enc) == P.encode(plain)  # decoded: encoded as any submit
+    link = InprocLink(b"n", lambda _i, _m: None)
+    link.deliver(copy)
+    (given,) = link._inbox
+    assert isinstance(given, P.Submit) and given.body == body
+    assert wire.decode_edge(wire.encode(_call(body={}, body_json=b'{"a":1}', prefix="p",
+                                              max_tokens=3))).engine_body() == \
+        P.EncodedBody(b'{"a":1}', "p", 3)
+
+
 def _link():  # noqa: ANN202
     import zmq.asyncio
 

@@ -23,6 +23,7 @@ import pytest
 from edge_inproc import MODEL, Split, wait_for
 from gw_redis import redis_url  # noqa: F401  (fixture)
 
+from hermes import protocol as P
 from hermes.gateway.keys import FileKeyStore
 from hermes.gateway.server import BackgroundServer
 
@@ -260,3 +261,41 @@ def test_edges_follow_the_operators_app_renames_and_merges_as_the_all_in_one(
     assert app_of(e0.url, translate, "Translate the bill.") == "scholar"
     listed = {a["name"]: a for a in httpx.get(f"{e0.url}/admin/apps").json()["apps"]}
     assert listed["scholar"]["inferred"], listed
+
+
+@pytest.mark.parametrize("router", ["least-loaded", "prefix"])
+def test_the_scheduler_forwards_an_edges_body_without_decoding_it(
+        split: Callable[..., Split], router: str) -> None:
+    """A call's body leaves the edge as JSON text, once; the scheduler sends those bytes to
+    the node as they came (per-byte work stays off it: a long agent conversation is not
+    decoded and re-encoded per call) and reads only what the edge took from it: the unit's
+    shared prefix (KV prewarming) and ``max_tokens``. A router that reads prompts gets the
+    body decoded. Either way the node gets the whole body: the engine counts its prompt."""
+    sp = split(scheduler={"router": router})
+    e0 = sp.edge()
+    sent: list[tuple[bool, int | None]] = []  # (still encoded, prompt tokens) per submit
+    table = sp.sched.node_table
+    real_send = table.send
+
+    def spy(node: Any, msg: Any) -> None:
+        if isinstance(msg, P.Submit):
+            sent.append((msg._body_json is not None, msg.prompt_tokens))
+        real_send(node, msg)
+
+    table.send = spy
+    long_task = "Summarise every line of this log. " * 200
+    msgs = [AGENT[0], {"role": "user", "content": long_task}]
+    r = _post(e0.url, {}, {**CHAT, "messages": msgs, "max_tokens": 5})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] > len(long_task) // 5  # the node got it all
+    named = _post(e0.url, {"X-Hermes-Run": "none", "X-Hermes-App": "x"},
+                  {**CHAT, "messages": msgs})
+    assert named.status_code == 200, named.text
+    direct = _post(e0.url, {"X-Hermes-Run": "none"}, {**CHAT, "messages": msgs})  # fast path
+    assert direct.status_code == 200, direct.text
+    assert len(sent) == 3 and all(tokens and tokens > 100 for _, tokens in sent)
+    assert all(encoded == (router == "least-loaded") for encoded, _ in sent), sent
+    app = r.headers["X-Hermes-App"]
+    prefixes = sp.sched.prewarm.prefixes
+    assert prefixes[("default", app, r.headers["X-Hermes-Unit"])] == AGENT[0]["content"]
+    assert prefixes[("default", "x", "default")] == AGENT[0]["content"]

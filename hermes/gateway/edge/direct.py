@@ -90,12 +90,16 @@ class DirectCalls:
                       else float(policy.rank(state, now)))
         view = RequestView(request_id=c.rid, run_id=c.rid, unit=c.unit or "default",
                            arrival=now, input_tokens=c.prompt_tokens,
-                           max_output_tokens=c.body.get("max_tokens"), seq=next(ctx.seq))
+                           max_output_tokens=(c.body.get("max_tokens") if c.body_json is None
+                                              else c.max_tokens), seq=next(ctx.seq))
         key = policy_key(policy, state, view, now)
-        msg = Submit(request_id=c.rid, run_id=c.rid, unit=view.unit, model=model,
-                     endpoint=c.endpoint, body=c.body, stream=c.stream, key=list(key),
-                     prompt_tokens=c.prompt_tokens, reply_to=c.reply_to, reply_only=True,
-                     native=c.native)
+        fields: dict[str, Any] = dict(request_id=c.rid, run_id=c.rid, unit=view.unit, model=model,
+                      endpoint=c.endpoint, stream=c.stream, key=list(key),
+                      prompt_tokens=c.prompt_tokens, reply_to=c.reply_to, reply_only=True,
+                      native=c.native)
+        # a body the edge encoded is forwarded as it came (never decoded here)
+        msg = (Submit(body=c.body, **fields) if c.body_json is None
+               else Submit.with_json_body(c.body_json, **fields))
         call = DirectCall(edge=edge, msg=msg, sent_at=time.monotonic())
         self._send(call)
         self.calls[c.rid] = call
@@ -115,9 +119,10 @@ class DirectCalls:
         route = RouteRequest(msg.request_id)
         prompt = None
         if self.nodes.router.name != "least-loaded":  # a router that reads prompts
-            prefixes = prompt_prefixes(msg.endpoint, msg.body)
+            body = msg.engine_body()
+            prefixes = prompt_prefixes(msg.endpoint, body)
             route = RouteRequest(msg.request_id, prefixes, prefixes[-1][1] if prefixes else 0)
-            prompt = (msg.endpoint, msg.body)
+            prompt = (msg.endpoint, body)
         node, engine = self.nodes.pick_engine(msg.model, exclude, route, prompt)
         call.node, call.engine = node.name, engine.name
         msg.engine = engine.name

@@ -284,7 +284,7 @@ class EdgeLink:
                 run.transient = True
             inv = sched.unit_for_request(run, ident.unit, f"llm:{served}")
             req = await sched.submit_llm(run, inv, model=served, endpoint=c.endpoint,
-                                         body=c.body, stream=c.stream, request_id=c.rid,
+                                         body=c.engine_body(), stream=c.stream, request_id=c.rid,
                                          reply_to=c.reply_to, prompt_tokens=c.prompt_tokens,
                                          native=c.native)
         except SchedulerError as e:
@@ -314,7 +314,7 @@ class EdgeLink:
         sched = self.sched
         run = self._inferred_run(c)
         inv = sched.unit_for_request(run, c.unit or "default", f"llm:{served}")
-        req = sched.submit_llm_now(run, inv, model=served, endpoint=c.endpoint, body=c.body,
+        req = sched.submit_llm_now(run, inv, model=served, endpoint=c.endpoint, body=c.engine_body(),
                                    stream=c.stream, request_id=c.rid, reply_to=c.reply_to,
                                    native=c.native, prompt_tokens=c.prompt_tokens)
         # the run stays open after its call: the edge's resolver closes it (close_inferred),

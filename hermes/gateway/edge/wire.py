@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from hermes.protocol import EncodedBody
+
 
 class Settled(msgspec.Struct, array_like=True):
     """A header-less call answered by its node (the edge tells the scheduler, which frees the
@@ -59,8 +61,15 @@ class Call(msgspec.Struct, tag="call", omit_defaults=True):
     reply_to: str
     model: str
     endpoint: Literal["chat", "completions", "embeddings"]
+    #: the engine body as an object (empty when ``body_json`` carries it)
     body: dict[str, Any]
     prompt_tokens: int
+    #: the engine body as JSON text (an edge encodes it once; the scheduler forwards these
+    #: bytes to the node without decoding them), with what the scheduler reads of it:
+    #: ``prefix`` (the unit's shared prompt prefix, for KV prewarming) and ``max_tokens``
+    body_json: bytes | None = None
+    prefix: str | None = None
+    max_tokens: int | None = None
     tenant: str = "default"
     app: str | None = None
     unit: str | None = None
@@ -92,6 +101,13 @@ class Call(msgspec.Struct, tag="call", omit_defaults=True):
     def task(self) -> Literal["generate", "embed"]:
         """The engine task the call needs (an embeddings call goes to an embedding model)."""
         return "embed" if self.endpoint == "embeddings" else "generate"
+
+    def engine_body(self) -> dict[str, Any] | EncodedBody:
+        """The body for :meth:`hermes.gateway.dispatch.Dispatcher.submit_llm`: left encoded
+        when the edge sent it so (:class:`~hermes.protocol.EncodedBody`)."""
+        if self.body_json is None:
+            return self.body
+        return EncodedBody(self.body_json, self.prefix, self.max_tokens)
 
 
 class Report(msgspec.Struct, tag="report"):
