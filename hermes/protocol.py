@@ -393,9 +393,12 @@ _ADAPTER: TypeAdapter[NodeMessage | SchedulerMessage] = TypeAdapter(Message)
 def encode(msg: BaseModel) -> bytes:
     """One frame (UTF-8 JSON) for a message; a submit's body left encoded
     (:meth:`Submit.with_json_body`) is written as its bytes are."""
-    if type(msg) is Submit and msg._body_json is not None:
-        head = msg.model_dump_json(exclude={"body"}, exclude_none=False).encode()
-        return b"".join((head[:-1], b',"body":', msg._body_json, b"}"))
+    if type(msg) is Submit:
+        private = msg.__pydantic_private__  # (not through pydantic's __getattr__)
+        raw = private.get("_body_json") if private else None
+        if raw is not None:
+            head = msg.model_dump_json(exclude={"body"}, exclude_none=False).encode()
+            return b"".join((head[:-1], b',"body":', raw, b"}"))
     return msg.model_dump_json(exclude_none=False).encode()
 
 
