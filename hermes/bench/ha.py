@@ -986,8 +986,10 @@ def cmd_ha(args: Any) -> int:
             print(f"hermes bench ha: unknown scenario(s) {bad}; known: {', '.join(SCENARIOS)}",
                   file=sys.stderr)
             return 2
+        # the schedulers share one knowledge base, as deployed (deploy/, docs/ha.md): the
+        # new leader serves the apps' learned graphs and the operator's names
         cl = Cluster(workdir, time_scale=args.time_scale, ttl_s=args.lease_ttl,
-                     n_edges=args.edges)
+                     n_edges=args.edges, shared_kb=True)
         try:
             cl.start()
             rows = asyncio.run(run_ha(cl, scenarios, args.repeats, runs=args.runs,
