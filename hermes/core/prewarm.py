@@ -658,11 +658,10 @@ class PrewarmStrategy(ABC):
         est = self.estimators(run.app) if self.estimators else None
         if est is None:
             return np.empty(0)
-        prog = RunProgress(
-            finished=run.progress.finished,
-            current=unit,
-            current_attained_s=run.progress.current_attained_s,
-        )
+        prog = run.progress
+        if prog.current != unit:  # (a driver that has not set the running unit yet)
+            prog = RunProgress(finished=prog.finished, current=unit,
+                               current_attained_s=prog.current_attained_s)
         s = est.sample(prog, n=self.n_walks)  # type: ignore[attr-defined]
         if s.current_s is None:
             return np.empty(0)
