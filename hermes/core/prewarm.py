@@ -546,7 +546,11 @@ class PrewarmStrategy(ABC):
         return {kind: c.as_dict() for kind, c in self.by_type.items()}
 
     def _bump(self, resource: str, field: str, amount: float = 1) -> None:
-        for c in (self.counters, self.by_type.setdefault(resource_kind(resource), PrewarmStats())):
+        kind = resource.partition(":")[0]  # resource_kind
+        by = self.by_type.get(kind)
+        if by is None:  # (not a setdefault: that built a PrewarmStats per count)
+            by = self.by_type[kind] = PrewarmStats()
+        for c in (self.counters, by):
             setattr(c, field, getattr(c, field) + amount)
 
     def outstanding(self, run_id: str) -> list[Prewarm]:
