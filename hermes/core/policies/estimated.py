@@ -69,6 +69,9 @@ class EstimatedPolicy(SchedulingPolicy):
         #: are added to a run's attained service at every unit start (the array is held, so
         #: that its id is not reused while the entry exists; at most 4096, then afresh)
         self._bounds_f: dict[int, tuple[Any, list[float]]] = {}
+        #: offset -> round(offset, 9): a unit's boundary offsets recur from run to run (the
+        #: same floats, at most 4096 kept), and a round to 9 digits is ~10 dict lookups' time
+        self._round9: dict[float, float] = {}
 
     # -- what subclasses define -------------------------------------------------------------
     def rank_from_samples(self, run: RunState, samples: DemandSamples, now: float) -> float:
@@ -170,6 +173,20 @@ class EstimatedPolicy(SchedulingPolicy):
         self._bounds_f[id(bounds)] = (bounds, out)
         return out
 
+    def _offsets(self, ahead: list[float], at: float) -> tuple[float, ...]:
+        """``tuple(round(b - at, 9) for b in ahead)``, the rounding looked up (``_round9``)."""
+        memo = self._round9
+        out = []
+        for b in ahead:
+            d = b - at
+            r = memo.get(d)
+            if r is None:
+                if len(memo) >= 4096:
+                    memo.clear()
+                r = memo[d] = round(d, 9)
+            out.append(r)
+        return tuple(out)
+
     def on_unit_finish(self, run: RunState, obs: UnitObservation, now: float) -> None:
         run.policy_state[_BOUNDS] = run.policy_state[_ABS] = run.policy_state[_TABLE] = None
         super().on_unit_finish(run, obs, now)
@@ -191,7 +208,7 @@ class EstimatedPolicy(SchedulingPolicy):
         # every run that starts this unit in this state then reads it instead of conditioning
         # the walks at each boundary again
         memo = getattr(walks, "rank_memo", None)
-        key = (self.name, tuple([round(b - at, 9) for b in ahead])) if memo is not None else None
+        key = (self.name, self._offsets(ahead, at)) if memo is not None else None
         got = memo.get(key) if memo is not None else None
         if got is not None:
             ranks = [rank, *got]

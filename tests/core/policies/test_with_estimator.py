@@ -172,3 +172,18 @@ def test_unit_boundaries_as_floats_are_kept_once_per_array_and_equal_fresh_ones(
         assert r.policy_state["unit_bounds_s"] is arr and len(arr) > 0
         assert r.policy_state["unit_bounds_abs"] == [attained + float(b) for b in arr]
     assert len(hermes._bounds_f) == 1  # one array, converted once
+
+
+def test_boundary_offsets_rounded_through_the_memo_are_rounded_afresh() -> None:
+    """The rank table's key (boundary offsets to the nanosecond) looks its roundings up:
+    the same tuple as rounding each offset, for offsets that recur and ones that do not,
+    past the memo's bound too."""
+    hermes = make_policy("hermes", estimators=pool(), buckets=10)
+    rng = np.random.default_rng(4)
+    floats = sorted(float(x) for x in rng.random(9) * 5)
+    for i in range(6000):
+        at = float(rng.random() * 100) if i % 3 else 12.5
+        ahead = [at + b for b in floats] if i % 2 else [float(x) for x in rng.random(5) + at]
+        ahead = [b for b in ahead if b > at]
+        assert hermes._offsets(ahead, at) == tuple(round(b - at, 9) for b in ahead)
+    assert len(hermes._round9) <= 4096
