@@ -270,9 +270,11 @@ class DemandEstimator:
         other change (another estimator, a list that is not the one counted) counts afresh."""
         fin = progress.finished
         count = len(fin)
+        if not count:
+            return ()  # (a run's arrival: nothing to keep)
         memo = progress.key_memo
         if (memo is not None and memo[0] == self._token and memo[1] <= count
-                and (memo[1] == 0 or fin[memo[1] - 1] is memo[2])):
+                and fin[memo[1] - 1] is memo[2]):
             _, start, _, visits, codes, seen = memo
             if start == count:
                 return seen  # type: ignore[no-any-return]
@@ -290,7 +292,7 @@ class DemandEstimator:
                 else:
                     codes[ui] = ()
         seen = tuple([(ui, visits[ui], codes[ui]) for ui in sorted(visits)])
-        progress.key_memo = (self._token, count, fin[-1] if count else None, visits, codes, seen)
+        progress.key_memo = (self._token, count, fin[-1], visits, codes, seen)
         return seen
 
     # ------------------------------------------------------------------ compile
