@@ -30,6 +30,7 @@ window, ``llama2-7b-a100-cal``).
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ from hermes.core.pdgraph import END, FEATURES, NF, Edge, PDGraph, UnitNode
 from hermes.core.state import RunProgress, UnitObservation
 
 MAX_STEPS = 512
+#: tokens of the estimators (:meth:`DemandEstimator._finished_key`)
+_TOKENS = itertools.count()
 _F = {f: i for i, f in enumerate(FEATURES)}
 
 
@@ -210,6 +213,9 @@ class DemandEstimator:
                 self._edges[vi] = [(u, t) for _, u, t in lst]
         self._boundaries: dict[tuple[str, int], np.ndarray] = {}
         self._cond_cuts = self._conditioning_cuts()
+        #: names this estimator in the condition-key memos it leaves on runs' progress
+        #: (an id could be reused by a later estimator; a token is not)
+        self._token = next(_TOKENS)
 
     # ------------------------------------------------------------------ conditioning
     def _conditioning_cuts(self) -> list[list[tuple[int, list[float]]]]:
@@ -237,34 +243,57 @@ class DemandEstimator:
         the quantile bucket of each feature a branch or edge table conditions on
         (:meth:`_conditioning_cuts`); the last finished unit (where the walks go on from,
         between units); the running unit and the service it attained. Runs of one app that
-        start from the same place share a key whatever their exact token counts. O(finished
-        units x conditioned features), no numpy."""
+        start from the same place share a key whatever their exact token counts. No numpy;
+        the part of the finished units is kept on ``progress`` (:meth:`_finished_key`), so a
+        run's key costs O(units finished since it was last asked)."""
         n = n or self.n_walks
         if progress is None:
             return (n,)
-        visits: dict[int, int] = {}
-        latest: dict[int, UnitObservation] = {}
-        idx = self._idx
-        for obs in progress.finished:
-            ui = idx.get(obs.unit)
-            if ui is not None:
-                visits[ui] = visits.get(ui, 0) + 1
-                latest[ui] = obs
-        seen = []
-        for ui in sorted(latest):
-            cuts = self._cond_cuts[ui]
-            if cuts:
-                f = _obs_features(latest[ui], self._units[ui].llm)
-                codes = tuple(bisect_right(cut, float(f[g])) for g, cut in cuts)
-            else:
-                codes = ()
-            seen.append((ui, visits[ui], codes))
+        seen = self._finished_key(progress)
         if progress.current is not None:
             where: tuple[Any, ...] = ("at", progress.current, float(progress.current_attained_s))
         else:
-            last = progress.finished[-1].unit if progress.finished else None
-            where = ("after", idx.get(last) if last is not None else None)
-        return (n, tuple(seen), where)
+            fin = progress.finished
+            last = fin[-1].unit if fin else None
+            where = ("after", self._idx.get(last) if last is not None else None)
+        return (n, seen, where)
+
+    def _finished_key(self, progress: RunProgress) -> tuple[Any, ...]:
+        """The finished units' part of :meth:`condition_key`: per unit of the graph that
+        finished (in index order), its visit count and the buckets of its latest
+        observation's conditioned features.
+
+        Kept on ``progress`` (``key_memo``: this estimator's token, the units counted, the
+        last one counted, the visit counts and the buckets so far) and brought up to date
+        with the units finished since: a run's finished list only grows (``RunState.
+        end_unit`` appends), and every refresh point of a run asks for its key again. Any
+        other change (another estimator, a list that is not the one counted) counts afresh."""
+        fin = progress.finished
+        count = len(fin)
+        if not count:
+            return ()  # (a run's arrival: nothing to keep)
+        memo = progress.key_memo
+        if (memo is not None and memo[0] == self._token and memo[1] <= count
+                and fin[memo[1] - 1] is memo[2]):
+            _, start, _, visits, codes, seen = memo
+            if start == count:
+                return seen  # type: ignore[no-any-return]
+        else:
+            start, visits, codes = 0, {}, {}
+        idx = self._idx
+        for obs in fin[start:] if start else fin:
+            ui = idx.get(obs.unit)
+            if ui is not None:
+                visits[ui] = visits.get(ui, 0) + 1
+                cuts = self._cond_cuts[ui]
+                if cuts:
+                    f = _obs_feature_list(obs, self._units[ui].llm)
+                    codes[ui] = tuple([bisect_right(cut, f[g]) for g, cut in cuts])
+                else:
+                    codes[ui] = ()
+        seen = tuple([(ui, visits[ui], codes[ui]) for ui in sorted(visits)])
+        progress.key_memo = (self._token, count, fin[-1], visits, codes, seen)
+        return seen
 
     # ------------------------------------------------------------------ compile
     def _table(self, probs: Mapping[str, float]) -> tuple[np.ndarray, np.ndarray]:
@@ -564,6 +593,16 @@ def _obs_features(obs: UnitObservation, llm: bool) -> np.ndarray:
     if llm:
         return np.array([obs.input_tokens / p, obs.output_tokens / p, float(p), 0.0, float(obs.output_tokens)])
     return np.array([0.0, 0.0, float(p), obs.duration_s, 0.0])
+
+
+def _obs_feature_list(obs: UnitObservation, llm: bool) -> list[float]:
+    """An observation's features (:data:`NF` of them) as plain floats: the values of
+    :func:`_obs_features`, without an array (what :meth:`DemandEstimator.condition_key`
+    buckets at every refresh point of a live run)."""
+    p = max(1, obs.parallelism)
+    if llm:
+        return [obs.input_tokens / p, obs.output_tokens / p, float(p), 0.0, float(obs.output_tokens)]
+    return [0.0, 0.0, float(p), float(obs.duration_s), 0.0]
 
 
 def _consistent_draws(svc: np.ndarray, attained: float) -> np.ndarray:

@@ -546,7 +546,11 @@ class PrewarmStrategy(ABC):
         return {kind: c.as_dict() for kind, c in self.by_type.items()}
 
     def _bump(self, resource: str, field: str, amount: float = 1) -> None:
-        for c in (self.counters, self.by_type.setdefault(resource_kind(resource), PrewarmStats())):
+        kind = resource.partition(":")[0]  # resource_kind
+        by = self.by_type.get(kind)
+        if by is None:  # (not a setdefault: that built a PrewarmStats per count)
+            by = self.by_type[kind] = PrewarmStats()
+        for c in (self.counters, by):
             setattr(c, field, getattr(c, field) + amount)
 
     def outstanding(self, run_id: str) -> list[Prewarm]:
@@ -658,11 +662,10 @@ class PrewarmStrategy(ABC):
         est = self.estimators(run.app) if self.estimators else None
         if est is None:
             return np.empty(0)
-        prog = RunProgress(
-            finished=run.progress.finished,
-            current=unit,
-            current_attained_s=run.progress.current_attained_s,
-        )
+        prog = run.progress
+        if prog.current != unit:  # (a driver that has not set the running unit yet)
+            prog = RunProgress(finished=prog.finished, current=unit,
+                               current_attained_s=prog.current_attained_s)
         s = est.sample(prog, n=self.n_walks)  # type: ignore[attr-defined]
         if s.current_s is None:
             return np.empty(0)

@@ -93,6 +93,10 @@ class RunProgress:
     finished: list[UnitObservation] = field(default_factory=list)
     current: str | None = None
     current_attained_s: float = 0.0
+    #: what an estimator derived from ``finished`` when it last keyed this state, to bring
+    #: up to date with the units finished since (``DemandEstimator.condition_key``); scratch,
+    #: not part of the state
+    key_memo: tuple[Any, ...] | None = field(default=None, repr=False, compare=False)
 
     @property
     def last_unit(self) -> str | None:

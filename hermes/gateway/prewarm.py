@@ -74,6 +74,11 @@ class GatewayPrewarmer(RunObserver):
         #: prewarm request runs with that adapter, whose KV blocks are its own in vLLM
         #: (bounded alike)
         self._kv: OrderedDict[str, tuple[str, str, str, str | None]] = OrderedDict()
+        #: :meth:`resources`' parsed backends and names (pure functions of their keys; at
+        #: most MAX_PREFIXES each, then started afresh)
+        self._spec: dict[str, BackendSpec] = {}
+        self._named: dict[tuple[str, str, str, str, str | None],
+                          tuple[tuple[tuple[str, bool], ...], str | None]] = {}
         self.sent = {"start": 0, "release": 0}
         #: KV resource -> units running now whose requests carry that prefix (the engine
         #: holds its blocks while they run), and id(invocation) -> (invocation, the resources
@@ -123,27 +128,60 @@ class GatewayPrewarmer(RunObserver):
     def resources(self, run: RunState | None, app: str, unit: str, backend: str) -> list[str]:
         """:func:`~hermes.core.prewarm.default_resources`, with a unit's KV prefix named per
         tenant (``kv:MODEL/TENANT/APP/UNIT``) and only once that tenant's shared prompt of the
-        unit is known (seen in a request: :meth:`note_request`)."""
+        unit is known (seen in a request: :meth:`note_request`).
+
+        Asked at every unit start (the unit's own, and each next unit the planner looks at):
+        the names, a function of the tenant, app, unit, backend and the base model an
+        adapter is served on, are built once (:meth:`_names`); what can change between two
+        asks (whether the prefix is known, the KV resources remembered) is looked at each
+        time."""
         tenant = run.tenant if run is not None else "default"
-        spec = BackendSpec.parse(backend)
-        adapter = spec.lora
+        spec = self._spec.get(backend)
+        if spec is None:
+            spec = BackendSpec.parse(backend)
+            if len(self._spec) >= MAX_PREFIXES:
+                self._spec.clear()
+            self._spec[backend] = spec
+        base = None
         if spec.kind == "llm" and not spec.lora:
             base = self.nodes.base_model(spec.name)
-            if base is not None:  # the unit's requests name an adapter (the OpenAI API way)
-                backend, adapter = f"llm:{base}@{spec.name}", spec.name
+        key = (tenant, app, unit, backend, base)
+        names = self._named.get(key)
+        if names is None:
+            names = self._names(tenant, app, unit, backend, spec, base)
+            if len(self._named) >= MAX_PREFIXES:
+                self._named.clear()
+            self._named[key] = names
+        resources, adapter = names
         out = []
-        for r in default_resources(run, app, unit, backend):
-            if resource_kind(r) == "kv":
-                key = (tenant, app, unit)
-                if key not in self.prefixes:
+        for r, kv in resources:
+            if kv:
+                pkey = (tenant, app, unit)
+                if pkey not in self.prefixes:
                     continue
-                r = f"kv:{resource_model(r)}/{tenant}/{app}/{unit}"
-                self._kv[r] = (*key, adapter)
+                self._kv[r] = (tenant, app, unit, adapter)
                 self._kv.move_to_end(r)
                 if len(self._kv) > MAX_PREFIXES:
                     self._kv.popitem(last=False)
             out.append(r)
         return out
+
+    @staticmethod
+    def _names(tenant: str, app: str, unit: str, backend: str, spec: BackendSpec,
+               base: str | None) -> tuple[tuple[tuple[str, bool], ...], str | None]:
+        """The resources of :meth:`resources` before the prefix check: (name, whether it is
+        the unit's KV prefix) each, and the adapter its requests use (``base``: the model
+        an engine serves ``spec.name`` as an adapter of, the OpenAI API way)."""
+        adapter = spec.lora
+        if base is not None:
+            backend, adapter = f"llm:{base}@{spec.name}", spec.name
+        out = []
+        for r in default_resources(None, app, unit, backend):
+            if resource_kind(r) == "kv":
+                out.append((f"kv:{resource_model(r)}/{tenant}/{app}/{unit}", True))
+            else:
+                out.append((r, False))
+        return tuple(out), adapter
 
     def is_warm(self, resource: str, now: float) -> bool:
         return resource in self.warm

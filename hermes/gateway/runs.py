@@ -82,9 +82,25 @@ class RunRegistry:
         self._idempotency: dict[tuple[str, str], str] = {}
         self._no_graph_warned: set[str] = set()  # apps whose missing PDGraph was logged
         self.observers: list[RunObserver] = []
+        #: the per-unit hooks (several per call of an inferred run) of the observers that
+        #: define them, in the order added: most observers leave them as RunObserver's no-ops
+        self._unit_started: list[Callable[[LiveRun, UnitInvocation, float], None]] = []
+        self._unit_closed: list[Callable[[LiveRun, UnitInvocation, float], None]] = []
+        self._ranks_changed_hooks: list[Callable[[LiveRun, float], None]] = []
+        self._run_progress: list[Callable[[LiveRun], None]] = []
 
     def add_observer(self, observer: RunObserver) -> None:
+        """Tell ``observer`` of runs from now on, after those added before. Which of the
+        per-unit hooks (``unit_started``, ``unit_closed``, ``ranks_changed``,
+        ``run_progress``) it defines is looked at here, once: the others are not called."""
         self.observers.append(observer)
+        for hook, hooks in (("unit_started", self._unit_started),
+                            ("unit_closed", self._unit_closed),
+                            ("ranks_changed", self._ranks_changed_hooks),
+                            ("run_progress", self._run_progress)):
+            own = getattr(observer, "__dict__", {})
+            if hook in own or getattr(type(observer), hook) is not getattr(RunObserver, hook):
+                hooks.append(getattr(observer, hook))
 
     # ------------------------------------------------------------------ lookups
     def get_run(self, run_id: str) -> LiveRun | FinishedRun:
@@ -329,8 +345,8 @@ class RunRegistry:
         st = run.state
         st.begin_unit(unit)
         self.ctx.policy.on_unit_start(st, unit, now)
-        for obs in self.observers:
-            obs.unit_started(run, inv, now)
+        for started in self._unit_started:
+            started(run, inv, now)
         self._ranks_changed(run, now)
         return inv
 
@@ -398,12 +414,12 @@ class RunRegistry:
         st = run.state
         st.end_unit(obs, run.open[-1].unit if run.open else None)
         self.ctx.policy.on_unit_finish(st, obs, now)
-        for o in self.observers:
-            o.unit_closed(run, inv, now)
+        for closed in self._unit_closed:
+            closed(run, inv, now)
         self._ranks_changed(run, now)
         if run.status in ACTIVE:
-            for o in self.observers:
-                o.run_progress(run)
+            for progress in self._run_progress:
+                progress(run)
 
     def request_done(self, run: LiveRun, inv: UnitInvocation) -> None:
         """A request of ``inv`` completed: an implicitly opened invocation closes with its
@@ -430,8 +446,8 @@ class RunRegistry:
         self.credit(run, seconds, 0, self.ctx.now())
 
     def _ranks_changed(self, run: LiveRun, now: float) -> None:
-        for obs in self.observers:
-            obs.ranks_changed(run, now)
+        for changed in self._ranks_changed_hooks:
+            changed(run, now)
 
 
 def _break_cycles(run: LiveRun) -> None:

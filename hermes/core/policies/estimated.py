@@ -22,7 +22,7 @@ first: rank = ``run.attained_s``, refreshed every ``las_quantum_s`` seconds of s
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hermes.core.estimator import DemandSamples
 from hermes.core.policies.base import SchedulingPolicy
@@ -65,6 +65,13 @@ class EstimatedPolicy(SchedulingPolicy):
         self.las_quantum_s = las_quantum_s
         self.min_keep = min_keep
         self.seed = seed
+        #: id of a unit's boundary array -> (the array, its values as floats): the offsets
+        #: are added to a run's attained service at every unit start (the array is held, so
+        #: that its id is not reused while the entry exists; at most 4096, then afresh)
+        self._bounds_f: dict[int, tuple[Any, list[float]]] = {}
+        #: offset -> round(offset, 9): a unit's boundary offsets recur from run to run (the
+        #: same floats, at most 4096 kept), and a round to 9 digits is ~10 dict lookups' time
+        self._round9: dict[float, float] = {}
 
     # -- what subclasses define -------------------------------------------------------------
     def rank_from_samples(self, run: RunState, samples: DemandSamples, now: float) -> float:
@@ -150,10 +157,35 @@ class EstimatedPolicy(SchedulingPolicy):
         bounds = None if est is None else est.unit_service_boundaries(unit, self.buckets)
         run.policy_state[_BOUNDS] = bounds
         run.policy_state[_ABS] = (
-            None if bounds is None else [run.attained_s + float(b) for b in bounds]
+            None if bounds is None else [run.attained_s + b for b in self._floats(bounds)]
         )
         run.rank = self.rank(run, now)
         run.rank_refreshed_at = now
+
+    def _floats(self, bounds: Any) -> list[float]:
+        """``[float(b) for b in bounds]``, once per boundary array (see ``_bounds_f``)."""
+        hit = self._bounds_f.get(id(bounds))
+        if hit is not None and hit[0] is bounds:
+            return hit[1]
+        out = [float(b) for b in bounds]
+        if len(self._bounds_f) >= 4096:
+            self._bounds_f.clear()
+        self._bounds_f[id(bounds)] = (bounds, out)
+        return out
+
+    def _offsets(self, ahead: list[float], at: float) -> tuple[float, ...]:
+        """``tuple(round(b - at, 9) for b in ahead)``, the rounding looked up (``_round9``)."""
+        memo = self._round9
+        out = []
+        for b in ahead:
+            d = b - at
+            r = memo.get(d)
+            if r is None:
+                if len(memo) >= 4096:
+                    memo.clear()
+                r = memo[d] = round(d, 9)
+            out.append(r)
+        return tuple(out)
 
     def on_unit_finish(self, run: RunState, obs: UnitObservation, now: float) -> None:
         run.policy_state[_BOUNDS] = run.policy_state[_ABS] = run.policy_state[_TABLE] = None
@@ -176,7 +208,7 @@ class EstimatedPolicy(SchedulingPolicy):
         # every run that starts this unit in this state then reads it instead of conditioning
         # the walks at each boundary again
         memo = getattr(walks, "rank_memo", None)
-        key = (self.name, tuple(round(b - at, 9) for b in ahead)) if memo is not None else None
+        key = (self.name, self._offsets(ahead, at)) if memo is not None else None
         got = memo.get(key) if memo is not None else None
         if got is not None:
             ranks = [rank, *got]

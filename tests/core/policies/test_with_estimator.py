@@ -142,3 +142,48 @@ def test_bucket_ranks_are_tabulated_at_unit_start_from_the_same_walks() -> None:
     # llmsched's ranks have ε-exploration draws: never tabulated
     assert not type(make_policy("llmsched-lite", estimators=pool)).tabulate
     assert not getattr(type(make_policy("llmsched", estimators=pool)), "tabulate", False)
+
+
+def test_unit_boundaries_as_floats_are_kept_once_per_array_and_equal_fresh_ones() -> None:
+    """A unit start offsets the unit's boundaries by the run's attained service; their
+    float values are kept per boundary array: the same list as converting afresh, for the
+    estimator's memoized arrays and for a fresh array per ask (another estimator, a new
+    graph version), where the entry of the old array is not read."""
+    from tests.core.policies.policy_tables import Samples, TableEstimator, TablePool
+
+    smp = Samples(np.asarray([1.0, 2.0, 4.0]))
+    est = TableEstimator({None: smp, "u": smp}, {"u": [0.1, 0.7, 1.3]})
+    hermes = make_policy("hermes", estimators=TablePool({"a": est}), buckets=4)
+    for attained, bounds in ((0.0, [0.1, 0.7, 1.3]), (2.5, [0.1, 0.7, 1.3]),
+                             (2.5, [0.2, 0.9]), (1e9 / 3, [1 / 3, 2 / 3, 7.0])):
+        est.bounds["u"] = bounds  # a new array per ask (TableEstimator builds one)
+        r = RunState(run_id="r", app="a", submitted=0.0, attained_s=attained)
+        r.progress.current = "u"
+        hermes.on_unit_start(r, "u", 0.0)
+        arr = r.policy_state["unit_bounds_s"]
+        assert r.policy_state["unit_bounds_abs"] == [attained + float(b) for b in arr]
+    pooled = pool()
+    hermes = make_policy("hermes", estimators=pooled, buckets=10)
+    arr = pooled.get("gamble").unit_service_boundaries("gen", 10)
+    for attained in (0.0, 0.37, 12.5):
+        r = started("gamble", attained)
+        r.attained_s = attained
+        hermes.on_unit_start(r, "gen", 0.0)
+        assert r.policy_state["unit_bounds_s"] is arr and len(arr) > 0
+        assert r.policy_state["unit_bounds_abs"] == [attained + float(b) for b in arr]
+    assert len(hermes._bounds_f) == 1  # one array, converted once
+
+
+def test_boundary_offsets_rounded_through_the_memo_are_rounded_afresh() -> None:
+    """The rank table's key (boundary offsets to the nanosecond) looks its roundings up:
+    the same tuple as rounding each offset, for offsets that recur and ones that do not,
+    past the memo's bound too."""
+    hermes = make_policy("hermes", estimators=pool(), buckets=10)
+    rng = np.random.default_rng(4)
+    floats = sorted(float(x) for x in rng.random(9) * 5)
+    for i in range(6000):
+        at = float(rng.random() * 100) if i % 3 else 12.5
+        ahead = [at + b for b in floats] if i % 2 else [float(x) for x in rng.random(5) + at]
+        ahead = [b for b in ahead if b > at]
+        assert hermes._offsets(ahead, at) == tuple(round(b - at, 9) for b in ahead)
+    assert len(hermes._round9) <= 4096
