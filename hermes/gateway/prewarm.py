@@ -59,7 +59,7 @@ class GatewayPrewarmer(RunObserver):
     """Planner + signalling for the live scheduler (see the module docstring)."""
 
     def __init__(self, ctx: SchedulerContext, nodes: NodeTable, runs: RunRegistry,
-                 strategy: PrewarmStrategy) -> None:
+                 strategy: PrewarmStrategy, *, kv_recent_s: float = 0.0) -> None:
         self.ctx = ctx
         self.nodes = nodes
         self.runs = runs
@@ -89,7 +89,7 @@ class GatewayPrewarmer(RunObserver):
         #: recently closed first (bounded by MAX_PREFIXES): a prefix used that recently is
         #: still in the engine's cache (``scheduler.prewarm_kv_recent_s``)
         self._recent: dict[str, float] = {}
-        self.kv_recent_s = float(getattr(ctx.config.scheduler, "prewarm_kv_recent_s", 0.0))
+        self.kv_recent_s = kv_recent_s
         #: started KV prewarms not sent because a running unit held the prefix, or one that
         #: ended within ``kv_recent_s`` (:meth:`_hold`)
         self._held: set[int] = set()
@@ -122,7 +122,8 @@ class GatewayPrewarmer(RunObserver):
         strategy.k_by_app = knobs.setdefault("app", {})
         strategy.k_by_tenant = knobs.setdefault("tenant", {})
         strategy.k_default = knobs.setdefault("default", {})
-        return cls(ctx, nodes, runs, strategy)
+        return cls(ctx, nodes, runs, strategy,
+                   kv_recent_s=getattr(sc, "prewarm_kv_recent_s", 0.0))
 
     # ------------------------------------------------------------------ naming
     def resources(self, run: RunState | None, app: str, unit: str, backend: str) -> list[str]:
