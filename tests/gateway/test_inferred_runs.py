@@ -274,10 +274,17 @@ def test_the_second_hundred_runs_are_ranked_by_their_learned_app(make_gateway) -
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         first = [one(0)]  # alone: nothing learned yet
         first += pool.map(one, range(1, 100))
-        time.sleep(1.5)  # the last runs close (< 0.3 s), are learned from (every 1 s)
+        # the runs close (0.1-0.3 s after their last answer), are learned from (every 1 s)
+        # and the app's estimator is built: waited for, not slept (a loaded machine)
+        app = _run(gw, first[0][0])["app"]
+        deadline = time.monotonic() + 30
+        while not (all(r not in sched.registry.runs for r, _, _ in first)
+                   and sched.learner.profiled_runs.get(app, 0) >= 100
+                   and sched.ctx.pool.get(app) is not None):
+            assert time.monotonic() < deadline, "the first hundred runs were not learned"
+            time.sleep(0.05)
         second = list(pool.map(one, range(100, 200)))
     assert len({r for r, _, _ in first + second}) == 200  # every agent run is one run
-    app = _run(gw, first[0][0])["app"]
     assert {_run(gw, r)["app"] for r, _, _ in second[::10]} == {app}
     assert not first[0][2] and first[0][1] == 0.0  # no PDGraph yet: least attained service
     assert all(modelled for _, _, modelled in second), [m for _, _, m in second].count(False)
