@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import msgspec
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 PROTOCOL_VERSION = 1
 #: (additive) the prefix of the request ids an edge mints (split roles): such a request is
@@ -256,27 +256,34 @@ class Submit(_FromScheduler):
     #: success (the edge reports it, batched with its next call); a failure still goes to
     #: the scheduler, which retries or tells the edge
     reply_only: bool = False
-    #: (not a field) ``body`` as the JSON text an edge encoded it in (:meth:`with_json_body`):
-    #: ``body`` is empty until :meth:`engine_body` decodes it, and :func:`encode` writes these
-    #: bytes as the frame's ``body`` as they are. The active scheduler of split roles never
-    #: decodes nor re-encodes a call's body (a 12 KB agent conversation was ~30 us of its
-    #: CPU per call, growing with the conversation): per-byte work stays off it
-    _body_json: bytes | None = PrivateAttr(default=None)
+    # ``body`` as the JSON text an edge encoded it in (:meth:`with_json_body`) is kept in
+    # the instance's ``__dict__`` under ``_body_json``, not as a field nor a pydantic private
+    # attribute (which would cost every submit its initialisation): ``body`` is empty until
+    # :meth:`engine_body` decodes it, and :func:`encode` writes these bytes as the frame's
+    # ``body`` as they are. The active scheduler of split roles never decodes nor re-encodes a
+    # call's body (a 12 KB agent conversation was ~30 us of its CPU per call, growing with
+    # the conversation): per-byte work stays off it. Serialisers and copies see the fields
+    # only; ``model_copy`` keeps it.
 
     @classmethod
     def with_json_body(cls, body_json: bytes, **fields: Any) -> Submit:
         """A submit whose ``body`` is ``body_json``, JSON text (an object), left encoded."""
         msg = cls(**fields)
-        msg._body_json = body_json
+        msg.__dict__["_body_json"] = body_json
         return msg
+
+    @property
+    def encoded_body(self) -> bytes | None:
+        """The body's JSON text while it is left encoded (:meth:`with_json_body`), else None."""
+        raw: bytes | None = self.__dict__.get("_body_json")
+        return raw
 
     def engine_body(self) -> dict[str, Any]:
         """``body``; one left encoded (:meth:`with_json_body`) is decoded the first time, for
         what reads it here (a router that reads prompts, tracing, an in-process node)."""
-        raw = self._body_json
+        raw = self.__dict__.pop("_body_json", None)
         if raw is not None:
             self.body = msgspec.json.decode(raw)
-            self._body_json = None
         return self.body
 
     def prompt_estimate(self) -> int:
@@ -394,8 +401,7 @@ def encode(msg: BaseModel) -> bytes:
     """One frame (UTF-8 JSON) for a message; a submit's body left encoded
     (:meth:`Submit.with_json_body`) is written as its bytes are."""
     if type(msg) is Submit:
-        private = msg.__pydantic_private__  # (not through pydantic's __getattr__)
-        raw = private.get("_body_json") if private else None
+        raw = msg.__dict__.get("_body_json")
         if raw is not None:
             head = msg.model_dump_json(exclude={"body"}, exclude_none=False).encode()
             return b"".join((head[:-1], b',"body":', raw, b"}"))

@@ -80,8 +80,8 @@ def test_a_submit_with_an_encoded_body_reaches_the_node_as_the_same_message() ->
     assert enc.body == {} and P.decode(P.encode(enc)) == P.decode(P.encode(plain))
     assert P.decode(P.encode(enc)).body == body  # type: ignore[union-attr]
     copy = enc.model_copy()
-    assert copy._body_json == enc._body_json and copy.body == {}
-    assert enc.engine_body() == body and enc._body_json is None
+    assert copy.encoded_body == enc.encoded_body is not None and copy.body == {}
+    assert enc.engine_body() == body and enc.encoded_body is None
     assert P.encode(enc) == P.encode(plain)  # decoded: encoded as any submit
     link = InprocLink(b"n", lambda _i, _m: None)
     link.deliver(copy)

@@ -279,7 +279,7 @@ def test_the_scheduler_forwards_an_edges_body_without_decoding_it(
 
     def spy(node: Any, msg: Any) -> None:
         if isinstance(msg, P.Submit):
-            sent.append((msg._body_json is not None, msg.prompt_tokens))
+            sent.append((msg.encoded_body is not None, msg.prompt_tokens))
         real_send(node, msg)
 
     table.send = spy
