@@ -305,6 +305,13 @@ class EncodedBody:
     max_tokens: int | None = None
 
 
+def max_output_tokens(body: dict[str, Any]) -> int | None:
+    """The output limit a request body sets (``max_tokens``, else ``max_completion_tokens``),
+    ``None`` for none: what the policy's request view and tracing read of it."""
+    mt = body.get("max_tokens") or body.get("max_completion_tokens")
+    return mt if type(mt) is int else None
+
+
 def estimate_tokens(endpoint: str, body: dict[str, Any]) -> int:
     """A cheap prompt-length estimate (4 characters a token) for ordering and the node's KV
     gate; the engine reports the exact count."""

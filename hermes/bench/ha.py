@@ -812,12 +812,10 @@ def run_scheduler_rate(workdir: Path, *, rates: list[int], seconds: float,
     ``json``: as edges send it (``body_json``: encoded once at the edge, forwarded by the
     scheduler as it came), ``object``: as a msgpack object (the wire before that: decoded
     and re-encoded by the scheduler)."""
-    import msgspec
     import zmq
 
     from hermes import protocol as P
     from hermes.gateway.edge import wire
-    from hermes.gateway.prefixes import shared_prefix
 
     cl = Cluster(workdir / "rate", n_gateways=1, n_nodes=0, ha=True, edge_socket=True)
     rows: list[dict] = []
@@ -837,10 +835,10 @@ def run_scheduler_rate(workdir: Path, *, rates: list[int], seconds: float,
         edge.connect(rec["edge_address"])
         reply_to = f"tcp://127.0.0.1:{edge_port}"
         body = _agent_body(body_kb)
+        e = wire.encode_body(body)
         enc: dict[str, Any] = ({"body": body} if body_wire == "object" else
-                               {"body": {}, "body_json": msgspec.json.encode(body),
-                                "prefix": shared_prefix(body),
-                                "max_tokens": body["max_tokens"]})
+                               {"body": {}, "body_json": e.json, "prefix": e.prefix,
+                                "max_tokens": e.max_tokens})
         time.sleep(1.0)
         lead = cl.gateways[0]
         n = 0

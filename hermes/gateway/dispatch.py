@@ -48,6 +48,7 @@ from hermes.protocol import (
     ToolDone,
     UnitEvent,
     estimate_tokens,
+    max_output_tokens,
 )
 
 log = logging.getLogger("hermes.gateway.dispatch")
@@ -151,7 +152,7 @@ class Dispatcher(RunObserver):
         else:
             assert isinstance(body, dict)
             self.prewarm.note_request(run.app, inv.unit, body, run.state.tenant)
-            max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+            max_tokens = max_output_tokens(body)
             if prompt_tokens is None:
                 prompt_tokens = estimate_tokens(endpoint, body)
         view = self.request_view(run, inv, rid, prompt_tokens, max_tokens, now)

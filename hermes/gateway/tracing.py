@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 from hermes.gateway.runs import RunObserver
 from hermes.gateway.state import LiveRun, PendingRequest, UnitInvocation
 from hermes.gateway.trace_export import LLM, RUN, TOOL, UNIT
-from hermes.protocol import Done, Submit, Tool, ToolDone
+from hermes.protocol import Done, Submit, Tool, ToolDone, max_output_tokens
 
 if TYPE_CHECKING:
     from hermes.core.prewarm import PrewarmAction
@@ -301,8 +301,7 @@ class RunTracer(RunObserver):
         if isinstance(msg, Submit):
             rt.op = OPERATIONS.get(msg.endpoint, msg.endpoint)
             body = msg.engine_body()
-            mt = body.get("max_tokens") or body.get("max_completion_tokens")
-            rt.max_tokens = mt if type(mt) is int else None
+            rt.max_tokens = max_output_tokens(body)
             if self.capture_content:
                 rt.prompt = json.dumps(
                     body.get("messages") if msg.endpoint == "chat"

@@ -55,6 +55,21 @@ def _post(base: str, path: str, body: Any, headers: dict[str, str] | None = None
     return httpx.post(f"{base}{path}", headers=headers or {}, timeout=30, **kw)
 
 
+def _refused_alike(aio: str, edge: str, path: str,
+                   bad: list[tuple[Any, dict[str, str], int]]) -> list[dict[str, Any]]:
+    """Each bad request of ``bad`` (body, headers, status) to ``path`` at the all-in-one
+    gateway ``aio`` and at the edge ``edge``: refused with that status at the all-in-one,
+    and with the same status and body at the edge. Returns the all-in-one's error bodies."""
+    out = []
+    for body, headers, status in bad:
+        want = _post(aio, path, body, headers)
+        got = _post(edge, path, body, headers)
+        assert want.status_code == status, (body, want.text)
+        assert (got.status_code, got.json()) == (status, want.json()), body
+        out.append(want.json())
+    return out
+
+
 # ---------------------------------------------------------------------------- embeddings
 def test_embeddings_are_served_by_the_edge_as_by_the_all_in_one(
         split: Callable[..., Split], make_gateway: Callable[..., BackgroundServer]) -> None:
@@ -99,11 +114,7 @@ def test_embeddings_are_served_by_the_edge_as_by_the_all_in_one(
         (b'{"model": "sim-embed", "input": NaN}', {}, 400),
         (b"[1]", {}, 400),
     ]
-    for body, headers, status in bad:
-        want = _post(aio.url, "/v1/embeddings", body, headers)
-        got = _post(edge.url, "/v1/embeddings", body, headers)
-        assert want.status_code == status, (body, want.text)
-        assert (got.status_code, got.json()) == (status, want.json()), body
+    _refused_alike(aio.url, edge.url, "/v1/embeddings", bad)
     # an embedding model is refused for chat, as at the all-in-one gateway
     chat = {"model": EMBED_MODEL, "messages": [{"role": "user", "content": "hi"}]}
     want = _post(aio.url, "/v1/chat/completions", chat)
@@ -527,12 +538,8 @@ def test_count_tokens_is_answered_by_the_edge_as_by_the_all_in_one(
         (b"[1]", {}, 400),
         (b"not json", {}, 400),
     ]
-    for body, headers, status in bad:
-        want = _post(aio.url, "/v1/messages/count_tokens", body, headers)
-        got = _post(edge.url, "/v1/messages/count_tokens", body, headers)
-        assert want.status_code == status, (body, want.text)
-        assert want.json()["type"] == "error", want.text
-        assert (got.status_code, got.json()) == (status, want.json()), body
+    errors = _refused_alike(aio.url, edge.url, "/v1/messages/count_tokens", bad)
+    assert all(e["type"] == "error" for e in errors), errors  # Anthropic's error shape
     with pytest.raises(anthropic.NotFoundError, match="nope"):
         clients[edge.url].messages.count_tokens(model="nope", messages=COUNT["messages"])
     assert sp.scheduler_state.edge_link.calls == calls_before  # nothing reached it

@@ -38,7 +38,7 @@ from hermes.core.state import RequestView, RunState
 from hermes.gateway.edge import wire
 from hermes.gateway.errors import NoCapacity, RequestFailed, SchedulerError
 from hermes.gateway.prefixes import prompt_prefixes
-from hermes.protocol import Cancel, Done, Failed, Submit
+from hermes.protocol import Cancel, Done, Failed, Submit, max_output_tokens
 
 log = logging.getLogger("hermes.gateway.edge")
 
@@ -90,7 +90,7 @@ class DirectCalls:
                       else float(policy.rank(state, now)))
         view = RequestView(request_id=c.rid, run_id=c.rid, unit=c.unit or "default",
                            arrival=now, input_tokens=c.prompt_tokens,
-                           max_output_tokens=(c.body.get("max_tokens") if c.body_json is None
+                           max_output_tokens=(max_output_tokens(c.body) if c.body_json is None
                                               else c.max_tokens), seq=next(ctx.seq))
         key = policy_key(policy, state, view, now)
         fields: dict[str, Any] = dict(request_id=c.rid, run_id=c.rid, unit=view.unit, model=model,

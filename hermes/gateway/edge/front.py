@@ -101,7 +101,6 @@ from hermes.gateway.config import GatewayConfig, resolve_state_dir
 from hermes.gateway.edge import wire
 from hermes.gateway.edge.infer import EdgeRuns, inferred_app_id, run_headers
 from hermes.gateway.errors import SchedulerError, error_type
-from hermes.gateway.prefixes import shared_prefix
 from hermes.gateway.resolve import ChatReplies, Identity
 from hermes.gateway.responses import ResponsesError, ResponseStorage
 from hermes.gateway.served import resolve_served
@@ -921,9 +920,7 @@ class EdgeApp:
         infer = infer and RUN_HEADER not in h and self.runs.enabled
         # the body leaves encoded, once: the scheduler forwards these bytes to the node
         # without decoding them (wire.Call.body_json), reading only what is taken here
-        mt = body.get("max_tokens") or body.get("max_completion_tokens")
-        body_json, prefix = msgspec.json.encode(body), shared_prefix(body)
-        max_tokens = mt if type(mt) is int else None
+        enc = wire.encode_body(body)
         for attempt in range(self.REBIND_TRIES + 1):
             rid = f"{P.EDGE_REQUEST_PREFIX}{uuid.uuid4().hex[:16]}"
             ident: Identity | None = None
@@ -937,8 +934,8 @@ class EdgeApp:
                                           headers={"Retry-After": "1"}) from None
             if ident is not None:  # a header-less call in an inferred run
                 msg = wire.Call(rid=rid, reply_to=self.reply_to, model=model,
-                                endpoint=endpoint, body={}, body_json=body_json, prefix=prefix,
-                                max_tokens=max_tokens, prompt_tokens=prompt_tokens,
+                                endpoint=endpoint, body={}, body_json=enc.json, prefix=enc.prefix,
+                                max_tokens=enc.max_tokens, prompt_tokens=prompt_tokens,
                                 tenant=tenant, app=ident.app, unit=ident.unit, run=ident.run,
                                 stream=stream, inferred=True, new=ident.new_run,
                                 k=k, deadline_s=deadline_s, authed=authed, native=native,
@@ -950,8 +947,8 @@ class EdgeApp:
                 if run is not None and run.strip().lower() == "none" and not app:
                     run = None  # opted out: a one-request run of app default, the fast path
                 msg = wire.Call(rid=rid, reply_to=self.reply_to, model=model,
-                                endpoint=endpoint, body={}, body_json=body_json, prefix=prefix,
-                                max_tokens=max_tokens, prompt_tokens=prompt_tokens,
+                                endpoint=endpoint, body={}, body_json=enc.json, prefix=enc.prefix,
+                                max_tokens=enc.max_tokens, prompt_tokens=prompt_tokens,
                                 tenant=tenant, app=app, unit=h.get(UNIT_HEADER), run=run,
                                 stream=stream, k=k, deadline_s=deadline_s, authed=authed,
                                 native=native)

@@ -25,7 +25,15 @@ from typing import Any, Literal
 
 import msgspec
 
-from hermes.protocol import EncodedBody
+from hermes.gateway.prefixes import shared_prefix
+from hermes.protocol import EncodedBody, max_output_tokens
+
+
+def encode_body(body: dict[str, Any]) -> EncodedBody:
+    """An engine body as an edge sends it (:attr:`Call.body_json`, :attr:`Call.prefix`,
+    :attr:`Call.max_tokens`): its JSON text, encoded once here and forwarded by the scheduler
+    as it is, and the two things the scheduler reads of it."""
+    return EncodedBody(msgspec.json.encode(body), shared_prefix(body), max_output_tokens(body))
 
 
 class Settled(msgspec.Struct, array_like=True):
