@@ -180,6 +180,46 @@ def test_one_request_runs_end_after_their_answer_in_batched_writes(
             assert r["state"] == "finished" and r["app"] == "default"
 
 
+def test_writes_nobody_waits_on_are_gathered_over_the_batch_window(
+        make_gateway, tmp_path: Path, request: pytest.FixtureRequest) -> None:  # noqa: ANN001
+    """One client, one request at a time: the ended one-request runs are written together
+    once ``durability.batch_s`` has passed since the first of them ended (not one write per
+    request, as batching by loop iteration gave at one client); nothing is written before
+    the window closes, all of it after, and a restart finds every run."""
+    opts = _restartable("sqlite", tmp_path, request, time_scale=200.0, batch_s=1.0)
+    srv = make_gateway(**opts)
+    store = gateway_state(srv).scheduler.durable.store
+    batches: list[tuple[float, list[str]]] = []
+    put_runs = store.put_runs
+
+    def counting_put_runs(batch):  # noqa: ANN001, ANN202
+        batches.append((time.monotonic(), [w[0] for w in batch]))
+        return put_runs(batch)
+
+    store.put_runs = counting_put_runs
+    body = {"model": "llama-2-7b", "prompt": "x" * 40, "max_tokens": 2, "ignore_eos": True}
+    ids: list[str] = []
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        t0 = time.monotonic()
+        for _ in range(5):
+            r = http.post("/v1/completions", json=body, headers={"X-Hermes-Run": "none"})
+            assert r.status_code == 200
+            ids.append(r.headers["X-Hermes-Run"])
+        answered = time.monotonic()
+        assert answered - t0 < 0.9, "five requests took the whole window: nothing to show"
+        assert batches == []  # the window is still open
+        deadline = time.monotonic() + 10
+        while sum(len(b) for _, b in batches) < len(ids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert [rid for _, b in batches for rid in b] == ids
+    assert len(batches) == 1 and batches[0][0] - t0 >= 1.0
+    srv.stop()
+    srv2 = make_gateway(**opts)
+    with httpx.Client(base_url=srv2.url, timeout=30) as http:
+        for rid in ids:
+            assert http.get(f"/v1/runs/{rid}").json()["state"] == "finished"
+
+
 def _recorded(state: Path) -> list[str]:
     path = state / "records.jsonl"
     return [json.loads(x)["run_id"] for x in path.read_text().splitlines()] if path.exists() else []
