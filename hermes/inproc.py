@@ -5,11 +5,18 @@ ZeroMQ ``inproc://`` each message would still be encoded to JSON, sent through a
 woken up on by the loop and decoded and validated again: per LLM request a submit and a done,
 four codec passes and two loop wake-ups, a large share of what the gateway adds to a request.
 :class:`InprocLink` hands the same :mod:`hermes.protocol` messages over directly (the way vLLM's
-``InprocClient`` stands in for its multiprocess client): the node's messages reach the
-scheduler's handler on the next loop iteration (``call_soon``, so that neither side is
-re-entered from inside the other), and the scheduler's messages wait in a deque that the
-node's receive loop empties. Remote HermesLets keep using the ROUTER socket; the scheduler
-treats both alike (identity, ``hello``, heartbeats, ``resync``).
+``InprocClient`` stands in for its multiprocess client). The scheduler's messages wait in a
+deque that the node's receive loop empties; the node's reach the scheduler's handler on the
+next loop iteration (``call_soon``). The two messages of every LLM request skip that hop
+when nothing is ahead of them: a ``submit`` that finds the node's receive loop idle goes to
+the node's handler for it at once (:meth:`InprocLink.direct`: it queues the request and
+releases it to its engine, a task of the node's own context), and a ``done`` with no node
+message waiting for the loop goes to the scheduler's handler at once. At one client that
+was two of the ~ten loop iterations of a request. Neither handler calls back into the other
+side synchronously (the node answers a submit it cannot take through :meth:`send`, the
+scheduler's handler catches what a message raises), and order is kept: a message that
+would overtake another goes the queued way. Remote HermesLets keep using the ROUTER
+socket; the scheduler treats both alike (identity, ``hello``, heartbeats, ``resync``).
 
 Messages that the scheduler keeps after sending (``submit`` and ``tool``: it re-sends them,
 with another engine, after a failure) are handed over as copies, so that neither side sees
@@ -43,12 +50,33 @@ class InprocLink:
         self._inbox: deque[Any] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self.closed = False
+        #: the node's handler for a submit it can take at once (:meth:`direct`)
+        self._take_submit: Callable[[P.Submit], None] | None = None
+        #: node messages scheduled for the scheduler and not yet handled
+        self._queued = 0
+
+    def direct(self, take_submit: Callable[[P.Submit], None] | None) -> None:
+        """Let :meth:`deliver` hand a submit straight to ``take_submit`` (the node's
+        synchronous intake: queue it, release it to an engine with room) while the node's
+        receive loop is idle; ``None``: every message through :meth:`recv`."""
+        self._take_submit = take_submit
 
     # ------------------------------------------------------------------ node side
     def send(self, msg: Any) -> None:
-        """A node message to the scheduler (handled on the next loop iteration)."""
-        if not self.closed:
-            asyncio.get_running_loop().call_soon(self._to_scheduler, self.identity, msg)
+        """A node message to the scheduler: a ``done`` with nothing of this node's ahead of
+        it is handled now (the scheduler's handler catches what it raises), any other
+        message on the next loop iteration."""
+        if self.closed:
+            return
+        if self._queued == 0 and isinstance(msg, P.Done):
+            self._to_scheduler(self.identity, msg)
+            return
+        self._queued += 1
+        asyncio.get_running_loop().call_soon(self._handle_queued, msg)
+
+    def _handle_queued(self, msg: Any) -> None:
+        self._queued -= 1
+        self._to_scheduler(self.identity, msg)
 
     async def recv(self) -> list[Any]:
         """The scheduler messages waiting for the node (at least one), oldest first."""
@@ -71,7 +99,13 @@ class InprocLink:
             return
         if isinstance(msg, P.Submit):
             msg.engine_body()  # a body left encoded (an edge's call) is the node's as a dict
-        self._inbox.append(msg.model_copy() if isinstance(msg, _RETAINED) else msg)
+        msg = msg.model_copy() if isinstance(msg, _RETAINED) else msg
+        w = self._waiter
+        if (self._take_submit is not None and isinstance(msg, P.Submit) and not self._inbox
+                and w is not None and not w.done()):  # the node waits for work: take it now
+            self._take_submit(msg)
+            return
+        self._inbox.append(msg)
         self._wake()
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import logging
 import sys
@@ -346,9 +347,14 @@ class HermesLet:
                 await s.engine.close()
 
     async def _recv_link(self, link: InprocLink) -> None:
-        while True:
-            for msg in await link.recv():
-                await self._handle_one(msg)
+        ctx = contextvars.copy_context()  # this loop's: the tasks of submits taken directly
+        link.direct(lambda msg: ctx.run(self._take_submit, msg))
+        try:
+            while True:
+                for msg in await link.recv():
+                    await self._handle_one(msg)
+        finally:
+            link.direct(None)
 
     async def _handle_one(self, msg: P.SchedulerMessage | P.NodeMessage) -> None:
         """:meth:`handle`, logging instead of raising: one message the node cannot apply must
@@ -584,15 +590,24 @@ class HermesLet:
         return None
 
     async def _on_submit(self, msg: P.Submit) -> None:
-        slot = self._pick(msg)
-        if slot is None:
-            await self._send(P.Failed(request_id=msg.request_id, retryable=False,
-                                      error=f"no engine on node {self.node!r} serves "
-                                            f"{msg.engine or msg.model!r}"))
-            return
-        slot.queue.push(msg.request_id, _Queued(msg, time.monotonic()), tuple(msg.key),
-                        msg.run_id)
-        self._pump(slot)
+        self._take_submit(msg)
+
+    def _take_submit(self, msg: P.Submit) -> None:
+        """Queue a submit at its engine and release what the engine has room for (an
+        in-process scheduler calls this directly, :meth:`InprocLink.direct`); one no
+        engine here serves is answered ``failed``. Never raises into the caller."""
+        try:
+            slot = self._pick(msg)
+            if slot is None:
+                self._spawn(self._send(P.Failed(
+                    request_id=msg.request_id, retryable=False,
+                    error=f"no engine on node {self.node!r} serves {msg.engine or msg.model!r}")))
+                return
+            slot.queue.push(msg.request_id, _Queued(msg, time.monotonic()), tuple(msg.key),
+                            msg.run_id)
+            self._pump(slot)
+        except Exception:
+            log.exception("hermeslet %s: could not take submit %s", self.node, msg.request_id)
 
     def _on_rekey(self, msg: P.Rekey) -> None:
         moved: set[str] = set()

@@ -52,7 +52,7 @@ async def linked_node(link: InprocLink, **engine_kw):
         await asyncio.wait_for(task, 5)
 
 
-async def test_node_messages_arrive_as_objects_in_order_and_never_synchronously():
+async def test_node_messages_arrive_as_objects_in_order_and_only_a_done_synchronously():
     rec = Recorder()
     link = InprocLink(b"emb", rec)
     async with linked_node(link, time_scale=200):
@@ -71,6 +71,66 @@ async def test_node_messages_arrive_as_objects_in_order_and_never_synchronously(
         assert len(rec.msgs) == before
         await asyncio.sleep(0)
         assert rec.msgs[-1][1].type == "unit_event"
+
+
+def _done(rid: str) -> P.Done:
+    return P.Done(request_id=rid, input_tokens=1, output_tokens=1, text="", engine="e",
+                  queue_s=0.0, service_s=0.0)
+
+
+async def test_a_done_with_nothing_ahead_is_handled_inside_the_send_and_never_overtakes():
+    """A ``done`` goes to the scheduler's handler at once when no message of the node waits
+    for the loop; behind a queued one (a streamed token) it waits its turn."""
+    rec = Recorder()
+    link = InprocLink(b"emb", rec)
+    link.send(_done("a"))
+    assert [m.request_id for _, m in rec.msgs] == ["a"]  # no loop iteration needed
+    link.send(P.Token(request_id="b", text="x", n_tokens=1))
+    link.send(_done("b"))
+    assert len(rec.msgs) == 1  # behind the token: not before it
+    await asyncio.sleep(0)
+    assert [(m.type, m.request_id) for _, m in rec.msgs[1:]] == [("token", "b"), ("done", "b")]
+    link.send(_done("c"))  # nothing queued any more: at once again
+    assert rec.msgs[-1][1].request_id == "c"
+
+
+async def test_a_submit_reaches_an_idle_node_at_once_and_never_overtakes_queued_messages():
+    """While the node's receive loop waits, a submit goes to its intake inside ``deliver``;
+    once anything waits in the inbox, submits queue behind it, in order."""
+    link = InprocLink(b"emb", Recorder())
+    taken: list[str] = []
+    link.direct(lambda m: taken.append(m.request_id))
+    waiting = asyncio.create_task(link.recv())
+    await asyncio.sleep(0)  # the node waits for work
+    link.deliver(submit("s1", [1.0], max_tokens=1))
+    assert taken == ["s1"] and not waiting.done()
+    cancel = P.Cancel(request_ids=["s0"])
+    link.deliver(cancel)  # not a submit: through the inbox (the waiter is woken)
+    link.deliver(submit("s2", [1.0], max_tokens=1))  # behind the cancel
+    assert taken == ["s1"]
+    got = await waiting
+    assert [m.type for m in got] == ["cancel", "submit"] and got[1].request_id == "s2"
+    link.direct(None)  # without an intake: through the inbox
+    waiting = asyncio.create_task(link.recv())
+    await asyncio.sleep(0)
+    link.deliver(submit("s3", [1.0], max_tokens=1))
+    assert [m.request_id for m in await waiting] == ["s3"] and taken == ["s1"]
+
+
+async def test_an_idle_linked_node_starts_a_submit_before_the_deliver_returns():
+    """The real HermesLet's intake: the request is at its engine (a task of the node's) when
+    ``deliver`` returns, and its ``done`` arrives."""
+    rec = Recorder()
+    link = InprocLink(b"emb", rec)
+    async with linked_node(link, time_scale=200) as node:
+        await rec.wait_for("hello")
+        for _ in range(100):  # the receive loop is waiting
+            await asyncio.sleep(0)
+        link.deliver(submit("now", [1.0], max_tokens=2))
+        slot = next(iter(node.slots.values()))
+        assert "now" in slot.inflight
+        (done,) = await rec.wait_for("done")
+        assert done.request_id == "now" and done.output_tokens == 2
 
 
 async def test_retained_messages_are_copied_so_later_changes_do_not_reach_the_node():
