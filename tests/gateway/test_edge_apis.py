@@ -599,10 +599,12 @@ def test_a_model_served_later_is_countable_at_the_edge_within_a_ping(
     ask = {**COUNT, "model": LATE}
     r = _post(edge.url, "/v1/messages/count_tokens", ask)
     assert r.status_code == 404 and LATE in r.json()["error"]["message"], r.text
+    # the set the edge has before the node exists (read after it, a pong may already have
+    # brought the new one: the comparison below then failed on a busy machine)
+    digest = httpx.get(edge.url + "/readyz").json()["models"]
+    assert digest
     node = _LateNode(sp.scheduler_state.config.scheduler.bind)
     try:
-        digest = httpx.get(edge.url + "/readyz").json()["models"]
-        assert digest
         wait_for(lambda: LATE in sp.sched.served_models(), what="the late node")
         t0 = time.monotonic()
         while _post(edge.url, "/v1/messages/count_tokens", ask).status_code != 200:
