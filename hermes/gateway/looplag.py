@@ -163,7 +163,7 @@ class LoopLagMonitor:
 
 
 #: ``gc.set_threshold`` of a serving gateway (see :func:`tune_gc`)
-GC_THRESHOLD = (5000, 10, 10)
+GC_THRESHOLD = (25000, 10, 10)
 
 
 def tune_gc() -> None:
@@ -172,11 +172,18 @@ def tune_gc() -> None:
     collection of an unfrozen started gateway alone takes ~80 ms: 100,000 objects), and set
     :data:`GC_THRESHOLD`.
 
-    Threshold 0 of 5,000 instead of 700: a request's objects are freed by reference counting
+    Threshold 0 of 25,000 instead of 700: a request's objects are freed by reference counting
     (none of its objects is in a cycle once its run ends), so a young collection seldom finds
-    garbage; at 700 one ran every ~10 requests and the collector took ~40-75 us per request,
-    at 5,000 ~4-8 us, for the same longest collection (~5-7 ms CPU at concurrency 32,
-    ``hermes bench gateway``). Objects alive at startup that later become cyclic garbage are
+    garbage, and what one costs is the young objects still alive when it runs: those of the
+    requests in flight, and what the learner's graph rebuilds (off the loop, same process)
+    have just built. At 700 one ran every ~10 requests and the collector took ~40-75 us per
+    request; at 5,000, once the gateway had learned graphs of its traffic, it took ~15-40 us
+    per request at one client and ~100 us at 32 (a collection every ~70 requests there, each
+    walking the 32 requests in flight and promoting them, then walked again in generation 1);
+    at 25,000, measured side by side on the same warm gateway (``/admin/loop``'s ``gc``
+    totals over 2,000 requests after 10,000 header-less ones, two rounds): c32 198 and 226 ms
+    -> 60 and 23 ms, c1 89 and 70 ms -> 65 and 36 ms; the longest single collection grows
+    (a few tens of ms when a graph rebuild's lists are young), fewer happen. Objects alive at startup that later become cyclic garbage are
     never collected (the frozen generation is not): the gateway builds nothing at startup
     that it replaces often."""
     gc.collect()
