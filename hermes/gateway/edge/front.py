@@ -22,6 +22,9 @@ Many edges run behind a load balancer; each
 - serves ``POST /v1/responses`` and the stored responses' routes too when the response store
   is shared (``[cluster] store``: a follow-up's ``previous_response_id`` is found whichever
   edge stored it);
+- answers ``GET /metrics`` with its own series (:meth:`EdgeApp.metrics`);
+- refuses to start with tenant admission limits and no shared store, where each edge would
+  count alone (:func:`check_limits_exact`; ``[cluster] per_edge_limits`` accepts that);
 - forwards every other request (runs, apps, admin, and the Responses API's routes without
   a shared store) to the active scheduler's HTTP address, as a reverse proxy (hosted runs
   are journaled there before they are accepted);
