@@ -60,7 +60,7 @@ from hermes.core.limits import Admission, TenantLimits, TokenBucket
 from hermes.gateway.errors import wire_error
 from hermes.gateway.keys import (
     AuthError,
-    FileKeyStore,  # noqa: F401 - its old import path (hermes.cli.keys uses it)
+    FileKeyStore,
     KeyEntry,
     KeyStore,
     KeyStoreUnavailable,
@@ -298,9 +298,33 @@ class Security:
     #: tenant -> request bodies being read now
     uploading: dict[str, int] = field(default_factory=dict)
 
+    #: an edge that must not enforce limits per instance (no shared store, no
+    #: ``cluster.per_edge_limits``): limits that appear in the key store while it serves
+    #: are logged as an ERROR naming the fix (they are enforced by this process meanwhile)
+    warn_local_limits: str = ""
+
     @property
     def auth_on(self) -> bool:
         return self.authenticator is not None
+
+    def local_limits(self) -> list[str]:
+        """The admission limits this process enforces from its own memory, one phrase each
+        naming where it is set (the config key, or the key store's tenant); empty with a
+        shared store (:class:`SharedAdmission`: exact across processes) or without limits.
+        ``max_active_runs`` is not one (the scheduler counts runs), nor ``burst`` without a
+        rate."""
+        adm = self.admission
+        if not isinstance(adm, Admission):
+            return []
+        out = [f"security.tenant_{name} = {value:g}"
+               for name, value in _counted(adm.default)]
+        where = (f"the auth file {self.store.path}" if isinstance(self.store, FileKeyStore)
+                 else "the Redis key store (security.auth_redis)")
+        for tenant, lim in sorted(adm.per_tenant.items()):
+            counted = _counted(lim)
+            if counted:
+                out.append(f"tenant {tenant!r} ({', '.join(n for n, _ in counted)}) in {where}")
+        return out
 
     def refresh_limits(self) -> None:
         """Re-read per-tenant limits from the store and apply them live: a tenant whose
@@ -315,6 +339,8 @@ class Security:
         if new == old:
             return
         adm.per_tenant = new
+        if self.warn_local_limits and self.local_limits():
+            log.error("%s: %s", self.warn_local_limits, "; ".join(self.local_limits()))
         if not isinstance(adm, Admission):
             return  # shared admission: the limits go with every call
         for tenant in list(adm.buckets):
@@ -330,6 +356,12 @@ class Security:
             fresh.tokens = min(burst, bucket.tokens + max(0.0, burst - bucket.burst))
             fresh.stamp = bucket.stamp
             adm.buckets[tenant] = fresh
+
+
+def _counted(lim: TenantLimits) -> list[tuple[str, float]]:
+    """The limits of ``lim`` that admission counts (rate, rpm, max_concurrent), set ones."""
+    return [(name, float(v)) for name, v in (("rate", lim.rate), ("rpm", lim.rpm),
+                                             ("max_concurrent", lim.max_concurrent)) if v]
 
 
 def check_exposure(config: Any) -> None:

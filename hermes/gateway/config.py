@@ -378,6 +378,13 @@ class ClusterConfig(_Section):
     #: socket timeout of a shared-store command (s): a store that answers slower is
     #: unavailable for that request (and, after 3 such in a row, down for a second)
     store_timeout_s: float = Field(default=1.0, gt=0.0, le=30.0)
+    #: an edge (``--role edge``) without ``store`` enforces tenant admission limits
+    #: (``security.tenant_rate``/``tenant_rpm``/``tenant_max_concurrent``, a key store's
+    #: ``tenants``) in its own memory: N edges admit N times each limit. It refuses to
+    #: start so unless this is true (one edge, or limits meant as approximate): then it
+    #: starts, logs a WARNING and exports ``hermes_edge_per_instance_limits 1``. No effect
+    #: on the all-in-one process, a scheduler, or with ``store`` set
+    per_edge_limits: bool = False
 
     @field_validator("store")
     @classmethod

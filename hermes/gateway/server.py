@@ -291,7 +291,11 @@ def serve(config: GatewayConfig) -> None:
     check_exposure(config)  # before binding: never listen off loopback without auth
     sock = _bind(config.server.host, config.server.port)
     host, port = sock.getsockname()[:2]
-    cfg = _uvicorn_config(config)
+    try:
+        cfg = _uvicorn_config(config)
+    except BaseException:  # a configuration refused while building the app
+        sock.close()
+        raise
     banner = ready_banner(config, str(host), int(port))
     cfg.lifespan_class = type("_ServeLifespan", (_Lifespan,), {"banner": banner, "tune_gc": True})
     server = uvicorn.Server(cfg)
@@ -335,7 +339,11 @@ def start_background(config: GatewayConfig, timeout: float = 30.0) -> Background
     check_exposure(config)
     sock = _bind(config.server.host, config.server.port)
     host, port = sock.getsockname()[:2]
-    server = uvicorn.Server(_uvicorn_config(config))
+    try:
+        server = uvicorn.Server(_uvicorn_config(config))
+    except BaseException:  # a configuration refused while building the app
+        sock.close()
+        raise
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  (not main thread)
     thread = threading.Thread(target=lambda: evloop.run(server.serve(sockets=[sock])),
                               name="hermes-gateway", daemon=True)

@@ -148,24 +148,36 @@ async def metrics(request: Request) -> Response:
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     config = getattr(request.app.state, "config", None)
-    token = config.security.metrics_token if config is not None else ""
     security = getattr(request.app.state, "security", None)
-    tokens = [t for t in (token, admin_token(request) if security is not None
-                          and security.auth_on else None) if t]
-    if security is not None and security.auth_on and not tokens:
+    auth_on = security is not None and security.auth_on
+    denied = metrics_denied(config.security.metrics_token if config is not None else "",
+                            admin_token(request) if auth_on else None, auth_on,
+                            request.headers.get("authorization", ""))
+    if denied is not None:
+        return denied
+    return Response(generate_latest(request.app.state.metrics.registry),
+                    media_type=CONTENT_TYPE_LATEST)
+
+
+def metrics_denied(metrics_token: str, admin: str | None, auth_on: bool,
+                   authorization: str) -> Response | None:
+    """The refusal of a ``GET /metrics`` (module doc: the metrics token, or with
+    authentication on the admin token too), or None: allowed. The all-in-one gateway's and
+    an edge's."""
+    tokens = [t for t in (metrics_token, admin) if t]
+    if auth_on and not tokens:
         return error_response(403, "/metrics: authentication is on, so /metrics needs a "
                               "token: set security.metrics_token (or the admin token)",
                               code="metrics_denied")
     if tokens:
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        scheme, _, given = authorization.partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             return error_response(401, "/metrics: missing 'Authorization: Bearer <token>' "
                                   "header (the metrics or admin token)",
                                   code="metrics_denied", headers={"WWW-Authenticate": "Bearer"})
         if not any(hmac.compare_digest(given.strip().encode(), t.encode()) for t in tokens):
             return error_response(403, "/metrics: invalid token", code="metrics_denied")
-    return Response(generate_latest(request.app.state.metrics.registry),
-                    media_type=CONTENT_TYPE_LATEST)
+    return None
 
 
 

@@ -22,6 +22,9 @@ Many edges run behind a load balancer; each
 - serves ``POST /v1/responses`` and the stored responses' routes too when the response store
   is shared (``[cluster] store``: a follow-up's ``previous_response_id`` is found whichever
   edge stored it);
+- answers ``GET /metrics`` with its own series (:meth:`EdgeApp.metrics`);
+- refuses to start with tenant admission limits and no shared store, where each edge would
+  count alone (:func:`check_limits_exact`; ``[cluster] per_edge_limits`` accepts that);
 - forwards every other request (runs, apps, admin, and the Responses API's routes without
   a shared store) to the active scheduler's HTTP address, as a reverse proxy (hosted runs
   are journaled there before they are accepted);
@@ -96,8 +99,8 @@ from hermes.gateway.api.responses_answers import (
     stored_items,
     stored_response,
 )
-from hermes.gateway.auth import tenant_for
-from hermes.gateway.config import GatewayConfig, resolve_state_dir
+from hermes.gateway.auth import Security, tenant_for
+from hermes.gateway.config import ConfigError, GatewayConfig, resolve_state_dir
 from hermes.gateway.edge import wire
 from hermes.gateway.edge.infer import EdgeRuns, inferred_app_id, run_headers
 from hermes.gateway.errors import SchedulerError, error_type
@@ -483,6 +486,17 @@ class EdgeApp:
         self._tasks: list[asyncio.Task[None]] = []
         #: calls taken, and answered from a node
         self.stats = {"calls": 0, "answered": 0, "failed": 0, "proxied": 0, "counted": 0}
+        #: the security middleware's state (:func:`edge_app`): keys, admission limits
+        self.security: Security | None = None
+        self._registry: Any = None  # this edge's own /metrics (:meth:`metrics`)
+
+    def per_instance_limits(self) -> bool:
+        """Whether this edge's tenant admission limits are its own (no shared store): with
+        ``[cluster] per_edge_limits`` in force, or limits enforced from its memory now."""
+        if self.config.cluster.store:
+            return False
+        return self.config.cluster.per_edge_limits or bool(
+            self.security is not None and self.security.local_limits())
 
     def now(self) -> float:
         """The resolver's clock: model seconds (``scheduler.time_scale`` times the wall
@@ -539,9 +553,28 @@ class EdgeApp:
                 log.warning("edge %s: runs are inferred from this edge's own evidence index "
                             "([cluster] store is not set): a conversation whose next turn "
                             "reaches another edge starts a new run there", self.name)
+        self._warn_per_instance()
         log.warning("edge %s: HTTP on %s:%s, answers from nodes on %s, scheduler from the "
                     "lease in %s", self.name, self.config.server.host, self.config.server.port,
                     self.reply_to, self.link.store.url)
+
+    def _warn_per_instance(self) -> None:
+        """Say at start what this edge keeps to itself that several edges would need
+        shared: tenant limits (``[cluster] per_edge_limits``), API keys from a file."""
+        sec, cl = self.security, self.config.cluster
+        if not cl.store and cl.per_edge_limits:
+            local = sec.local_limits() if sec is not None else []
+            log.warning("edge %s: tenant limits are PER EDGE ([cluster] per_edge_limits = "
+                        "true, no [cluster] store): N edges behind a load balancer admit N "
+                        "times each limit (%s); hermes_edge_per_instance_limits = 1", self.name,
+                        "; ".join(local) or "none configured now")
+        auth_file = self.config.security.auth_file
+        if auth_file and not self.config.security.auth_redis:
+            log.warning("edge %s: API keys are read from the file %s on this edge: a key "
+                        "revoked there (hermes keys revoke) is refused at the next request, "
+                        "but only by the edges that read that same file; an edge with its "
+                        "own copy admits it until its copy changes (security.auth_redis: one "
+                        "key store for every edge)", self.name, auth_file)
 
     async def shutdown(self) -> None:
         for t in self._tasks:
@@ -646,6 +679,9 @@ class EdgeApp:
                 if hs is not None and hs.reason:
                     body["curve_reason"] = hs.reason
             await JSONResponse(body, status_code=200 if ready else 503)(scope, receive, send)
+            return
+        if path == "/metrics" and scope["method"] == "GET":
+            await self.metrics(Request(scope, receive))(scope, receive, send)
             return
         endpoint = self.serves(scope)
         if endpoint is not None:
@@ -1107,6 +1143,33 @@ class EdgeApp:
         finally:
             self._stream_ended(call, ident, told)
 
+    def metrics(self, request: Request) -> Response:
+        """``GET /metrics``: this edge's own series (:class:`EdgeCollector`; with a shared
+        store its health, ``hermes_shared_store_*``), with the all-in-one gateway's access
+        rule (:func:`~hermes.gateway.api.admin_api.metrics_denied`). The scheduler's series
+        are on the scheduler's own ``/metrics``."""
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+        from hermes.gateway.api.admin_api import TOKEN_ENV, metrics_denied
+
+        sec = self.config.security
+        auth_on = self.security is not None and self.security.auth_on
+        denied = metrics_denied(sec.metrics_token,
+                                os.environ.get(TOKEN_ENV) or None if auth_on else None,
+                                auth_on, request.headers.get("authorization", ""))
+        if denied is not None:
+            return denied
+        if self._registry is None:
+            from hermes.gateway.shared.store import SharedStoreCollector
+
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(EdgeCollector(self))
+            shared = self.security.shared if self.security is not None else None
+            if shared is not None:
+                registry.register(SharedStoreCollector(shared))  # type: ignore[arg-type]
+            self._registry = registry
+        return Response(generate_latest(self._registry), media_type=CONTENT_TYPE_LATEST)
+
     # ------------------------------------------------------------------ the rest: proxied
     async def proxy(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         """Forward a request to the active scheduler's HTTP address, streaming both ways."""
@@ -1185,6 +1248,55 @@ def _chat_replies(content: dict[str, Any]) -> list[Any]:
         if isinstance(choices, list) else []
 
 
+#: how the refusal and the warnings name the fix
+_EXACT_FIX = ("set [cluster] store = \"redis://HOST:PORT/DB\" (HERMES_CLUSTER__STORE) to keep "
+              "them exact across edges, or accept limits per edge with [cluster] "
+              "per_edge_limits = true (HERMES_CLUSTER__PER_EDGE_LIMITS=true)")
+
+
+def check_limits_exact(config: GatewayConfig, security: Security) -> None:
+    """Refuse (:class:`~hermes.gateway.config.ConfigError`) an edge that would enforce
+    tenant admission limits from its own memory (no ``[cluster] store``): behind a load
+    balancer N edges would admit N times each limit, silently. ``[cluster] per_edge_limits
+    = true`` accepts that (one edge, or approximate limits): the edge starts, says so in a
+    WARNING at start and in ``hermes_edge_per_instance_limits``. Without it, limits that
+    appear in the key store later are logged as an ERROR naming the fix
+    (:attr:`Security.warn_local_limits`)."""
+    local = security.local_limits()
+    if config.cluster.store or config.cluster.per_edge_limits:
+        return
+    if local:
+        raise ConfigError(
+            "an edge (--role edge) without a shared store would enforce these tenant limits "
+            "in its own memory, so N edges behind a load balancer admit N times each: "
+            f"{'; '.join(local)}. To start it, {_EXACT_FIX}")
+    security.warn_local_limits = (
+        "tenant limits now enforced by this edge alone (N edges admit N times each; "
+        f"{_EXACT_FIX})")
+
+
+class EdgeCollector:
+    """Prometheus collector of an edge's own series (its ``GET /metrics``):
+    ``hermes_edge_per_instance_limits`` (1 while this edge enforces admission limits from
+    its own memory, or ``[cluster] per_edge_limits`` is in force without a shared store)."""
+
+    def __init__(self, app: EdgeApp) -> None:
+        self.app = app
+
+    def describe(self) -> list[object]:
+        return []
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        g = GaugeMetricFamily(
+            "hermes_edge_per_instance_limits",
+            "1 while this edge's tenant limits are its own (no [cluster] store: N edges "
+            "admit N times each limit), else 0")
+        g.add_metric([], 1.0 if self.app.per_instance_limits() else 0.0)
+        yield g
+
+
 def edge_app(config: GatewayConfig) -> Any:
     """The edge's ASGI app, inside the gateway's security middleware (body limits, API
     keys, tenant admission: :mod:`hermes.gateway.auth`) for the endpoints it serves itself
@@ -1194,10 +1306,12 @@ def edge_app(config: GatewayConfig) -> Any:
     from hermes.gateway.shared import open_shared_state
 
     shared = open_shared_state(config)
+    security = build_security(config, shared.store if shared is not None else None)
+    check_limits_exact(config, security)
     app = EdgeApp(config, shared.evidence if shared is not None else None,
                   shared.responses if shared is not None else None)
-    secured = SecurityMiddleware(app, build_security(
-        config, shared.store if shared is not None else None))
+    app.security = security
+    secured = SecurityMiddleware(app, security)
 
     async def route(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and app.serves(scope) is not None:
