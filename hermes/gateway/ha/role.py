@@ -18,7 +18,12 @@ gateway's :class:`~hermes.gateway.scheduler.LiveScheduler`:
 - **deposed** (a renewal refused, or none in time: a pause, a lost store): the process stops
   at once with exit status :data:`EXIT_DEPOSED`, without writing anything, as Kubernetes'
   leader-elected controllers do; its supervisor (Kubernetes, systemd, ``hermes bench ha``)
-  starts it again as a standby. Nodes reject its stale epoch in any case.
+  starts it again as a standby. Nodes reject its stale epoch in any case;
+- **elected but unable to lead** (its start failed: the node socket's port taken by another
+  process, an unreachable store): the error is logged, the lease given up at once (a standby
+  takes over without waiting for it to expire) and the process exits with
+  :data:`EXIT_DEPOSED`, to be started again as a standby. Before, it went on renewing a
+  lease it could not serve under: no scheduler served at all until it was killed.
 """
 
 from __future__ import annotations
@@ -120,6 +125,32 @@ class SchedulerRole:
                 self._become_leader(epoch, at), name="hermes-ha-elected")))
 
     async def _become_leader(self, epoch: int, at: float) -> None:
+        """Start leading at ``epoch`` (module doc, "elected"); a start that fails gives the
+        lease up and ends the process (module doc, "elected but unable to lead")."""
+        try:
+            await self._lead(epoch, at)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # whatever stops it, it must not hold the lease on
+            await self._give_up(epoch, exc)
+
+    async def _give_up(self, epoch: int, exc: Exception) -> None:
+        """The start at ``epoch`` failed with ``exc``: release the lease, exit to be
+        restarted as a standby."""
+        self.active = False
+        log.error("scheduler %s: elected at epoch %d but could not start leading: %s: %s; "
+                  "giving the lease up", self.member, epoch, type(exc).__name__, exc,
+                  exc_info=exc)
+        try:
+            await asyncio.to_thread(self.election.stop, release=True)
+        except Exception as e:  # the lease then expires after its ttl
+            log.warning("could not give the lease up: %s", e)
+        print(json.dumps({"event": "ha_start_failed", "epoch": epoch, "member": self.member,
+                          "error": f"{type(exc).__name__}: {exc}"}), file=sys.stderr,
+              flush=True)
+        self.exit(EXIT_DEPOSED)
+
+    async def _lead(self, epoch: int, at: float) -> None:
         sched = self.scheduler
         self.elected_at = at
         nodes = sched.node_table
