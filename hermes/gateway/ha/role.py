@@ -48,6 +48,9 @@ log = logging.getLogger("hermes.gateway.ha")
 #: exit status of a scheduler whose lease ended (EX_TEMPFAIL: restart it, as a standby)
 EXIT_DEPOSED = 75
 
+#: how often (wall s) an elected all-in-one leader stores the inferred apps, when added
+APPS_PUBLISH_S = 0.5
+
 #: paths a standby still answers (health, metrics)
 STANDBY_PATHS = ("/readyz", "/healthz", "/metrics")
 
@@ -99,9 +102,12 @@ class SchedulerRole:
                         "give every scheduler one redis:// knowledge base", self.member, kb)
 
     async def stop(self) -> None:
-        """A clean stop: give the lease up (a standby takes over at once)."""
+        """A clean stop: give the lease up (a standby takes over at once), the inferred apps
+        of an all-in-one leader stored first."""
         for t in self._tasks:
             t.cancel()
+        if self.active and self._all_in_one:
+            await self._store_apps()
         await asyncio.to_thread(self.election.stop, release=True)
 
     def ready(self) -> bool:
@@ -170,6 +176,11 @@ class SchedulerRole:
                                 "the knowledge base", self.member)
             except Exception as exc:
                 log.warning("could not read the app names again: %s", exc)
+            if self._all_in_one:  # no edges to tell it their apps: the previous leader's
+                n = ids.learned_stored(await asyncio.to_thread(ids.stored_apps))
+                if n:
+                    log.warning("scheduler %s: %d inferred apps of the previous leader read "
+                                "from the knowledge base", self.member, n)
         sched.recovery.defer_ended = True  # the active runs first: dispatch starts sooner
         store = sched.durable.store
         if store is not None:  # read off the loop: the election thread keeps renewing
@@ -190,6 +201,39 @@ class SchedulerRole:
                     sorted(expected))
         self._tasks.append(asyncio.get_running_loop().create_task(
             self._publish_nodes(), name="hermes-ha-nodes"))
+        if self._all_in_one and ids is not None:
+            self._tasks.append(asyncio.get_running_loop().create_task(
+                self._publish_apps(), name="hermes-ha-apps"))
+
+    @property
+    def _all_in_one(self) -> bool:
+        """This process serves HTTP and infers runs itself (``--ha`` without ``--role``)."""
+        return self.config.ha.role == "all"
+
+    async def _publish_apps(self) -> None:
+        """All-in-one: keep the apps this leader's run resolver knows in the knowledge base
+        (:data:`~hermes.gateway.identity.APPS_DOC`), written when some were added, every
+        :data:`APPS_PUBLISH_S` at most: the leader elected after it lists them at takeover.
+        A ``kill -9`` within that time loses the apps added since (listed again from their
+        next new run)."""
+        while True:
+            await asyncio.sleep(APPS_PUBLISH_S)
+            await self._store_apps()
+
+    async def _store_apps(self) -> None:
+        """Write the inferred apps once, if some were added and the lease holds (a write
+        that fails is made again next time)."""
+        ids = self.scheduler.identities
+        if not self.election.held():
+            return
+        doc = ids.take_apps_doc()
+        if doc is None:
+            return
+        try:
+            await asyncio.to_thread(ids.store_apps, doc)
+        except Exception as exc:
+            ids.apps_doc_not_stored()
+            log.warning("could not store the inferred apps in the knowledge base: %s", exc)
 
     async def _publish_nodes(self) -> None:
         """Keep the names of the nodes served in the store (a successor waits for them)."""
