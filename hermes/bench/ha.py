@@ -206,6 +206,7 @@ class Cluster:
         for e in self.edges:
             e.start()
         self.wait_leader(60.0)
+        self.wait_gateways(60.0)
         self.wait_nodes(60.0)
         for k in range(self.n_edges):
             self.wait_edge(k)
@@ -272,6 +273,24 @@ backend gateways
                 return i
             time.sleep(0.05)
         raise RuntimeError(f"no leader after {timeout:.0f} s (logs in {self.workdir})")
+
+    def wait_gateways(self, timeout: float) -> None:
+        """Until every gateway answers (the leader or a standby). One that exited is started
+        again, as its supervisor would: elected but unable to lead (its node or edge port
+        was taken between :func:`free_port` choosing it and the process binding it, e.g. by
+        another process's outgoing connection), it gave the lease up and exited."""
+        deadline = time.monotonic() + timeout
+        for i, g in enumerate(self.gateways):
+            while self.readyz(i) is None:
+                if not g.alive():
+                    assert g.popen is not None
+                    print(f"hermes bench ha: gateway {i} exited ({g.popen.returncode}) at "
+                          f"start; starting it again (log: {g.log})", file=sys.stderr)
+                    g.start()
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"gateway {i} did not come up within {timeout:.0f} s "
+                                       f"(logs in {self.workdir})")
+                time.sleep(0.1)
 
     def wait_nodes(self, timeout: float) -> None:
         import httpx

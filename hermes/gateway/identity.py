@@ -25,7 +25,12 @@ split roles the apps are inferred at the edges: the scheduler learns them from t
 first calls (:meth:`noted`) and, once elected, from the edges' own books (:meth:`learned`:
 a failover loses none), the edges follow its mapping (:attr:`names_digest`, sent over
 the edge link: :mod:`hermes.gateway.edge.infer`), and an elected standby reads the mapping
-again (:meth:`reload_names`).
+again (:meth:`reload_names`). Elected all-in-one gateways have no edges to tell a new leader
+their apps: the leader keeps the apps its resolver knows in the knowledge base (document
+``inferred_apps``, written off the event loop once apps were added: :meth:`take_apps_doc`,
+:meth:`store_apps`) and the one elected after it reads them at takeover
+(:meth:`stored_apps`, :meth:`learned_stored`), so that they are listed, renamed and merged
+there before their next new run.
 
 The edge reports every answer (:meth:`answered`, with the reply messages, so that the next
 turn of the conversation is found) or failure (:meth:`abandoned`). Restarts: the resolver's
@@ -62,6 +67,12 @@ log = logging.getLogger("hermes.gateway.identity")
 SNAPSHOT_FILE = "identity.json"
 #: the knowledge-base document of the operator's renames and merges of inferred apps
 NAMES_DOC = "app_names"
+#: the knowledge-base document of the apps an elected all-in-one leader's resolver knows
+APPS_DOC = "inferred_apps"
+APPS_DOC_VERSION = 1
+#: an app as told to this process: app id, name, tenant, model, tools, instructions, age
+#: (model s since first seen), runs started
+AppRow = tuple[str, str, str, str, list[str], str, float, int]
 
 
 class RunIdentities(RunObserver):
@@ -88,6 +99,8 @@ class RunIdentities(RunObserver):
         self.evidence: Counter[str] = Counter()
         #: inferred runs closed by the resolver, by reason (``idle``, ``evicted``)
         self.closed: Counter[str] = Counter()
+        #: the app book's ``added`` count when :meth:`take_apps_doc` last made a document
+        self._apps_taken = 0
 
     # ------------------------------------------------------------------ per request
     def bind(self, tenant: str, body: Mapping[str, Any], headers: Mapping[str, str], *,
@@ -227,11 +240,72 @@ class RunIdentities(RunObserver):
         ``app_id``, ``name``, ``tenant``, ``model``, ``tools``, ``instructions``, ``age_s``,
         ``runs``), told to this scheduler once it leads (split roles): listed, renamed and
         merged here at once after a failover, rather than from each app's next new run."""
+        self._learn([(a.app_id, a.name, a.tenant, a.model, list(a.tools), a.instructions,
+                      a.age_s, a.runs) for a in apps])
+
+    def _learn(self, rows: Iterable[AppRow]) -> int:
+        """Remember apps told as rows of ``app_id, name, tenant, model, tools,
+        instructions, age_s, runs``; returns how many rows."""
         book = self.resolver.apps
         now = self.ctx.now()
-        for a in apps:
-            book.learn(AppInfo(a.app_id, a.name, a.tenant, a.model, list(a.tools),
-                               a.instructions, now - a.age_s, a.runs))
+        n = 0
+        for app_id, name, tenant, model, tools, instructions, age_s, runs in rows:
+            book.learn(AppInfo(app_id, name, tenant, model, list(tools), instructions,
+                               now - age_s, runs))
+            n += 1
+        return n
+
+    # ------------------------------------------------------------------ apps, persisted
+    def take_apps_doc(self) -> str | None:
+        """The ``inferred_apps`` document of the apps this resolver knows (module doc), when
+        some were added since the last document taken; else None. On the event loop (it
+        reads the book); :meth:`store_apps` writes it, off the loop. Ages, not times: the
+        clocks of two processes differ at a time scale other than 1."""
+        book = self.resolver.apps
+        if book.added == self._apps_taken:
+            return None
+        self._apps_taken = book.added
+        now = self.ctx.now()
+        rows = [[a.app_id, a.name, a.tenant, a.model, a.tools, a.instructions,
+                 round(max(0.0, now - a.first_seen), 3), a.runs] for a in book.apps()]
+        return json.dumps({"version": APPS_DOC_VERSION, "apps": rows}, separators=(",", ":"))
+
+    def apps_doc_not_stored(self) -> None:
+        """The last document taken was not written: the next :meth:`take_apps_doc` makes one
+        again."""
+        self._apps_taken = -1
+
+    def store_apps(self, doc: str) -> None:
+        """Write an ``inferred_apps`` document to the knowledge base (a thread)."""
+        if self.kb is not None:
+            self.kb.put_doc(APPS_DOC, doc)
+
+    def stored_apps(self) -> list[AppRow]:
+        """The apps the ``inferred_apps`` document holds (a thread; a newly elected leader):
+        rows for :meth:`learned_stored`. None stored, or a store that cannot answer: none,
+        logged (they are listed again from their next new run)."""
+        if self.kb is None:
+            return []
+        try:
+            text = self.kb.get_doc(APPS_DOC)
+            if text is None:
+                return []
+            doc = json.loads(text)
+            if doc.get("version") != APPS_DOC_VERSION:
+                raise ValueError(f"version {doc.get('version')!r}, not {APPS_DOC_VERSION}")
+            rows = [(str(app_id), str(name), str(tenant), str(model),
+                     [str(t) for t in tools], str(instructions), float(age_s), int(runs))
+                    for app_id, name, tenant, model, tools, instructions, age_s, runs
+                    in doc["apps"]]
+        except Exception as e:  # a store that cannot answer now, or a damaged document
+            log.warning("inferred apps not loaded from %s (document %s): %s", self.kb,
+                        APPS_DOC, e)
+            return []
+        return rows
+
+    def learned_stored(self, rows: Sequence[AppRow]) -> int:
+        """Remember the apps of :meth:`stored_apps` (on the event loop); how many."""
+        return self._learn(rows)
 
     def reload_names(self) -> bool:
         """Read the operator's renames and merges again from the knowledge base (a standby

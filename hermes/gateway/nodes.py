@@ -94,6 +94,9 @@ class NodeTable:
         self.held: dict[str, tuple[str, str]] = {}
         #: every decoded message goes here (dispatch's router, set by the scheduler)
         self.handler: MessageHandler = lambda identity, msg: None
+        #: called with the node after each ``hello`` is registered (and, elected, the node
+        #: told whom to follow): the placer sends a restarted node its plan in force
+        self.hello_listeners: list[Callable[[Node], None]] = []
         self.socket: zmq.asyncio.Socket | None = None
         #: in-process nodes by identity (hermes.inproc: the embedded HermesLet), beside the socket
         self._links: dict[bytes, InprocLink] = {}
@@ -411,9 +414,11 @@ class NodeTable:
                 node.queued = {name: load.queued for name, load in msg.engines.items()}
                 node.kv_usage = {name: load.kv_usage for name, load in msg.engines.items()}
         elif isinstance(msg, Hello):
-            self._hello(identity, msg)
+            joined = self._hello(identity, msg)
             if self.epoch is not None:  # elected: tell the node whom to follow
                 self.send_raw(identity, Leader())
+            for listener in self.hello_listeners:
+                listener(joined)
         elif isinstance(msg, KVSummary) and node is not None:
             self._kv_summary(identity, msg)
         return node
@@ -453,7 +458,7 @@ class NodeTable:
                 return n
         return None
 
-    def _hello(self, identity: bytes, msg: Hello) -> None:
+    def _hello(self, identity: bytes, msg: Hello) -> Node:
         old = self.nodes.get(msg.node)
         node = Node(
             name=msg.node,
@@ -482,6 +487,7 @@ class NodeTable:
         self.ready.set()
         log.info("node %s connected: engines %s, tools %s", msg.node,
                  [f"{e.name}({e.model})" for e in msg.engines], msg.tools)
+        return node
 
     def drop_silent(self, silent_s: float, gone: Callable[[str], None], *,
                     why: str = "silent") -> list[str]:

@@ -19,10 +19,20 @@ bandwidth; nodes alike get one search and the same plan. This splits the demand,
 search placements across nodes jointly (the router spreads a model's requests over the nodes
 serving it by load). A plan
 whose engines (names and models) a node already announces is not sent to it again (a node
-that restarted, or whose engine of the plan failed to start, gets it again), and the plan in
+whose engine of the plan failed to start gets it again at the next round), and the plan in
 force is kept unless the search's new plan scores ``min_gain`` better on the same simulated
 requests (a re-placement pauses the groups that change and drops their KV; measured in
 ``hermes bench seallm`` as ``seallm-keep``).
+
+A node that restarted says ``hello`` with none of its plan's engines: it gets its plan in
+force again at that hello (:meth:`Placer.node_said_hello`), not at the next round, which may
+be an interval away and by then forecast from other demand (the runs that made the plan may
+have ended, or left the rate window): a restarted node must not serve without the plan its
+peers serve meanwhile. Only the plan made for the GPUs it announces (another count or type
+waits for the round that places it), and at most once per ``min_interval_s`` per node, so
+that a plan whose engines all fail to start, or that brings the node down, is retried at the
+rounds' pace rather than at every hello. ``GET /admin/placement`` lists such a send among
+the rounds, with ``hello`` naming the node.
 
 The interval adapts as SeaLLM's (:class:`hermes.core.multillm.replacement.AdaptiveInterval`,
 β = ``beta``): after each interval the calls the forecast expected per second are compared
@@ -80,6 +90,9 @@ class Placer:
         self._expected: float | None = None  # forecast calls/s for the interval now running
         self._since: tuple[float, int] | None = None  # (time, LLM calls dispatched) then
         self._pool: ProcessPoolExecutor | None = None  # the search's process, while run() runs
+        #: node -> scheduler time its plan in force was last sent again at a hello
+        self._resent_at_hello: dict[str, float] = {}
+        sched.node_table.hello_listeners.append(self.node_said_hello)
 
     async def run(self) -> None:
         """Replan now, then every interval, until cancelled. The placement search (CPU-bound
@@ -153,12 +166,50 @@ class Placer:
                           f"the plan in force stays: no plan found {cfg.min_gain:.1%} better")
             return row
         for node in targets:
+            self.plans[node.name] = new  # before the send: the node's next hello reads it
             self.sched.node_table.send(node, Place(plan=new))
-            self.plans[node.name] = new
         row["sent"] = True
         log.info("placement: sent %s to %s (%d %s GPUs each; next replan in %.0f s)",
                  plan.describe(), [n.name for n in targets], gpus, device, self.interval_s)
         return row
+
+    def node_said_hello(self, node: Node) -> None:
+        """A node's ``hello``: one that accepts plans and announces none of the engines of
+        its plan in force (it restarted with its own engines only) is sent that plan again
+        now (module doc), recorded in ``history`` with ``hello`` = the node's name."""
+        plan = self.plans.get(node.name)
+        if plan is None or not node.accepts_placement:
+            return
+        try:
+            from hermes.core.cluster.devices import get_device
+            from hermes.plan.placement import plan_engines, plan_of
+            from hermes.protocol import Place
+
+            want = plan_engines(plan)
+            if any(node.engines.get(name) is not None and node.engines[name].model == model
+                   for name, model in want.items()):
+                return  # the plan's engines (or some: the round retries the others)
+            if ((node.gpus or self.cfg.gpus) != plan["gpus"]
+                    or get_device(node.device or self.cfg.device).name != plan["device"]):
+                return  # other GPUs than the plan's: the next round places this node
+            now = self.sched.now()
+            last = self._resent_at_hello.get(node.name)
+            if last is not None and now - last < self.cfg.min_interval_s:
+                log.warning("placement: %s said hello again without the plan in force's "
+                            "engines within %.0f s: the next round retries it", node.name,
+                            self.cfg.min_interval_s)
+                return
+            self._resent_at_hello[node.name] = now
+            self.sched.node_table.send(node, Place(plan=plan))
+        except Exception:  # a hello must register the node whatever the placer does
+            log.exception("placement: could not send %s its plan in force", node.name)
+            return
+        described = plan_of(plan).describe()
+        self.history.append({"time": now, "interval_s": self.interval_s, "hello": node.name,
+                             "nodes": 1, "sent": True, "plan": described,
+                             **({"score": plan["score"]} if "score" in plan else {})})
+        log.info("placement: %s said hello without the engines of its plan in force: sent it "
+                 "%s again", node.name, described)
 
     async def replan(self) -> dict[str, Any]:
         """One round: adapt the interval, forecast, place, send if changed. Returns what it

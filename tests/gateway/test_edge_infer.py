@@ -6,6 +6,7 @@ shared index in Redis): tests/gateway/test_edge_split.py (slow tier)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -344,5 +345,50 @@ def test_a_new_leader_lists_the_apps_the_edges_report(tmp_path: Path) -> None:
         nxt = e0.resolve("acme", {**_body([SYSTEM, {"role": "user", "content": "More."}]),
                                   "tools": [tool]}, {}, 30.0)
         assert nxt is not None and nxt.new_run and nxt.app == "acme.searcher"
+
+    asyncio.run(main())
+
+
+def test_an_all_in_one_leader_stores_its_inferred_apps_for_the_next(tmp_path: Path) -> None:
+    """Elected all-in-one gateways have no edges to tell a new leader their apps: the leader
+    stores the apps its resolver inferred in the knowledge base they share (once some were
+    added), and the gateway elected next lists them, with their tools, instructions and
+    runs, before their next run. A damaged document is logged and ignored."""
+    from hermes.gateway.identity import APPS_DOC
+    from hermes.gateway.scheduler import LiveScheduler
+
+    cfg = load_config(None, environ={}, bind="", kb=str(tmp_path / "kb"),
+                      state_dir=str(tmp_path / "state"))
+    tool = {"type": "function", "function": {"name": "search", "parameters": {}}}
+
+    async def main() -> None:
+        leader, standby = LiveScheduler(cfg), LiveScheduler(cfg)
+        ids = leader.identities
+        assert ids.take_apps_doc() is None  # nothing inferred: nothing to store
+        for text in ("Go.", "Again."):  # two runs of one app (no continuation)
+            run, ident = ids.bind("acme", {**_body([SYSTEM, {"role": "user", "content": text}]),
+                                           "tools": [tool]}, {})
+            assert run.inferred and ident.new_run
+        doc = ids.take_apps_doc()
+        assert doc is not None and ids.take_apps_doc() is None  # no app added since
+        ids.store_apps(doc)
+        assert standby.identities.apps() == []
+        rows = standby.identities.stored_apps()
+        assert standby.identities.learned_stored(rows) == 1
+        (app,) = standby.identities.apps()
+        assert app.name == ident.app and app.app_id == ident.app_id and app.runs == 2
+        assert app.tools == ["search"] and app.instructions.startswith("You are a careful")
+        standby.rename_app(ident.app, "acme.searcher")  # found by its name there
+        # an app added later makes a new document; a write that failed is made again
+        ids.bind("acme", _body([{"role": "system", "content": "You sum numbers."},
+                                {"role": "user", "content": "1+1"}]), {})
+        assert ids.take_apps_doc() is not None and ids.take_apps_doc() is None
+        ids.apps_doc_not_stored()
+        again = ids.take_apps_doc()
+        assert again is not None and len(json.loads(again)["apps"]) == 2
+        leader.kb.put_doc(APPS_DOC, "{not json")
+        assert standby.identities.stored_apps() == []
+        for s in (leader, standby):
+            s.durable.close()
 
     asyncio.run(main())

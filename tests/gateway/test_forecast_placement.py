@@ -265,7 +265,10 @@ def test_a_dead_search_process_is_replaced(make_gateway) -> None:  # noqa: ANN00
 
 def test_a_node_that_restarts_gets_the_plan_in_force_again(make_gateway) -> None:  # noqa: ANN001
     """A node that comes back with only its own engines (restarted) announces none of the
-    plan's: the next round sends it the plan again, though the plan did not change."""
+    plan's: it gets the plan in force again at that hello, not at the next round (whose
+    forecast may have changed or gone by then: the scheduler clock runs 50x here, so on a
+    loaded machine the three runs left the rate window before that round, which then sent
+    nothing, or another plan). Back with other GPUs, it waits for a round to place it."""
     import time
 
     from hermes.gateway.server import gateway_state
@@ -282,6 +285,9 @@ def test_a_node_that_restarts_gets_the_plan_in_force_again(make_gateway) -> None
         return {e["model"] for e in http.get("/admin/engines").json()["engines"]
                 if e["node"] == "n1"}
 
+    def rounds() -> list[dict[str, Any]]:
+        return http.get("/admin/placement").json()["rounds"]
+
     def wait_until(cond: Any, what: str, timeout: float = 40.0) -> None:
         deadline = time.monotonic() + timeout
         while not cond() and time.monotonic() < deadline:
@@ -295,16 +301,27 @@ def test_a_node_that_restarts_gets_the_plan_in_force_again(make_gateway) -> None
         for _ in range(3):
             http.post("/v1/runs", json={"app": "agent"})
         wait_until(lambda: {"llama-2-7b", "llama-2-13b"} <= served(), "the plan was not applied")
-        sent_rounds = [r for r in http.get("/admin/placement").json()["rounds"] if r["sent"]]
+        sent_rounds = [r for r in rounds() if r["sent"]]
         sent, first = len(sent_rounds), sent_rounds[-1]["plan"]
+        assert "hello" not in sent_rounds[-1]
         node.stop()
         node = _PlacingNode("n1", address, 2, "A100-80")  # back with its own engine only
-        wait_until(lambda: served() == {"other"}, "the restarted node did not announce itself", 20)
+        wait_until(lambda: any(r.get("hello") == "n1" for r in rounds()),
+                   "the restarted node was not sent the plan in force at its hello", 20)
+        resent = [r for r in rounds() if r["sent"]][sent:]
+        # at its hello, before any round; the same plan (not a new one from a changed forecast)
+        assert resent[0].get("hello") == "n1" and resent[0]["plan"] == first, (first, resent)
         wait_until(lambda: {"llama-2-7b", "llama-2-13b"} <= served(),
-                   "the restarted node never got the plan in force again")
-        rounds = http.get("/admin/placement").json()["rounds"]
-        resent = [r for r in rounds if r["sent"]][sent:]
-        # the same plan (not a new one that a changed forecast would have sent anyway)
-        assert resent and resent[0]["plan"] == first, (first, rounds)
+                   "the restarted node did not apply the plan in force")
+        # back with 4 H100s: the plan in force was made for 2 A100s, so it is not sent at
+        # the hello (a round places the node on its GPUs); later than min_interval_s after
+        # the last send at a hello, so that its once-per-interval limit is not what holds it
+        wait_until(lambda: sched.now() > resent[0]["time"] + 30.0, "the scheduler clock")
+        hellos = sum(r.get("hello") == "n1" for r in rounds())
+        node.stop()
+        node = _PlacingNode("n1", address, 4, "H100")
+        wait_until(lambda: "n1" in sched.nodes and sched.nodes["n1"].gpus == 4,
+                   "the node did not come back with 4 GPUs", 20)
+        assert sum(r.get("hello") == "n1" for r in rounds()) == hellos
     finally:
         node.stop()

@@ -5,6 +5,7 @@ accepted run finishes there. Config refusals name what is missing."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -174,3 +175,61 @@ def test_a_lookup_that_misses_while_ended_runs_are_restored_says_retry(tmp_path:
         assert sched.idempotent_run("default", "k") is None
     finally:
         sched.durable.close()
+
+
+def test_an_elected_gateway_that_cannot_lead_gives_the_lease_up(tmp_path: Path,
+                                                                redis_url: str) -> None:  # noqa: F811
+    """Elected, a gateway whose node socket's port is taken (another process bound it after
+    the port was chosen) logs why, gives the lease up and exits (75: restart it as a
+    standby), so that the standby leads. Before, it went on renewing a lease it could not
+    serve under, and no gateway became ready (``hermes bench ha``: "no leader after 60 s")."""
+    import json
+    import socket
+
+    from hermes.bench.ha import EXIT_DEPOSED
+    from hermes.procs import stop_group
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    base = redis_url.rsplit("/", 1)[0]  # a lease and run state of this test's own
+    election, state = f"{base}/7", f"{base}/8"
+
+    def serve(i: int, zmq_port: int) -> tuple[subprocess.Popen, Path, int]:
+        log = tmp_path / f"gw{i}.log"
+        env = {**os.environ, "HERMES_EMBEDDED_NODE": "false", "HERMES_LOG_LEVEL": "warning",
+               "HERMES_HA__MEMBER": f"gw{i}", "HERMES_HA__LEASE_TTL_S": "30",
+               "HERMES_HA__LEASE_RENEW_S": "0.5"}
+        port = free_port()
+        argv = [sys.executable, "-m", "hermes.cli", "serve", "--host", "127.0.0.1",
+                "--port", str(port), "--bind", f"tcp://127.0.0.1:{zmq_port}",
+                "--redis", state, "--ha", election, "--state-dir", str(tmp_path / f"st{i}"),
+                "--kb", str(tmp_path / f"kb{i}")]
+        return subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True), log, port
+
+    first, log0, _ = serve(0, taken.getsockname()[1])
+    second = None
+    try:
+        _wait(lambda: "scheduler lease acquired" in log0.read_text() or first.poll() is not None,
+              timeout=60)
+        second, _, port1 = serve(1, free_port())
+        # it gave up well before its lease (30 s) would have run out
+        assert first.wait(30) == EXIT_DEPOSED, log0.read_text()[-2000:]
+        text = log0.read_text()
+        assert "could not start leading" in text and "Address already in use" in text, text
+        event = json.loads(next(line for line in text.splitlines() if "ha_start_failed" in line))
+        assert event["epoch"] >= 1 and event["member"] == "gw0"
+        _wait(lambda: _ready(f"http://127.0.0.1:{port1}"), timeout=60)
+    finally:
+        taken.close()
+        for p in (first, second):
+            if p is not None:
+                stop_group(p)
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -470,7 +470,8 @@ async def forecast(request: Request, horizon_s: float = 60.0, window_s: float = 
 async def placement(request: Request) -> dict[str, Any]:
     """The gateway's own re-placement (``placement.auto``): the interval now, the plans in
     force (``nodes``: node -> engine -> model; ``engines``: all of them together) and the last
-    rounds (:mod:`hermes.gateway.placer`)."""
+    rounds, with the plans sent again to a restarted node at its hello (``hello``: the node;
+    :mod:`hermes.gateway.placer`)."""
     placer = getattr(request.app.state, "placer", None)
     if placer is None:
         return {"auto": False}

@@ -18,7 +18,12 @@ gateway's :class:`~hermes.gateway.scheduler.LiveScheduler`:
 - **deposed** (a renewal refused, or none in time: a pause, a lost store): the process stops
   at once with exit status :data:`EXIT_DEPOSED`, without writing anything, as Kubernetes'
   leader-elected controllers do; its supervisor (Kubernetes, systemd, ``hermes bench ha``)
-  starts it again as a standby. Nodes reject its stale epoch in any case.
+  starts it again as a standby. Nodes reject its stale epoch in any case;
+- **elected but unable to lead** (its start failed: the node socket's port taken by another
+  process, an unreachable store): the error is logged, the lease given up at once (a standby
+  takes over without waiting for it to expire) and the process exits with
+  :data:`EXIT_DEPOSED`, to be started again as a standby. Before, it went on renewing a
+  lease it could not serve under: no scheduler served at all until it was killed.
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ log = logging.getLogger("hermes.gateway.ha")
 
 #: exit status of a scheduler whose lease ended (EX_TEMPFAIL: restart it, as a standby)
 EXIT_DEPOSED = 75
+
+#: how often (wall s) an elected all-in-one leader stores the inferred apps, when added
+APPS_PUBLISH_S = 0.5
 
 #: paths a standby still answers (health, metrics)
 STANDBY_PATHS = ("/readyz", "/healthz", "/metrics")
@@ -94,9 +102,12 @@ class SchedulerRole:
                         "give every scheduler one redis:// knowledge base", self.member, kb)
 
     async def stop(self) -> None:
-        """A clean stop: give the lease up (a standby takes over at once)."""
+        """A clean stop: give the lease up (a standby takes over at once), the inferred apps
+        of an all-in-one leader stored first."""
         for t in self._tasks:
             t.cancel()
+        if self.active and self._all_in_one:
+            await self._store_apps()
         await asyncio.to_thread(self.election.stop, release=True)
 
     def ready(self) -> bool:
@@ -120,6 +131,32 @@ class SchedulerRole:
                 self._become_leader(epoch, at), name="hermes-ha-elected")))
 
     async def _become_leader(self, epoch: int, at: float) -> None:
+        """Start leading at ``epoch`` (module doc, "elected"); a start that fails gives the
+        lease up and ends the process (module doc, "elected but unable to lead")."""
+        try:
+            await self._lead(epoch, at)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # whatever stops it, it must not hold the lease on
+            await self._give_up(epoch, exc)
+
+    async def _give_up(self, epoch: int, exc: Exception) -> None:
+        """The start at ``epoch`` failed with ``exc``: release the lease, exit to be
+        restarted as a standby."""
+        self.active = False
+        log.error("scheduler %s: elected at epoch %d but could not start leading: %s: %s; "
+                  "giving the lease up", self.member, epoch, type(exc).__name__, exc,
+                  exc_info=exc)
+        try:
+            await asyncio.to_thread(self.election.stop, release=True)
+        except Exception as e:  # the lease then expires after its ttl
+            log.warning("could not give the lease up: %s", e)
+        print(json.dumps({"event": "ha_start_failed", "epoch": epoch, "member": self.member,
+                          "error": f"{type(exc).__name__}: {exc}"}), file=sys.stderr,
+              flush=True)
+        self.exit(EXIT_DEPOSED)
+
+    async def _lead(self, epoch: int, at: float) -> None:
         sched = self.scheduler
         self.elected_at = at
         nodes = sched.node_table
@@ -139,6 +176,11 @@ class SchedulerRole:
                                 "the knowledge base", self.member)
             except Exception as exc:
                 log.warning("could not read the app names again: %s", exc)
+            if self._all_in_one:  # no edges to tell it their apps: the previous leader's
+                n = ids.learned_stored(await asyncio.to_thread(ids.stored_apps))
+                if n:
+                    log.warning("scheduler %s: %d inferred apps of the previous leader read "
+                                "from the knowledge base", self.member, n)
         sched.recovery.defer_ended = True  # the active runs first: dispatch starts sooner
         store = sched.durable.store
         if store is not None:  # read off the loop: the election thread keeps renewing
@@ -159,6 +201,39 @@ class SchedulerRole:
                     sorted(expected))
         self._tasks.append(asyncio.get_running_loop().create_task(
             self._publish_nodes(), name="hermes-ha-nodes"))
+        if self._all_in_one and ids is not None:
+            self._tasks.append(asyncio.get_running_loop().create_task(
+                self._publish_apps(), name="hermes-ha-apps"))
+
+    @property
+    def _all_in_one(self) -> bool:
+        """This process serves HTTP and infers runs itself (``--ha`` without ``--role``)."""
+        return self.config.ha.role == "all"
+
+    async def _publish_apps(self) -> None:
+        """All-in-one: keep the apps this leader's run resolver knows in the knowledge base
+        (:data:`~hermes.gateway.identity.APPS_DOC`), written when some were added, every
+        :data:`APPS_PUBLISH_S` at most: the leader elected after it lists them at takeover.
+        A ``kill -9`` within that time loses the apps added since (listed again from their
+        next new run)."""
+        while True:
+            await asyncio.sleep(APPS_PUBLISH_S)
+            await self._store_apps()
+
+    async def _store_apps(self) -> None:
+        """Write the inferred apps once, if some were added and the lease holds (a write
+        that fails is made again next time)."""
+        ids = self.scheduler.identities
+        if not self.election.held():
+            return
+        doc = ids.take_apps_doc()
+        if doc is None:
+            return
+        try:
+            await asyncio.to_thread(ids.store_apps, doc)
+        except Exception as exc:
+            ids.apps_doc_not_stored()
+            log.warning("could not store the inferred apps in the knowledge base: %s", exc)
 
     async def _publish_nodes(self) -> None:
         """Keep the names of the nodes served in the store (a successor waits for them)."""

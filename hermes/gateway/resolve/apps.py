@@ -101,6 +101,8 @@ class AppBook:
         self.max_apps = max_apps
         self._apps: OrderedDict[str, AppInfo] = OrderedDict()
         self._by_name: dict[str, str] = {}
+        #: apps remembered so far, ever (not lowered by evictions): a change to persist
+        self.added = 0
 
     def __len__(self) -> int:
         return len(self._apps)
@@ -121,6 +123,7 @@ class AppBook:
                                           hash_chars=len(app_id)))
         info = AppInfo(app_id, name, tenant, model, [n for n, _ in tools],
                        instructions_template[:200], now)
+        self.added += 1
         self._apps[app_id] = info
         self._by_name[name] = app_id
         if len(self._apps) > self.max_apps:
@@ -136,6 +139,7 @@ class AppBook:
         info = self._apps.get(app_id)
         if info is None:
             info = AppInfo(app_id, name, tenant, model, [], "", now)
+            self.added += 1
             self._apps[app_id] = info
             self._by_name.setdefault(name, app_id)
             if len(self._apps) > self.max_apps:
@@ -155,6 +159,7 @@ class AppBook:
         if info is None:
             info = AppInfo(seen.app_id, seen.name, seen.tenant, seen.model, list(seen.tools),
                            seen.instructions, seen.first_seen)
+            self.added += 1
             self._apps[seen.app_id] = info
             self._by_name.setdefault(seen.name, seen.app_id)
             if len(self._apps) > self.max_apps:
