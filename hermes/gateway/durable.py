@@ -28,7 +28,8 @@ its answer has left, batched with the other runs ending within ``durability.batc
 one transaction, or one Redis round trip, for all of them; at one client a transaction per
 request was ~40 us of the gateway's CPU and five system calls): such a run has nothing to
 resume, and if the gateway dies before its answer the client sees the connection drop; a
-crash between the answer and the write loses only its history entry.
+crash between the answer and the write loses only its history entry. The window applies
+to ended runs only: writes of active runs go out on the next loop iteration.
 
 An **inferred** run (header-less requests the run resolver joined) is stored when it is
 created and when it ends, batched alike, and in between once every
@@ -116,7 +117,8 @@ class DurableState(RunObserver):
         #: writes nobody waits on, waiting for :meth:`flush` (``durability.batch_s``)
         self._batch: list[RunWrite] = []
         self._batch_s = ctx.config.durability.batch_s
-        self._flush_at: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._flush_at: asyncio.TimerHandle | None = None  # the window's end
+        self._flush_soon: asyncio.Handle | None = None  # the next loop iteration
         #: set while recovery puts stored runs back (their documents are not written again)
         self.restoring = False
         self._ended = 0
@@ -124,15 +126,20 @@ class DurableState(RunObserver):
         self._stored: dict[str, _StoredUnits] = {}
 
     # ------------------------------------------------------------------ writes
-    def _put(self, run: LiveRun, *, batched: bool = False) -> None:
+    def _put(self, run: LiveRun, *, batched: bool = False, ended: bool = False) -> None:
         """Write the run document with the invocations that closed or gained results since
         the last write. Invocations below ``lo`` are closed with every request answered and
         stored so: the scan starts there, so a sequential run's write is O(1).
 
         ``batched`` (a write nobody waits on: an ended one-request run, an inferred run; see
-        :meth:`run_ended`): the documents are taken now and written with the others taken
-        within ``durability.batch_s`` (or :data:`MAX_BATCH` of them), in one transaction
-        (:meth:`flush`); a failed batch is counted and logged, not retried."""
+        :meth:`run_ended`): the documents are taken now and written together, in one
+        transaction (:meth:`flush`), on the next loop iteration; an ``ended`` run's (its
+        answer has left: only its history entry is at stake) may wait up to
+        ``durability.batch_s`` for others (and rides along with any write due sooner). An
+        active inferred run's write is never delayed past the next iteration: its next turn
+        joins it after a crash only if it is stored, and its first answer must not leave
+        before that. :data:`MAX_BATCH` writes are written at once. A failed batch is counted
+        and logged, not retried."""
         if self.store is None or self.restoring:
             return
         st = self._stored.setdefault(run.run_id, _StoredUnits())
@@ -146,12 +153,14 @@ class DurableState(RunObserver):
                     units[i], versions[i] = _inv_doc(inv), v
         if batched:
             self._batch.append((run.run_id, run.status, run_doc(run), units))
-            if len(self._batch) == 1:
-                loop = asyncio.get_running_loop()
-                self._flush_at = (loop.call_later(self._batch_s, self.flush) if self._batch_s
-                                  else loop.call_soon(self.flush))
-            elif len(self._batch) >= MAX_BATCH:
+            if len(self._batch) >= MAX_BATCH:
                 self.flush()
+            elif self._flush_soon is None:
+                loop = asyncio.get_running_loop()
+                if not ended or not self._batch_s:
+                    self._flush_soon = loop.call_soon(self.flush)
+                elif self._flush_at is None:
+                    self._flush_at = loop.call_later(self._batch_s, self.flush)
         else:
             try:
                 self.store.put_run(run.run_id, run.status, run_doc(run), units)
@@ -199,7 +208,7 @@ class DurableState(RunObserver):
         # written before that
         if run.transient:  # an edge's one-request call: nothing stored (LiveRun.transient)
             return
-        self._put(run, batched=(run.auto_finish or run.inferred) and _in_loop())
+        self._put(run, batched=(run.auto_finish or run.inferred) and _in_loop(), ended=True)
         self._stored.pop(run.run_id, None)
         if self.store is None:
             return
@@ -215,9 +224,10 @@ class DurableState(RunObserver):
 
     def flush(self) -> None:
         """Write the batched run documents (one transaction or round trip)."""
-        if self._flush_at is not None:
-            self._flush_at.cancel()  # (written now: the window's timer has nothing left)
-            self._flush_at = None
+        for handle in (self._flush_at, self._flush_soon):
+            if handle is not None:  # (written now: nothing left for it)
+                handle.cancel()
+        self._flush_at = self._flush_soon = None
         batch, self._batch = self._batch, []
         if not batch or self.store is None:
             return

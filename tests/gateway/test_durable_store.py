@@ -185,7 +185,8 @@ def test_writes_nobody_waits_on_are_gathered_over_the_batch_window(
     """One client, one request at a time: the ended one-request runs are written together
     once ``durability.batch_s`` has passed since the first of them ended (not one write per
     request, as batching by loop iteration gave at one client); nothing is written before
-    the window closes, all of it after, and a restart finds every run."""
+    the window closes, all of it after, and a restart finds every run. An active (inferred)
+    run's write does not wait for the window."""
     opts = _restartable("sqlite", tmp_path, request, time_scale=200.0, batch_s=1.0)
     srv = make_gateway(**opts)
     store = gateway_state(srv).scheduler.durable.store
@@ -213,6 +214,16 @@ def test_writes_nobody_waits_on_are_gathered_over_the_batch_window(
             time.sleep(0.05)
     assert [rid for _, b in batches for rid in b] == ids
     assert len(batches) == 1 and batches[0][0] - t0 >= 1.0
+    # an active run's write is not held by the window: a header-less request's inferred run
+    # is stored before its answer leaves (a kill -9 right after it must not lose the run
+    # that the conversation's next turn joins)
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        chat = {"model": "llama-2-7b", "max_tokens": 2, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "plan a trip, step by step"}]}
+        r = http.post("/v1/chat/completions", json=chat)
+        assert r.status_code == 200
+        inferred = r.headers["X-Hermes-Run"]
+    assert inferred in [d["run_id"] for d in store.runs()]
     srv.stop()
     srv2 = make_gateway(**opts)
     with httpx.Client(base_url=srv2.url, timeout=30) as http:
