@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
+
+import httpx
+import pytest
 
 from hermes.procs import wait_http
 
@@ -47,3 +51,36 @@ def kill(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def need_tools(*tools: str) -> None:
+    """Skip (or, with ``HERMES_REQUIRE_REDIS=1``, fail) a test whose servers are not on PATH."""
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        if os.environ.get("HERMES_REQUIRE_REDIS") == "1":
+            pytest.fail(f"{missing} not on PATH")
+        pytest.skip(f"{missing} not on PATH (apt-get install redis-server haproxy)")
+
+
+#: the system prompt and tools of :func:`agent_app`'s agent (a request with both is its app's)
+AGENT_SYSTEM = {"role": "system", "content": "You plan trips for the visitors."}
+AGENT_TOOLS = [{"type": "function", "function": {
+    "name": "book", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def agent_app(base: str, model: str) -> str:
+    """Two header-less turns of a tool-using agent through ``base`` (the second continues the
+    first's run); the name of the app the gateway inferred for it (the same for both)."""
+    system, tools = AGENT_SYSTEM, AGENT_TOOLS
+    messages = [system, {"role": "user", "content": "Plan a day in Lyon."}]
+    app = ""
+    for turn in range(2):
+        r = httpx.post(f"{base}/v1/chat/completions", timeout=30,
+                       json={"model": model, "messages": messages, "tools": tools,
+                             "max_tokens": 8})
+        assert r.status_code == 200, r.text
+        app = app or r.headers["x-hermes-app"]
+        assert r.headers["x-hermes-app"] == app
+        messages += [r.json()["choices"][0]["message"],
+                     {"role": "user", "content": f"And then {turn}?"}]
+    return app

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from gw_procs import AGENT_SYSTEM, AGENT_TOOLS, agent_app, need_tools
 
 from hermes.bench.ha import MODEL, Cluster
 from hermes.procs import free_port
@@ -43,14 +43,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello edge"}],
         "max_tokens": 8}
-
-
-def _need(*tools: str) -> None:
-    missing = [t for t in tools if shutil.which(t) is None]
-    if missing:
-        if os.environ.get("HERMES_REQUIRE_REDIS") == "1":
-            pytest.fail(f"{missing} not on PATH")
-        pytest.skip(f"{missing} not on PATH (apt-get install redis-server haproxy)")
 
 
 def _chat_ok(base: str) -> None:
@@ -125,7 +117,7 @@ def _admin(via: str, edges: list[str], path: str, body: dict[str, str]) -> float
 
 
 def test_edges_serve_and_hosted_runs_survive_scheduler_and_edge_kills(tmp_path: Path) -> None:
-    _need("redis-server", "haproxy")
+    need_tools("redis-server", "haproxy")
     # the schedulers share one knowledge base (the app names survive the failover)
     cl = Cluster(tmp_path, time_scale=5.0, n_gateways=2, n_nodes=1, ttl_s=1.0, n_edges=2,
                  shared_kb=True)
@@ -240,7 +232,7 @@ def _turn(port: int, messages: list[dict], *, stream: bool = False) -> tuple[dic
 
 
 def test_a_header_less_agent_through_both_edges_is_one_inferred_run(tmp_path: Path) -> None:
-    _need("redis-server", "haproxy")
+    need_tools("redis-server", "haproxy")
     # model seconds at time scale 5: an app with too few gaps closes its runs 10 s (2 s
     # real) after their last answer
     cl = Cluster(tmp_path, time_scale=5.0, n_gateways=2, n_nodes=1, ttl_s=1.0, n_edges=2,
@@ -301,26 +293,13 @@ def test_a_new_leader_lists_the_apps_edges_inferred_before_their_next_run(
     active scheduler the new leader lists it (``GET /admin/apps``) before any new
     conversation (the edge told it the apps its resolver knows at its first pong), and a
     rename through it reaches the edge."""
-    _need("redis-server", "haproxy")
+    need_tools("redis-server", "haproxy")
     cl = Cluster(tmp_path, time_scale=5.0, n_gateways=2, n_nodes=1, ttl_s=1.0, n_edges=1,
                  shared_kb=True)
     try:
         cl.start()
         edge = f"http://127.0.0.1:{cl.edge_ports[0]}"
-        system = {"role": "system", "content": "You plan trips for the visitors."}
-        tools = [{"type": "function", "function": {
-            "name": "book", "parameters": {"type": "object", "properties": {}}}}]
-        messages = [system, {"role": "user", "content": "Plan a day in Lyon."}]
-        app = ""
-        for turn in range(2):  # an agent: its second turn continues the first's run
-            r = httpx.post(f"{edge}/v1/chat/completions", timeout=30,
-                           json={"model": MODEL, "messages": messages, "tools": tools,
-                                 "max_tokens": 8})
-            assert r.status_code == 200, r.text
-            app = app or r.headers["x-hermes-app"]
-            assert r.headers["x-hermes-app"] == app
-            messages += [r.json()["choices"][0]["message"],
-                         {"role": "user", "content": f"And then {turn}?"}]
+        app = agent_app(edge, MODEL)  # an agent: its second turn continues the first's run
         old = cl.wait_leader(30.0)
         listed = httpx.get(f"http://127.0.0.1:{cl.http_ports[old]}/admin/apps",
                            timeout=10).json()["apps"]
@@ -341,8 +320,8 @@ def test_a_new_leader_lists_the_apps_edges_inferred_before_their_next_run(
         assert row["tools"] == ["book"] and row["instructions"].startswith("You plan"), row
         assert _admin(leader, [edge], f"{app}/rename", {"to": "planner"}) < 2.0
         r = httpx.post(f"{edge}/v1/chat/completions", timeout=30,
-                       json={"model": MODEL, "tools": tools, "max_tokens": 8,
-                             "messages": [system, {"role": "user", "content": "Paris?"}]})
+                       json={"model": MODEL, "tools": AGENT_TOOLS, "max_tokens": 8,
+                             "messages": [AGENT_SYSTEM, {"role": "user", "content": "Paris?"}]})
         assert r.status_code == 200 and r.headers["x-hermes-app"] == "planner", r.headers
     finally:
         cl.stop()
@@ -351,7 +330,7 @@ def test_a_new_leader_lists_the_apps_edges_inferred_before_their_next_run(
 def test_an_edge_rejects_a_deposed_schedulers_messages(tmp_path: Path) -> None:
     """The test is the scheduler: it writes a lease record with its own address for edges
     (epoch 10), answers the edge's pings, then sends as epoch 9."""
-    _need("redis-server")
+    need_tools("redis-server")
     import redis
     import zmq
 

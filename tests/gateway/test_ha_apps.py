@@ -8,14 +8,13 @@ the new leader), and a rename through it names the app's next run."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from gw_procs import AGENT_SYSTEM, AGENT_TOOLS, agent_app, need_tools
 
 from hermes.bench.ha import MODEL, Cluster
 
@@ -23,31 +22,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def test_a_new_all_in_one_leader_lists_the_apps_the_dead_one_inferred(tmp_path: Path) -> None:
-    missing = [t for t in ("redis-server", "haproxy") if shutil.which(t) is None]
-    if missing:
-        if os.environ.get("HERMES_REQUIRE_REDIS") == "1":
-            pytest.fail(f"{missing} not on PATH")
-        pytest.skip(f"{missing} not on PATH (apt-get install redis-server haproxy)")
+    need_tools("redis-server", "haproxy")
     from hermes.gateway.identity import APPS_DOC
     from hermes.kb.redis_store import RedisStore
 
     cl = Cluster(tmp_path, time_scale=5.0, n_gateways=2, n_nodes=1, ttl_s=1.0, shared_kb=True)
     try:
         cl.start()
-        system = {"role": "system", "content": "You plan trips for the visitors."}
-        tools = [{"type": "function", "function": {
-            "name": "book", "parameters": {"type": "object", "properties": {}}}}]
-        messages = [system, {"role": "user", "content": "Plan a day in Lyon."}]
-        app = ""
-        for turn in range(2):  # an agent: its second turn continues the first's run
-            r = httpx.post(f"{cl.url}/v1/chat/completions", timeout=30,
-                           json={"model": MODEL, "messages": messages, "tools": tools,
-                                 "max_tokens": 8})
-            assert r.status_code == 200, r.text
-            app = app or r.headers["x-hermes-app"]
-            assert r.headers["x-hermes-app"] == app
-            messages += [r.json()["choices"][0]["message"],
-                         {"role": "user", "content": f"And then {turn}?"}]
+        app = agent_app(cl.url, MODEL)  # an agent: its second turn continues the first's run
         old = cl.wait_leader(30.0)
         listed = httpx.get(f"http://127.0.0.1:{cl.http_ports[old]}/admin/apps",
                            timeout=10).json()["apps"]
@@ -72,8 +54,8 @@ def test_a_new_all_in_one_leader_lists_the_apps_the_dead_one_inferred(tmp_path: 
         r = httpx.post(f"{leader}/admin/apps/{app}/rename", json={"to": "planner"}, timeout=10)
         assert r.status_code == 200, r.text
         r = httpx.post(f"{cl.url}/v1/chat/completions", timeout=30,
-                       json={"model": MODEL, "tools": tools, "max_tokens": 8,
-                             "messages": [system, {"role": "user", "content": "Paris?"}]})
+                       json={"model": MODEL, "tools": AGENT_TOOLS, "max_tokens": 8,
+                             "messages": [AGENT_SYSTEM, {"role": "user", "content": "Paris?"}]})
         assert r.status_code == 200 and r.headers["x-hermes-app"] == "planner", r.headers
     finally:
         cl.stop()

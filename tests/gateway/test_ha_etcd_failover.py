@@ -8,8 +8,6 @@ same scenario with ``--ha redis://...`` runs as the baseline of the failover tim
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -17,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from gw_etcd import need_etcd, start_etcd, stop_etcd
+from gw_procs import need_tools
 from test_edge_split import _chat_ok, _finished, _post_run
 
 from hermes.bench.ha import Cluster
@@ -30,11 +29,7 @@ def test_split_roles_fail_over_through_the_election_store(tmp_path: Path,
                                                           election: str) -> None:
     if election == "etcd":
         need_etcd()
-    missing = [t for t in ("redis-server", "haproxy") if shutil.which(t) is None]
-    if missing:
-        if os.environ.get("HERMES_REQUIRE_REDIS") == "1":
-            pytest.fail(f"{missing} not on PATH")
-        pytest.skip(f"{missing} not on PATH (apt-get install redis-server haproxy)")
+    need_tools("redis-server", "haproxy")
     eproc, url = None, ""
     if election == "etcd":
         (tmp_path / "etcd").mkdir()

@@ -6,11 +6,10 @@ twice, a killed or paused leader is replaced within 3 s, and the woken ex-leader
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 from pathlib import Path
 
 import pytest
+from gw_procs import need_tools
 
 from hermes.bench.ha import EXIT_DEPOSED, SCENARIOS, Cluster, run_ha
 
@@ -18,11 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_failover_scenarios_lose_nothing(tmp_path: Path) -> None:
-    missing = [t for t in ("redis-server", "haproxy") if shutil.which(t) is None]
-    if missing:
-        if os.environ.get("HERMES_REQUIRE_REDIS") == "1":
-            pytest.fail(f"{missing} not on PATH")
-        pytest.skip(f"{missing} not on PATH (apt-get install redis-server haproxy)")
+    need_tools("redis-server", "haproxy")
     cl = Cluster(tmp_path, time_scale=3.0, ttl_s=1.0)  # [ha] lease_ttl_s = 1.0
     try:
         cl.start()
