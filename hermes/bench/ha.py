@@ -109,6 +109,42 @@ class Proc:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+
+def haproxy_config(port: int, servers: list[tuple[str, str]]) -> str:
+    """The haproxy configuration the cluster runs (and docs/ha.md shows): ``servers`` (name,
+    ``host:port``) checked on ``GET /readyz`` every 100 ms, in front of ``127.0.0.1:port``.
+
+    A request a server refused before running it (connection refused, or a 503 such as a
+    standby's ``not_leader`` in the ~300 ms before its checks fail) is sent again, to another
+    server on the last try. haproxy retries a request only while it holds all of it, so
+    ``option http-buffer-request`` is needed: without it a POST whose body came in a second
+    packet got the standby's 503 (18 of 20 chats at a cluster's start, tests/bench/test_ha_lb.py).
+    """
+    lines = "\n".join(f"  server {name} {addr} check" for name, addr in servers)
+    return f"""global
+  maxconn 4096
+defaults
+  mode http
+  timeout connect 1s
+  timeout client 120s
+  timeout server 120s
+  timeout queue 5s
+  timeout check 2s
+  retries 3
+  option redispatch
+  option http-buffer-request
+  retry-on conn-failure 503
+frontend fe
+  bind 127.0.0.1:{port}
+  default_backend gateways
+backend gateways
+  option httpchk GET /readyz
+  http-check expect status 200
+  default-server inter 100ms fastinter 100ms downinter 100ms fall 3 rise 1
+{lines}
+"""
+
+
 @dataclass
 class Cluster:
     """Redis, gateways, nodes and haproxy on loopback (see the module doc)."""
@@ -216,30 +252,9 @@ class Cluster:
         port = free_port()
         front = [("edge", p) for p in self.edge_ports] if self.n_edges else \
             [("gw", p) for p in self.http_ports]
-        servers = "\n".join(f"  server {kind}{i} 127.0.0.1:{p} check"
-                            for i, (kind, p) in enumerate(front))
         cfg = self.workdir / "haproxy.cfg"
-        cfg.write_text(f"""global
-  maxconn 4096
-defaults
-  mode http
-  timeout connect 1s
-  timeout client 120s
-  timeout server 120s
-  timeout queue 5s
-  timeout check 2s
-  retries 3
-  option redispatch
-  retry-on conn-failure 503
-frontend fe
-  bind 127.0.0.1:{port}
-  default_backend gateways
-backend gateways
-  option httpchk GET /readyz
-  http-check expect status 200
-  default-server inter 100ms fastinter 100ms downinter 100ms fall 3 rise 1
-{servers}
-""")
+        cfg.write_text(haproxy_config(port, [(f"{kind}{i}", f"127.0.0.1:{p}")
+                                             for i, (kind, p) in enumerate(front)]))
         self.haproxy = Proc("haproxy", ["haproxy", "-db", "-f", str(cfg)],
                             self.workdir / "haproxy.log", env)
         self.haproxy.start()
