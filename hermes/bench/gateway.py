@@ -252,6 +252,7 @@ def bench_gateway(
     baseline_src: str | None = None,
     warm_history: int = 0,
     agents: AgentMix | None = None,
+    floor: bool = False,
 ) -> list[dict[str, Any]]:
     """Direct vs through-the-gateway latency and throughput; one gateway process per policy.
 
@@ -261,7 +262,10 @@ def bench_gateway(
     against the direct row of its concurrency. ``fill_history`` > 0: one more row per policy
     at the highest level, with the gateway's finished-run history full (see the module
     docstring). ``warm_history`` > 0: the ``history_kind`` ``"inferred"`` rows, fresh and
-    after that many header-less agent requests (``agents``: their mix)."""
+    after that many header-less agent requests (``agents``: their mix). ``floor``: rows with
+    ``path`` ``floor`` at every level (and traffic kind), the same requests through
+    :mod:`hermes.bench.floor` (the gateway's HTTP stack and engine client, nothing of
+    Hermes): its ``gateway_cpu_ms`` is what those parts cost alone."""
     from tqdm import tqdm
 
     levels = [concurrency] if isinstance(concurrency, int) else list(concurrency)
@@ -300,7 +304,8 @@ def bench_gateway(
         per_gateway = max(per_gateway, fill_history) + requests * len(identities)
     if warm_history:
         per_gateway += warm_history + 2 * len(levels) * (requests + warmup)
-    bar = tqdm(total=len(levels) * (requests + warmup)
+    per_level = (requests + warmup) * (1 + bool(warm_history))
+    bar = tqdm(total=len(levels) * per_level * (1 + floor)
                + len(policies) * len(variants) * per_gateway,
                desc="requests", file=sys.stderr, disable=not progress)
     try:
@@ -319,6 +324,9 @@ def bench_gateway(
                                                history_kind="inferred")
                 direct[(c, "inferred")]["tracing"] = "-"
                 rows.append(direct[(c, "inferred")])
+        if floor:
+            rows += _floor_rows(engine_url, eng.pid, requests, warmup, levels, bar, client,
+                                messages, mix if warm_history else None)
         for policy in policies:
             for mode, src in variants:
                 got = _through_gateway(engine_url, eng.pid, policy, requests, warmup, levels,
@@ -334,6 +342,38 @@ def bench_gateway(
         base = direct[(r["concurrency"], r["history_kind"])]
         r["added_p50_ms"] = r["p50_ms"] - base["p50_ms"]
         r["added_p99_ms"] = r["p99_ms"] - base["p99_ms"]
+    return rows
+
+
+def _floor_rows(engine_url: str, engine_pid: int, requests: int, warmup: int,
+                levels: list[int], bar: Any, client: str, messages: int,
+                mix: AgentMix | None) -> list[dict[str, Any]]:
+    """The ``path`` ``floor`` rows: the direct rows' requests (and with ``mix`` the agent
+    traffic's) through a :mod:`hermes.bench.floor` process, its CPU as ``gateway_cpu_ms``."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hermes.bench.floor", "--port", str(port), "--upstream",
+         engine_url], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    rows = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/health", proc)
+        for c in levels:
+            lat, wall, err, cpu, _ = _phase(url, requests, warmup, c, bar, client,
+                                            messages=messages, gateway=proc.pid,
+                                            engine=engine_pid)
+            rows.append(_row("floor", "-", c, lat, wall, err, cpu))
+            if mix is not None:
+                lat, wall, err, cpu = _agent_phase(url, requests, warmup, c, bar, mix,
+                                                   Conversations(mix), gateway=proc.pid,
+                                                   engine=engine_pid)
+                rows.append(_row("floor", "-", c, lat, wall, err, cpu,
+                                 history_kind="inferred"))
+    finally:
+        stop_group(proc)
+    for r in rows:
+        r["tracing"] = "-"
     return rows
 
 

@@ -453,7 +453,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
                          fill_history=args.fill_history,
                          identities=tuple(_names(args.identity)), messages=args.messages,
                          tracing=tuple(_names(args.tracing)), baseline_src=args.baseline_src,
-                         warm_history=args.warm_history)
+                         warm_history=args.warm_history, floor=args.floor)
     body = f"{args.messages}-message chats" if args.messages else "one-line completions"
     modes = _names(args.identity)
     # the table stays narrow: the request count (and one identity mode) is in the title, and
@@ -514,6 +514,11 @@ def add_gateway_parser(bsub: argparse._SubParsersAction) -> None:
                    help="also measure header-less agent traffic (history_kind inferred): fresh, "
                         "then after N such requests through the resolver and the learner, "
                         "in the same gateway (default 0: no such rows)")
+    s.add_argument("--floor", action="store_true",
+                   help="also measure the floor (path floor): the same requests through a "
+                        "proxy on the gateway's HTTP stack and engine client with nothing of "
+                        "Hermes in it (python -m hermes.bench.floor); the gateway's CPU above "
+                        "it is Hermes' own work")
     s.add_argument("--json", default=None)
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=cmd_gateway)

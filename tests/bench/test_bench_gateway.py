@@ -90,3 +90,38 @@ def test_bench_gateway_identity_modes_measure_the_run_resolver(tmp_path) -> None
     assert rows[1]["history"] == 10 and rows[2]["history"] == 90  # inferred runs stay open
     assert main(["bench", "gateway", "--requests", "5", "--identity", "sometimes",
                  "--no-progress"]) == 2
+
+
+def test_bench_gateway_floor_rows_measure_the_stack_without_hermes(tmp_path) -> None:  # noqa: ANN001
+    """``--floor``: the same requests through the floor proxy (the gateway's HTTP stack and
+    engine client, nothing of Hermes), at every level, between the direct and gateway rows;
+    the proxy's CPU is its ``gateway_cpu_ms``, below the gateway's own at one client."""
+    out = tmp_path / "gw.json"
+    assert main(["bench", "gateway", "--requests", "100", "--warmup", "10", "--concurrency",
+                 "1,4", "--policies", "vllm", "--fill-history", "0", "--floor", "--json",
+                 str(out), "--no-progress"]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["path"], r["concurrency"]) for r in rows] == [
+        ("direct", 1), ("direct", 4), ("floor", 1), ("floor", 4), ("gateway", 1),
+        ("gateway", 4)]
+    by = {(r["path"], r["concurrency"]): r for r in rows}
+    for c in (1, 4):
+        floor, d = by[("floor", c)], by[("direct", c)]
+        assert floor["errors"] == 0 and floor["requests"] == 100
+        assert floor["policy"] == floor["identity"] == floor["tracing"] == "-"
+        assert floor["gateway_cpu_ms"] > 0 and floor["engine_cpu_ms"] > 0
+        assert floor["added_p50_ms"] == pytest.approx(floor["p50_ms"] - d["p50_ms"])
+    # the gateway authenticates, infers nothing here, but creates, ranks, dispatches through
+    # its node and records a run per request: more CPU than forwarding it
+    assert by[("gateway", 1)]["gateway_cpu_ms"] > by[("floor", 1)]["gateway_cpu_ms"]
+
+
+def test_the_floor_proxy_refuses_a_body_that_is_not_json() -> None:
+    from fastapi.testclient import TestClient
+
+    from hermes.bench.floor import floor_app
+
+    with TestClient(floor_app("http://127.0.0.1:9")) as client:  # no engine is reached
+        r = client.post("/v1/chat/completions", content=b"{bad")
+        assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
+        assert client.get("/health").json() == {"ok": True}
