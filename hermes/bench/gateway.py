@@ -571,3 +571,50 @@ def _warm_rows(url: str, gateway_pid: int, engine_pid: int, policy: str, request
 #: after the warm history, wall seconds for its last runs to close idle (the resolver's
 #: ``close_min_s``, 5 s by default, for apps with quick turns) and be learned
 WARM_SETTLE_S = 8.0
+
+
+def row_label(r: dict[str, Any]) -> str:
+    """What a row measured, in words: ``floor``, ``hermes none``, ``hermes infer agents
+    after 50000``, ... (the figure's legend)."""
+    if r["path"] != "gateway":
+        return r["path"]
+    out = f"{r['policy']} {r['identity']}"
+    if r.get("tracing", "off") not in ("off", "-"):
+        out += f" tracing {r['tracing']}"
+    if r["history_kind"] == "inferred":
+        out += " agents" + (f" after {r['history']}" if r["history"] else " fresh")
+    return out
+
+
+def plot_gateway(rows: Sequence[dict[str, Any]], path: str) -> None:
+    """CPU ms per request of the serving process (the floor proxy, or the gateway) at each
+    concurrency level, one bar per kind of row (:func:`row_label`; direct rows have no
+    serving process but the engine and are left out)."""
+    from hermes.extras import require
+
+    matplotlib = require("plot")  # the `plot` extra
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    served = [r for r in rows if r["path"] != "direct"]
+    levels = list(dict.fromkeys(r["concurrency"] for r in served))
+    labels = list(dict.fromkeys(row_label(r) for r in served))
+    width = 0.8 / max(1, len(labels))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 + 0.5 * len(labels) * len(levels)), 4))
+    for k, label in enumerate(labels):
+        xs, ys = [], []
+        for i, c in enumerate(levels):
+            got = [r["gateway_cpu_ms"] for r in served
+                   if r["concurrency"] == c and row_label(r) == label]
+            if got:
+                xs.append(i - 0.4 + width * (k + 0.5))
+                ys.append(float(np.mean(got)))
+        ax.bar(xs, ys, width, label=label)
+    ax.set_xticks(range(len(levels)), [f"{c} client{'s' if c > 1 else ''}" for c in levels])
+    ax.set_ylabel("CPU ms per request (serving process)")
+    ax.set_title("gateway vs floor (same HTTP stack and engine client, no Hermes)")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

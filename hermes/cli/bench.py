@@ -469,6 +469,10 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     if len(modes) == 1:
         body += f", identity {modes[0]}"
     shown = [{short.get(k, k): v for k, v in r.items() if k not in drop} for r in rows]
+    if args.plot:
+        from hermes.bench.gateway import plot_gateway
+
+        plot_gateway(rows, args.plot)
     return _finish(shown, args, f"gateway overhead ({args.requests} requests of {body}, "
                    f"concurrency {args.concurrency}, {args.client} client; *_cpu: CPU ms "
                    f"per request of each process; max_pause_ms: longest event-loop stall of "
@@ -519,6 +523,9 @@ def add_gateway_parser(bsub: argparse._SubParsersAction) -> None:
                         "proxy on the gateway's HTTP stack and engine client with nothing of "
                         "Hermes in it (python -m hermes.bench.floor); the gateway's CPU above "
                         "it is Hermes' own work")
+    s.add_argument("--plot", default=None, metavar="FILE",
+                   help="write a bar chart of the serving process's CPU per request (floor and "
+                        "gateway rows, per concurrency level) to FILE.png (the plot extra)")
     s.add_argument("--json", default=None)
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(func=cmd_gateway)

@@ -93,6 +93,10 @@ class SchedulerConfig(_Section):
     #: the recent end of its prefix cache's LRU; a prefill would only cost the engine and the
     #: gateway a request. 0: send it anyway (only a running unit's prefix is held)
     prewarm_kv_recent_s: float = Field(default=1.0, ge=0.0)
+    #: the planner's timer fires on a grid of this many wall seconds: prewarms due within one
+    #: tick start (or are released) together, at most this late; 0: at each one's own time
+    #: (one event-loop wake-up each, ~2 per agent request once its app has a graph)
+    prewarm_tick_s: float = Field(default=0.005, ge=0.0, le=1.0)
     seed: int = 0
     #: ZeroMQ ROUTER address that external HermesLets connect to (``--bind``); "" (default):
     #: none while the embedded node serves, ``tcp://127.0.0.1:5557`` without it

@@ -96,10 +96,10 @@ def test_bench_gateway_floor_rows_measure_the_stack_without_hermes(tmp_path) -> 
     """``--floor``: the same requests through the floor proxy (the gateway's HTTP stack and
     engine client, nothing of Hermes), at every level, between the direct and gateway rows;
     the proxy's CPU is its ``gateway_cpu_ms``, below the gateway's own at one client."""
-    out = tmp_path / "gw.json"
+    out, png = tmp_path / "gw.json", tmp_path / "gw.png"
     assert main(["bench", "gateway", "--requests", "100", "--warmup", "10", "--concurrency",
                  "1,4", "--policies", "vllm", "--fill-history", "0", "--floor", "--json",
-                 str(out), "--no-progress"]) == 0
+                 str(out), "--plot", str(png), "--no-progress"]) == 0
     rows = json.loads(out.read_text())
     assert [(r["path"], r["concurrency"]) for r in rows] == [
         ("direct", 1), ("direct", 4), ("floor", 1), ("floor", 4), ("gateway", 1),
@@ -114,6 +114,20 @@ def test_bench_gateway_floor_rows_measure_the_stack_without_hermes(tmp_path) -> 
     # the gateway authenticates, infers nothing here, but creates, ranks, dispatches through
     # its node and records a run per request: more CPU than forwarding it
     assert by[("gateway", 1)]["gateway_cpu_ms"] > by[("floor", 1)]["gateway_cpu_ms"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the bar chart of the CPU
+
+
+def test_row_labels_name_what_each_row_measured() -> None:
+    from hermes.bench.gateway import row_label
+
+    base = {"path": "gateway", "policy": "hermes", "identity": "infer", "tracing": "off",
+            "history_kind": "inferred", "history": 50000}
+    assert row_label(base) == "hermes infer agents after 50000"
+    assert row_label({**base, "history": 0}) == "hermes infer agents fresh"
+    assert row_label({**base, "history_kind": "finished", "identity": "none"}) == "hermes none"
+    assert row_label({**base, "tracing": "base", "history_kind": "finished"}) == \
+        "hermes infer tracing base"
+    assert row_label({**base, "path": "floor"}) == "floor"
 
 
 def test_the_floor_proxy_refuses_a_body_that_is_not_json() -> None:
