@@ -574,10 +574,10 @@ WARM_SETTLE_S = 8.0
 
 
 def row_label(r: dict[str, Any]) -> str:
-    """What a row measured, in words: ``floor``, ``hermes none``, ``hermes infer agents
-    after 50000``, ... (the figure's legend)."""
+    """What a row measured, in words: ``floor``, ``floor agents``, ``hermes none``,
+    ``hermes infer agents after 50000``, ... (the figure's legend)."""
     if r["path"] != "gateway":
-        return r["path"]
+        return r["path"] + (" agents" if r["history_kind"] == "inferred" else "")
     out = f"{r['policy']} {r['identity']}"
     if r.get("tracing", "off") not in ("off", "-"):
         out += f" tracing {r['tracing']}"

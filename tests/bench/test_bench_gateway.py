@@ -127,7 +127,8 @@ def test_row_labels_name_what_each_row_measured() -> None:
     assert row_label({**base, "history_kind": "finished", "identity": "none"}) == "hermes none"
     assert row_label({**base, "tracing": "base", "history_kind": "finished"}) == \
         "hermes infer tracing base"
-    assert row_label({**base, "path": "floor"}) == "floor"
+    assert row_label({**base, "path": "floor"}) == "floor agents"
+    assert row_label({**base, "path": "floor", "history_kind": "finished"}) == "floor"
 
 
 def test_the_floor_proxy_refuses_a_body_that_is_not_json() -> None:
