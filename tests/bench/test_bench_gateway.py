@@ -140,3 +140,19 @@ def test_the_floor_proxy_refuses_a_body_that_is_not_json() -> None:
         r = client.post("/v1/chat/completions", content=b"{bad")
         assert r.status_code == 400 and "not JSON" in r.json()["error"]["message"]
         assert client.get("/health").json() == {"ok": True}
+
+
+def test_plot_without_matplotlib_is_refused_before_the_run(monkeypatch, capsys) -> None:  # noqa: ANN001
+    """``--plot`` needs the plot extra: without it the command says so and runs nothing (the
+    figures of a run are not lost to a missing extra at its end)."""
+    import sys
+
+    import hermes.bench.gateway as bg
+
+    def no_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the benchmark ran")
+
+    monkeypatch.setattr(bg, "bench_gateway", no_run)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
+    assert main(["bench", "gateway", "--requests", "5", "--plot", "x.png", "--no-progress"]) == 2
+    assert "pip install 'hermes-gateway[plot]'" in capsys.readouterr().err
