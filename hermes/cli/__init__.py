@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from hermes import __version__
-from hermes.extras import MissingExtraError
+from hermes.extras import MissingExtraError, require
 
 #: The command tree: each top-level command, its one-line help, and the function of the
 #: module under ``hermes.cli`` that adds it (with its sub-commands and flags) to the parser.
@@ -83,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = _command_of(argv)
     args = build_parser(command or "").parse_args(argv)
     try:
+        if getattr(args, "plot", None):  # every --plot: refused before the run, not after it
+            require("plot")
         return int(args.func(args) or 0)
     except (ValueError, OSError, MissingExtraError) as exc:
         print(f"hermes: error: {exc}", file=sys.stderr)

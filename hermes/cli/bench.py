@@ -447,10 +447,6 @@ def add_prewarm_parsers(bsub: argparse._SubParsersAction) -> None:
 def cmd_gateway(args: argparse.Namespace) -> int:
     from hermes.bench.gateway import bench_gateway
 
-    if args.plot:  # before the run, not after it: a missing extra must not cost the figures
-        from hermes.extras import require
-
-        require("plot")
     t0 = time.perf_counter()
     rows = bench_gateway(args.requests, args.concurrency, tuple(_names(args.policies)),
                          warmup=args.warmup, progress=not args.no_progress, client=args.client,

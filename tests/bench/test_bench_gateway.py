@@ -143,8 +143,8 @@ def test_the_floor_proxy_refuses_a_body_that_is_not_json() -> None:
 
 
 def test_plot_without_matplotlib_is_refused_before_the_run(monkeypatch, capsys) -> None:  # noqa: ANN001
-    """``--plot`` needs the plot extra: without it the command says so and runs nothing (the
-    figures of a run are not lost to a missing extra at its end)."""
+    """``--plot`` needs the plot extra: without it every command that draws one says so and
+    runs nothing (the figures of a run are not lost to a missing extra at its end)."""
     import sys
 
     import hermes.bench.gateway as bg
@@ -154,5 +154,8 @@ def test_plot_without_matplotlib_is_refused_before_the_run(monkeypatch, capsys) 
 
     monkeypatch.setattr(bg, "bench_gateway", no_run)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
-    assert main(["bench", "gateway", "--requests", "5", "--plot", "x.png", "--no-progress"]) == 2
-    assert "pip install 'hermes-gateway[plot]'" in capsys.readouterr().err
+    # (the other commands with --plot, at their defaults: refused before they start)
+    for argv in (["bench", "gateway", "--requests", "5", "--no-progress"],
+                 ["bench", "sched"], ["bench", "knob"], ["bench", "soak"], ["bench", "seallm"]):
+        assert main([*argv, "--plot", "x.png"]) == 2, argv
+        assert "pip install 'hermes-gateway[plot]'" in capsys.readouterr().err
