@@ -187,7 +187,7 @@ class Profiler:
                 next=_normalise(acc.next_counts),
                 next_by_visit=[_normalise(c) for c in acc.next_by_visit],
                 visits_by_index=[sum(c.values()) for c in acc.next_by_visit],
-                branch=[[round(x, 2) for x in r] for r in acc.branch],
+                branch=[tuple(round(x, 2) for x in r) for r in acc.branch],
                 branch_next=list(acc.branch_next),
                 branch_masks=self._branch_masks(acc),
             )
@@ -204,7 +204,7 @@ class Profiler:
         )
 
     def _edge(self, rows: deque[tuple[float, ...]]) -> Edge:
-        joined = [[round(x, 2) for x in r] for r in rows]
+        joined = [tuple(round(x, 2) for x in r) for r in rows]
         masks: dict[str, bool] = {}
         rho: dict[str, float] = {}
         if len(rows) >= MIN_JOINED_FOR_MASKS:
