@@ -63,3 +63,26 @@ def test_bucketed_pearson() -> None:
     assert bucketed_pearson(x, 3 * x + 1, 10) > 0.99
     assert abs(bucketed_pearson(x, rng.normal(size=500), 10)) < 0.2
     assert bucketed_pearson(np.ones(50), x[:50], 10) == 0.0
+
+
+def test_learned_rows_are_not_walked_by_the_garbage_collector() -> None:
+    """A learned graph's per-invocation rows (``branch``, ``joined``: up to MAX_SAMPLES per
+    unit and edge) are tuples of floats, which the collector stops tracking, as is a graph
+    read back from its JSON (a warm gateway's full collections walked them as lists: ~1.3
+    million floats); the JSON is the arrays it was."""
+    import gc
+    import json
+
+    from hermes.core.pdgraph import PDGraph
+
+    graph = learn(kbqa_like_records(300))
+    again = PDGraph.model_validate_json(graph.model_dump_json())
+    gc.collect()  # a collection untracks the tuples whose items are all untracked
+    for g in (graph, again):
+        rows = [r for u in g.units.values() for r in u.branch]
+        rows += [r for e in g.edges.values() for r in e.joined]
+        assert len(rows) > 300
+        assert all(type(r) is tuple and not gc.is_tracked(r) for r in rows)
+    assert again == graph
+    doc = json.loads(graph.model_dump_json())
+    assert any(isinstance(u["branch"][0], list) for u in doc["units"].values() if u["branch"])
