@@ -85,6 +85,13 @@ class TenantLimits:
     max_active_runs: int | None = None
     rpm: int | None = None
 
+    def counted(self) -> list[tuple[str, float]]:
+        """The set limits that admission counts per request (``rate``, ``rpm``,
+        ``max_concurrent``), as (name, value): what a process enforcing them from its own
+        memory counts alone. ``max_active_runs`` is the scheduler's, ``burst`` shapes a rate."""
+        return [(name, float(v)) for name, v in (("rate", self.rate), ("rpm", self.rpm),
+                                                 ("max_concurrent", self.max_concurrent)) if v]
+
 
 @dataclass(slots=True)
 class Admission:

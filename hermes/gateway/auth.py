@@ -317,11 +317,11 @@ class Security:
         if not isinstance(adm, Admission):
             return []
         out = [f"security.tenant_{name} = {value:g}"
-               for name, value in _counted(adm.default)]
+               for name, value in adm.default.counted()]
         where = (f"the auth file {self.store.path}" if isinstance(self.store, FileKeyStore)
                  else "the Redis key store (security.auth_redis)")
         for tenant, lim in sorted(adm.per_tenant.items()):
-            counted = _counted(lim)
+            counted = lim.counted()
             if counted:
                 out.append(f"tenant {tenant!r} ({', '.join(n for n, _ in counted)}) in {where}")
         return out
@@ -339,8 +339,9 @@ class Security:
         if new == old:
             return
         adm.per_tenant = new
-        if self.warn_local_limits and self.local_limits():
-            log.error("%s: %s", self.warn_local_limits, "; ".join(self.local_limits()))
+        local = self.local_limits() if self.warn_local_limits else []
+        if local:
+            log.error("%s: %s", self.warn_local_limits, "; ".join(local))
         if not isinstance(adm, Admission):
             return  # shared admission: the limits go with every call
         for tenant in list(adm.buckets):
@@ -356,12 +357,6 @@ class Security:
             fresh.tokens = min(burst, bucket.tokens + max(0.0, burst - bucket.burst))
             fresh.stamp = bucket.stamp
             adm.buckets[tenant] = fresh
-
-
-def _counted(lim: TenantLimits) -> list[tuple[str, float]]:
-    """The limits of ``lim`` that admission counts (rate, rpm, max_concurrent), set ones."""
-    return [(name, float(v)) for name, v in (("rate", lim.rate), ("rpm", lim.rpm),
-                                             ("max_concurrent", lim.max_concurrent)) if v]
 
 
 def check_exposure(config: Any) -> None:

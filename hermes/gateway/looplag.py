@@ -183,9 +183,9 @@ def tune_gc() -> None:
     at 25,000, measured side by side on the same warm gateway (``/admin/loop``'s ``gc``
     totals over 2,000 requests after 10,000 header-less ones, two rounds): c32 198 and 226 ms
     -> 60 and 23 ms, c1 89 and 70 ms -> 65 and 36 ms; the longest single collection grows
-    (a few tens of ms when a graph rebuild's lists are young), fewer happen. Objects alive at startup that later become cyclic garbage are
-    never collected (the frozen generation is not): the gateway builds nothing at startup
-    that it replaces often."""
+    (a few tens of ms when a graph rebuild's lists are young), fewer happen. Objects alive
+    at startup that later become cyclic garbage are never collected (the frozen generation
+    is not): the gateway builds nothing at startup that it replaces often."""
     gc.collect()
     gc.freeze()
     _FROZEN[0] = gc.get_freeze_count()

@@ -56,3 +56,12 @@ def test_rpm_is_an_exact_sliding_window() -> None:
     both = Admission(default=TenantLimits(rpm=1, rate=0.001, burst=2))
     assert both.admit("t", 0.0)[0] and not both.admit("t", 1.0)[0]
     assert abs(both.buckets["t"].tokens - 1.001) < 1e-9  # refilled, nothing spent
+
+
+def test_counted_limits_are_the_set_ones_admission_counts_per_request() -> None:
+    from hermes.core.limits import TenantLimits
+
+    assert TenantLimits().counted() == []
+    assert TenantLimits(burst=5, max_active_runs=2).counted() == []  # not counted per request
+    assert TenantLimits(rate=2.5, rpm=100, max_concurrent=4).counted() == [
+        ("rate", 2.5), ("rpm", 100.0), ("max_concurrent", 4.0)]

@@ -124,15 +124,21 @@ def test_with_the_shared_store_limits_hold_over_the_edges_together(
     assert _gauge(edges[1], "hermes_shared_store_up") == 1
 
 
-def test_limits_that_appear_in_the_key_store_while_an_edge_serves_are_an_error(
-        split: Callable[..., Split], tmp_path: Path,
-        caplog: pytest.LogCaptureFixture) -> None:
+def _acme_key(tmp_path: Path) -> tuple[Path, FileKeyStore, dict[str, str]]:
+    """An auth file with one key of tenant ``acme``: the file, its store, and the headers of
+    a one-request call with that key."""
     auth = tmp_path / "auth.json"
     keys = FileKeyStore(auth)
     key = keys.create("acme")
+    return auth, keys, {"Authorization": f"Bearer {key}", "X-Hermes-Run": "none"}
+
+
+def test_limits_that_appear_in_the_key_store_while_an_edge_serves_are_an_error(
+        split: Callable[..., Split], tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    auth, keys, who = _acme_key(tmp_path)
     sp = split(auth_file=str(auth), metrics_token="mtok")
     edge = sp.edge("edge0")
-    who = {"Authorization": f"Bearer {key}", "X-Hermes-Run": "none"}
     scrape = {"Authorization": "Bearer mtok"}
     assert httpx.get(edge.url + "/metrics", timeout=10).status_code == 401  # its token
     assert _gauge(edge, "hermes_edge_per_instance_limits", scrape) == 0
@@ -147,9 +153,8 @@ def test_limits_that_appear_in_the_key_store_while_an_edge_serves_are_an_error(
 def test_a_key_revoked_in_the_file_an_edge_reads_is_refused_at_once_a_copy_is_not(
         split: Callable[..., Split], tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
-    auth = tmp_path / "auth.json"
-    keys = FileKeyStore(auth)
-    key = keys.create("acme")
+    auth, keys, who = _acme_key(tmp_path)
+    key = who["Authorization"].removeprefix("Bearer ")
     copy = tmp_path / "copy.json"
     shutil.copy(auth, copy)
     sp = split(auth_file=str(auth))
@@ -158,7 +163,6 @@ def test_a_key_revoked_in_the_file_an_edge_reads_is_refused_at_once_a_copy_is_no
         own = sp.edge("edge1", auth_file=str(copy))
     assert any("only by the edges that read that same file" in r.getMessage()
                for r in caplog.records)
-    who = {"Authorization": f"Bearer {key}", "X-Hermes-Run": "none"}
     assert _admitted([same, own], 2, who) == [200, 200]
     assert keys.revoke(key[3:].split(".")[0])
     assert _admitted([same], 1, who) == [401]  # the next request (the file is re-read)
