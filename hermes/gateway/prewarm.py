@@ -98,8 +98,10 @@ class GatewayPrewarmer(RunObserver):
         self.held = 0
         self.acks_failed = 0
         self._timer: asyncio.TimerHandle | None = None
-        #: when the timer fires, in the loop's time (``loop.time()``)
+        #: when the timer fires, in the loop's time (``loop.time()``), and the planner's time
+        #: it was set for (a prewarm due later than that needs no look at the loop)
         self._timer_at: float | None = None
+        self._timer_due: float | None = None
         #: the timer's grid (wall s, ``scheduler.prewarm_tick_s``; 0: none): :meth:`_apply`
         self.tick_s = tick_s
         #: told of every decision (tracing on: :meth:`hermes.gateway.tracing.RunTracer.
@@ -310,7 +312,7 @@ class GatewayPrewarmer(RunObserver):
 
     # ------------------------------------------------------------------ internals
     def _due(self) -> None:
-        self._timer = self._timer_at = None
+        self._timer = self._timer_at = self._timer_due = None
         try:
             now = self.ctx.now()
             self._apply(self.strategy.due(now), now)
@@ -327,7 +329,8 @@ class GatewayPrewarmer(RunObserver):
                 continue
             self._signal(a)
         nxt = self.strategy.next_due()
-        if nxt is None:
+        if nxt is None or (self._timer is not None and self._timer_due is not None
+                           and self._timer_due <= nxt):
             return
         try:
             loop = asyncio.get_running_loop()
@@ -346,7 +349,7 @@ class GatewayPrewarmer(RunObserver):
             return
         if self._timer is not None:
             self._timer.cancel()
-        self._timer_at = at
+        self._timer_at, self._timer_due = at, nxt
         self._timer = loop.call_at(at, self._due)
 
     def _signal(self, a: PrewarmAction) -> None:

@@ -59,8 +59,6 @@ def test_rpm_is_an_exact_sliding_window() -> None:
 
 
 def test_counted_limits_are_the_set_ones_admission_counts_per_request() -> None:
-    from hermes.core.limits import TenantLimits
-
     assert TenantLimits().counted() == []
     assert TenantLimits(burst=5, max_active_runs=2).counted() == []  # not counted per request
     assert TenantLimits(rate=2.5, rpm=100, max_concurrent=4).counted() == [
