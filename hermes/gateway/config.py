@@ -147,7 +147,9 @@ class StoresConfig(_Section):
     #: write the learned PDGraph back to the knowledge base once an app has N new finished
     #: runs (0: never write back; the estimator is updated anyway)
     kb_write_every: int = Field(default=1, ge=0)
-    #: how often (wall s) learned PDGraphs are rebuilt for the estimator and written back
+    #: how often (wall s) learned PDGraphs are rebuilt for the estimator and written back;
+    #: also how long the request path reuses a knowledge-base read of an app this process
+    #: has not learned (found or not: ``Learner.serving_graph``)
     learn_interval_s: float = Field(default=1.0, gt=0.0)
     #: an app's graph is rebuilt by the learning loop once its new finished runs reach this
     #: fraction of the runs it was last built from (every run while it has fewer than
