@@ -595,7 +595,11 @@ class HermesLet:
     def _take_submit(self, msg: P.Submit) -> None:
         """Queue a submit at its engine and release what the engine has room for (an
         in-process scheduler calls this directly, :meth:`InprocLink.direct`); one no
-        engine here serves is answered ``failed``. Never raises into the caller."""
+        engine here serves is answered ``failed``. Never raises into the caller: a submit
+        whose intake raised before this node held it is answered ``failed`` (retryable: the
+        scheduler sends it elsewhere or fails it), not dropped, so that its client is not left
+        waiting for an answer that never comes; one it holds (queued or released) is left to
+        its engine."""
         try:
             slot = self._pick(msg)
             if slot is None:
@@ -606,8 +610,13 @@ class HermesLet:
             slot.queue.push(msg.request_id, _Queued(msg, time.monotonic()), tuple(msg.key),
                             msg.run_id)
             self._pump(slot)
-        except Exception:
+        except Exception as exc:
             log.exception("hermeslet %s: could not take submit %s", self.node, msg.request_id)
+            if msg.request_id not in self.holding():
+                self._spawn(self._send(P.Failed(
+                    request_id=msg.request_id, retryable=True,
+                    error=f"node {self.node!r} could not take the request: "
+                          f"{type(exc).__name__}: {exc}")))
 
     def _on_rekey(self, msg: P.Rekey) -> None:
         moved: set[str] = set()

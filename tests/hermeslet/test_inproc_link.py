@@ -182,3 +182,41 @@ async def test_live_scheduler_serves_a_linked_node_and_refuses_a_second_link(tmp
     finally:
         await sched.stop()
     assert link.closed
+
+
+async def test_a_submit_whose_intake_raises_is_answered_failed_not_dropped(monkeypatch):
+    """A submit the node could not take (here: its engine lookup raised) is answered
+    ``failed``, retryable, over the link; one it already holds when its release raises
+    is left queued and still served."""
+    rec = Recorder()
+    link = InprocLink(b"emb", rec)
+    async with linked_node(link, time_scale=200) as agent:
+        await rec.wait_for("hello")
+        real_pick, real_pump = agent._pick, agent._pump
+
+        def broken_pick(msg):
+            if msg.request_id == "bad":
+                raise RuntimeError("engine table changed under us")
+            return real_pick(msg)
+
+        monkeypatch.setattr(agent, "_pick", broken_pick)
+        link.deliver(submit("bad", [1.0], max_tokens=2))
+        (failed,) = await rec.wait_for("failed")
+        assert failed.request_id == "bad" and failed.retryable
+        assert "RuntimeError: engine table changed under us" in failed.error
+
+        calls = {"n": 0}
+
+        def pump_once_broken(slot):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("release failed")
+            return real_pump(slot)
+
+        monkeypatch.setattr(agent, "_pump", pump_once_broken)
+        link.deliver(submit("held", [1.0], max_tokens=2))  # queued, then the release raised
+        assert "held" in agent.holding()
+        link.deliver(submit("next", [1.0], max_tokens=2))  # the next release takes it too
+        done = await rec.wait_for("done", 2)
+        assert sorted(d.request_id for d in done) == ["held", "next"]
+        assert [m.request_id for _, m in rec.msgs if m.type == "failed"] == ["bad"]
