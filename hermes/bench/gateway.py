@@ -31,10 +31,12 @@ requests in flight, keep-alive) on the same event loop (:mod:`hermes.evloop`).
 Each concurrency level (``--concurrency 1,32`` by default: the latency added to a lone request,
 and what one gateway process sustains under load) gets a direct row and a row per policy.
 Rows: ``{path, policy, identity, concurrency, history, requests, errors, p50_ms, p99_ms, max_ms,
-max_pause_ms, max_gc_ms, max_pause_cpu_ms, max_busy_ms, req_per_s, client_cpu_ms, gateway_cpu_ms, engine_cpu_ms,
-added_p50_ms, added_p99_ms}``; ``added_*`` = gateway minus direct, measured in the same run;
-``*_cpu_ms`` = CPU milliseconds (user + system, from ``/proc``) per request of the benchmark
-client, the gateway process and the engine server over the measured phase. On a shared
+max_pause_ms, max_gc_ms, max_pause_cpu_ms, max_busy_ms, req_per_s, client_cpu_ms, gateway_cpu_ms,
+gateway_loop_cpu_ms, engine_cpu_ms, added_p50_ms, added_p99_ms}``; ``added_*`` = gateway minus
+direct, measured in the same run; ``*_cpu_ms`` = CPU milliseconds (user + system, from
+``/proc``) per request of the benchmark client, the gateway process and the engine server over
+the measured phase; ``gateway_loop_cpu_ms``: the gateway's main thread alone, its event loop
+(the rest of ``gateway_cpu_ms`` is its worker threads': the learner's rebuilds, mostly). On a shared
 machine wall-clock req/s is noisy; CPU per request is what one process can sustain:
 ``1000 / cpu_ms`` req/s per core.
 
@@ -95,10 +97,13 @@ IDENTITY_HEADERS: dict[str, dict[str, str] | None] = {"infer": None,
                                                       "none": {"X-Hermes-Run": "none"}}
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far, from ``/proc/PID/stat``."""
+def _cpu_s(pid: int, *, main_thread: bool = False) -> float:
+    """CPU seconds (user + system) a process has used so far, from ``/proc/PID/stat``;
+    ``main_thread``: its main thread's alone (``/proc/PID/task/PID/stat``: the gateway's
+    event loop, without the learner's and other worker threads)."""
+    path = f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat"
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(path) as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return float("nan")
@@ -115,19 +120,29 @@ def _children(pid: int) -> list[int]:
 
 
 class _CpuMeter:
-    """CPU seconds used by this process (the client) and by server processes over a phase."""
+    """CPU seconds used by this process (the client) and by server processes over a phase,
+    and by the gateway's main thread (its event loop: ``gateway_loop_cpu_ms``; the rest of
+    ``gateway_cpu_ms`` is its worker threads', mostly the learner's rebuilds)."""
 
     def __init__(self, **pids: int) -> None:
         self.pids = pids
-        self.t0 = (time.process_time(), {k: _cpu_s(p) for k, p in pids.items()})
+        self.t0 = (time.process_time(), {k: _cpu_s(p) for k, p in pids.items()},
+                   _cpu_s(pids["gateway"], main_thread=True) if "gateway" in pids else 0.0)
 
     def per_request_ms(self, n: int) -> dict[str, float]:
-        """``{client_cpu_ms, <name>_cpu_ms, ...}``: CPU milliseconds per request."""
-        c0, s0 = self.t0
+        """``{client_cpu_ms, <name>_cpu_ms, ..., gateway_loop_cpu_ms}``: CPU milliseconds
+        per request."""
+        c0, s0, loop0 = self.t0
         d = max(n, 1)
+        # the thread before its process at the end (and after it at the start); /proc
+        # rounds a thread's and its process's times apart, so the share may exceed the
+        # whole by a clock tick
+        loop1 = _cpu_s(self.pids["gateway"], main_thread=True) if "gateway" in self.pids else 0.0
         out = {"client_cpu_ms": (time.process_time() - c0) * 1e3 / d}
         for k, p in self.pids.items():
             out[f"{k}_cpu_ms"] = (_cpu_s(p) - s0[k]) * 1e3 / d
+        if "gateway" in self.pids:
+            out["gateway_loop_cpu_ms"] = (loop1 - loop0) * 1e3 / d
         return out
 
 
@@ -230,6 +245,8 @@ def _row(path: str, policy: str, concurrency: int, lat: np.ndarray, wall: float,
         "req_per_s": float(lat.size / wall) if wall > 0 else nan,
         "client_cpu_ms": cpu["client_cpu_ms"],
         "gateway_cpu_ms": cpu.get("gateway_cpu_ms", 0.0),
+        # its event loop's thread alone (the rest: worker threads, mostly learning)
+        "gateway_loop_cpu_ms": cpu.get("gateway_loop_cpu_ms", 0.0),
         "engine_cpu_ms": cpu["engine_cpu_ms"],
         # the gateway's trace export process (tracing on), apart from the gateway's own
         "export_cpu_ms": cpu.get("export_cpu_ms", 0.0),

@@ -460,22 +460,26 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     # the stall's CPU columns have short names there (the JSON rows keep every field)
     short = {"concurrency": "conc", "max_pause_cpu_ms": "pause_cpu_ms", "max_busy_ms": "busy_ms",
              "max_gc_ms": "gc_ms", "client_cpu_ms": "client_cpu", "gateway_cpu_ms": "gw_cpu",
+             "gateway_loop_cpu_ms": "gw_loop",
              "engine_cpu_ms": "engine_cpu", "export_cpu_ms": "export_cpu",
              "history_kind": "kind"}
     drop = {"requests"} | ({"identity"} if len(modes) == 1 else set()) | (
-        set() if args.warm_history else {"history_kind"})
+        set() if args.warm_history else {"history_kind", "gateway_loop_cpu_ms"})
     if args.tracing == "off" and not args.baseline_src:
         drop |= {"tracing", "export_cpu_ms"}
     if len(modes) == 1:
         body += f", identity {modes[0]}"
     shown = [{short.get(k, k): v for k, v in r.items() if k not in drop} for r in rows]
+    # (with a warm history: the learner's worker threads are the rest of gw_cpu)
+    loop_note = " (gw_loop: the gateway's event-loop thread alone)" if args.warm_history else ""
     if args.plot:
         from hermes.bench.gateway import plot_gateway
 
         plot_gateway(rows, args.plot)
     return _finish(shown, args, f"gateway overhead ({args.requests} requests of {body}, "
                    f"concurrency {args.concurrency}, {args.client} client; *_cpu: CPU ms "
-                   f"per request of each process; max_pause_ms: longest event-loop stall of "
+                   f"per request of each process{loop_note}; max_pause_ms: longest event-loop "
+                   f"stall of "
                    f"the gateway in the row, pause_cpu_ms: the gateway's CPU during it, "
                    f"busy_ms: the most the loop's own work used between two 5 ms wake-ups; gc_ms: "
                    f"longest collection; history: finished runs it "

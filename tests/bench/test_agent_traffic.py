@@ -4,6 +4,7 @@ of ``hermes bench gateway`` and ``hermes bench soak --agents``."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -75,6 +76,9 @@ def test_warm_history_rows_beside_the_fresh_ones(monkeypatch) -> None:
     for r in inferred:
         assert r["errors"] == 0 and r["requests"] == 40 and r["identity"] == "infer"
         assert r["gateway_cpu_ms"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"]
+        # (/proc rounds the thread's and the process's times apart: one clock tick each)
+        assert 0 < r["gateway_loop_cpu_ms"] <= (r["gateway_cpu_ms"]
+                                                + 2 * 1000 / os.sysconf("SC_CLK_TCK") / 40)
         assert "added_p50_ms" in r
     assert {r["history_kind"] for r in rows if r["path"] == "direct"} == {"finished", "inferred"}
     with pytest.raises(ValueError, match="--warm-history"):

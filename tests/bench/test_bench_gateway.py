@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -54,6 +55,11 @@ def test_bench_gateway_levels_and_cpu_columns(tmp_path) -> None:  # noqa: ANN001
         assert d["gateway_cpu_ms"] == 0.0 and d["engine_cpu_ms"] > 0 and d["client_cpu_ms"] > 0
         # CPU from /proc: the gateway parses, schedules, dispatches and records every request
         assert gw["gateway_cpu_ms"] > gw["engine_cpu_ms"] > 0
+        # its event loop's thread: a share of it (the learner's thread has the rest)
+        # (/proc rounds the thread's and the process's times apart: one clock tick each)
+        tick_ms = 2 * 1000 / os.sysconf("SC_CLK_TCK") / gw["requests"]
+        assert 0.0 < gw["gateway_loop_cpu_ms"] <= gw["gateway_cpu_ms"] + tick_ms
+        assert d["gateway_loop_cpu_ms"] == 0.0
 
 
 def test_bench_gateway_row_with_a_full_finished_run_history(tmp_path) -> None:  # noqa: ANN001
