@@ -603,6 +603,14 @@ def row_label(r: dict[str, Any]) -> str:
     return out
 
 
+def plot_title(rows: Sequence[dict[str, Any]]) -> str:
+    """The title of :func:`plot_gateway`'s chart: it names the floor only when rows of it
+    are drawn (``--floor``)."""
+    if any(r["path"] == "floor" for r in rows):
+        return "gateway vs floor (same HTTP stack and engine client, no Hermes)"
+    return "gateway: CPU per request of the serving process"
+
+
 def plot_gateway(rows: Sequence[dict[str, Any]], path: str) -> None:
     """CPU ms per request of the serving process (the floor proxy, or the gateway) at each
     concurrency level, one bar per kind of row (:func:`row_label`; direct rows have no
@@ -629,7 +637,7 @@ def plot_gateway(rows: Sequence[dict[str, Any]], path: str) -> None:
         ax.bar(xs, ys, width, label=label)
     ax.set_xticks(range(len(levels)), [f"{c} client{'s' if c > 1 else ''}" for c in levels])
     ax.set_ylabel("CPU ms per request (serving process)")
-    ax.set_title("gateway vs floor (same HTTP stack and engine client, no Hermes)")
+    ax.set_title(plot_title(served))
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

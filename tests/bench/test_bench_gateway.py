@@ -123,6 +123,14 @@ def test_bench_gateway_floor_rows_measure_the_stack_without_hermes(tmp_path) -> 
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the bar chart of the CPU
 
 
+def test_the_charts_title_names_the_floor_only_when_it_is_drawn() -> None:
+    from hermes.bench.gateway import plot_title
+
+    gw = {"path": "gateway", "concurrency": 1}
+    assert "floor" in plot_title([{"path": "floor", "concurrency": 1}, gw])
+    assert "floor" not in plot_title([gw])
+
+
 def test_row_labels_name_what_each_row_measured() -> None:
     from hermes.bench.gateway import row_label
 
