@@ -29,6 +29,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from cachetools import TTLCache
+
 from hermes.core.profiler import Profiler
 from hermes.core.records import RequestRecord, RunRecord, UnitRecord
 from hermes.gateway.config import resolve_state_dir
@@ -39,6 +41,9 @@ from hermes.gateway.state import LiveRun
 from hermes.kb.base import APP_NAME_RE
 
 log = logging.getLogger("hermes.gateway.learning")
+
+#: :meth:`Learner._kb_read`'s "not remembered" (None is a remembered answer: no graph)
+_UNREAD = object()
 
 
 def open_kb(url: str, state_dir: str) -> Any | None:
@@ -84,9 +89,12 @@ class Learner(RunObserver):
         #: a dozen objects each for the garbage collector to walk while they wait)
         self._kb_records: list[RecordLine] = []
         self._records_fh: Any = None
-        #: app -> (monotonic time, its knowledge-base graph or None) as the request path last
-        #: read it (:meth:`_kb_read`), least recently read first
-        self._kb_reads: OrderedDict[str, tuple[float, Any | None]] = OrderedDict()
+        #: app -> its knowledge-base graph or None, as the request path last read it
+        #: (:meth:`_kb_read`): kept ``learn_interval_s``, at most ``max_learned_apps`` apps,
+        #: least recently read out first
+        st = ctx.config.stores
+        self._kb_reads: TTLCache[str, Any | None] = TTLCache(
+            maxsize=st.max_learned_apps, ttl=st.learn_interval_s, timer=time.monotonic)
 
     # ------------------------------------------------------------------ records
     def run_ended(self, run: LiveRun) -> None:
@@ -391,21 +399,15 @@ class Learner(RunObserver):
 
     def _kb_read(self, app: str) -> Any | None:
         """``kb.get(app)``, remembered for ``learn_interval_s`` (the learning loop's own
-        cadence: a graph another process writes is seen as late as a learned one is), for at
-        most ``stores.max_learned_apps`` apps (least recently read dropped first). Writes
-        through this learner (:meth:`put_graph`, an eviction) forget the app's entry."""
+        cadence: a graph another process writes, or this learner's write-back, is seen as
+        late as a learned one is), for at most ``stores.max_learned_apps`` apps (least
+        recently read dropped first). An upload (:meth:`put_graph`) and an eviction
+        (:meth:`_make_room`) forget the app's entry at once."""
         if self.kb is None:
             return None
-        now = time.monotonic()
-        hit = self._kb_reads.get(app)
-        if hit is not None and now - hit[0] < self.ctx.config.stores.learn_interval_s:
-            self._kb_reads.move_to_end(app)
-            return hit[1]
-        graph = self.kb.get(app)
-        self._kb_reads[app] = (now, graph)
-        self._kb_reads.move_to_end(app)
-        while len(self._kb_reads) > self.ctx.config.stores.max_learned_apps:
-            self._kb_reads.popitem(last=False)
+        graph = self._kb_reads.get(app, _UNREAD)
+        if graph is _UNREAD:
+            graph = self._kb_reads[app] = self.kb.get(app)
         return graph
 
     def put_graph(self, graph: Any) -> None:
