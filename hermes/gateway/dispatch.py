@@ -360,7 +360,9 @@ class Dispatcher(RunObserver):
             self.ctx.metrics.on_request_done(req.node, msg.engine, msg.queue_s, msg.service_s)
         run, now = req.run, self.ctx.now()
         service = self.ctx.cost.request_service_s(msg.input_tokens, msg.output_tokens)
-        self.runs.credit(run, max(0.0, service - req.credited_s), msg.input_tokens + msg.output_tokens, now)
+        self.runs.credit(run, max(0.0, service - req.credited_s),
+                         msg.input_tokens + msg.output_tokens, now,
+                         closing=self.runs.closes_with(run, req.inv))
         if req.tokens is not None:
             req.tokens.put_nowait(None)
         if not req.future.done():
@@ -390,7 +392,8 @@ class Dispatcher(RunObserver):
         if self.ctx.metrics is not None and isinstance(req.msg, Tool):
             self.ctx.metrics.on_tool_done(req.msg.backend, msg.duration_s, msg.cold)
         req.inv.duration_s = (req.inv.duration_s or 0.0) + msg.duration_s
-        self.runs.credit(req.run, msg.duration_s, 0, self.ctx.now())
+        self.runs.credit(req.run, msg.duration_s, 0, self.ctx.now(),
+                         closing=self.runs.closes_with(req.run, req.inv))
         if not req.future.done():
             req.future.set_result(msg)
         self.runs.request_done(req.run, req.inv)

@@ -426,18 +426,30 @@ class RunRegistry:
         last one. A one-request run's is closed by :meth:`finish_run` once the answer has
         left (off the request's path; the invocation's end is its last result's time either
         way)."""
-        if run.auto_finish:
-            return
-        if not inv.explicit and not inv.closed and inv.in_flight == 0 and run.status in ACTIVE:
+        if self.closes_with(run, inv):
             self.close_unit(run, inv, self.ctx.now())
 
+    @staticmethod
+    def closes_with(run: LiveRun, inv: UnitInvocation) -> bool:
+        """Whether :meth:`request_done` closes ``inv`` now (its requests have all
+        completed; implicitly opened, in an active run that does not finish itself)."""
+        return (not run.auto_finish and not inv.explicit and not inv.closed
+                and inv.in_flight == 0 and run.status in ACTIVE)
+
     # ------------------------------------------------------------------ service accounting
-    def credit(self, run: LiveRun, seconds: float, tokens: int, now: float) -> None:
-        """Service ``run`` received; observers hear of it when its rank moved."""
+    def credit(self, run: LiveRun, seconds: float, tokens: int, now: float, *,
+               closing: bool = False) -> None:
+        """Service ``run`` received; observers hear of it when its rank moved. ``closing``:
+        the service completes a unit that :meth:`request_done` closes next (the policy's
+        :meth:`~hermes.core.policies.base.SchedulingPolicy.on_closing_service`: the rank
+        is refreshed once, when the unit closes)."""
         st = run.state
         st.credit(seconds, tokens)
         before = st.rank
-        self.ctx.policy.on_service(st, seconds, tokens, now)
+        if closing:
+            self.ctx.policy.on_closing_service(st, seconds, tokens, now)
+        else:
+            self.ctx.policy.on_service(st, seconds, tokens, now)
         if st.rank != before:
             self._ranks_changed(run, now)
 

@@ -185,8 +185,9 @@ def test_writes_nobody_waits_on_are_gathered_over_the_batch_window(
     """One client, one request at a time: the ended one-request runs are written together
     once ``durability.batch_s`` has passed since the first of them ended (not one write per
     request, as batching by loop iteration gave at one client); nothing is written before
-    the window closes, all of it after, and a restart finds every run. An active (inferred)
-    run's write does not wait for the window."""
+    the window closes, all of it after, and a restart finds every run. So does the creation
+    of an inferred run (a header-less request's): its answer does not wait for the write,
+    which comes with the window (its end too, in the same write), and a restart finds it."""
     opts = _restartable("sqlite", tmp_path, request, time_scale=200.0, batch_s=1.0)
     srv = make_gateway(**opts)
     store = gateway_state(srv).scheduler.durable.store
@@ -214,21 +215,32 @@ def test_writes_nobody_waits_on_are_gathered_over_the_batch_window(
             time.sleep(0.05)
     assert [rid for _, b in batches for rid in b] == ids
     assert len(batches) == 1 and batches[0][0] - t0 >= 1.0
-    # an active run's write is not held by the window: a header-less request's inferred run
-    # is stored before its answer leaves (a kill -9 right after it must not lose the run
-    # that the conversation's next turn joins)
+    # a header-less request's inferred run is written with the window too (after a crash
+    # its next turn starts a new run whether or not it was stored: the resolver's index is
+    # saved at a clean stop only; what a crash in the window loses is its history entry)
+    batches.clear()
     with httpx.Client(base_url=srv.url, timeout=30) as http:
         chat = {"model": "llama-2-7b", "max_tokens": 2, "ignore_eos": True,
                 "messages": [{"role": "user", "content": "plan a trip, step by step"}]}
+        t0 = time.monotonic()
         r = http.post("/v1/chat/completions", json=chat)
-        assert r.status_code == 200
+        assert r.status_code == 200 and time.monotonic() - t0 < 0.9
         inferred = r.headers["X-Hermes-Run"]
-    assert inferred in [d["run_id"] for d in store.runs()]
+    assert inferred not in [d["run_id"] for d in store.runs()]  # the window is open
+    deadline = time.monotonic() + 10
+    while not batches and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # one write of it, though it was created and (one turn: the resolver saw its end) ended
+    # in the window: the batch keeps a run's last document and all its new units
+    assert [b for _, b in batches] == [[inferred]] and batches[0][0] - t0 >= 1.0
+    stored = {d["run_id"]: d for d in store.runs()}
+    assert stored[inferred]["status"] == "finished" and len(stored[inferred]["units"]) == 1
     srv.stop()
     srv2 = make_gateway(**opts)
     with httpx.Client(base_url=srv2.url, timeout=30) as http:
         for rid in ids:
             assert http.get(f"/v1/runs/{rid}").json()["state"] == "finished"
+        assert http.get(f"/v1/runs/{inferred}").json()["state"] == "finished"
 
 
 def _recorded(state: Path) -> list[str]:
@@ -346,4 +358,36 @@ def test_a_batch_leaves_what_its_writes_one_by_one_leave(kind: str, tmp_path: Pa
         assert store.r.smembers(store.p + "active") == {"c"}
         assert [d["run_id"] for d in store.active_runs()] == ["c"]
     store.put_runs([])  # nothing: no write
+    store.close()
+
+
+def test_a_run_written_at_once_supersedes_its_batched_write(tmp_path: Path) -> None:
+    """An inferred run's creation waits in the batch; a write of it that does not wait (a
+    clean stop's ``save_active``) takes its place, with its units: the batch's flush after
+    it must not put the older document back."""
+    import asyncio
+
+    from hermes.gateway.config import load_config
+    from hermes.gateway.durable import DurableState
+    from hermes.gateway.scheduler import LiveScheduler
+
+    cfg = load_config(None, environ={}, port=0, bind="", kb=str(tmp_path / "kb"),
+                      state_dir=str(tmp_path / "state"), log_level="warning")
+    sched = LiveScheduler(cfg)
+    store = SqliteRunStore(tmp_path / "runs.sqlite3")
+    durable = DurableState(store, sched.ctx)
+
+    async def go() -> None:
+        run = sched.registry.create_run("app", tenant="t", inferred=True)
+        durable.run_created(run)  # batched: waits for the window
+        assert store.runs() == []
+        inv = sched.registry.unit_for_request(run, "chat", "llm:m")
+        inv.closed = True
+        run.status = "running"
+        durable.save_active([run])  # at once, the newer document
+        durable.flush()  # the window's end: nothing of the creation is left to write
+        (doc,) = store.runs()
+        assert doc["status"] == "running" and doc["n_units"] == 1
+
+    asyncio.run(go())
     store.close()

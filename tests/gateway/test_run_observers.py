@@ -54,3 +54,34 @@ def test_per_unit_hooks_reach_the_observers_that_define_them_in_order(tmp_path) 
                     ("a", "close u1"), ("b", "close u1"), ("late", "close u1"),
                     ("a", "ranks"), ("b", "ranks"), ("a", "progress"), ("b", "progress"),
                     ("ends", "finished")]
+
+
+def test_service_that_completes_an_implicit_unit_is_credited_as_closing(tmp_path) -> None:
+    """The dispatcher credits a request's service with ``closing`` exactly when
+    ``request_done`` is about to close its unit (``closes_with``): then the policy's
+    ``on_closing_service`` runs instead of ``on_service``, and the unit's close ranks."""
+    from types import SimpleNamespace
+
+    cfg = load_config(None, environ={}, port=0, bind="", kb=str(tmp_path / "kb"),
+                      state_dir=str(tmp_path / "state"), log_level="warning")
+    reg = LiveScheduler(cfg).registry
+    calls: list[str] = []
+    pol = reg.ctx.policy
+    for name in ("on_service", "on_closing_service", "on_unit_finish"):
+        real = getattr(pol, name)
+        setattr(pol, name, lambda *a, real=real, name=name: (calls.append(name), real(*a))[1])
+    run = reg.create_run("app", tenant="t", inferred=True)
+    inv = reg.unit_for_request(run, "chat", "llm:m")
+    busy = SimpleNamespace(finished_at=None, kind="llm", result=None)
+    inv.requests.append(busy)  # type: ignore[arg-type]
+    assert not reg.closes_with(run, inv)  # a request still in flight
+    busy.finished_at = 1.0
+    assert reg.closes_with(run, inv)
+    reg.credit(run, 0.5, 100, 1.0, closing=reg.closes_with(run, inv))
+    reg.request_done(run, inv)
+    assert calls == ["on_closing_service", "on_unit_finish"] and inv.closed
+    assert not reg.closes_with(run, inv)  # closed already
+    explicit = reg.begin_unit(run, "tool", "api:client", explicit=True)
+    assert not reg.closes_with(run, explicit)  # the client closes it
+    one = reg.create_run("app", tenant="t", auto_finish=True)
+    assert not reg.closes_with(one, reg.unit_for_request(one, "chat", "llm:m"))

@@ -8,6 +8,9 @@ Both drivers call the same methods:
 - ``on_unit_start(run, unit, now)`` / ``on_unit_finish(run, obs, now)`` as units run;
 - ``on_service(run, seconds, tokens, now)`` as service is delivered (engine iterations, tool
   time), so that attained-service policies (Gittins, VTC, SeaLLM) can update;
+  ``on_closing_service`` instead for service that completes the running unit, when
+  ``on_unit_finish`` follows at once (the live gateway: a request's whole service arrives
+  with its answer);
 - ``request_key(run, req, now)`` to order every queue (engines, tools, HermesLet windows).
 
 Ranks are refreshed by the policy itself (at unit boundaries and when a run's attained service
@@ -76,6 +79,14 @@ class SchedulingPolicy(ABC):
         if run.attained_s >= run.next_refresh_attained_s:
             run.rank = self.rank(run, now)
             run.rank_refreshed_at = now
+
+    def on_closing_service(self, run: RunState, seconds: float, tokens: int, now: float) -> None:
+        """Service that completes the running unit, :meth:`on_unit_finish` following at once
+        (the live gateway: a request's whole service arrives with its answer). By default
+        just :meth:`on_service`; a policy whose ``on_unit_finish`` re-ranks may skip a
+        refresh that nothing would read (:class:`~hermes.core.policies.estimated.
+        EstimatedPolicy`)."""
+        self.on_service(run, seconds, tokens, now)
 
     def on_finish(self, run: RunState, now: float) -> None:  # noqa: B027
         """The run has finished (default: nothing)."""

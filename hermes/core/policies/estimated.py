@@ -191,6 +191,15 @@ class EstimatedPolicy(SchedulingPolicy):
         run.policy_state[_BOUNDS] = run.policy_state[_ABS] = run.policy_state[_TABLE] = None
         super().on_unit_finish(run, obs, now)
 
+    def on_closing_service(self, run: RunState, seconds: float, tokens: int, now: float) -> None:
+        """The unit ends next and :meth:`on_unit_finish` re-ranks the run: the bucket
+        refresh of :meth:`~hermes.core.policies.base.SchedulingPolicy.on_service` (a
+        conditioning of the run's walks, past the table's last boundary: per request of a
+        live gateway) would be overwritten unread, so it is skipped. A subclass with its own
+        ``on_service`` has it called."""
+        if type(self).on_service is not SchedulingPolicy.on_service:
+            self.on_service(run, seconds, tokens, now)
+
     # -- per-bucket rank tables (Hermes §4.2: the index is constant within a bucket) -----------
     def _build_table(self, run: RunState, walks: DemandSamples, rank: float, now: float) -> None:
         """Ranks of the running unit at each bucket boundary still ahead, from the same walks.

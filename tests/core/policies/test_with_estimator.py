@@ -187,3 +187,52 @@ def test_boundary_offsets_rounded_through_the_memo_are_rounded_afresh() -> None:
         ahead = [b for b in ahead if b > at]
         assert hermes._offsets(ahead, at) == tuple(round(b - at, 9) for b in ahead)
     assert len(hermes._round9) <= 4096
+
+
+@pytest.mark.parametrize("name", ["hermes", "srpt", "hermes-ddl", "llmsched-lite", "vtc",
+                                  "autellix-plas", "seallm", "sjf"])
+def test_closing_service_ends_in_the_state_on_service_then_unit_finish_does(name: str) -> None:
+    """A unit's last service followed at once by its end (the live gateway: a request's
+    whole service arrives with its answer): ``on_closing_service`` leaves the run and the
+    policy as ``on_service`` would, once ``on_unit_finish`` has run, and ranks once, not
+    twice, where ``on_service`` only refreshes the rank and ``on_unit_finish`` re-ranks (the
+    estimator-driven policies: ``hermes``, ``hermes-ddl``, ``llmsched-lite``)."""
+    from hermes.core.policies.base import SchedulingPolicy
+    from hermes.core.state import UnitObservation
+
+    cost = get_cost_model("llama2-7b-a100")
+    ends = {}
+    for closing in (False, True):
+        pol = make_policy(name, estimators=pool())
+        ranks = []
+        real_rank = pol.rank
+
+        def counted(run: RunState, now: float, real=real_rank, ranks=ranks) -> float:
+            ranks.append(now)
+            return real(run, now)
+
+        pol.rank = counted  # type: ignore[method-assign]
+        run = started("gamble")
+        run.tenant = "t"
+        pol.on_arrival(run, 0.0)
+        pol.on_unit_start(run, "gen", 0.0)
+        ranks.clear()
+        service = 30.0  # past every bucket boundary of the unit
+        run.credit(service, 900)
+        run.progress.current_attained_s = service
+        (pol.on_closing_service if closing else pol.on_service)(run, service, 900, 30.0)
+        obs = UnitObservation.from_requests("gen", [100], [800], cost, duration_s=30.0,
+                                            started=0.0, finished=30.0)
+        run.end_unit(obs, None)
+        pol.on_unit_finish(run, obs, 31.0)
+        ends[closing] = (run.rank, run.attained_s, run.attained_tokens,
+                         dict(getattr(pol, "counters", {}) or {}), len(ranks))
+    (rank0, att0, tok0, cnt0, n0), (rank1, att1, tok1, cnt1, n1) = ends[False], ends[True]
+    assert (rank1, att1, tok1, cnt1) == (rank0, att0, tok0, cnt0)
+    from hermes.core.policies.estimated import EstimatedPolicy
+
+    cls = type(make_policy(name))
+    if issubclass(cls, EstimatedPolicy) and cls.on_service is SchedulingPolicy.on_service:
+        assert (n0, n1) == (2, 1)
+    else:
+        assert n1 == n0
