@@ -110,11 +110,16 @@ def build_pool(config: GatewayConfig, kb: Any | None, cost: CostModel,
 
 def startup_policy(config: GatewayConfig, pool: Any | None) -> SchedulingPolicy:
     """The configured policy; it samples through a memo of identical run states
-    (:mod:`hermes.gateway.sample_cache`)."""
+    (:mod:`hermes.gateway.sample_cache`), and builds a unit's per-bucket rank table when it
+    is first read (``tables_on_demand``: here a request's service is credited when its
+    answer comes, and most units end before a bucket refresh would read the table)."""
     sc = config.scheduler
     max_bytes = int(config.stores.sample_cache_mb * (1 << 20))
     policy_pool = CachingEstimatorPool(pool, max_bytes=max_bytes) if pool is not None else None
-    return with_fair_share(config, make_policy(sc.policy, estimators=policy_pool, seed=sc.seed))
+    policy = make_policy(sc.policy, estimators=policy_pool, seed=sc.seed)
+    if hasattr(policy, "tables_on_demand"):
+        policy.tables_on_demand = True
+    return with_fair_share(config, policy)
 
 
 def with_fair_share(config: GatewayConfig, policy: SchedulingPolicy) -> SchedulingPolicy:

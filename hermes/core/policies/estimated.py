@@ -22,6 +22,7 @@ first: rank = ``run.attained_s``, refreshed every ``las_quantum_s`` seconds of s
 from __future__ import annotations
 
 from bisect import bisect_right
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from hermes.core.estimator import DemandSamples
@@ -34,8 +35,21 @@ if TYPE_CHECKING:
 _OFFSET = "unit_start_attained_s"
 _BOUNDS = "unit_bounds_s"
 _ABS = "unit_bounds_abs"  # the boundaries in run.attained_s terms (a sorted list)
-_TABLE = "rank_table"  # (finished units, bucket starts, ranks, first attained not covered)
+_TABLE = "rank_table"  # (finished units, bucket starts, ranks, first attained not covered),
+# or a _PendingTable until first read (tables_on_demand)
 _WALKS = "walks"  # (finished units, running unit or None, its attained when drawn, samples)
+
+
+@dataclass(slots=True)
+class _PendingTable:
+    """What a unit's rank table is built from, kept until it is read
+    (:attr:`EstimatedPolicy.tables_on_demand`)."""
+
+    walks: DemandSamples
+    rank: float
+    now: float
+    at: float
+    done: int
 
 
 class EstimatedPolicy(SchedulingPolicy):
@@ -46,6 +60,12 @@ class EstimatedPolicy(SchedulingPolicy):
     #: the rank is a function of the samples alone (not of ``now`` or of state the policy
     #: keeps), so each bucket's rank can be computed ahead when the unit's walks are drawn
     tabulate: ClassVar[bool] = False
+    #: build a unit's per-bucket rank table when it is first read, not when the unit starts
+    #: (the same table: from the walks, rank and attained service of the unit's start). A
+    #: driver sets it where most units end before their first bucket boundary is refreshed:
+    #: the live gateway credits a request's service when its answer comes (only streamed
+    #: tokens are credited on the way), so a one-request unit's table was built and never read
+    tables_on_demand: bool = False
 
     def __init__(
         self,
@@ -135,7 +155,11 @@ class EstimatedPolicy(SchedulingPolicy):
         walks = self.samples(run, est)
         rank = self._samples_rank(run, walks, now)
         if self.tabulate and run.progress.current is not None and isinstance(walks, DemandSamples):
-            self._build_table(run, walks, rank, now)
+            if self.tables_on_demand:
+                run.policy_state[_TABLE] = _PendingTable(walks, rank, now, run.attained_s,
+                                                         len(run.progress.finished))
+            else:
+                self._build_table(run, walks, rank, now)
         return rank
 
     def _samples_rank(self, run: RunState, walks: DemandSamples, now: float) -> float:
@@ -201,16 +225,21 @@ class EstimatedPolicy(SchedulingPolicy):
             self.on_service(run, seconds, tokens, now)
 
     # -- per-bucket rank tables (Hermes §4.2: the index is constant within a bucket) -----------
-    def _build_table(self, run: RunState, walks: DemandSamples, rank: float, now: float) -> None:
+    def _build_table(self, run: RunState, walks: DemandSamples, rank: float, now: float,
+                     at: float | None = None, done: int | None = None) -> tuple:
         """Ranks of the running unit at each bucket boundary still ahead, from the same walks.
 
         Built when the unit's walks are (re)drawn; a bucket-boundary refresh is then a lookup,
         which keeps re-ranking every active run cheap (``hermes bench overhead``). The table
         stops at the first boundary that fewer than ``min_keep`` walks reach (a refresh there
         draws afresh). Cost: one conditioning and one rank per boundary, linear in buckets.
+        ``at`` / ``done``: the service attained and the units finished when the walks were
+        drawn (default: the run's now; a table built on demand passes those of the unit's
+        start). Returns the table, also kept in ``run.policy_state``.
         """
         bounds = run.policy_state.get(_ABS) or []
-        at = run.attained_s
+        if at is None:
+            at = run.attained_s
         ahead = [b for b in bounds if b > at]
         # walks shared between runs (the live sample cache) memoize the table by the offsets
         # of the boundaries ahead (to the nanosecond, as the conditioned walks are keyed):
@@ -232,7 +261,9 @@ class EstimatedPolicy(SchedulingPolicy):
                 memo[key] = tuple(ranks[1:])
         starts = [at, *ahead[: len(ranks) - 1]]
         limit = ahead[len(ranks) - 1] if len(ranks) <= len(ahead) else float("inf")
-        run.policy_state[_TABLE] = (len(run.progress.finished), starts, ranks, limit)
+        table = (len(run.progress.finished) if done is None else done, starts, ranks, limit)
+        run.policy_state[_TABLE] = table
+        return table
 
     def _from_table(self, run: RunState) -> float | None:
         """The tabulated rank at the run's attained service (and its next refresh point), or
@@ -241,6 +272,9 @@ class EstimatedPolicy(SchedulingPolicy):
         table = run.policy_state.get(_TABLE)
         if table is None:
             return None
+        if type(table) is _PendingTable:  # (tables_on_demand) built now, as at unit start
+            p = table
+            table = self._build_table(run, p.walks, p.rank, p.now, at=p.at, done=p.done)
         done: int
         starts: list[float]
         ranks: list[float]

@@ -236,3 +236,30 @@ def test_closing_service_ends_in_the_state_on_service_then_unit_finish_does(name
         assert (n0, n1) == (2, 1)
     else:
         assert n1 == n0
+
+
+def test_a_table_built_on_demand_is_the_one_built_at_unit_start() -> None:
+    """``tables_on_demand``: nothing is conditioned at the unit's start; the first bucket
+    refresh builds the table from the walks, rank and attained service of the start, so
+    every refresh then answers what the table built at the start answers."""
+    from hermes.core.policies.estimated import _TABLE
+
+    p = pool()
+    eager, lazy = make_policy("hermes", estimators=p), make_policy("hermes", estimators=p)
+    lazy.tables_on_demand = True
+    a, b = started("gamble", 0.4), started("gamble", 0.4)
+    eager.on_unit_start(a, "gen", 0.0)
+    b.policy_state.update({k: v for k, v in a.policy_state.items() if k == "walks"})
+    lazy.on_unit_start(b, "gen", 0.0)  # the same walks: a's, kept in policy_state
+    assert a.rank == b.rank and isinstance(a.policy_state[_TABLE], tuple)
+    assert not isinstance(b.policy_state[_TABLE], tuple)  # not built yet
+    compared = 0
+    for attained in (0.5, 0.9, 1.7, 3.0, 6.0, 12.0, 30.0):
+        for r, pol in ((a, eager), (b, lazy)):
+            r.progress.current_attained_s = r.attained_s = attained
+            pol.on_service(r, 0.0, 0, attained)
+        assert (b.rank, b.next_refresh_attained_s) == (a.rank, a.next_refresh_attained_s)
+        if isinstance(b.policy_state[_TABLE], tuple):  # (past its end: redrawn, pending again)
+            assert b.policy_state[_TABLE] == a.policy_state[_TABLE]
+            compared += 1
+    assert compared >= 3
