@@ -41,6 +41,7 @@ from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
 
 from hermes.gateway.api.apps_api import foreign_app
+from hermes.gateway.api.json_response import AnswerResponse
 from hermes.gateway.api.run_params import parse_deadline_s, parse_knob
 from hermes.gateway.auth import tenant_for
 from hermes.gateway.errors import SchedulerError
@@ -220,7 +221,7 @@ def answer(sched: LiveScheduler, call: BoundCall, content: dict[str, Any], *,
     run is finished once the answer has left (:func:`finish_after_response`)."""
     sched.identities.answered(call.identity, replies, response_id=response_id)
     _forget_reply(call)
-    response = JSONResponse(content, headers=call.headers)
+    response = AnswerResponse(content, headers=call.headers)
     if call.run.auto_finish:
         response.background = BackgroundTask(finish_after_response, sched, call.run)
     return response

@@ -83,6 +83,7 @@ from hermes.gateway.api.binding import (
     run_params,
 )
 from hermes.gateway.api.errors import error_response
+from hermes.gateway.api.json_response import AnswerResponse
 from hermes.gateway.api.openai_api import ChunkWriter, completion_object, embeddings_object
 from hermes.gateway.api.openai_bodies import (
     EmbeddingBody,
@@ -761,7 +762,7 @@ class EdgeApp:
         if ident is not None:  # before the answer leaves: the next turn finds the run
             self.runs.answered(ident, _chat_replies(content) if endpoint == "chat" else None,
                                self.now())
-        return JSONResponse(content, headers=sent.headers)
+        return AnswerResponse(content, headers=sent.headers)
 
     async def embeddings(self, request: Request) -> Response:
         """``POST /v1/embeddings``: the body checked as the all-in-one gateway checks it
@@ -780,7 +781,7 @@ class EdgeApp:
         except CallFailedError as e:
             return e.openai()
         assert sent.done is not None
-        return JSONResponse(embeddings_object(body.model, sent.done), headers=sent.headers)
+        return AnswerResponse(embeddings_object(body.model, sent.done), headers=sent.headers)
 
     async def messages(self, request: Request) -> Response:
         """``POST /v1/messages`` (Anthropic's Messages API): checked as the all-in-one
@@ -815,7 +816,7 @@ class EdgeApp:
         message = message_object(sent.done, rid, m.body)
         if ident is not None:  # before the answer leaves: the next turn finds the run
             self.runs.answered(ident, assistant_reply(message["content"]), self.now())
-        return JSONResponse(message, headers=headers)
+        return AnswerResponse(message, headers=headers)
 
     #: how long a request waits for a node when the scheduler has none (as there)
     NODE_WAIT_S = 10.0
@@ -890,7 +891,7 @@ class EdgeApp:
         assert sent.done is not None
         resp, reply = response_answer(sent.done, call.msg.rid, r, store, tenant, run_id)
         told(reply, resp["id"] if r.req.store else None)  # before the answer leaves
-        return JSONResponse(resp, headers=sent.headers)
+        return AnswerResponse(resp, headers=sent.headers)
 
     def stored(self, request: Request) -> Response:
         """``GET``/``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``
