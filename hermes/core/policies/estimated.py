@@ -226,7 +226,8 @@ class EstimatedPolicy(SchedulingPolicy):
 
     # -- per-bucket rank tables (Hermes §4.2: the index is constant within a bucket) -----------
     def _build_table(self, run: RunState, walks: DemandSamples, rank: float, now: float,
-                     at: float | None = None, done: int | None = None) -> tuple:
+                     at: float | None = None, done: int | None = None
+                     ) -> tuple[int, list[float], list[float], float]:
         """Ranks of the running unit at each bucket boundary still ahead, from the same walks.
 
         Built when the unit's walks are (re)drawn; a bucket-boundary refresh is then a lookup,
