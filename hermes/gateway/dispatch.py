@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Set
 from typing import Any, Literal
 
@@ -142,7 +142,7 @@ class Dispatcher(RunObserver):
         if run.status not in ACTIVE:
             raise RunNotActive(f"run {run.run_id!r} is {run.status}")
         now = self.ctx.now()
-        rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
+        rid = request_id or f"req-{os.urandom(8).hex()}"
         encoded = body if isinstance(body, EncodedBody) else None
         if encoded is not None:  # an edge's: the scheduler never decodes it
             self.prewarm.note_prefix(run.app, inv.unit, encoded.prefix, run.state.tenant)
@@ -190,7 +190,7 @@ class Dispatcher(RunObserver):
         if not self.nodes.nodes:
             await self.nodes.wait_for_nodes()
         now = self.ctx.now()
-        rid = f"tool-{uuid.uuid4().hex[:16]}"
+        rid = f"tool-{os.urandom(8).hex()}"
         view = self.request_view(run, inv, rid, 0, None, now)
         key = policy_key(self.ctx.policy, run.state, view, now)
         msg = Tool(

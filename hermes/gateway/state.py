@@ -14,8 +14,8 @@ import asyncio
 import itertools
 import json
 import math
+import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -33,8 +33,9 @@ TERMINAL: tuple[str, ...] = ("finished", "failed", "cancelled")
 
 
 def new_run_id() -> str:
-    """A new run's id: ``run-`` and 16 hex digits (runs API, inferred runs, the registry)."""
-    return f"run-{uuid.uuid4().hex[:16]}"
+    """A new run's id: ``run-`` and 16 random hex digits (runs API, inferred runs, the
+    registry; os.urandom, as uuid4 draws them, without building a UUID: ~1 us less each)."""
+    return f"run-{os.urandom(8).hex()}"
 
 
 @dataclass(eq=False)

@@ -959,7 +959,7 @@ class EdgeApp:
         # without decoding them (wire.Call.body_json), reading only what is taken here
         enc = wire.encode_body(body)
         for attempt in range(self.REBIND_TRIES + 1):
-            rid = f"{P.EDGE_REQUEST_PREFIX}{uuid.uuid4().hex[:16]}"
+            rid = f"{P.EDGE_REQUEST_PREFIX}{os.urandom(8).hex()}"
             ident: Identity | None = None
             if infer:
                 try:
