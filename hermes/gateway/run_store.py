@@ -235,11 +235,29 @@ class RedisRunStore(RunStore):
         self.r.delete(f"{self.p}calls:{run_id}")
 
     def prune_ended(self, keep: int) -> int:
-        if self.r.zcard(self.p + "order") <= keep:  # no more ended runs than kept: O(1)
-            return 0  # (reading every document blocked the event loop for seconds)
-        docs = self.runs()
-        ended = [d["run_id"] for d in docs if d.get("status") in TERMINAL]
-        old = ended[: max(0, len(ended) - keep)]
+        """Drop the oldest ended runs past the newest ``keep``, found from the acceptance
+        order and the active index alone (a run is ended iff it is not in ``<p>active``,
+        which every write keeps): the oldest ids are read in chunks and those not active
+        are dropped, without reading a document. Reading every document to find them cost
+        O(stored runs) per prune, once ``keep`` was reached: at 2,500 calls/s of inferred
+        runs, 60% of the active scheduler's CPU after 20 s (``run_scheduler_rate``)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zcard(self.p + "order")
+        pipe.scard(self.p + "active")
+        total, active = pipe.execute()
+        excess = total - active - keep
+        if total <= keep or excess <= 0:  # no more ended runs than kept
+            return 0
+        old: list[str] = []
+        start = 0
+        while len(old) < excess and start < total:
+            chunk = self.r.zrange(self.p + "order", start, start + excess - len(old) + 63)
+            if not chunk:
+                break
+            start += len(chunk)
+            live = self.r.smismember(self.p + "active", chunk)
+            old.extend(r for r, a in zip(chunk, live, strict=True) if not a)
+        old = old[:excess]
         if old:
             pipe = self.r.pipeline()
             pipe.hdel(self.p + "runs", *old)

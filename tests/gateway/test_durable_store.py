@@ -53,6 +53,33 @@ def test_store_round_trip(kind: str, tmp_path: Path, request: pytest.FixtureRequ
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_pruning_keeps_the_newest_ended_runs_and_every_active_one(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Active runs (some among the oldest) are never pruned, the newest ``keep`` ended ones
+    stay, over more than one of Redis' read chunks; Redis finds them from its order and
+    active index, without reading a run document (that cost O(stored runs) a prune)."""
+    store = (SqliteRunStore(tmp_path / "s.db") if kind == "sqlite"
+             else RedisRunStore(request.getfixturevalue("redis_url"), prefix=f"p{time.time()}:"))
+    ids = [f"r{i:04d}" for i in range(400)]
+    active = {r for i, r in enumerate(ids) if i % 7 == 0}
+    store.put_runs([(r, "running" if r in active else "finished",
+                     {"run_id": r, "submitted": float(i)}, {0: {"unit": "u"}})
+                    for i, r in enumerate(ids)])
+    if kind == "redis":
+        def no_docs(*a, **k):  # noqa: ANN002, ANN003, ANN202
+            raise AssertionError("prune read run documents")
+        store._docs = no_docs  # type: ignore[method-assign]
+    ended = [r for r in ids if r not in active]
+    assert store.prune_ended(100) == len(ended) - 100
+    assert store.prune_ended(100) == 0
+    if kind == "redis":
+        del store._docs
+    left = [d["run_id"] for d in store.runs()]
+    assert left == [r for r in ids if r in active or r in ended[-100:]]
+    store.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
 def test_runs_and_knowledge_survive_a_restart(kind: str, make_gateway, tmp_path: Path,  # noqa: ANN001
                                               request: pytest.FixtureRequest) -> None:
     opts = _restartable(kind, tmp_path, request, learn_interval_s=0.1)
