@@ -361,10 +361,11 @@ class DurabilityConfig(_Section):
     #: after a restart, how long (wall s) to wait for HermesLets to report what they hold
     recovery_grace_s: float = Field(default=5.0, ge=0.0)
     #: how long (s) the writes of ended one-request and inferred runs (their answers have
-    #: left) and the creation of inferred runs are gathered into one transaction or round
-    #: trip; 0 = those of one event-loop iteration. A crash loses at most this window of
-    #: them (history entries, not accepted work: an inferred run's next turn starts a new
-    #: run after a crash either way); other active runs' writes are never delayed by it
+    #: left) and, without ``[cluster] store``, the creation of inferred runs are gathered
+    #: into one transaction or round trip; 0 = those of one event-loop iteration. A crash
+    #: loses at most this window of them (history entries, not accepted work: without a
+    #: shared store the resolver's index is lost in a crash, so an inferred run's next turn
+    #: starts a new run either way); other active runs' writes are never delayed by it
     batch_s: float = Field(default=0.01, ge=0.0, le=1.0)
 
 

@@ -32,14 +32,17 @@ crash between the answer and the write loses only its history entry. The window 
 to ended runs only: writes of active runs go out on the next loop iteration.
 
 An **inferred** run (header-less requests the run resolver joined) is stored when it is
-created and when it ends, both in the same ``durability.batch_s`` window, and in between once
-every :data:`INFERRED_PROGRESS_EVERY` of its invocations closed, and on a clean stop: its
-code runs in the client, so there is nothing to resume but the run itself and what it has
-done (learning). Its next turn joins it after a clean restart (the resolver's index is saved
-at the stop, :mod:`hermes.gateway.identity`, and so is the run); after a crash the index is
-lost and the next turn starts a new run whether or not this one was stored, so a crash loses
-at most the history entry and the unit documents of runs written in the last window (and
-the last few unit documents of a run still going). Writing it at every request cost a
+created and when it ends, and in between once every :data:`INFERRED_PROGRESS_EVERY` of its
+invocations closed, and on a clean stop: its code runs in the client, so there is nothing to
+resume but the run itself and what it has done (learning). Its next turn joins it after a
+clean restart (the resolver's index is saved at the stop, :mod:`hermes.gateway.identity`, and
+so is the run). Its end is batched in the ``durability.batch_s`` window; so is its creation
+when the resolver's index is this process's own: after a crash that index is lost and the
+next turn starts a new run whether or not this one was stored, so a crash loses at most the
+history entry and the unit documents of runs written in the last window (and the last few
+unit documents of a run still going). With ``[cluster] store`` the index is in Redis and
+survives a crash: the creation is then written before the first answer leaves (on the next
+loop iteration), so that the next turn, through this process restarted or another, joins it. Writing it at every request cost a
 header-less request ~0.2 ms of the gateway's CPU, a sixth of all it spends on one; its
 creation written on its own, before the first answer, was a transaction for every new
 conversation (~0.46 a request of the agent mix at one client; with the real state
@@ -125,6 +128,11 @@ class DurableState(RunObserver):
         #: ended in one window) replaces its document and adds its units
         self._batch: dict[str, RunWrite] = {}
         self._batch_s = ctx.config.durability.batch_s
+        #: an inferred run's creation may wait for the window: only when the resolver's
+        #: index is this process's own (lost in a crash, so a stored run would not be joined
+        #: anyway); with ``[cluster] store`` the index survives in Redis, and the next turn
+        #: after a crash joins the run only if it was stored before the first answer
+        self._creation_waits = not ctx.config.cluster.store
         self._flush_at: asyncio.TimerHandle | None = None  # the window's end
         self._flush_soon: asyncio.Handle | None = None  # the next loop iteration
         #: set while recovery puts stored runs back (their documents are not written again)
@@ -194,7 +202,7 @@ class DurableState(RunObserver):
         # inferred run until its progress (LiveRun.lazy_store)
         if not run.auto_finish and not run.lazy_store:
             batched = run.inferred and _in_loop()
-            self._put(run, batched=batched, wait=batched)
+            self._put(run, batched=batched, wait=batched and self._creation_waits)
 
     def run_progress(self, run: LiveRun) -> None:
         if run.auto_finish:

@@ -418,3 +418,41 @@ def test_a_run_written_at_once_supersedes_its_batched_write(tmp_path: Path) -> N
 
     asyncio.run(go())
     store.close()
+
+
+def test_an_inferred_runs_creation_waits_for_the_window_only_without_a_shared_index(
+        tmp_path: Path) -> None:
+    """Without ``[cluster] store`` the resolver's index dies with the process, so a stored
+    inferred run would not be joined after a crash: its creation waits for the batch window.
+    With it the index survives in Redis: the creation is written on the next loop iteration,
+    before the first answer can leave, so that the next turn joins it after a crash."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from hermes.gateway.config import load_config
+    from hermes.gateway.durable import DurableState
+    from hermes.gateway.scheduler import LiveScheduler
+
+    cfg = load_config(None, environ={}, port=0, bind="", kb=str(tmp_path / "kb"),
+                      state_dir=str(tmp_path / "state"), log_level="warning")
+    sched = LiveScheduler(cfg)
+    shared = cfg.model_copy(update={"cluster": cfg.cluster.model_copy(
+        update={"store": "redis://127.0.0.1:1/0"})})
+    written = {}
+    for name, config in (("local", cfg), ("shared", shared)):
+        store = SqliteRunStore(tmp_path / f"{name}.sqlite3")
+        durable = DurableState(store, SimpleNamespace(config=config))  # type: ignore[arg-type]
+
+        async def go(durable: DurableState = durable, store: SqliteRunStore = store) -> list:
+            run = sched.registry.create_run("app", tenant="t", inferred=True)
+            durable.run_created(run)
+            await asyncio.sleep(0)  # the next loop iteration (the window is 10 ms)
+            await asyncio.sleep(0)
+            now = [d["run_id"] for d in store.runs()]
+            await asyncio.sleep(0.05)
+            assert [d["run_id"] for d in store.runs()] == [run.run_id]
+            return now
+
+        written[name] = asyncio.run(go())
+        store.close()
+    assert written["local"] == [] and len(written["shared"]) == 1
