@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Set
 from typing import Any, Literal
@@ -34,7 +33,7 @@ from hermes.gateway.nodes import NodeTable
 from hermes.gateway.prefixes import prompt_prefixes
 from hermes.gateway.prewarm import GatewayPrewarmer
 from hermes.gateway.runs import RunObserver, RunRegistry, StopReason
-from hermes.gateway.state import ACTIVE, LiveRun, PendingRequest, UnitInvocation
+from hermes.gateway.state import ACTIVE, LiveRun, PendingRequest, UnitInvocation, new_id
 from hermes.protocol import (
     Cancel,
     Done,
@@ -142,7 +141,7 @@ class Dispatcher(RunObserver):
         if run.status not in ACTIVE:
             raise RunNotActive(f"run {run.run_id!r} is {run.status}")
         now = self.ctx.now()
-        rid = request_id or f"req-{os.urandom(8).hex()}"
+        rid = request_id or new_id("req-")
         encoded = body if isinstance(body, EncodedBody) else None
         if encoded is not None:  # an edge's: the scheduler never decodes it
             self.prewarm.note_prefix(run.app, inv.unit, encoded.prefix, run.state.tenant)
@@ -190,7 +189,7 @@ class Dispatcher(RunObserver):
         if not self.nodes.nodes:
             await self.nodes.wait_for_nodes()
         now = self.ctx.now()
-        rid = f"tool-{os.urandom(8).hex()}"
+        rid = new_id("tool-")
         view = self.request_view(run, inv, rid, 0, None, now)
         key = policy_key(self.ctx.policy, run.state, view, now)
         msg = Tool(

@@ -42,11 +42,12 @@ next turn starts a new run whether or not this one was stored, so a crash loses 
 history entry and the unit documents of runs written in the last window (and the last few
 unit documents of a run still going). With ``[cluster] store`` the index is in Redis and
 survives a crash: the creation is then written before the first answer leaves (on the next
-loop iteration), so that the next turn, through this process restarted or another, joins it. Writing it at every request cost a
-header-less request ~0.2 ms of the gateway's CPU, a sixth of all it spends on one; its
-creation written on its own, before the first answer, was a transaction for every new
-conversation (~0.46 a request of the agent mix at one client; with the real state
-database and the CPU caches cold, as between requests, ~40-60 us of CPU each).
+loop iteration), so that the next turn, through this process restarted or another, joins
+it. Writing it at every request cost a header-less request ~0.2 ms of the gateway's CPU, a
+sixth of all it spends on one; its creation written on its own, before the first answer,
+was a transaction for every new conversation (~0.46 a request of the agent mix at one
+client; with the real state database and the CPU caches cold, as between requests, ~40-60
+us of CPU each).
 """
 
 from __future__ import annotations
@@ -167,9 +168,7 @@ class DurableState(RunObserver):
                 if st.versions.get(i) != v:
                     units[i], versions[i] = _inv_doc(inv), v
         if batched:
-            earlier = self._batch.get(run.run_id)
-            if earlier is not None:
-                units = {**earlier[3], **units}
+            units = self._with_batched(run.run_id, units, take=False)
             self._batch[run.run_id] = (run.run_id, run.status, run_doc(run), units)
             if len(self._batch) >= MAX_BATCH:
                 self.flush()
@@ -180,9 +179,7 @@ class DurableState(RunObserver):
                 elif self._flush_at is None:
                     self._flush_at = loop.call_later(self._batch_s, self.flush)
         else:
-            earlier = self._batch.pop(run.run_id, None)  # (its batched write is superseded)
-            if earlier is not None:
-                units = {**earlier[3], **units}
+            units = self._with_batched(run.run_id, units, take=True)  # (superseded)
             try:
                 self.store.put_run(run.run_id, run.status, run_doc(run), units)
             except Exception:
@@ -196,6 +193,13 @@ class DurableState(RunObserver):
                 break
             st.versions.pop(st.lo, None)
             st.lo += 1
+
+    def _with_batched(self, run_id: str, units: dict[int, dict[str, Any]], *,
+                      take: bool) -> dict[int, dict[str, Any]]:
+        """``units`` with those of the run's write waiting in the batch (``take``: that write
+        leaves the batch, the caller writing the run now)."""
+        earlier = self._batch.pop(run_id, None) if take else self._batch.get(run_id)
+        return units if earlier is None else {**earlier[3], **units}
 
     def run_created(self, run: LiveRun) -> None:
         # one-request runs: stored when they end (see the module doc); so is an edge's

@@ -246,7 +246,7 @@ class RedisRunStore(RunStore):
         pipe.scard(self.p + "active")
         total, active = pipe.execute()
         excess = total - active - keep
-        if total <= keep or excess <= 0:  # no more ended runs than kept
+        if excess <= 0:  # no more ended runs than kept
             return 0
         old: list[str] = []
         start = 0

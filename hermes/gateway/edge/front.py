@@ -109,6 +109,7 @@ from hermes.gateway.resolve import ChatReplies, Identity
 from hermes.gateway.responses import ResponsesError, ResponseStorage
 from hermes.gateway.served import resolve_served
 from hermes.gateway.shared import StoreUnavailable
+from hermes.gateway.state import new_id
 from hermes.gateway.tenancy import current_tenant
 from hermes.zmqdrain import QueuedMessages
 
@@ -959,7 +960,7 @@ class EdgeApp:
         # without decoding them (wire.Call.body_json), reading only what is taken here
         enc = wire.encode_body(body)
         for attempt in range(self.REBIND_TRIES + 1):
-            rid = f"{P.EDGE_REQUEST_PREFIX}{os.urandom(8).hex()}"
+            rid = new_id(P.EDGE_REQUEST_PREFIX)
             ident: Identity | None = None
             if infer:
                 try:
