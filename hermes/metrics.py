@@ -397,6 +397,10 @@ class _SchedulerCollector:
         c = CounterMetricFamily("hermes_run_records_written", "Run records appended.")
         c.add_metric([], float(stats.get("records_written", 0)))
         yield c
+        c = CounterMetricFamily("hermes_runs_sampled_out", "Finished runs of busy apps not "
+                                "learned from (stores.learn_runs_per_s).")
+        c.add_metric([], float(stats.get("runs_sampled_out", 0)))
+        yield c
 
         yield from self._nodes(s)
         yield from self._prewarm(s)

@@ -11,10 +11,11 @@ from hermes.core.costmodel import get_cost_model
 from hermes.core.estimator import EstimatorPool
 from hermes.core.profiler import Profiler
 from hermes.core.records import RequestRecord, RunRecord, UnitRecord
-from hermes.core.state import RunProgress
+from hermes.core.state import RunProgress, RunState
 from hermes.gateway.config import GatewayConfig
 from hermes.gateway.context import SchedulerClock, SchedulerContext, startup_policy
 from hermes.gateway.learning import Learner
+from hermes.gateway.state import LiveRun, UnitInvocation
 
 
 def learner(tmp_path: Path, **stores: object) -> Learner:
@@ -117,4 +118,59 @@ def test_the_request_path_never_builds_a_graph(tmp_path: Path) -> None:
     assert lr.profilers["app"]._cached is None
     assert asyncio.run(lr.refresh_off_loop())
     assert lr.serving_graph("app") is lr.app_graph("app") is not None
+    lr.close()
+
+
+def finished_run(app: str, k: int) -> LiveRun:
+    """A finished run of one closed tool-like unit (what :meth:`Learner.record` reads)."""
+    t = float(k)
+    run = LiveRun(state=RunState(run_id=f"{app}-{k}", app=app, submitted=t), status="finished")
+    run.state.finished = t + 1.0
+    run.units.append(UnitInvocation(unit="step", backend="tool:x", started=t, explicit=True,
+                                    finished=t + 1.0, duration_s=1.0, closed=True))
+    return run
+
+
+def run_ends(lr: Learner, app: str, rate: float, seconds: float, start: int = 0,
+             at: float = 0.0) -> list[bool]:
+    """End ``rate`` runs of ``app`` a (fake wall) second for ``seconds`` from ``at``; which
+    of them were learned (recorded)."""
+    now = [at]
+    lr._clock = lambda: now[0]
+    learned = []
+    for i in range(int(rate * seconds)):
+        now[0] = at + i / rate
+        before = lr.profiled_runs.get(app, 0)
+        lr.run_ended(finished_run(app, start + i))
+        learned.append(lr.profiled_runs.get(app, 0) == before + 1)
+    return learned
+
+
+def test_a_busy_app_is_learned_from_a_sample_of_its_runs(tmp_path: Path) -> None:
+    lr = learner(tmp_path, learn_all_below=100, learn_runs_per_s=50.0)
+    got = run_ends(lr, "busy", rate=1000.0, seconds=4.0)
+    # every run until 100 were learned (t = 0.1 s), then every run of the first window of
+    # 1 s (no rate measured yet), then ~50 a second
+    assert all(got[:1100])
+    assert sum(got[1101:2101]) < 100
+    for second in (2, 3):
+        kept = sum(got[1000 * second:1000 * (second + 1)])
+        assert 30 <= kept <= 75, (second, kept)
+    learned = sum(got)
+    assert lr.profiled_runs["busy"] == learned
+    assert lr.ctx.stats["runs_sampled_out"] == len(got) - learned
+    assert lr.ctx.stats["records_written"] == learned
+    lr.close()
+    # the records log holds the learned runs only
+    assert len((tmp_path / "records.jsonl").read_text().splitlines()) == learned
+
+
+def test_a_quiet_app_and_a_zero_rate_learn_every_run(tmp_path: Path) -> None:
+    lr = learner(tmp_path, learn_all_below=10, learn_runs_per_s=50.0)
+    assert all(run_ends(lr, "quiet", rate=40.0, seconds=5.0))  # below 50 a second
+    lr.close()
+    (tmp_path / "zero").mkdir()
+    lr = learner(tmp_path / "zero", learn_all_below=10, learn_runs_per_s=0.0)
+    assert all(run_ends(lr, "busy", rate=1000.0, seconds=3.0))
+    assert lr.ctx.stats.get("runs_sampled_out", 0) == 0
     lr.close()
