@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes.gateway.config import resolve_state_dir
-from hermes.gateway.state import TERMINAL, encode_doc
+from hermes.gateway.state import TERMINAL, encode_doc, encode_plain_doc
 
 #: one :meth:`RunStore.put_run`: (run_id, status, run document, unit documents by index)
 RunWrite = tuple[str, str, dict[str, Any], dict[int, dict[str, Any]]]
@@ -33,7 +33,9 @@ class RunStore(ABC):
     def put_run(self, run_id: str, status: str, doc: dict[str, Any],
                 units: dict[int, dict[str, Any]] | None = None) -> None:
         """Store the run document and, atomically with it, the unit documents ``units``
-        (invocation index -> document; other stored units are kept)."""
+        (invocation index -> document; other stored units are kept). The run document may
+        hold a client's values (:func:`encode_doc`); unit documents are plain JSON values
+        (``durable._inv_doc``: :func:`encode_plain_doc`)."""
 
     def put_runs(self, batch: list[RunWrite]) -> None:
         """Several :meth:`put_run` writes at once (one transaction / round trip where the
@@ -98,7 +100,7 @@ class SqliteRunStore(RunStore):
 
     def put_runs(self, batch: list[RunWrite]) -> None:
         encoded = [(run_id, status, encode_doc(doc).decode(),
-                    [(run_id, i, encode_doc(u).decode()) for i, u in units.items()])
+                    [(run_id, i, encode_plain_doc(u).decode()) for i, u in units.items()])
                    for run_id, status, doc, units in batch]
         one = len(encoded) == 1 and not encoded[0][3]  # one statement: its own transaction
         with self._lock:
@@ -215,7 +217,7 @@ class RedisRunStore(RunStore):
             order.setdefault(run_id, float(doc.get("submitted", 0.0)))
             if units:
                 pipe.hset(f"{self.p}units:{run_id}",
-                          mapping={str(i): encode_doc(u) for i, u in units.items()})
+                          mapping={str(i): encode_plain_doc(u) for i, u in units.items()})
         if not docs:
             return
         pipe.hset(self.p + "runs", mapping=docs)  # type: ignore[arg-type]

@@ -231,6 +231,21 @@ def encode_doc(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":"), default=str).encode()
 
 
+def encode_plain_doc(doc: Any) -> bytes:
+    """:func:`encode_doc` for a document its writer builds of plain JSON values only
+    (strings, ints, floats, bools, None, lists, and dicts with string keys): a unit
+    invocation's (``durable._inv_doc``: the scheduler's own fields and its requests'
+    results, never a client's object). msgspec's output without the read-back check, which
+    was two thirds of :func:`encode_doc`'s time for such a document (2.8 -> 0.75 us): for
+    these values the two spell the same JSON, except a non-finite float, which msgspec writes
+    ``null`` (json ``Infinity``, which no JSON parser but Python's reads). A value msgspec
+    refuses (a lone surrogate in a string) is written by :mod:`json`."""
+    try:
+        return _DOC_ENCODER.encode(doc)
+    except Exception:  # noqa: BLE001  (json's turn, as in encode_doc)
+        return json.dumps(doc, separators=(",", ":"), default=str).encode()
+
+
 @dataclass(eq=False)
 class Node:
     """A connected HermesLet."""

@@ -18,7 +18,13 @@ import pytest
 from hermes.core.state import RunState
 from hermes.gateway.durable import _inv_doc, run_doc
 from hermes.gateway.finished import FinishedRuns
-from hermes.gateway.state import LiveRun, PendingRequest, UnitInvocation, encode_doc
+from hermes.gateway.state import (
+    LiveRun,
+    PendingRequest,
+    UnitInvocation,
+    encode_doc,
+    encode_plain_doc,
+)
 from hermes.protocol import Done
 
 
@@ -92,3 +98,19 @@ def test_a_non_finite_rank_in_a_served_document_is_as_before() -> None:
     served["input"]["score"] = expected["input"]["score"] = None
     assert served == expected
     assert served["units"][0]["requests"][0]["key"] == [None, 5.0]
+
+
+def test_a_unit_document_is_written_without_the_read_back_and_reads_back_the_same() -> None:
+    run = _run((0.25, 5.0, 1.0))
+    for inv in run.units:
+        doc = _inv_doc(inv)
+        out = encode_plain_doc(doc)
+        assert out == encode_doc(doc)  # the same bytes as the checked path
+        assert json.loads(out) == doc
+    # what msgspec refuses is json's: a lone surrogate in an answer's text
+    run.units[0].requests[0].result.text = "bad \ud800"
+    doc = _inv_doc(run.units[0])
+    assert encode_plain_doc(doc) == _old(doc)
+    # the one difference, by design: a non-finite float is written null (json: Infinity)
+    run.units[1].finished = math.inf
+    assert json.loads(encode_plain_doc(_inv_doc(run.units[1])))["finished"] is None
