@@ -166,8 +166,8 @@ class StoresConfig(_Section):
     #: second; the others are counted (``hermes_runs_sampled_out_total``) and not recorded. A
     #: graph is built from the last 1000 runs learned, versions up to ``learn_max_new_runs``
     #: runs apart: most runs of an app ending hundreds a second were overwritten before any
-    #: graph read them, and learning each cost the HA scheduler ~15% of its CPU at 1,000
-    #: runs a second (docs/ha.md). 0: learn every run
+    #: graph read them, and learning each cost the HA scheduler ~15% of its CPU at 625 runs
+    #: a second (2,500 calls in runs of 4; docs/ha.md). 0: learn every run
     learn_runs_per_s: float = Field(default=50.0, ge=0.0)
     learn_all_below: int = Field(default=1000, ge=0)
     #: apps whose profiler, learned graph and estimator stay in memory (least recently
