@@ -160,7 +160,7 @@ class StoresConfig(_Section):
     learn_every_run_below: int = Field(default=8, ge=1)
     learn_max_new_runs: int = Field(default=5000, ge=1)
     #: a busy app is learned from a random sample of its runs: once this process has learned
-    #: ``learn_all_below`` runs of it (1000: its profiler's sample lists are full), about
+    #: ``learn_sample_after`` runs of it (1000: its profiler's sample lists are full), about
     #: ``learn_runs_per_s`` of its finished runs per (wall) second are recorded and profiled,
     #: each kept with probability ``learn_runs_per_s`` / the app's run-end rate over the last
     #: second; the others are counted (``hermes_runs_sampled_out_total``) and not recorded. A
@@ -169,7 +169,7 @@ class StoresConfig(_Section):
     #: graph read them, and learning each cost the HA scheduler ~15% of its CPU at 625 runs
     #: a second (2,500 calls in runs of 4; docs/ha.md). 0: learn every run
     learn_runs_per_s: float = Field(default=50.0, ge=0.0)
-    learn_all_below: int = Field(default=1000, ge=0)
+    learn_sample_after: int = Field(default=1000, ge=0)
     #: apps whose profiler, learned graph and estimator stay in memory (least recently
     #: learned out past it; its graph stays in the knowledge base, and is loaded again when
     #: a run of it finishes)

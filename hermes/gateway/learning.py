@@ -23,7 +23,6 @@ import asyncio
 import json
 import logging
 import math
-import random
 import threading
 import time
 from collections import OrderedDict
@@ -32,6 +31,7 @@ from typing import Any
 
 from cachetools import TTLCache
 
+from hermes.core.learn_sampling import RunSampler
 from hermes.core.profiler import Profiler
 from hermes.core.records import RequestRecord, RunRecord, UnitRecord
 from hermes.gateway.config import resolve_state_dir
@@ -60,21 +60,6 @@ def open_kb(url: str, state_dir: str) -> Any | None:
     if isinstance(store, FileStore):
         return OverlayStore(FileStore(resolve_state_dir(state_dir) / "pdgraphs"), store)
     return store
-
-
-#: wall seconds over which a busy app's run-end rate is measured (:meth:`Learner._sampled_in`)
-RATE_WINDOW_S = 1.0
-
-
-class _EndRate:
-    """One app's run ends since ``since`` and the share of its runs learned from now."""
-
-    __slots__ = ("since", "ends", "keep")
-
-    def __init__(self, since: float) -> None:
-        self.since = since
-        self.ends = 0
-        self.keep = 1.0
 
 
 class Learner(RunObserver):
@@ -111,9 +96,8 @@ class Learner(RunObserver):
         st = ctx.config.stores
         self._kb_reads: TTLCache[str, Any | None] = TTLCache(
             maxsize=st.max_learned_apps, ttl=st.learn_interval_s, timer=time.monotonic)
-        #: app -> its run-end window (:meth:`_sampled_in`): apps with a profiler only
-        self._ends: dict[str, _EndRate] = {}
-        self._rng = random.Random(0)  # which runs of a busy app are learned (not security)
+        #: which runs of a busy app are learned (:meth:`_sampled_in`): apps with a profiler only
+        self.sampler = RunSampler(st.learn_runs_per_s, st.learn_sample_after)
         self._clock = time.monotonic
 
     # ------------------------------------------------------------------ records
@@ -127,34 +111,20 @@ class Learner(RunObserver):
             elif self._sampled_in(app):
                 self.learn(self.record(run))
             else:
-                self.ctx.stats["runs_sampled_out"] = self.ctx.stats.get("runs_sampled_out", 0) + 1
+                n = self.ctx.stats["runs_sampled_out"] = self.ctx.stats.get("runs_sampled_out", 0) + 1
+                if n == 1:  # the operator is told once (then: hermes_runs_sampled_out_total)
+                    log.info("learning %s from a sample of its runs: about %g a second "
+                             "(stores.learn_runs_per_s; 0 learns every run), the others are "
+                             "counted in hermes_runs_sampled_out_total and not recorded",
+                             app, self.sampler.runs_per_s)
             run.recorded = True
 
     def _sampled_in(self, app: str) -> bool:
-        """Whether this finished run of ``app`` is learned from. Every run is, until this process has
-        learned ``stores.learn_all_below`` runs of the app; after that each is kept with
-        probability ``learn_runs_per_s`` / the app's run-end rate over the last window of at
-        least :data:`RATE_WINDOW_S` (every run in its first window), so a busy app costs
-        about ``learn_runs_per_s`` records and profiler updates a second, however busy.
-
-        Why a sample loses nothing the graph uses: its sample lists keep the last 1000 runs,
-        and a version is rebuilt up to ``learn_max_new_runs`` runs apart, so most runs of an
-        app ending hundreds a second were overwritten before any graph read them; a uniform
-        random sample keeps the proportions the graph's counts estimate (the branch
-        probabilities, the entry unit)."""
-        st = self.ctx.config.stores
-        if not st.learn_runs_per_s or self.profiled_runs.get(app, 0) < st.learn_all_below:
-            return True
-        now = self._clock()
-        w = self._ends.get(app)
-        if w is None:
-            w = self._ends[app] = _EndRate(now)
-        w.ends += 1
-        elapsed = now - w.since
-        if elapsed >= RATE_WINDOW_S:
-            w.keep = min(1.0, st.learn_runs_per_s * elapsed / w.ends)
-            w.since, w.ends = now, 0
-        return w.keep >= 1.0 or self._rng.random() < w.keep
+        """Whether this finished run of ``app`` is learned from: a busy app is learned from
+        about ``stores.learn_runs_per_s`` of its runs a second, once this process has learned
+        ``stores.learn_sample_after`` of them (:class:`~hermes.core.learn_sampling.RunSampler`,
+        which says why that loses nothing its graph reads)."""
+        return self.sampler.keep(app, self.profiled_runs.get(app, 0), self._clock())
 
     def learns_from(self, app: str, tenant: str | None) -> bool:
         """Whether a run of ``tenant`` may teach ``app``'s PDGraph. With authentication
@@ -263,7 +233,7 @@ class Learner(RunObserver):
         while len(self._learned_only) >= cap:
             old, _ = self._learned_only.popitem(last=False)
             self.profilers.pop(old, None)
-            self._ends.pop(old, None)
+            self.sampler.forget(old)
             self.profiled_runs.pop(old, None)
             self._kb_written.pop(old, None)
             self._latest_graphs.pop(old, None)
@@ -290,7 +260,7 @@ class Learner(RunObserver):
         while len(self.profilers) > cap:
             app = next(iter(self.profilers))
             self.profilers.pop(app, None)  # a build under way keeps its own reference
-            self._ends.pop(app, None)
+            self.sampler.forget(app)
             with self._pending_lock:
                 self._pending.pop(app, None)
             self._dirty.discard(app)

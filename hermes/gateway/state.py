@@ -228,6 +228,11 @@ def encode_doc(doc: Any) -> bytes:
             return out
     except Exception:  # noqa: BLE001  (a type or value msgspec refuses: json's turn)
         pass
+    return _json_doc(doc)
+
+
+def _json_doc(doc: Any) -> bytes:
+    """``doc`` as :mod:`json` writes it (compact, ``default=str``): the encoders' fallback."""
     return json.dumps(doc, separators=(",", ":"), default=str).encode()
 
 
@@ -243,7 +248,7 @@ def encode_plain_doc(doc: Any) -> bytes:
     try:
         return _DOC_ENCODER.encode(doc)
     except Exception:  # noqa: BLE001  (json's turn, as in encode_doc)
-        return json.dumps(doc, separators=(",", ":"), default=str).encode()
+        return _json_doc(doc)
 
 
 @dataclass(eq=False)

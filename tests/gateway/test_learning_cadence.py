@@ -4,6 +4,7 @@ estimator's hot states drawn ahead, a bounded number of apps in memory."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from pathlib import Path
 
@@ -146,9 +147,13 @@ def run_ends(lr: Learner, app: str, rate: float, seconds: float, start: int = 0,
     return learned
 
 
-def test_a_busy_app_is_learned_from_a_sample_of_its_runs(tmp_path: Path) -> None:
-    lr = learner(tmp_path, learn_all_below=100, learn_runs_per_s=50.0)
-    got = run_ends(lr, "busy", rate=1000.0, seconds=4.0)
+def test_a_busy_app_is_learned_from_a_sample_of_its_runs(tmp_path: Path, caplog) -> None:
+    lr = learner(tmp_path, learn_sample_after=100, learn_runs_per_s=50.0)
+    with caplog.at_level(logging.INFO, logger="hermes.gateway.learning"):
+        got = run_ends(lr, "busy", rate=1000.0, seconds=4.0)
+    # the operator is told once, naming the setting
+    told = [r.getMessage() for r in caplog.records if "sample of its runs" in r.getMessage()]
+    assert len(told) == 1 and "busy" in told[0] and "stores.learn_runs_per_s" in told[0]
     # every run until 100 were learned (t = 0.1 s), then every run of the first window of
     # 1 s (no rate measured yet), then ~50 a second
     assert all(got[:1100])
@@ -166,11 +171,11 @@ def test_a_busy_app_is_learned_from_a_sample_of_its_runs(tmp_path: Path) -> None
 
 
 def test_a_quiet_app_and_a_zero_rate_learn_every_run(tmp_path: Path) -> None:
-    lr = learner(tmp_path, learn_all_below=10, learn_runs_per_s=50.0)
+    lr = learner(tmp_path, learn_sample_after=10, learn_runs_per_s=50.0)
     assert all(run_ends(lr, "quiet", rate=40.0, seconds=5.0))  # below 50 a second
     lr.close()
     (tmp_path / "zero").mkdir()
-    lr = learner(tmp_path / "zero", learn_all_below=10, learn_runs_per_s=0.0)
+    lr = learner(tmp_path / "zero", learn_sample_after=10, learn_runs_per_s=0.0)
     assert all(run_ends(lr, "busy", rate=1000.0, seconds=3.0))
     assert lr.ctx.stats.get("runs_sampled_out", 0) == 0
     lr.close()
