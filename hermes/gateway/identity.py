@@ -60,6 +60,7 @@ from hermes.gateway.resolve import AppInfo, AppNames, Identity, Resolver
 from hermes.gateway.runs import RunObserver, RunRegistry
 from hermes.gateway.shared import StoreUnavailable
 from hermes.gateway.shared.evidence import RedisKeyIndex
+from hermes.gateway.slices import SlicedQueue
 from hermes.gateway.state import ACTIVE, LiveRun, new_run_id
 
 log = logging.getLogger("hermes.gateway.identity")
@@ -101,6 +102,9 @@ class RunIdentities(RunObserver):
         self.closed: Counter[str] = Counter()
         #: the app book's ``added`` count when :meth:`take_apps_doc` last made a document
         self._apps_taken = 0
+        #: runs the resolver closed, waiting to be finished (:meth:`sweep`)
+        self.closing: SlicedQueue[tuple[str, float]] = SlicedQueue(
+            self._finish_closed, name="closing idle inferred runs")
 
     # ------------------------------------------------------------------ per request
     def bind(self, tenant: str, body: Mapping[str, Any], headers: Mapping[str, str], *,
@@ -165,20 +169,22 @@ class RunIdentities(RunObserver):
     # ------------------------------------------------------------------ run ends
     def sweep(self) -> int:
         """Finish the inferred runs the resolver closed (idle past their app's figure, or
-        evicted by ``max_open_runs``), each at its last activity. Returns how many."""
+        evicted by ``max_open_runs``), each at its last activity, a slice at a time on the
+        event loop (:class:`~hermes.gateway.slices.SlicedQueue`: a sweep closes hundreds at
+        once under load). Returns how many were queued."""
         now = self.ctx.now()
-        n = 0
-        for c in self.resolver.sweep(now):
+        closed = self.resolver.sweep(now)
+        for c in closed:
             self.closed[c.reason] += 1
-            run = self.registry.runs.get(c.run)
-            if run is None or run.status not in ACTIVE or not run.inferred:
-                continue
-            try:
-                self.registry.finish_run(c.run, at=now - c.idle_s)
-                n += 1
-            except Exception:  # a run that ended meanwhile; the sweep goes on
-                log.exception("closing inferred run %s failed", c.run)
-        return n
+        self.closing.extend((c.run, now - c.idle_s) for c in closed)
+        return len(closed)
+
+    def _finish_closed(self, item: tuple[str, float]) -> None:
+        run_id, at = item
+        run = self.registry.runs.get(run_id)
+        if run is None or run.status not in ACTIVE or not run.inferred:
+            return  # ended meanwhile
+        self.registry.finish_run(run_id, at=at)
 
     def closes_itself(self, run: LiveRun) -> bool:
         """The resolver will close ``run`` (the scheduler's idle sweep leaves it alone)."""

@@ -40,6 +40,7 @@ from hermes.gateway.edge import wire
 from hermes.gateway.edge.direct import DirectCalls
 from hermes.gateway.edge.infer import HandedRuns, close_due
 from hermes.gateway.errors import RunNotActive, SchedulerError
+from hermes.gateway.slices import SlicedQueue
 from hermes.gateway.state import ACTIVE, LiveRun, PendingRequest
 from hermes.gateway.tenancy import current_tenant
 from hermes.zmqdrain import NOBLOCK, POLLIN, events, send_frames
@@ -77,6 +78,9 @@ class EdgeLink:
         self.bad = 0
         #: inferred runs finished on their edges' close
         self.closed_runs = 0
+        #: runs edges closed (their ``closed`` messages), finished a slice at a time
+        self.closing: SlicedQueue[wire.ClosedRun] = SlicedQueue(
+            self._close_one, name="closing the inferred runs edges closed")
         #: inferred runs stopped edges handed over (closed here when due)
         self.handed = HandedRuns()
         #: the served-model set edges are given, and the node table's models_version of it
@@ -123,12 +127,16 @@ class EdgeLink:
                 log.warning("%d direct calls were never reported settled (their edge is "
                             "gone?) and no node holds them: dropped", n)
             if self.handed:
-                self.close_inferred(self.handed.due(self.sched.registry.runs, time.monotonic(),
+                self.closing.extend(self.handed.due(self.sched.registry.runs, time.monotonic(),
                                                     self.sched.ctx.clock.time_scale))
 
     def close(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
+        fence = self.sched.node_table.fence
+        if fence is None or fence():  # still the leader: the closed runs end here
+            self.closing.drain_now()
+        self.closing.close()
         for t in self._calls:
             t.cancel()
         if self.socket is not None:
@@ -211,7 +219,7 @@ class EdgeLink:
         elif isinstance(msg, wire.Report):
             self.direct.settle(msg.settled)
         elif isinstance(msg, wire.Closed):
-            self.close_inferred(msg.runs)
+            self.closing.extend(msg.runs)
         elif isinstance(msg, wire.Handover):
             self.handed.take(msg.runs, self.sched.registry.runs, time.monotonic(),
                              self.sched.ctx.clock.time_scale)
@@ -349,28 +357,28 @@ class EdgeLink:
 
     def close_inferred(self, runs: list[wire.ClosedRun]) -> int:
         """Finish the inferred runs an edge's resolver closed, each at its last activity,
-        unless this scheduler saw it active since (:func:`close_due`). Returns how many."""
+        unless this scheduler saw it active since (:func:`close_due`). Returns how many.
+        (An edge's ``closed`` message goes through :attr:`closing`: the same, a slice at a
+        time.)"""
+        return sum(self._close_one(c) for c in runs)
+
+    def _close_one(self, c: wire.ClosedRun) -> bool:
         reg = self.sched.registry
+        run = reg.runs.get(c.run)
+        if run is None or run.status not in ACTIVE or not run.inferred:
+            return False
+        idle = (time.monotonic() - run.last_activity) * self.sched.ctx.clock.time_scale
+        if not close_due(c.idle_s, idle, len(run.pending)):  # (model seconds, as the edge's)
+            return False
+        try:  # ended at its last activity (never before what this scheduler saw)
+            reg.finish_run(c.run, at=self.sched.ctx.now() - min(c.idle_s, idle))
+        except SchedulerError:  # ended meanwhile
+            return False
+        self.closed_runs += 1
         index = self.sched.identities.shared_index
-        now = time.monotonic()
-        scale = self.sched.ctx.clock.time_scale
-        n = 0
-        for c in runs:
-            run = reg.runs.get(c.run)
-            if run is None or run.status not in ACTIVE or not run.inferred:
-                continue
-            idle = (now - run.last_activity) * scale  # model seconds, as the edge's
-            if not close_due(c.idle_s, idle, len(run.pending)):
-                continue
-            try:  # ended at its last activity (never before what this scheduler saw)
-                reg.finish_run(c.run, at=self.sched.ctx.now() - min(c.idle_s, idle))
-            except SchedulerError:  # ended meanwhile
-                continue
-            n += 1
-            if index is not None:  # no edge adopts it any more
-                index.forget_run(run.state.tenant, c.run)
-        self.closed_runs += n
-        return n
+        if index is not None:  # no edge adopts it any more
+            index.forget_run(run.state.tenant, c.run)
+        return True
 
     def _settled(self, identity: bytes, req: PendingRequest, ident: Any) -> None:
         """A call's request is settled (the node's counts came, or it failed)."""

@@ -1,0 +1,102 @@
+"""SlicedQueue: batches of loop work done a slice at a time (hermes.gateway.slices)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+
+import pytest
+
+from hermes.gateway.slices import SlicedQueue
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_without_a_loop_the_items_are_done_at_once() -> None:
+    done: list[int] = []
+    q: SlicedQueue[int] = SlicedQueue(done.append, name="t")
+    q.extend(range(5))
+    assert done == [0, 1, 2, 3, 4] and len(q) == 0 and q.done == 5
+
+
+def test_a_socket_that_becomes_readable_is_served_between_slices() -> None:
+    """40 items of 1 ms in slices of 3 ms: a message that arrives while the first slice runs
+    is read before the batch ends (in one callback it waited ~40 ms), and every item is done,
+    in order."""
+    async def main() -> tuple[list[int], int, int]:
+        loop = asyncio.get_running_loop()
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        b.setblocking(False)
+        done: list[int] = []
+        seen_at: list[int] = []
+
+        def item(i: int) -> None:
+            if i == 0:
+                b.send(b"x")  # a request arrives while the batch is being worked
+            _busy(0.001)
+            done.append(i)
+
+        def readable() -> None:
+            a.recv(16)
+            seen_at.append(len(done))
+
+        loop.add_reader(a.fileno(), readable)
+        q: SlicedQueue[int] = SlicedQueue(item, name="t", slice_s=0.003)
+        q.extend(range(40))
+        while len(q) or q.done < 40:
+            await asyncio.sleep(0.001)
+        loop.remove_reader(a.fileno())
+        a.close()
+        b.close()
+        return done, seen_at[0], q.slices
+
+    done, seen_after, slices = asyncio.run(main())
+    assert done == list(range(40))
+    assert seen_after < 10, f"the message waited for {seen_after} items"
+    assert slices >= 8
+
+
+def test_a_failing_item_is_logged_and_the_others_go_on(caplog: pytest.LogCaptureFixture) -> None:
+    done: list[int] = []
+
+    def work(i: int) -> None:
+        if i == 2:
+            raise RuntimeError("boom")
+        done.append(i)
+
+    async def main() -> None:
+        q: SlicedQueue[int] = SlicedQueue(work, name="closing things")
+        q.extend(range(5))
+        while len(q):
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    with caplog.at_level(logging.ERROR, logger="hermes.gateway.slices"):
+        asyncio.run(main())
+    assert done == [0, 1, 3, 4]
+    assert "closing things: one item failed" in caplog.text
+
+
+def test_drain_now_does_what_waits_and_nothing_runs_twice() -> None:
+    done: list[int] = []
+
+    async def main() -> None:
+        q: SlicedQueue[int] = SlicedQueue(lambda i: (_busy(0.001), done.append(i)), name="t",
+                                          slice_s=0.0005)
+        q.extend(range(10))
+        await asyncio.sleep(0)  # one slice: one item (each overruns the slice)
+        first = len(done)
+        assert 0 < first < 10
+        assert q.drain_now() == 10 - first
+        assert len(q) == 0
+        await asyncio.sleep(0.01)  # the cancelled slice does not run again
+
+    asyncio.run(main())
+    assert done == list(range(10))
