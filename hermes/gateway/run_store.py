@@ -173,6 +173,42 @@ class SqliteRunStore(RunStore):
         return f"sqlite:{self.path}"
 
 
+#: the most ended runs one run of :data:`_PRUNE_SCRIPT` drops (Redis runs a script alone: a
+#: first prune of a large backlog is done in several short ones)
+PRUNE_CHUNK = 1000
+
+#: :meth:`RedisRunStore.prune_ended` inside Redis. KEYS: the order (sorted set by acceptance),
+#: the active index (set), the run documents (hash); ARGV: keep, the prefix of the unit
+#: documents' keys, the most to drop. Returns how many were dropped. (It deletes the unit
+#: documents' keys, which it cannot declare in KEYS: a single Redis, not a Redis Cluster,
+#: as every transaction of this store already assumes.)
+_PRUNE_SCRIPT = """
+local total = redis.call('ZCARD', KEYS[1])
+local excess = total - redis.call('SCARD', KEYS[2]) - tonumber(ARGV[1])
+if excess <= 0 then return 0 end
+excess = math.min(excess, tonumber(ARGV[3]))
+local old, units = {}, {}
+local start = 0
+while #old < excess and start < total do
+  local chunk = redis.call('ZRANGE', KEYS[1], start, start + (excess - #old) + 63)
+  if #chunk == 0 then break end
+  start = start + #chunk
+  local active = redis.call('SMISMEMBER', KEYS[2], unpack(chunk))
+  for i, id in ipairs(chunk) do
+    if active[i] == 0 and #old < excess then
+      old[#old + 1] = id
+      units[#units + 1] = ARGV[2] .. id
+    end
+  end
+end
+if #old == 0 then return 0 end
+redis.call('HDEL', KEYS[3], unpack(old))
+redis.call('ZREM', KEYS[1], unpack(old))
+redis.call('DEL', unpack(units))
+return #old
+"""
+
+
 class RedisRunStore(RunStore):
     """Redis: ``<p>runs`` (hash run_id -> doc), ``<p>order`` (sorted set by acceptance),
     ``<p>calls:<run_id>`` (hash seq -> entry). Every write (or batch) is one round trip."""
@@ -183,6 +219,7 @@ class RedisRunStore(RunStore):
         self.url = url
         self.r = redis.Redis.from_url(url, decode_responses=True)
         self.p = prefix
+        self._prune: Any = None  # the registered prune script (redis.commands.core.Script)
         self.r.ping()
         if not self.r.exists(self.p + "active_index"):  # a store from before the index
             self._index_active()
@@ -242,32 +279,21 @@ class RedisRunStore(RunStore):
         which every write keeps): the oldest ids are read in chunks and those not active
         are dropped, without reading a document. Reading every document to find them cost
         O(stored runs) per prune, once ``keep`` was reached: at 2,500 calls/s of inferred
-        runs, 60% of the active scheduler's CPU after 20 s (``run_scheduler_rate``)."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.zcard(self.p + "order")
-        pipe.scard(self.p + "active")
-        total, active = pipe.execute()
-        excess = total - active - keep
-        if excess <= 0:  # no more ended runs than kept
-            return 0
-        old: list[str] = []
-        start = 0
-        while len(old) < excess and start < total:
-            chunk = self.r.zrange(self.p + "order", start, start + excess - len(old) + 63)
-            if not chunk:
-                break
-            start += len(chunk)
-            live = self.r.smismember(self.p + "active", chunk)
-            old.extend(r for r, a in zip(chunk, live, strict=True) if not a)
-        old = old[:excess]
-        if old:
-            pipe = self.r.pipeline()
-            pipe.hdel(self.p + "runs", *old)
-            pipe.zrem(self.p + "order", *old)
-            pipe.srem(self.p + "active", *old)
-            pipe.delete(*(f"{self.p}units:{r}" for r in old))
-            pipe.execute()
-        return len(old)
+        runs, 60% of the active scheduler's CPU after 20 s (``run_scheduler_rate``).
+
+        Done by Redis itself (:data:`_PRUNE_SCRIPT`, one ``EVALSHA`` per
+        :data:`PRUNE_CHUNK` runs dropped): the same steps from here were four round trips
+        a prune, ~11 us of the scheduler's CPU per ended run at a prune every 100 (5% of
+        its CPU per one-turn inferred call at 4,000 calls/s), against ~1 us."""
+        if self._prune is None:
+            self._prune = self.r.register_script(_PRUNE_SCRIPT)
+        keys = [self.p + "order", self.p + "active", self.p + "runs"]
+        dropped = 0
+        while True:
+            n = int(self._prune(keys=keys, args=[max(0, keep), self.p + "units:", PRUNE_CHUNK]))
+            dropped += n
+            if n < PRUNE_CHUNK:
+                return dropped
 
     def active_runs(self) -> list[dict[str, Any]]:
         """The runs not ended, in acceptance order (a new leader's first read)."""

@@ -79,6 +79,27 @@ def test_pruning_keeps_the_newest_ended_runs_and_every_active_one(
     store.close()
 
 
+def test_redis_prunes_a_backlog_in_several_script_runs(
+        request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis prunes inside a script of at most PRUNE_CHUNK runs dropped (it runs alone):
+    a backlog larger than that is dropped in several, the count is their sum, the unit
+    documents go with their runs, and a second prune finds nothing."""
+    import hermes.gateway.run_store as rs
+    monkeypatch.setattr(rs, "PRUNE_CHUNK", 7)
+    store = RedisRunStore(request.getfixturevalue("redis_url"), prefix=f"b{time.time()}:")
+    ids = [f"r{i:03d}" for i in range(60)]
+    store.put_runs([(r, "finished" if i % 5 else "queued", {"run_id": r, "submitted": float(i)},
+                     {0: {"unit": "u"}}) for i, r in enumerate(ids)])
+    ended = [r for i, r in enumerate(ids) if i % 5]
+    assert store.prune_ended(10) == len(ended) - 10
+    assert store.prune_ended(10) == 0
+    left = [d["run_id"] for d in store.runs()]
+    assert left == [r for i, r in enumerate(ids) if i % 5 == 0 or r in ended[-10:]]
+    units = {k.split(":")[-1] for k in store.r.scan_iter(store.p + "units:*")}
+    assert units == set(left)
+    store.close()
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
 def test_runs_and_knowledge_survive_a_restart(kind: str, make_gateway, tmp_path: Path,  # noqa: ANN001
                                               request: pytest.FixtureRequest) -> None:
