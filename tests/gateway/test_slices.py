@@ -100,3 +100,30 @@ def test_drain_now_does_what_waits_and_nothing_runs_twice() -> None:
 
     asyncio.run(main())
     assert done == list(range(10))
+
+
+def test_a_saturated_loop_does_not_starve_the_queue() -> None:
+    """Another callback holds the loop 20 ms an iteration (a scheduler at its limit reads a
+    socket's whole backlog in one): 2 ms slices alone would take ~100 iterations (2.2 s)
+    for 400 items of 0.5 ms; once the oldest item has waited max_wait_s the slice goes on
+    until the backlog is younger, so the items are done in well under a second."""
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        stop = False
+
+        def hog() -> None:
+            _busy(0.02)
+            if not stop:
+                loop.call_soon(hog)
+
+        loop.call_soon(hog)
+        q: SlicedQueue[int] = SlicedQueue(lambda i: _busy(0.0005), name="t", max_wait_s=0.1)
+        t0 = time.monotonic()
+        q.extend(range(400))
+        while len(q):
+            await asyncio.sleep(0)
+        stop = True
+        return time.monotonic() - t0
+
+    took = asyncio.run(main())
+    assert took < 1.0, f"the queue took {took:.2f} s behind a saturated loop"
