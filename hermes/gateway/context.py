@@ -112,13 +112,17 @@ def startup_policy(config: GatewayConfig, pool: Any | None) -> SchedulingPolicy:
     """The configured policy; it samples through a memo of identical run states
     (:mod:`hermes.gateway.sample_cache`), and builds a unit's per-bucket rank table when it
     is first read (``tables_on_demand``: here a request's service is credited when its
-    answer comes, and most units end before a bucket refresh would read the table)."""
+    answer comes, and most units end before a bucket refresh would read the table), and
+    does not re-rank a run whose last running unit ended (``defer_idle_ranks``: a
+    header-less call is a unit of an inferred run, idle until the client's next call)."""
     sc = config.scheduler
     max_bytes = int(config.stores.sample_cache_mb * (1 << 20))
     policy_pool = CachingEstimatorPool(pool, max_bytes=max_bytes) if pool is not None else None
     policy = make_policy(sc.policy, estimators=policy_pool, seed=sc.seed)
     if hasattr(policy, "tables_on_demand"):
         policy.tables_on_demand = True
+    if hasattr(policy, "defer_idle_ranks"):
+        policy.defer_idle_ranks = True
     return with_fair_share(config, policy)
 
 

@@ -66,6 +66,16 @@ class EstimatedPolicy(SchedulingPolicy):
     #: the live gateway credits a request's service when its answer comes (only streamed
     #: tokens are credited on the way), so a one-request unit's table was built and never read
     tables_on_demand: bool = False
+    #: leave the rank of a run as it is when its last running unit ends: its next unit's
+    #: start ranks it afresh, from walks drawn for that state, and nothing of the run waits
+    #: in a queue meanwhile (a request belongs to a running unit), so no key reads the rank
+    #: skipped. A driver sets it where most runs are idle between units: the live gateway,
+    #: where every header-less call is a unit of an inferred run, idle until the client's
+    #: next call (or closed): the rank at each call's end was never read. The rank an idle
+    #: run shows (``hermes top``, the rank gauge, a trace's rank events) is then its last
+    #: unit's. The simulator keeps ranking at every boundary (its figures unchanged, draw
+    #: for draw)
+    defer_idle_ranks: bool = False
 
     def __init__(
         self,
@@ -213,6 +223,8 @@ class EstimatedPolicy(SchedulingPolicy):
 
     def on_unit_finish(self, run: RunState, obs: UnitObservation, now: float) -> None:
         run.policy_state[_BOUNDS] = run.policy_state[_ABS] = run.policy_state[_TABLE] = None
+        if self.defer_idle_ranks and run.progress.current is None:
+            return  # idle now: ranked at its next unit's start (defer_idle_ranks)
         super().on_unit_finish(run, obs, now)
 
     def on_closing_service(self, run: RunState, seconds: float, tokens: int, now: float) -> None:

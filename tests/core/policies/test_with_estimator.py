@@ -263,3 +263,45 @@ def test_a_table_built_on_demand_is_the_one_built_at_unit_start() -> None:
             assert b.policy_state[_TABLE] == a.policy_state[_TABLE]
             compared += 1
     assert compared >= 3
+
+
+@pytest.mark.parametrize("name", ["hermes", "hermes-ddl", "srpt", "llmsched-lite"])
+def test_defer_idle_ranks_skips_only_the_rank_nothing_reads(name: str) -> None:
+    """``defer_idle_ranks`` (the live gateway): the end of a run's last running unit does
+    not rank it (no request of it can be queued while no unit runs); the end of a unit while
+    another one runs still does (the next unit's start ranks the run, as always)."""
+    from hermes.core.state import UnitObservation
+
+    cost = get_cost_model("llama2-7b-a100")
+    obs = UnitObservation.from_requests("gen", [100], [300], cost, duration_s=3.0,
+                                        started=0.0, finished=3.0)
+    out = {}
+    for defer in (False, True):
+        pol = make_policy(name, estimators=pool())
+        pol.defer_idle_ranks = defer
+        calls: list[float] = []
+        real = pol.rank
+
+        def counted(run: RunState, now: float, real=real, calls=calls) -> float:
+            calls.append(now)
+            return real(run, now)
+
+        pol.rank = counted  # type: ignore[method-assign]
+        run = started("gamble")
+        pol.on_arrival(run, 0.0)
+        pol.on_unit_start(run, "gen", 0.0)
+        before = run.rank
+        run.end_unit(obs, None)  # idle: no unit running
+        n = len(calls)
+        pol.on_unit_finish(run, obs, 3.0)
+        finished_ranked = len(calls) - n
+        idle_rank = run.rank
+        other = started("steady")  # a unit ends while another of the run runs
+        pol.on_unit_start(other, "gen", 0.0)
+        other.end_unit(obs, "gen")
+        n = len(calls)
+        pol.on_unit_finish(other, obs, 3.0)
+        busy_ranked = len(calls) - n
+        out[defer] = (finished_ranked, busy_ranked, idle_rank == before)
+    assert out[False][:2] == (1, 1)
+    assert out[True] == (0, 1, True)  # left as its last unit's
