@@ -389,6 +389,10 @@ class _SchedulerCollector:
                               "nodes and not finished.")
         g.add_metric([], len(s.requests))
         yield g
+        g = GaugeMetricFamily("hermes_runs_closing", "Inferred runs closed idle and waiting to "
+                              "be finished (a slice of the event loop at a time).")
+        g.add_metric([], sum(len(q) for q in getattr(s, "closing_queues", ())))
+        yield g
         stats = getattr(s, "stats", {})
         c = CounterMetricFamily("hermes_rekeys", "Request keys resent to nodes after rank "
                                 "changes.")

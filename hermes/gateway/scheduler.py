@@ -67,6 +67,7 @@ from hermes.gateway.prewarm import GatewayPrewarmer
 from hermes.gateway.recovery import Recovery, Replay
 from hermes.gateway.run_store import open_run_store
 from hermes.gateway.runs import RunRegistry
+from hermes.gateway.slices import SlicedQueue
 from hermes.gateway.state import ACTIVE, LiveRun, Node, PendingRequest, UnitInvocation
 from hermes.inproc import InprocLink
 from hermes.protocol import Done, EncodedBody, EngineInfo, Token, ToolDone
@@ -133,6 +134,9 @@ class LiveScheduler:
                     self.identities):
             self.registry.add_observer(obs)
         self._tasks: list[asyncio.Task[None]] = []
+        #: runs closed and waiting to be finished a slice at a time (the resolver's sweep;
+        #: an edge link adds its own): ``hermes_runs_closing``
+        self.closing_queues: list[SlicedQueue[Any]] = [self.identities.closing]
         #: ``HERMES_ROLE_CPU=1``: the CPU time of the scheduler's own work (node messages,
         #: submissions, the sweep; not the HTTP edge's) in ``stats["scheduler_cpu_ns"]``,
         #: what a separate scheduler process would spend (``hermes bench ha --scale``)

@@ -173,3 +173,17 @@ def test_a_joining_nodes_engine_series_exist_at_zero_before_any_request(make_ops
                   if n == name and dict(lv).get("node") == "embedded"}
         assert labels == {"sim0", "embed0"}, (name, labels)
         assert total(m, name, node="embedded", engine="sim0") == 0
+
+
+def test_runs_waiting_to_be_finished_are_a_gauge(make_ops_gateway) -> None:  # noqa: ANN001
+    """``hermes_runs_closing``: the closed runs every queue of the scheduler still holds
+    (the resolver's sweep, an edge link's), 0 when none waits."""
+    from hermes.gateway.slices import SlicedQueue
+
+    srv = make_ops_gateway()
+    sched = gateway_state(srv).scheduler
+    assert scrape(srv.url)[("hermes_runs_closing", ())] == 0
+    q: SlicedQueue[int] = SlicedQueue(lambda i: None, name="test")
+    q._items.extend(range(7))  # waiting (this thread runs no loop that would take them)
+    sched.closing_queues.append(q)
+    assert scrape(srv.url)[("hermes_runs_closing", ())] == 7

@@ -81,6 +81,7 @@ class EdgeLink:
         #: runs edges closed (their ``closed`` messages), finished a slice at a time
         self.closing: SlicedQueue[wire.ClosedRun] = SlicedQueue(
             self._close_one, name="closing the inferred runs edges closed")
+        sched.closing_queues.append(self.closing)
         #: inferred runs stopped edges handed over (closed here when due)
         self.handed = HandedRuns()
         #: the served-model set edges are given, and the node table's models_version of it
