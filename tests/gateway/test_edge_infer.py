@@ -134,6 +134,42 @@ def test_the_scheduler_joins_creates_and_closes_an_edges_inferred_runs(tmp_path:
     asyncio.run(main())
 
 
+def test_a_closed_run_that_waited_in_the_queue_ends_as_at_receipt(tmp_path: Path) -> None:
+    """An edge's ``closed`` message is finished a slice at a time: a run that waited in
+    the queue is judged by its idleness when the message came (activity after it: not due)
+    and ends at its last activity, not later by the wait."""
+    from hermes.gateway.edge.link import EdgeLink
+    from hermes.gateway.scheduler import LiveScheduler
+
+    cfg = load_config(None, environ={}, bind="", kb=str(tmp_path / "kb"),
+                      state_dir=str(tmp_path / "state"))
+
+    async def main() -> None:
+        sched = LiveScheduler(cfg)
+        link = EdgeLink(sched, "inproc://unused")
+        scale = cfg.scheduler.time_scale
+        runs = [link._inferred_run(_call(run=f"run-{i}", app="acme.agent", unit="plan",
+                                         tenant="acme", inferred=True, new=True))
+                for i in range(2)]
+        received = time.monotonic()
+        for r in runs:
+            r.last_activity = received - 30.0 / scale
+        last_seen = sched.ctx.now() - 30.0
+        waited = 2.0  # wall seconds in the queue
+        # run-1 came back to life after the message (a call through another edge)
+        runs[1].last_activity = received + 1.0
+        assert link._close_one((wire.ClosedRun("run-0", 30.0), received - waited)) is False
+        assert link._close_one((wire.ClosedRun("run-1", 30.0), received)) is False
+        assert runs[1].status in ("queued", "running")
+        # (received - waited: it was told 2 s ago, when it had been idle 28 s here)
+        runs[0].last_activity = received - waited - 28.0 / scale
+        assert link._close_one((wire.ClosedRun("run-0", 28.0), received - waited)) is True
+        ended = sched.registry.get_run("run-0").state.finished
+        assert ended == pytest.approx(last_seen, abs=0.5 * scale)
+
+    asyncio.run(main())
+
+
 def test_run_parameters_travel_only_when_set() -> None:
     plain = wire.encode(_call())
     assert len(wire.encode(_call(k=None, deadline_s=None, authed=False))) == len(plain)

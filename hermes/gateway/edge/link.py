@@ -79,7 +79,7 @@ class EdgeLink:
         #: inferred runs finished on their edges' close
         self.closed_runs = 0
         #: runs edges closed (their ``closed`` messages), finished a slice at a time
-        self.closing: SlicedQueue[wire.ClosedRun] = SlicedQueue(
+        self.closing: SlicedQueue[tuple[wire.ClosedRun, float]] = SlicedQueue(
             self._close_one, name="closing the inferred runs edges closed")
         sched.closing_queues.append(self.closing)
         #: inferred runs stopped edges handed over (closed here when due)
@@ -128,8 +128,9 @@ class EdgeLink:
                 log.warning("%d direct calls were never reported settled (their edge is "
                             "gone?) and no node holds them: dropped", n)
             if self.handed:
-                self.closing.extend(self.handed.due(self.sched.registry.runs, time.monotonic(),
-                                                    self.sched.ctx.clock.time_scale))
+                now = time.monotonic()
+                self.closing.extend((c, now) for c in self.handed.due(
+                    self.sched.registry.runs, now, self.sched.ctx.clock.time_scale))
 
     def close(self) -> None:
         if self._sweeper is not None:
@@ -220,7 +221,8 @@ class EdgeLink:
         elif isinstance(msg, wire.Report):
             self.direct.settle(msg.settled)
         elif isinstance(msg, wire.Closed):
-            self.closing.extend(msg.runs)
+            now = time.monotonic()
+            self.closing.extend((c, now) for c in msg.runs)
         elif isinstance(msg, wire.Handover):
             self.handed.take(msg.runs, self.sched.registry.runs, time.monotonic(),
                              self.sched.ctx.clock.time_scale)
@@ -361,18 +363,24 @@ class EdgeLink:
         unless this scheduler saw it active since (:func:`close_due`). Returns how many.
         (An edge's ``closed`` message goes through :attr:`closing`: the same, a slice at a
         time.)"""
-        return sum(self._close_one(c) for c in runs)
+        now = time.monotonic()
+        return sum(self._close_one((c, now)) for c in runs)
 
-    def _close_one(self, c: wire.ClosedRun) -> bool:
+    def _close_one(self, item: tuple[wire.ClosedRun, float]) -> bool:
+        """One closed run, told at ``received`` (monotonic): its idle time and end are those
+        at receipt, however long it waited in :attr:`closing`."""
+        c, received = item
         reg = self.sched.registry
         run = reg.runs.get(c.run)
         if run is None or run.status not in ACTIVE or not run.inferred:
             return False
-        idle = (time.monotonic() - run.last_activity) * self.sched.ctx.clock.time_scale
-        if not close_due(c.idle_s, idle, len(run.pending)):  # (model seconds, as the edge's)
+        scale = self.sched.ctx.clock.time_scale
+        idle = (received - run.last_activity) * scale  # (model seconds, as the edge's)
+        if not close_due(c.idle_s, idle, len(run.pending)):  # (active since: not due)
             return False
+        waited = (time.monotonic() - received) * scale
         try:  # ended at its last activity (never before what this scheduler saw)
-            reg.finish_run(c.run, at=self.sched.ctx.now() - min(c.idle_s, idle))
+            reg.finish_run(c.run, at=self.sched.ctx.now() - waited - min(c.idle_s, idle))
         except SchedulerError:  # ended meanwhile
             return False
         self.closed_runs += 1
