@@ -66,10 +66,9 @@ class SlicedQueue(Generic[T]):
         self._taken = 0  # items taken off the queue so far
         self._last_end = 0.0  # perf_counter() when the previous slice ended
         self._handle: asyncio.Handle | None = None
-        #: counters: items done, slices run, the most items waiting at once
+        #: counters: items done, slices run
         self.done = 0
         self.slices = 0
-        self.max_waiting = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -81,7 +80,6 @@ class SlicedQueue(Generic[T]):
         if len(self._items) == before:
             return
         self._batches.append((self._taken + before, time.monotonic()))
-        self.max_waiting = max(self.max_waiting, len(self._items))
         if self._handle is not None:
             return
         try:
@@ -93,9 +91,7 @@ class SlicedQueue(Generic[T]):
 
     def drain_now(self) -> int:
         """Do every waiting item now; returns how many."""
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        self.close()
         n = 0
         while self._items:
             self._one(self._items.popleft())
@@ -104,7 +100,7 @@ class SlicedQueue(Generic[T]):
         return n
 
     def close(self) -> None:
-        """Stop without doing what waits (the loop is going away)."""
+        """Cancel the slice due (what waits stays queued: :meth:`drain_now` does it)."""
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None

@@ -138,6 +138,11 @@ class EdgeLink:
         fence = self.sched.node_table.fence
         if fence is None or fence():  # still the leader: the closed runs end here
             self.closing.drain_now()
+        elif len(self.closing):  # deposed: the new leader's idle reaping ends them
+            log.warning("%d inferred runs edges closed were not finished here (this "
+                        "scheduler lost its lease first): they end when the leader's idle "
+                        "reaping (scheduler.run_idle_timeout_s) finds them",
+                        len(self.closing))
         self.closing.close()
         for t in self._calls:
             t.cancel()

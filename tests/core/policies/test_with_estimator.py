@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -189,6 +190,19 @@ def test_boundary_offsets_rounded_through_the_memo_are_rounded_afresh() -> None:
     assert len(hermes._round9) <= 4096
 
 
+def _count_ranks(pol: Any) -> list[float]:
+    """Wrap ``pol.rank``: the returned list gets the ``now`` of every call."""
+    calls: list[float] = []
+    real = pol.rank
+
+    def counted(run: RunState, now: float) -> float:
+        calls.append(now)
+        return real(run, now)
+
+    pol.rank = counted
+    return calls
+
+
 @pytest.mark.parametrize("name", ["hermes", "srpt", "hermes-ddl", "llmsched-lite", "vtc",
                                   "autellix-plas", "seallm", "sjf"])
 def test_closing_service_ends_in_the_state_on_service_then_unit_finish_does(name: str) -> None:
@@ -204,14 +218,7 @@ def test_closing_service_ends_in_the_state_on_service_then_unit_finish_does(name
     ends = {}
     for closing in (False, True):
         pol = make_policy(name, estimators=pool())
-        ranks = []
-        real_rank = pol.rank
-
-        def counted(run: RunState, now: float, real=real_rank, ranks=ranks) -> float:
-            ranks.append(now)
-            return real(run, now)
-
-        pol.rank = counted  # type: ignore[method-assign]
+        ranks = _count_ranks(pol)
         run = started("gamble")
         run.tenant = "t"
         pol.on_arrival(run, 0.0)
@@ -279,14 +286,7 @@ def test_defer_idle_ranks_skips_only_the_rank_nothing_reads(name: str) -> None:
     for defer in (False, True):
         pol = make_policy(name, estimators=pool())
         pol.defer_idle_ranks = defer
-        calls: list[float] = []
-        real = pol.rank
-
-        def counted(run: RunState, now: float, real=real, calls=calls) -> float:
-            calls.append(now)
-            return real(run, now)
-
-        pol.rank = counted  # type: ignore[method-assign]
+        calls = _count_ranks(pol)
         run = started("gamble")
         pol.on_arrival(run, 0.0)
         pol.on_unit_start(run, "gen", 0.0)
