@@ -130,8 +130,8 @@ def test_a_saturated_loop_does_not_starve_the_queue() -> None:
 
 
 def test_a_large_batch_behind_an_idle_loop_is_never_one_stall() -> None:
-    """0.5 s of items at once (an app found to be one-shot traffic: thousands of its open
-    runs closed by one sweep), with a 1 ms ticker on the loop: the ticker is never held up
+    """0.5 s of items at once (thousands of runs closed together), with a 1 ms ticker on
+    the loop: the ticker is never held up
     long, also after the batch has waited past max_wait_s (the slice then takes only what
     the rest of the loop took), and every item is done."""
     async def main() -> tuple[float, int]:
