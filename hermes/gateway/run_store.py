@@ -178,10 +178,10 @@ class SqliteRunStore(RunStore):
 PRUNE_CHUNK = 1000
 
 #: :meth:`RedisRunStore.prune_ended` inside Redis. KEYS: the order (sorted set by acceptance),
-#: the active index (set), the run documents (hash); ARGV: keep, the prefix of the unit
-#: documents' keys, the most to drop. Returns how many were dropped. (It deletes the unit
-#: documents' keys, which it cannot declare in KEYS: a single Redis, not a Redis Cluster,
-#: as every transaction of this store already assumes.)
+#: the active index (set), the run documents (hash), the units written at runs' ends (hash);
+#: ARGV: keep, the prefix of the unit documents' keys, the most to drop. Returns how many
+#: were dropped. (It deletes the unit documents' keys, which it cannot declare in KEYS: a
+#: single Redis, not a Redis Cluster, as every transaction of this store already assumes.)
 _PRUNE_SCRIPT = """
 local total = redis.call('ZCARD', KEYS[1])
 local excess = total - redis.call('SCARD', KEYS[2]) - tonumber(ARGV[1])
@@ -203,6 +203,7 @@ while #old < excess and start < total do
 end
 if #old == 0 then return 0 end
 redis.call('HDEL', KEYS[3], unpack(old))
+redis.call('HDEL', KEYS[4], unpack(old))
 redis.call('ZREM', KEYS[1], unpack(old))
 redis.call('DEL', unpack(units))
 return #old
@@ -211,7 +212,10 @@ return #old
 
 class RedisRunStore(RunStore):
     """Redis: ``<p>runs`` (hash run_id -> doc), ``<p>order`` (sorted set by acceptance),
-    ``<p>calls:<run_id>`` (hash seq -> entry). Every write (or batch) is one round trip."""
+    ``<p>active`` (set of the runs not ended), a run's unit documents in ``<p>units:<run_id>``
+    (hash index -> doc) while it runs and those its end wrote in ``<p>end_units`` (hash
+    run_id -> JSON object index -> doc), ``<p>calls:<run_id>`` (hash seq -> entry). Every
+    write (or batch) is one round trip."""
 
     def __init__(self, url: str, prefix: str = "hermes:state:") -> None:
         import redis
@@ -240,24 +244,35 @@ class RedisRunStore(RunStore):
 
     def put_runs(self, batch: list[RunWrite]) -> None:
         """One transaction. The documents of the whole batch go in one ``HSET``, its
-        acceptance order in one ``ZADD NX`` and the active index in one ``SADD`` and one
-        ``SREM`` (a run's last write in the batch decides), each run's unit documents in one
-        ``HSET``: the state after it is that of the writes one by one in batch order, in
-        N + 4 commands instead of 4N (encoding the commands was most of a batch's cost)."""
+        acceptance order in one ``ZADD NX`` and the active index in one ``SREM`` and one
+        ``SADD`` (a run's last write in the batch decides). The unit documents of a run
+        still going go in its own hash (one ``HSET`` each); those of a run's last write, when
+        it ended, in one ``HSET`` of ``<p>end_units`` for the whole batch. The state after
+        it is that of the writes one by one in batch order, in a few commands instead of 4N:
+        encoding the commands was most of a batch's cost, and most runs that end (one-turn
+        conversations at thousands a second) have their units written only then."""
         docs: dict[str, bytes] = {}
         order: dict[str, float] = {}
         status_of: dict[str, str] = {}
+        end_units: dict[str, dict[str, dict[str, Any]]] = {}
         pipe = self.r.pipeline(transaction=True)
         for run_id, status, doc, units in batch:
             docs[run_id] = encode_doc(doc)  # (a later write of the same run replaces it)
             status_of[run_id] = status
             order.setdefault(run_id, float(doc.get("submitted", 0.0)))
-            if units:
+            if not units:
+                continue
+            if status in TERMINAL:  # (a run's last write: nothing follows it but its end's)
+                end_units.setdefault(run_id, {}).update((str(i), u) for i, u in units.items())
+            else:
                 pipe.hset(f"{self.p}units:{run_id}",
                           mapping={str(i): encode_plain_doc(u) for i, u in units.items()})
         if not docs:
             return
         pipe.hset(self.p + "runs", mapping=docs)  # type: ignore[arg-type]
+        if end_units:
+            pipe.hset(self.p + "end_units", mapping={  # type: ignore[arg-type]
+                r: encode_plain_doc(u) for r, u in end_units.items()})
         ended = [r for r, st in status_of.items() if st in TERMINAL]
         live = [r for r, st in status_of.items() if st not in TERMINAL]
         if ended:
@@ -287,7 +302,7 @@ class RedisRunStore(RunStore):
         its CPU per one-turn inferred call at 4,000 calls/s), against ~1 us."""
         if self._prune is None:
             self._prune = self.r.register_script(_PRUNE_SCRIPT)
-        keys = [self.p + "order", self.p + "active", self.p + "runs"]
+        keys = [self.p + "order", self.p + "active", self.p + "runs", self.p + "end_units"]
         dropped = 0
         while True:
             n = int(self._prune(keys=keys, args=[max(0, keep), self.p + "units:", PRUNE_CHUNK]))
@@ -318,13 +333,21 @@ class RedisRunStore(RunStore):
     def _docs(self, ids: list[str]) -> list[dict[str, Any]]:
         if not ids:
             return []
-        docs = self.r.hmget(self.p + "runs", ids)
         pipe = self.r.pipeline()
+        pipe.hmget(self.p + "runs", ids)
+        pipe.hmget(self.p + "end_units", ids)
         for run_id in ids:
             pipe.hgetall(f"{self.p}units:{run_id}")
-        units = pipe.execute()
-        return [_with_units(json.loads(d), {int(k): json.loads(v) for k, v in u.items()})
-                for d, u in zip(docs, units, strict=True) if d is not None]
+        docs, at_end, *units = pipe.execute()
+        out = []
+        for d, e, u in zip(docs, at_end, units, strict=True):
+            if d is None:
+                continue
+            stored = {int(k): json.loads(v) for k, v in u.items()}
+            if e is not None:  # written at the run's end: the newest of each index
+                stored.update((int(k), v) for k, v in json.loads(e).items())
+            out.append(_with_units(json.loads(d), stored))
+        return out
 
     def calls(self, run_id: str) -> dict[int, dict[str, Any]]:
         return {int(k): json.loads(v) for k, v in self.r.hgetall(f"{self.p}calls:{run_id}").items()}

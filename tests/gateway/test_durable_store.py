@@ -79,6 +79,36 @@ def test_pruning_keeps_the_newest_ended_runs_and_every_active_one(
     store.close()
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_an_ended_runs_units_join_those_stored_while_it_ran(kind: str, tmp_path: Path,
+                                                            request: pytest.FixtureRequest) -> None:
+    """The units a run's end writes (Redis: in one hash for the whole batch) are read back
+    with those written while it ran, a later document of an index replacing the earlier one;
+    two writes of one ended run in a batch keep both's units; a batch mixing a run still
+    going and one ending stores each where it belongs."""
+    store = (SqliteRunStore(tmp_path / "s.db") if kind == "sqlite"
+             else RedisRunStore(request.getfixturevalue("redis_url"), prefix=f"e{time.time()}:"))
+    store.put_run("a", "running", {"run_id": "a", "status": "running", "submitted": 1.0,
+                                   "n_units": 2},
+                  {0: {"unit": "u0", "v": 1}, 1: {"unit": "u1", "v": 1}})
+    store.put_runs([
+        ("b", "running", {"run_id": "b", "status": "running", "submitted": 2.0, "n_units": 1},
+         {0: {"unit": "w"}}),
+        ("a", "finished", {"run_id": "a", "status": "finished", "submitted": 1.0, "n_units": 4},
+         {1: {"unit": "u1", "v": 2}, 2: {"unit": "u2"}}),
+        ("a", "finished", {"run_id": "a", "status": "finished", "submitted": 1.0, "n_units": 4},
+         {3: {"unit": "u3"}}),
+    ])
+    docs = {d["run_id"]: d for d in store.runs()}
+    assert docs["a"]["units"] == [{"unit": "u0", "v": 1}, {"unit": "u1", "v": 2},
+                                  {"unit": "u2"}, {"unit": "u3"}]
+    assert docs["b"]["units"] == [{"unit": "w"}]
+    if kind == "redis":
+        assert [d["run_id"] for d in store.active_runs()] == ["b"]
+        assert [d["run_id"] for c in store.ended_runs_chunks() for d in c] == ["a"]
+    store.close()
+
+
 def test_redis_prunes_a_backlog_in_several_script_runs(
         request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Redis prunes inside a script of at most PRUNE_CHUNK runs dropped (it runs alone):
@@ -95,8 +125,13 @@ def test_redis_prunes_a_backlog_in_several_script_runs(
     assert store.prune_ended(10) == 0
     left = [d["run_id"] for d in store.runs()]
     assert left == [r for i, r in enumerate(ids) if i % 5 == 0 or r in ended[-10:]]
+    # the units of a run still going are in its own hash, those an end wrote in one hash for
+    # all: a dropped run leaves neither behind
     units = {k.split(":")[-1] for k in store.r.scan_iter(store.p + "units:*")}
-    assert units == set(left)
+    at_end = set(store.r.hkeys(store.p + "end_units"))
+    assert units == {r for i, r in enumerate(ids) if i % 5 == 0}
+    assert at_end == set(ended[-10:]) and units | at_end == set(left)
+    assert all(d["units"] == [{"unit": "u"}] for d in store.runs())
     store.close()
 
 
