@@ -61,7 +61,9 @@ Warm history (``--warm-history N``): the case agents live in. Rows with ``histor
 new and continuing conversations, each a run the resolver infers), at every concurrency
 level: first in the fresh gateway (``history`` 0), then after ``N`` such requests went
 through the resolver and the learner (``history`` N: the inferred apps have learned PDGraphs
-and their runs are ranked from them), in the same gateway, in one run. Their ``added_*`` are
+and their runs are ranked from them), in the same gateway, in one run. ``--warm-history
+10000,20000,50000`` measures after each of those histories in turn, in the same gateway:
+whether what a request costs grows with what the gateway has learned. Their ``added_*`` are
 against direct rows of the same agent traffic (``path`` ``direct``, ``history_kind``
 ``"inferred"``). The other rows have ``history_kind`` ``"finished"`` (``history``: finished
 runs kept, as above).
@@ -267,7 +269,7 @@ def bench_gateway(
     messages: int = 0,
     tracing: tuple[str, ...] = ("off",),
     baseline_src: str | None = None,
-    warm_history: int = 0,
+    warm_history: int | Sequence[int] = 0,
     agents: AgentMix | None = None,
     floor: bool = False,
 ) -> list[dict[str, Any]]:
@@ -279,7 +281,9 @@ def bench_gateway(
     against the direct row of its concurrency. ``fill_history`` > 0: one more row per policy
     at the highest level, with the gateway's finished-run history full (see the module
     docstring). ``warm_history`` > 0: the ``history_kind`` ``"inferred"`` rows, fresh and
-    after that many header-less agent requests (``agents``: their mix). ``floor``: rows with
+    after that many header-less agent requests (``agents``: their mix); several, increasing
+    (e.g. ``(10_000, 20_000, 50_000)``): rows after each, in the same gateway (the history
+    grows from one to the next), to show whether the cost grows with it. ``floor``: rows with
     ``path`` ``floor`` at every level (and traffic kind), the same requests through
     :mod:`hermes.bench.floor` (the gateway's HTTP stack and engine client, nothing of
     Hermes): its ``gateway_cpu_ms`` is what those parts cost alone."""
@@ -305,8 +309,8 @@ def bench_gateway(
     variants: list[tuple[str, str | None]] = [(m, None) for m in tracing]
     if baseline_src is not None:
         variants.insert(0, ("base", baseline_src))
-    if warm_history < 0:
-        raise ValueError("--warm-history must be >= 0")
+    marks = warm_marks(warm_history)
+    warm_history = marks[-1] if marks else 0
     mix = agents or AgentMix(model=MODEL)
     py = sys.executable
     eport = free_port()
@@ -320,7 +324,7 @@ def bench_gateway(
     if fill_history:
         per_gateway = max(per_gateway, fill_history) + requests * len(identities)
     if warm_history:
-        per_gateway += warm_history + 2 * len(levels) * (requests + warmup)
+        per_gateway += warm_history + (1 + len(marks)) * len(levels) * (requests + warmup)
     per_level = (requests + warmup) * (1 + bool(warm_history))
     bar = tqdm(total=len(levels) * per_level * (1 + floor)
                + len(policies) * len(variants) * per_gateway,
@@ -348,7 +352,7 @@ def bench_gateway(
             for mode, src in variants:
                 got = _through_gateway(engine_url, eng.pid, policy, requests, warmup, levels,
                                        bar, client, fill_history, identities, messages,
-                                       warm_history, mix, tracing=mode, src=src)
+                                       marks, mix, tracing=mode, src=src)
                 for r in got:
                     r["tracing"] = mode
                 rows += got
@@ -453,7 +457,7 @@ class _LoopLag:
 def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: int, warmup: int,
                      levels: list[int], bar: Any, client: str, fill_history: int = 0,
                      identities: tuple[str, ...] = ("none",),
-                     messages: int = 0, warm_history: int = 0,
+                     messages: int = 0, warm_history: int | Sequence[int] = 0,
                      mix: AgentMix | None = None, *, tracing: str = "off",
                      src: str | None = None) -> list[dict[str, Any]]:
     from hermes.gateway.config import SchedulerConfig
@@ -559,12 +563,27 @@ class _OtlpSink:
         self.server.server_close()
 
 
+def warm_marks(warm_history: int | Sequence[int]) -> tuple[int, ...]:
+    """``--warm-history`` as the histories to measure after: increasing, each > 0 (``0`` or
+    an empty list: none). Raises ``ValueError`` naming the option otherwise."""
+    marks = (warm_history,) if isinstance(warm_history, int) else tuple(warm_history)
+    if any(m < 0 for m in marks):
+        raise ValueError(f"--warm-history must be >= 0, got {list(marks)}")
+    marks = tuple(m for m in marks if m)
+    if any(b <= a for a, b in zip(marks, marks[1:], strict=False)):
+        raise ValueError(f"--warm-history must list increasing histories, got {list(marks)}")
+    return marks
+
+
 def _warm_rows(url: str, gateway_pid: int, engine_pid: int, policy: str, requests: int,
-               warmup: int, levels: list[int], bar: Any, loop: _LoopLag, warm_history: int,
-               mix: AgentMix, extra: dict[str, int] | None = None) -> list[dict[str, Any]]:
+               warmup: int, levels: list[int], bar: Any, loop: _LoopLag,
+               warm_history: int | Sequence[int], mix: AgentMix,
+               extra: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """The ``history_kind`` ``"inferred"`` rows of one gateway: agent traffic at every level
-    fresh, then ``warm_history`` agent requests (at the highest level, the fastest), a pause
-    for the last runs to close idle and be learned, and the same levels again."""
+    fresh, then for each history of ``warm_history`` (:func:`warm_marks`) the agent requests
+    that bring it there (at the highest level, the fastest), a pause for the last runs to
+    close idle and be learned, and the same levels again. The measured requests are not
+    counted in ``history``: it is the warm requests sent before the row."""
     rows = []
     source = Conversations(mix)  # one seeded stream: the measured runs are of the same apps
 
@@ -578,10 +597,14 @@ def _warm_rows(url: str, gateway_pid: int, engine_pid: int, policy: str, request
 
     for c in levels:
         measure(c, 0)
-    evloop.run(drive_agents(url, warm_history, max(levels), mix, source=source, progress=bar))
-    time.sleep(WARM_SETTLE_S)
-    for c in levels:
-        measure(c, warm_history)
+    sent = 0
+    for mark in warm_marks(warm_history):
+        evloop.run(drive_agents(url, mark - sent, max(levels), mix, source=source,
+                                progress=bar))
+        sent = mark
+        time.sleep(WARM_SETTLE_S)
+        for c in levels:
+            measure(c, mark)
     return rows
 
 

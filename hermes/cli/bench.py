@@ -464,14 +464,14 @@ def cmd_gateway(args: argparse.Namespace) -> int:
              "engine_cpu_ms": "engine_cpu", "export_cpu_ms": "export_cpu",
              "history_kind": "kind"}
     drop = {"requests"} | ({"identity"} if len(modes) == 1 else set()) | (
-        set() if args.warm_history else {"history_kind", "gateway_loop_cpu_ms"})
+        set() if any(args.warm_history) else {"history_kind", "gateway_loop_cpu_ms"})
     if args.tracing == "off" and not args.baseline_src:
         drop |= {"tracing", "export_cpu_ms"}
     if len(modes) == 1:
         body += f", identity {modes[0]}"
     shown = [{short.get(k, k): v for k, v in r.items() if k not in drop} for r in rows]
     # (with a warm history: the learner's worker threads are the rest of gw_cpu)
-    loop_note = " (gw_loop: the gateway's event-loop thread alone)" if args.warm_history else ""
+    loop_note = " (gw_loop: the gateway's event-loop thread alone)" if any(args.warm_history) else ""
     if args.plot:
         from hermes.bench.gateway import plot_gateway
 
@@ -518,10 +518,13 @@ def add_gateway_parser(bsub: argparse._SubParsersAction) -> None:
     s.add_argument("--baseline-src", dest="baseline_src", default=None, metavar="DIR",
                    help="also measure a gateway run from the Hermes source tree DIR (e.g. the "
                         "code before a change): rows with tracing = base, in the same run")
-    s.add_argument("--warm-history", dest="warm_history", type=int, default=0, metavar="N",
+    s.add_argument("--warm-history", dest="warm_history", type=int_list, default=[],
+                   metavar="N[,N...]",
                    help="also measure header-less agent traffic (history_kind inferred): fresh, "
                         "then after N such requests through the resolver and the learner, "
-                        "in the same gateway (default 0: no such rows)")
+                        "in the same gateway; several increasing N (e.g. 10000,20000,50000): "
+                        "rows after each, the history growing from one to the next (default: "
+                        "no such rows)")
     s.add_argument("--floor", action="store_true",
                    help="also measure the floor (path floor): the same requests through a "
                         "proxy on the gateway's HTTP stack and engine client with nothing of "

@@ -68,11 +68,23 @@ def test_warm_history_rows_beside_the_fresh_ones(monkeypatch) -> None:
     import hermes.bench.gateway as bg
 
     monkeypatch.setattr(bg, "WARM_SETTLE_S", 1.0)
+    sent = []
+    drive = bg.drive_agents
+
+    def counted(url, n, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        sent.append(n)
+        return drive(url, n, *a, **k)
+
+    monkeypatch.setattr(bg, "drive_agents", counted)
     rows = bg.bench_gateway(requests=40, concurrency=(1, 4), policies=("hermes",), warmup=5,
-                            progress=False, warm_history=200)
+                            progress=False, warm_history=(100, 200))
     inferred = [r for r in rows if r["history_kind"] == "inferred" and r["path"] == "gateway"]
     assert sorted((r["concurrency"], r["history"]) for r in inferred) == [
-        (1, 0), (1, 200), (4, 0), (4, 200)]
+        (1, 0), (1, 100), (1, 200), (4, 0), (4, 100), (4, 200)]
+    assert [r["history"] for r in inferred] == [0, 0, 100, 100, 200, 200]  # in that order
+    # the warm requests (the others are the rows' warm-ups of 5 and measures of 40): the
+    # history grows from one mark to the next
+    assert [n for n in sent if n not in (5, 40)] == [100, 100]
     for r in inferred:
         assert r["errors"] == 0 and r["requests"] == 40 and r["identity"] == "infer"
         assert r["gateway_cpu_ms"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"]
@@ -83,3 +95,13 @@ def test_warm_history_rows_beside_the_fresh_ones(monkeypatch) -> None:
     assert {r["history_kind"] for r in rows if r["path"] == "direct"} == {"finished", "inferred"}
     with pytest.raises(ValueError, match="--warm-history"):
         bg.bench_gateway(warm_history=-1, progress=False)
+
+
+def test_warm_history_marks_are_increasing_histories() -> None:
+    from hermes.bench.gateway import warm_marks
+
+    assert warm_marks(0) == () and warm_marks([]) == () and warm_marks([0]) == ()
+    assert warm_marks(500) == (500,) and warm_marks([10, 20, 50]) == (10, 20, 50)
+    for bad in ([20, 10], [10, 10], [-1], [10, -5]):
+        with pytest.raises(ValueError, match="--warm-history"):
+            warm_marks(bad)
