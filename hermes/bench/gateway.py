@@ -310,7 +310,7 @@ def bench_gateway(
     if baseline_src is not None:
         variants.insert(0, ("base", baseline_src))
     marks = warm_marks(warm_history)
-    warm_history = marks[-1] if marks else 0
+    warm_total = marks[-1] if marks else 0  # the warm requests one gateway is sent
     mix = agents or AgentMix(model=MODEL)
     py = sys.executable
     eport = free_port()
@@ -323,9 +323,9 @@ def bench_gateway(
     per_gateway = len(levels) * len(identities) * (requests + warmup)
     if fill_history:
         per_gateway = max(per_gateway, fill_history) + requests * len(identities)
-    if warm_history:
-        per_gateway += warm_history + (1 + len(marks)) * len(levels) * (requests + warmup)
-    per_level = (requests + warmup) * (1 + bool(warm_history))
+    if marks:
+        per_gateway += warm_total + (1 + len(marks)) * len(levels) * (requests + warmup)
+    per_level = (requests + warmup) * (1 + bool(marks))
     bar = tqdm(total=len(levels) * per_level * (1 + floor)
                + len(policies) * len(variants) * per_gateway,
                desc="requests", file=sys.stderr, disable=not progress)
@@ -338,7 +338,7 @@ def bench_gateway(
             direct[(c, "finished")] = _row("direct", "-", c, lat, wall, err, cpu)
             direct[(c, "finished")]["tracing"] = "-"
             rows.append(direct[(c, "finished")])
-            if warm_history:
+            if marks:
                 lat, wall, err, cpu = _agent_phase(engine_url, requests, warmup, c, bar, mix,
                                                    Conversations(mix), engine=eng.pid)
                 direct[(c, "inferred")] = _row("direct", "-", c, lat, wall, err, cpu,
@@ -347,7 +347,7 @@ def bench_gateway(
                 rows.append(direct[(c, "inferred")])
         if floor:
             rows += _floor_rows(engine_url, eng.pid, requests, warmup, levels, bar, client,
-                                messages, mix if warm_history else None)
+                                messages, mix if marks else None)
         for policy in policies:
             for mode, src in variants:
                 got = _through_gateway(engine_url, eng.pid, policy, requests, warmup, levels,
@@ -457,7 +457,7 @@ class _LoopLag:
 def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: int, warmup: int,
                      levels: list[int], bar: Any, client: str, fill_history: int = 0,
                      identities: tuple[str, ...] = ("none",),
-                     messages: int = 0, warm_history: int | Sequence[int] = 0,
+                     messages: int = 0, marks: tuple[int, ...] = (),
                      mix: AgentMix | None = None, *, tracing: str = "off",
                      src: str | None = None) -> list[dict[str, Any]]:
     from hermes.gateway.config import SchedulerConfig
@@ -518,9 +518,9 @@ def _through_gateway(engine_url: str, engine_pid: int, policy: str, requests: in
                     if mode == "none":
                         sent += requests
                     fill = 0
-            if warm_history:
+            if marks:
                 rows += _warm_rows(url, gw.pid, engine_pid, policy, requests, warmup, levels,
-                                   bar, loop, warm_history, mix or AgentMix(model=MODEL), extra)
+                                   bar, loop, marks, mix or AgentMix(model=MODEL), extra)
         finally:
             if loop is not None:
                 loop.close()
@@ -577,10 +577,10 @@ def warm_marks(warm_history: int | Sequence[int]) -> tuple[int, ...]:
 
 def _warm_rows(url: str, gateway_pid: int, engine_pid: int, policy: str, requests: int,
                warmup: int, levels: list[int], bar: Any, loop: _LoopLag,
-               warm_history: int | Sequence[int], mix: AgentMix,
+               marks: tuple[int, ...], mix: AgentMix,
                extra: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """The ``history_kind`` ``"inferred"`` rows of one gateway: agent traffic at every level
-    fresh, then for each history of ``warm_history`` (:func:`warm_marks`) the agent requests
+    fresh, then for each history of ``marks`` (:func:`warm_marks`) the agent requests
     that bring it there (at the highest level, the fastest), a pause for the last runs to
     close idle and be learned, and the same levels again. The measured requests are not
     counted in ``history``: it is the warm requests sent before the row."""
@@ -598,7 +598,7 @@ def _warm_rows(url: str, gateway_pid: int, engine_pid: int, policy: str, request
     for c in levels:
         measure(c, 0)
     sent = 0
-    for mark in warm_marks(warm_history):
+    for mark in marks:
         evloop.run(drive_agents(url, mark - sent, max(levels), mix, source=source,
                                 progress=bar))
         sent = mark

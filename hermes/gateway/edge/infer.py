@@ -267,9 +267,9 @@ class HandedRuns:
 
     def due(self, runs: Mapping[str, Any], now: float, scale: float) -> list[wire.ClosedRun]:
         """The handed-over runs idle past their figure (model seconds: ``scale`` times the
-        monotonic seconds from a run's ``last_activity`` to ``now``), for :meth:`hermes.gateway.edge.link.EdgeLink.
-        close_inferred`; runs ended meanwhile are dropped, runs with requests in flight
-        wait."""
+        monotonic seconds from a run's ``last_activity`` to ``now``), for
+        :attr:`hermes.gateway.edge.link.EdgeLink.closing`; runs ended meanwhile are dropped,
+        runs with requests in flight wait."""
         out: list[wire.ClosedRun] = []
         for key, after in list(self._after.items()):
             run = runs.get(key)

@@ -10,7 +10,7 @@ call without run or app headers (opted out of run inference, or inference off) t
 fast path (:mod:`hermes.gateway.edge.direct`: no run in the registry, what the global
 ordering needs and no more). A call the edge's run resolver put in an inferred run
 (``inferred``, :mod:`hermes.gateway.edge.infer`) joins that run, created on its first call;
-the edge's ``closed`` messages end such runs (:meth:`EdgeLink.close_inferred`), and a
+the edge's ``closed`` messages end such runs (:attr:`EdgeLink.closing`, a slice at a time), and a
 stopping edge's ``handover`` has them closed here when due
 (:class:`~hermes.gateway.edge.infer.HandedRuns`). A new inferred run's first call names its
 app id, so that the app is listed here and ``hermes apps rename|merge`` finds it; the
@@ -333,7 +333,7 @@ class EdgeLink:
         req = sched.submit_llm_now(run, inv, model=served, endpoint=c.endpoint, body=c.engine_body(),
                                    stream=c.stream, request_id=c.rid, reply_to=c.reply_to,
                                    native=c.native, prompt_tokens=c.prompt_tokens)
-        # the run stays open after its call: the edge's resolver closes it (close_inferred),
+        # the run stays open after its call: the edge's resolver closes it (self.closing),
         # or the idle reaping; a failed call is told to the edge (the node tells only this
         # scheduler: the edge would wait for its timeout)
         req.future.add_done_callback(lambda _f: self._inferred_settled(identity, req))
@@ -365,9 +365,9 @@ class EdgeLink:
 
     def close_inferred(self, runs: list[wire.ClosedRun]) -> int:
         """Finish the inferred runs an edge's resolver closed, each at its last activity,
-        unless this scheduler saw it active since (:func:`close_due`). Returns how many.
-        (An edge's ``closed`` message goes through :attr:`closing`: the same, a slice at a
-        time.)"""
+        unless this scheduler saw it active since (:func:`close_due`), at once. Returns how
+        many. (What an edge's ``closed`` message and the handed-over runs get, through
+        :attr:`closing`, a slice at a time: this immediate form is the same steps.)"""
         now = time.monotonic()
         return sum(self._close_one((c, now)) for c in runs)
 
