@@ -178,13 +178,15 @@ def test_hermeslet_run_placement_and_sighup(make_gateway: Callable[..., Backgrou
     write(("a",))
     address = f"tcp://127.0.0.1:{free_port()}"
     gw = make_gateway(bind=address, embedded_node=False)
+    log_path = tmp_path / "hermeslet.err"  # a file, read while the node runs
+    log_fh = log_path.open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "hermeslet.cli", "run", "--scheduler", address, "--node", "n1",
          "--placement", str(path), "--time-scale", "50", "--heartbeat-s", "0.2"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.DEVNULL, stderr=log_fh, text=True)
     try:
         wait_for(lambda: gateway_engines(gw) == {"g0-a"} or proc.poll() is not None, 30)
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert proc.poll() is None, log_path.read_text()
         with httpx.Client(base_url=gw.url, timeout=30) as http:
             assert chat(http, "a").status_code == 200
             assert chat(http, "b").status_code == 404
@@ -195,11 +197,17 @@ def test_hermeslet_run_placement_and_sighup(make_gateway: Callable[..., Backgrou
             assert r.status_code == 200, r.text
             path.write_text("{not json")  # a bad plan: reported, the node keeps its engines
             proc.send_signal(signal.SIGHUP)
+            # its report in the log first (a fixed 0.5 s wait alone is a race on a loaded
+            # machine), then as long as before for a wrong re-announce to reach the gateway
+            wait_for(lambda: "not applied" in log_path.read_text() or proc.poll() is not None,
+                     15)
             time.sleep(0.5)
             assert proc.poll() is None and gateway_engines(gw) == {"g0-a", "g1-b"}
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=15)
+        proc.wait(timeout=15)
+        log_fh.close()
+    err = log_path.read_text()
     assert "placement" in err and "applied: kept g0-a; drained and stopped -; started g1-b" in err
     assert "not applied: ValueError: placement plan" in err and "not JSON" in err
 
