@@ -104,7 +104,8 @@ class RunProgress:
 
     def visits(self, unit: str) -> int:
         """How many times ``unit`` has finished in this run (loop iterations so far)."""
-        return sum(1 for o in self.finished if o.unit == unit)
+        fin = self.finished
+        return sum(1 for o in fin if o.unit == unit) if fin else 0  # (a new run: no generator)
 
 
 @dataclass(slots=True)

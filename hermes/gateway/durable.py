@@ -75,11 +75,13 @@ MAX_BATCH = 512
 def _req_doc(req: PendingRequest) -> dict[str, Any] | None:
     r = req.result
     if isinstance(r, Done):
+        done = dict(vars(r))  # its fields (flat values: model_dump's, without its cost)
+        done.pop("response", None)
         return {"request_id": req.request_id, "kind": "llm", "node": req.node, "engine": req.engine,
-                "sent": req.sent_at, "finished": req.finished_at, "done": r.model_dump(exclude={"response"})}
+                "sent": req.sent_at, "finished": req.finished_at, "done": done}
     if isinstance(r, ToolDone):
         return {"request_id": req.request_id, "kind": "tool", "node": req.node,
-                "sent": req.sent_at, "finished": req.finished_at, "tool_done": r.model_dump()}
+                "sent": req.sent_at, "finished": req.finished_at, "tool_done": dict(vars(r))}
     return None
 
 

@@ -302,7 +302,6 @@ class RunRegistry:
         oldest are dropped past ``keep_finished_runs``), as its document."""
         if self.ctx.metrics is not None:
             self.ctx.metrics.on_run_end(run)
-        run.finished_event.set()
         # kept before it leaves the active runs: a reader on another thread (a test, a
         # debugger) never finds it in neither
         self.finished.add_run(run, self.ctx.now())
@@ -314,7 +313,6 @@ class RunRegistry:
         if run.idempotency is not None:
             self.remember_idempotency(run)
         if ended:
-            run.finished_event.set()
             self.finished.add_run(run, run.state.finished or run.state.submitted)
             _break_cycles(run)
         else:

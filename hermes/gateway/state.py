@@ -11,7 +11,6 @@ the node table (:mod:`hermes.gateway.nodes`).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import math
 import os
@@ -147,8 +146,6 @@ class LiveRun:
     error: str | None = None
     task: asyncio.Task[None] | None = None  # a hosted run's code
     last_activity: float = field(default_factory=time.monotonic)
-    seq: itertools.count[int] = field(default_factory=itertools.count)
-    finished_event: asyncio.Event = field(default_factory=asyncio.Event)
     #: its record is in records.jsonl (written by this gateway, or by the one before a restart
     #: that was killed between the record and the durable end): it is not written again
     recorded: bool = False

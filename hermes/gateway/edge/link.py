@@ -43,7 +43,7 @@ from hermes.gateway.errors import RunNotActive, SchedulerError
 from hermes.gateway.slices import SlicedQueue
 from hermes.gateway.state import ACTIVE, LiveRun, PendingRequest
 from hermes.gateway.tenancy import current_tenant
-from hermes.zmqdrain import NOBLOCK, POLLIN, events, send_frames
+from hermes.zmqdrain import POLLIN, events, recv_frames, send_frames
 
 log = logging.getLogger("hermes.gateway.edge")
 
@@ -185,7 +185,7 @@ class EdgeLink:
             try:
                 if not events(sock) & POLLIN:
                     return  # (asked: a zmq.Again per empty queue costs more than the question)
-                frames = sock.recv_multipart(NOBLOCK)
+                frames = recv_frames(sock)
             except zmq.Again:
                 return
             except zmq.ZMQError:
