@@ -53,7 +53,7 @@ from hermes.protocol import (
     decode,
     encode,
 )
-from hermes.zmqdrain import NOBLOCK, POLLIN, POLLOUT, events, send_frames
+from hermes.zmqdrain import POLLIN, POLLOUT, events, recv_frames, send_frames
 
 log = logging.getLogger("hermes.gateway.nodes")
 
@@ -133,6 +133,9 @@ class NodeTable:
         self._unsent: dict[bytes, deque[list[bytes]]] = {}  # by node identity
         self._n_unsent = 0
         self._unsent_timer: asyncio.TimerHandle | None = None
+        #: messages to nodes waiting for the end of this loop iteration (:meth:`_flush_outbox`)
+        self._outbox: list[tuple[list[bytes], Any]] = []
+        self._outbox_soon: asyncio.Handle | None = None
         #: messages refused because their node is gone (EHOSTUNREACH), and dropped because
         #: :data:`MAX_UNSENT` were waiting already
         self.unroutable = 0
@@ -182,6 +185,9 @@ class NodeTable:
             self._monitor.close(linger=0)
             self._monitor = None
         self._stop_reading()
+        if self._outbox_soon is not None:  # sent before the socket closes, as before
+            self._outbox_soon.cancel()
+            self._flush_outbox()
         if self._unsent_timer is not None:
             self._unsent_timer.cancel()
             self._unsent_timer = None
@@ -255,7 +261,7 @@ class NodeTable:
                     self._flush_unsent()
                 if not ev & POLLIN:
                     return
-                frames = sync.recv_multipart(NOBLOCK)
+                frames = recv_frames(sync)
             except zmq.Again:
                 return
             except zmq.ZMQError as e:  # closed meanwhile
@@ -317,12 +323,44 @@ class NodeTable:
             return
         if self._sync is None:
             raise NoCapacity("scheduler is not running")
-        frames = [identity, encode(msg)]
-        if frames[0] in self._unsent:  # after those waiting already: a node's in order
-            self._keep_unsent(frames)
-            self._flush_unsent()
-        else:
-            self._send_frames(frames)
+        self._outbox.append(([identity, encode(msg)], msg))
+        if self._outbox_soon is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # (no loop: a synchronous caller) sent now
+                self._flush_outbox()
+                return
+            self._outbox_soon = loop.call_soon(self._flush_outbox)
+
+    def _flush_outbox(self) -> None:
+        """Send the messages of :meth:`send_raw` gathered since the last flush, back to back
+        and in order (a node's messages stay in the order they were sent), then look for
+        messages that arrived meanwhile (:meth:`_recheck`).
+
+        Why they wait for the end of the loop iteration: each ZeroMQ send to a peer whose
+        pipe the I/O thread had drained wakes that thread (an eventfd write, then its
+        epoll, its pipe read and the TCP send), and on this machine's virtual CPUs a
+        wake-up is the bulk of a small message's cost. Sent one at a time with the work of
+        a call between them, every send woke it; sent together, the first one does (a
+        sender alone: ~31-33 us of process CPU per message one at a time, ~4-5 us in groups
+        of 16). The lease is checked again here: a scheduler paused between a send and
+        this flush sends nothing once it has lost the lease."""
+        self._outbox_soon = None
+        out, self._outbox = self._outbox, []
+        if not out:
+            return
+        if self.fence is not None and not self.fence():
+            for _, msg in out:
+                self._fenced(msg)
+            return
+        if self._sync is None:  # closed meanwhile: the socket's unsent messages are dropped
+            return
+        for frames, _ in out:
+            if frames[0] in self._unsent:  # after those waiting already: a node's in order
+                self._keep_unsent(frames)
+                self._flush_unsent()
+            else:
+                self._send_frames(frames)
         self._recheck()
 
     def _send_frames(self, frames: list[bytes]) -> bool:

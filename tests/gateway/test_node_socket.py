@@ -67,6 +67,7 @@ async def test_a_full_pipe_keeps_the_messages_and_sends_them_in_order() -> None:
         n = 200
         for i in range(n):  # the node reads nothing meanwhile: its pipe fills
             table.send_raw(b"n1", Cancel(request_ids=[f"r{i}"]))
+        await asyncio.sleep(0)  # (sent at the end of the loop iteration: _flush_outbox)
         assert len(table._unsent) > 0  # refused (zmq.Again) and kept, not dropped
         assert table.overflowed == 0
         seen: list[str] = []
@@ -104,6 +105,7 @@ async def test_a_node_that_does_not_read_holds_up_no_other() -> None:
         for i in range(50):
             table.send_raw(b"stuck", Cancel(request_ids=[f"s{i}"]))
             table.send_raw(b"other", Cancel(request_ids=[f"o{i}"]))
+        await asyncio.sleep(0)  # (sent at the end of the loop iteration)
         assert list(table._unsent) == [b"stuck"]  # only the stuck node's wait
         seen = [decode(other.recv()).request_ids[0] for _ in range(50)]  # type: ignore[union-attr]
         assert seen == [f"o{i}" for i in range(50)]
@@ -125,6 +127,7 @@ async def test_a_message_to_a_gone_node_is_dropped_and_counted() -> None:
     task = asyncio.get_running_loop().create_task(table.recv_loop())
     try:
         table.send_raw(b"nobody", Cancel(request_ids=["r"]))  # no such peer: EHOSTUNREACH
+        await asyncio.sleep(0)  # (sent at the end of the loop iteration)
         assert table.unroutable == 1 and not table._unsent
     finally:
         task.cancel()
@@ -151,12 +154,84 @@ async def test_a_message_that_arrives_during_a_send_is_read(recheck: bool) -> No
         got.clear()
         node.send(encode(Cancel(request_ids=["from-node"])))
         time.sleep(0.05)  # (the loop does not run: nothing is read yet)
-        table.send_raw(b"n1", Cancel(request_ids=["to-node"]))  # takes the signal
+        table.send_raw(b"n1", Cancel(request_ids=["to-node"]))
+        table._flush_outbox()  # its iteration's end before the loop polls: takes the signal
         arrived = await _until(lambda: got, 0.5)
         assert arrived is recheck
         assert decode(node.recv()).request_ids == ["to-node"]  # type: ignore[union-attr]
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        node.close(0)
+        table.close()
+
+
+async def test_messages_sent_in_one_loop_iteration_leave_together_in_order() -> None:
+    """What :meth:`NodeTable.send_raw` is given in one loop iteration leaves at its end, back
+    to back and in order (one wake-up of ZeroMQ's I/O thread instead of one per message):
+    nothing has left while the iteration's work goes on, everything has after it."""
+    address = "inproc://node-socket-outbox"
+    table, got = _table(address)
+    task = asyncio.get_running_loop().create_task(table.recv_loop())
+    node = _node(address)
+    try:
+        node.send(encode(_HELLO))
+        assert await _until(lambda: got)
+        for i in range(20):
+            table.send_raw(b"n1", Cancel(request_ids=[f"r{i}"]))
+        assert not node.poll(0)  # still in this iteration: nothing sent yet
+        await asyncio.sleep(0)
+        seen = []
+        while node.poll(100):
+            seen.extend(decode(node.recv()).request_ids)  # type: ignore[union-attr]
+            if len(seen) == 20:
+                break
+        assert seen == [f"r{i}" for i in range(20)]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        node.close(0)
+        table.close()
+
+
+async def test_a_lease_lost_before_the_flush_sends_nothing() -> None:
+    """Fencing holds for the messages waiting for the end of the loop iteration: the lease
+    was held when they were given to :meth:`NodeTable.send_raw`, lost before they leave (a
+    scheduler paused in between): none is sent, each is counted as fenced."""
+    address = "inproc://node-socket-fenced"
+    table, got = _table(address)
+    held = [True]
+    table.fence = lambda: held[0]
+    task = asyncio.get_running_loop().create_task(table.recv_loop())
+    node = _node(address)
+    try:
+        node.send(encode(_HELLO))
+        assert await _until(lambda: got)
+        for i in range(3):
+            table.send_raw(b"n1", Cancel(request_ids=[f"r{i}"]))
+        held[0] = False  # lost before the iteration ends
+        await asyncio.sleep(0.05)
+        assert not node.poll(50)
+        assert table.ctx.stats["ha_fenced_sends"] == 3
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        node.close(0)
+        table.close()
+
+
+def test_a_send_outside_an_event_loop_leaves_at_once() -> None:
+    """Without a running loop (a synchronous caller) nothing would flush later: the message
+    is sent at once."""
+    address = "inproc://node-socket-sync"
+    table, _ = _table(address)
+    node = _node(address)
+    try:
+        node.send(encode(_HELLO))
+        time.sleep(0.05)
+        table.send_raw(b"n1", Cancel(request_ids=["now"]))
+        assert node.poll(1000)
+        assert decode(node.recv()).request_ids == ["now"]  # type: ignore[union-attr]
+    finally:
         node.close(0)
         table.close()
