@@ -140,8 +140,24 @@ class RedisKeyIndex:
     def forget_run(self, tenant: str, run_key: str) -> None:
         """The inferred run ended: no edge adopts it any more (a continuation of it starts a
         new run, as after a close in one process)."""
-        k = self.store.key("run", "{" + tenant + "}", run_key)
-        self._soft("index-run", lambda: self.store.client.delete(k), None)
+        self.forget_runs([(tenant, run_key)])
+
+    def forget_runs(self, runs: Sequence[tuple[str, str]]) -> None:
+        """:meth:`forget_run` for several ``(tenant, run key)`` in one round trip (a pipeline
+        of ``DEL``: the keys of different tenants may lie in different Redis Cluster slots).
+        The scheduler forgets the runs it ended in a slice of the edges' closes so: a round
+        trip per run, on its event loop, was a third of its time at 2,000 one-turn calls/s."""
+        if not runs:
+            return
+        keys = [self.store.key("run", "{" + tenant + "}", run_key) for tenant, run_key in runs]
+
+        def run() -> Any:
+            pipe = self.store.client.pipeline(transaction=False)
+            for k in keys:
+                pipe.delete(k)
+            return pipe.execute()
+
+        self._soft("index-run", run, None)
 
     def run_info(self, tenant: str, run_key: str) -> tuple[str, str] | None:
         """``(app, app_id)`` of an inferred run :meth:`remember_run` kept, or None."""
