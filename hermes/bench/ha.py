@@ -828,7 +828,7 @@ def _agent_body(kb: float) -> dict[str, Any]:
 
 def run_scheduler_rate(workdir: Path, *, rates: list[int], seconds: float,
                        inferred_turns: int = 0, body_kb: float = 0.0,
-                       body_wire: str = "json") -> list[dict]:
+                       body_wire: str = "json", shared_store: bool = False) -> list[dict]:
     """The active scheduler alone, driven at fixed rates of header-less calls by a synthetic
     edge and a synthetic node in this process (both plain ZeroMQ sockets speaking the real
     wire: the edge sends calls, each carrying the ones answered since its last message; the
@@ -845,13 +845,16 @@ def run_scheduler_rate(workdir: Path, *, rates: list[int], seconds: float,
     ``body_kb``: each call carries an agent-like body of about that many KB; ``body_wire``
     ``json``: as edges send it (``body_json``: encoded once at the edge, forwarded by the
     scheduler as it came), ``object``: as a msgpack object (the wire before that: decoded
-    and re-encoded by the scheduler)."""
+    and re-encoded by the scheduler). ``shared_store``: the scheduler runs with ``[cluster]
+    store`` (Redis), as a deployment of several edges does for its inferred runs (the edges'
+    shared evidence index, which the scheduler updates as it ends runs)."""
     import zmq
 
     from hermes import protocol as P
     from hermes.gateway.edge import wire
 
-    cl = Cluster(workdir / "rate", n_gateways=1, n_nodes=0, ha=True, edge_socket=True)
+    cl = Cluster(workdir / "rate", n_gateways=1, n_nodes=0, ha=True, edge_socket=True,
+                 shared_store=shared_store)
     rows: list[dict] = []
     ctx = zmq.Context()
     try:
@@ -937,7 +940,7 @@ def run_scheduler_rate(workdir: Path, *, rates: list[int], seconds: float,
             rows.append({"edges": "synthetic", "roles": "scheduler alone",
                          "calls": f"inferred runs of {turns}" if turns else "fast path",
                          "body_kb": round(len(json.dumps(body)) / 1024, 1),
-                         "body_wire": body_wire,
+                         "body_wire": body_wire, "shared_store": shared_store,
                          "offered_req_per_s": rate, "req_per_s": round(sent / wall, 1),
                          "dispatched_per_s": round(dispatched / wall, 1),
                          "scheduler_cpu_ms_per_req": round(1000 * cpu / max(sent, 1), 3),
@@ -1004,7 +1007,8 @@ def cmd_ha(args: Any) -> int:
                 rows += run_scheduler_rate(workdir / f"inferred-{w}", rates=args.rates,
                                            seconds=min(args.seconds, 5.0),
                                            inferred_turns=args.inferred_turns,
-                                           body_kb=args.body_kb, body_wire=w)
+                                           body_kb=args.body_kb, body_wire=w,
+                                           shared_store=True)
         for r in rows:
             print(json.dumps(r))
         print("(edges 0: the all-in-one baseline, its scheduler share metered inside the "
