@@ -8,7 +8,9 @@ and hands them to one handler (dispatch's), the node registry kept from ``hello`
 ``heartbeat`` messages, and the detection of nodes that fell silent (the periodic sweep, and a
 socket monitor that reacts to TCP disconnects in seconds). Requests are sent to the
 engine the router picks among those serving their model (:meth:`NodeTable.pick_engine`,
-:mod:`hermes.core.routing`; ``scheduler.router``, least loaded by default).
+:mod:`hermes.core.routing`; ``scheduler.router``, least loaded by default). Messages to
+remote nodes leave at the end of the loop iteration that sent them, back to back and in order
+(:meth:`NodeTable._flush_outbox`: one wake-up of ZeroMQ's I/O thread per burst).
 """
 
 from __future__ import annotations
