@@ -193,6 +193,48 @@ def test_next_turn_joins_its_run_on_another_edge(store: SharedStore) -> None:
     assert late.new_run and late.follows == first.run
 
 
+def test_an_answer_writes_its_evidence_in_one_round_trip(store: SharedStore) -> None:
+    """An answer with tool calls leaves several entries (the conversation it completes, what
+    it asked, each call id): written together, one round trip, each found by the next turn's
+    lookups; the per-tenant cap still drops the oldest first."""
+    cfg = IdentityConfig()
+    index = RedisKeyIndex(store, max_per_tenant=1000, ttl_s=600)
+    trips: list[int] = []
+    real = index.put_many
+
+    def counted(tenant: str, items: list[tuple[bytes, str]], now: float) -> None:
+        trips.append(len(items))
+        real(tenant, items, now)
+
+    index.put_many = counted  # type: ignore[method-assign]
+    edge = Resolver(cfg, index=index, new_run_id=lambda: f"run-{uuid.uuid4()}")
+    msgs = [{"role": "system", "content": "You are a careful travel agent."},
+            {"role": "user", "content": "Book me a flight to Lisbon next Tuesday."}]
+    first = edge.resolve("acme", {"model": MODEL, "messages": msgs}, {}, 0.0)
+    calls = [{"id": f"call_{i}", "type": "function",
+              "function": {"name": "search", "arguments": "{}"}} for i in range(3)]
+    reply = {"role": "assistant", "content": None, "tool_calls": calls}
+    edge.answered(first, reply, 1.0)
+    assert trips == [5]  # answered + asked + 3 call ids: one round trip
+    assert index.written == 5
+    # the next turn, quoting the calls' results, at another edge (a fresh resolver)
+    results = [{"role": "tool", "tool_call_id": f"call_{i}", "content": "ok"} for i in range(3)]
+    other = Resolver(cfg, index=index, adopt=lambda k: ("acme", first.app, first.app_id))
+    second = other.resolve("acme", {"model": MODEL, "messages": [*msgs, reply, *results]},
+                           {}, 2.0)
+    assert second.run == first.run and not second.new_run
+    # the cap: past it the oldest entries of the batch go first
+    small = RedisKeyIndex(store, max_per_tenant=2, ttl_s=600)
+    small.put_many("capped", [(bytes([i]), f"run-{i}") for i in range(4)], 0.0)
+    assert small.evicted == 2
+    assert [small.get("capped", bytes([i]), 0.0) for i in range(4)] == [
+        None, None, "run-2", "run-3"]
+    # a server that lost its scripts (restarted, flushed): loaded again, the batch written
+    store.client.script_flush()
+    small.put_many("flushed", [(b"a", "run-a"), (b"b", "run-b")], 0.0)
+    assert small.get("flushed", b"a", 0.0) == "run-a" and small.get("flushed", b"b", 0.0) == "run-b"
+
+
 # ---------------------------------------------------------------------------------- live
 def test_two_gateways_share_quota_and_stored_responses(make_gateway, redis_url: str) -> None:  # noqa: ANN001, F811
     prefix = f"g{uuid.uuid4().hex[:8]}:"

@@ -44,6 +44,10 @@ class EvidenceIndex(Protocol):
 
     def put(self, tenant: str, key: bytes, value: str, now: float) -> None: ...
 
+    def put_many(self, tenant: str, items: Sequence[tuple[bytes, str]], now: float) -> None:
+        """:meth:`put` of each ``(key, value)``, in order (a shared index: one round trip)."""
+        ...
+
     def sweep(self, now: float) -> None: ...
 
     def dump(self) -> list[list[Any]]: ...
@@ -98,6 +102,11 @@ class KeyIndex:
             if value is not None:
                 return key, value
         return None
+
+    def put_many(self, tenant: str, items: Sequence[tuple[bytes, str]], now: float) -> None:
+        """:meth:`put` of each ``(key, value)``, in order."""
+        for key, value in items:
+            self.put(tenant, key, value, now)
 
     def put(self, tenant: str, key: bytes, value: str, now: float) -> None:
         """Store ``value`` under ``key`` (replacing and refreshing an existing entry)."""

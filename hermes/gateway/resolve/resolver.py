@@ -358,19 +358,21 @@ class Resolver:
         tenant = identity.tenant
         hasher = identity.conversation
         cfg = self.config
-        index, passages = self.index, self.passages
+        passages = self.passages
+        run = identity.run
+        puts: list[tuple[bytes, str]] = []  # written together (a shared index: one round trip)
         asked = False
         for reply in answers:
             if hasher is not None:
-                index.put(tenant, answered_digest(hasher, reply), identity.run, now)
+                puts.append((answered_digest(hasher, reply), run))
             if asks_tools(reply):
                 if hasher is not None and not asked:
                     # what was asked: a client that rewrites tool calls as text still sends it
-                    index.put(tenant, asked_digest(hasher), identity.run, now)
+                    puts.append((asked_digest(hasher), run))
                     asked = True
                 if cfg.call_ids:
                     for cid in reply_call_ids(reply)[:cfg.max_quoted_call_ids]:
-                        index.put(tenant, key_digest(tenant, "call", cid), identity.run, now)
+                        puts.append((key_digest(tenant, "call", cid), run))
             if cfg.dataflow:
                 for d in reply_digests(tenant, reply, min_chars=cfg.dataflow_min_chars,
                                        head_chars=cfg.dataflow_head_chars,
@@ -379,7 +381,8 @@ class Resolver:
                     passages.put(tenant, d, identity.run if have is None or have == identity.run
                                  else AMBIGUOUS, now)
         if response_id:
-            self.index.put(tenant, key_digest(tenant, "resp", response_id), identity.run, now)
+            puts.append((key_digest(tenant, "resp", response_id), run))
+        self.index.put_many(tenant, puts, now)
         identity.conversation = None
 
     def abandoned(self, identity: Identity, now: float) -> None:

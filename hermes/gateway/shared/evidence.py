@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from redis.exceptions import NoScriptError
+
 from hermes.gateway.shared.store import SharedStore, StoreUnavailable
 
 _PUT = """
@@ -102,15 +104,43 @@ class RedisKeyIndex:
         return None
 
     def put(self, tenant: str, key: bytes, value: str, now: float) -> None:
-        self.written += 1
+        self.put_many(tenant, [(key, value)], now)
+
+    def put_many(self, tenant: str, items: Sequence[tuple[bytes, str]], now: float) -> None:
+        """:meth:`put` of each ``(key, value)`` in one round trip (a pipeline of the write
+        script, in order): an answer leaves several entries (the conversation it completes,
+        what it asked, its tool-call ids), and a blocking round trip each held the edge's
+        event loop that many times."""
+        if not items:
+            return
+        self.written += len(items)
         if len(self._tenants) < 10_000:
             self._tenants.add(tenant)
         base = self._base(tenant)
-        hexkey = key.hex()
-        keys = [f"{base}:{hexkey}", base]
-        args = [hexkey, value, max(1, int(self.ttl_s * 1000)), self.max_per_tenant, base + ":"]
-        self.evicted += int(self._soft("index-put", lambda: self._put(keys=keys, args=args),
-                                       0))
+        ttl_ms = max(1, int(self.ttl_s * 1000))
+        calls: list[tuple[list[str], list[str | int]]] = [
+            ([f"{base}:{k.hex()}", base], [k.hex(), v, ttl_ms, self.max_per_tenant, base + ":"])
+            for k, v in items]
+
+        def run() -> int:
+            if len(calls) == 1:
+                return int(self._put(keys=calls[0][0], args=calls[0][1]))
+            # EVALSHA in a plain pipeline: a script object in a pipeline makes redis-py ask
+            # SCRIPT EXISTS first, a second round trip per batch; a server that lost the
+            # script (restarted) answers NOSCRIPT: loaded, the batch sent again
+            for attempt in (0, 1):
+                pipe = self.store.client.pipeline(transaction=False)
+                for keys, args in calls:
+                    pipe.evalsha(self._put.sha, len(keys), *keys, *args)  # type: ignore[attr-defined]
+                try:
+                    return sum(int(n) for n in pipe.execute())
+                except NoScriptError:
+                    if attempt:
+                        raise
+                    self._put.sha = self.store.client.script_load(_PUT)  # type: ignore[attr-defined]
+            return 0  # (not reached)
+
+        self.evicted += int(self._soft("index-put", run, 0))
 
     def sweep(self, now: float) -> None:
         """Nothing to do: Redis expires entries itself."""
