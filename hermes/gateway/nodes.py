@@ -37,6 +37,7 @@ from hermes.core.routing import (
 )
 from hermes.gateway.context import SchedulerContext
 from hermes.gateway.errors import NoCapacity, SchedulerError
+from hermes.gateway.iteration import EndOfIteration
 from hermes.gateway.prefixes import prompt_token_ids
 from hermes.gateway.served import resolve_served
 from hermes.gateway.state import Node
@@ -135,9 +136,9 @@ class NodeTable:
         self._unsent: dict[bytes, deque[list[bytes]]] = {}  # by node identity
         self._n_unsent = 0
         self._unsent_timer: asyncio.TimerHandle | None = None
-        #: messages to nodes waiting for the end of this loop iteration (:meth:`_flush_outbox`)
-        self._outbox: list[tuple[list[bytes], Any]] = []
-        self._outbox_soon: asyncio.Handle | None = None
+        #: messages to nodes (frames, message) waiting for the end of this loop iteration
+        self._outbox: EndOfIteration[tuple[list[bytes], Any]] = EndOfIteration(
+            self._flush_outbox)
         #: messages refused because their node is gone (EHOSTUNREACH), and dropped because
         #: :data:`MAX_UNSENT` were waiting already
         self.unroutable = 0
@@ -187,9 +188,7 @@ class NodeTable:
             self._monitor.close(linger=0)
             self._monitor = None
         self._stop_reading()
-        if self._outbox_soon is not None:  # sent before the socket closes, as before
-            self._outbox_soon.cancel()
-            self._flush_outbox()
+        self._outbox.flush_now()  # sent before the socket closes, as before
         if self._unsent_timer is not None:
             self._unsent_timer.cancel()
             self._unsent_timer = None
@@ -325,18 +324,11 @@ class NodeTable:
             return
         if self._sync is None:
             raise NoCapacity("scheduler is not running")
-        self._outbox.append(([identity, encode(msg)], msg))
-        if self._outbox_soon is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # (no loop: a synchronous caller) sent now
-                self._flush_outbox()
-                return
-            self._outbox_soon = loop.call_soon(self._flush_outbox)
+        self._outbox.add(([identity, encode(msg)], msg))  # (no loop: sent at once)
 
-    def _flush_outbox(self) -> None:
-        """Send the messages of :meth:`send_raw` gathered since the last flush, back to back
-        and in order (a node's messages stay in the order they were sent), then look for
+    def _flush_outbox(self, out: list[tuple[list[bytes], Any]]) -> None:
+        """Send the messages of :meth:`send_raw` gathered during the loop iteration
+        (:class:`~hermes.gateway.iteration.EndOfIteration`), back to back and in order (a node's messages stay in the order they were sent), then look for
         messages that arrived meanwhile (:meth:`_recheck`).
 
         Why they wait for the end of the loop iteration: each ZeroMQ send to a peer whose
@@ -347,10 +339,6 @@ class NodeTable:
         sender alone: ~31-33 us of process CPU per message one at a time, ~4-5 us in groups
         of 16). The lease is checked again here: a scheduler paused between a send and
         this flush sends nothing once it has lost the lease."""
-        self._outbox_soon = None
-        out, self._outbox = self._outbox, []
-        if not out:
-            return
         if self.fence is not None and not self.fence():
             for _, msg in out:
                 self._fenced(msg)

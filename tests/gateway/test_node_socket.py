@@ -7,7 +7,9 @@ take its signal)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -52,6 +54,23 @@ async def _until(cond: Any, timeout: float = 2.0) -> bool:
             return False
         await asyncio.sleep(0.005)
     return True
+
+
+@contextlib.asynccontextmanager
+async def _connected(address: str) -> AsyncIterator[tuple[NodeTable, zmq.Socket[bytes]]]:
+    """A table reading its socket and a node that has said hello (both closed after)."""
+    table, got = _table(address)
+    task = asyncio.get_running_loop().create_task(table.recv_loop())
+    node = _node(address)
+    try:
+        node.send(encode(_HELLO))
+        assert await _until(lambda: got)
+        yield table, node
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        node.close(0)
+        table.close()
 
 
 async def test_a_full_pipe_keeps_the_messages_and_sends_them_in_order() -> None:
@@ -155,7 +174,7 @@ async def test_a_message_that_arrives_during_a_send_is_read(recheck: bool) -> No
         node.send(encode(Cancel(request_ids=["from-node"])))
         time.sleep(0.05)  # (the loop does not run: nothing is read yet)
         table.send_raw(b"n1", Cancel(request_ids=["to-node"]))
-        table._flush_outbox()  # its iteration's end before the loop polls: takes the signal
+        table._outbox.flush_now()  # its iteration's end before the loop polls: takes the signal
         arrived = await _until(lambda: got, 0.5)
         assert arrived is recheck
         assert decode(node.recv()).request_ids == ["to-node"]  # type: ignore[union-attr]
@@ -170,13 +189,7 @@ async def test_messages_sent_in_one_loop_iteration_leave_together_in_order() -> 
     """What :meth:`NodeTable.send_raw` is given in one loop iteration leaves at its end, back
     to back and in order (one wake-up of ZeroMQ's I/O thread instead of one per message):
     nothing has left while the iteration's work goes on, everything has after it."""
-    address = "inproc://node-socket-outbox"
-    table, got = _table(address)
-    task = asyncio.get_running_loop().create_task(table.recv_loop())
-    node = _node(address)
-    try:
-        node.send(encode(_HELLO))
-        assert await _until(lambda: got)
+    async with _connected("inproc://node-socket-outbox") as (table, node):
         for i in range(20):
             table.send_raw(b"n1", Cancel(request_ids=[f"r{i}"]))
         assert not node.poll(0)  # still in this iteration: nothing sent yet
@@ -187,37 +200,21 @@ async def test_messages_sent_in_one_loop_iteration_leave_together_in_order() -> 
             if len(seen) == 20:
                 break
         assert seen == [f"r{i}" for i in range(20)]
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        node.close(0)
-        table.close()
 
 
 async def test_a_lease_lost_before_the_flush_sends_nothing() -> None:
     """Fencing holds for the messages waiting for the end of the loop iteration: the lease
     was held when they were given to :meth:`NodeTable.send_raw`, lost before they leave (a
     scheduler paused in between): none is sent, each is counted as fenced."""
-    address = "inproc://node-socket-fenced"
-    table, got = _table(address)
-    held = [True]
-    table.fence = lambda: held[0]
-    task = asyncio.get_running_loop().create_task(table.recv_loop())
-    node = _node(address)
-    try:
-        node.send(encode(_HELLO))
-        assert await _until(lambda: got)
+    async with _connected("inproc://node-socket-fenced") as (table, node):
+        held = [True]
+        table.fence = lambda: held[0]
         for i in range(3):
             table.send_raw(b"n1", Cancel(request_ids=[f"r{i}"]))
         held[0] = False  # lost before the iteration ends
         await asyncio.sleep(0.05)
         assert not node.poll(50)
         assert table.ctx.stats["ha_fenced_sends"] == 3
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        node.close(0)
-        table.close()
 
 
 def test_a_send_outside_an_event_loop_leaves_at_once() -> None:

@@ -40,6 +40,7 @@ from hermes.gateway.edge import wire
 from hermes.gateway.edge.direct import DirectCalls
 from hermes.gateway.edge.infer import HandedRuns, close_due
 from hermes.gateway.errors import RunNotActive, SchedulerError
+from hermes.gateway.iteration import EndOfIteration
 from hermes.gateway.shared import StoreUnavailable
 from hermes.gateway.slices import SlicedQueue
 from hermes.gateway.state import ACTIVE, LiveRun, PendingRequest
@@ -80,8 +81,7 @@ class EdgeLink:
         #: inferred runs finished on their edges' close
         self.closed_runs = 0
         #: ``(tenant, run)`` closed here, to drop from the shared index (:meth:`_forget_closed`)
-        self._forget: list[tuple[str, str]] = []
-        self._forget_soon: asyncio.Handle | None = None
+        self._forget: EndOfIteration[tuple[str, str]] = EndOfIteration(self._forget_closed)
         #: runs edges closed (their ``closed`` messages), finished a slice at a time
         self.closing: SlicedQueue[tuple[wire.ClosedRun, float]] = SlicedQueue(
             self._close_one, name="closing the inferred runs edges closed")
@@ -148,9 +148,7 @@ class EdgeLink:
                         "reaping (scheduler.run_idle_timeout_s) finds them",
                         len(self.closing))
         self.closing.close()
-        if self._forget_soon is not None:  # (the runs this close ended, too)
-            self._forget_soon.cancel()
-        self._forget_closed()
+        self._forget.flush_now()  # (the runs this close ended, too)
         for t in self._calls:
             t.cancel()
         if self.socket is not None:
@@ -397,27 +395,18 @@ class EdgeLink:
             return False
         self.closed_runs += 1
         if self.sched.identities.shared_index is not None:  # no edge adopts it any more
-            self._forget.append((run.state.tenant, c.run))
-            if self._forget_soon is None:
-                try:
-                    loop = asyncio.get_running_loop()
-                except RuntimeError:  # (a synchronous caller: now)
-                    self._forget_closed()
-                else:
-                    self._forget_soon = loop.call_soon(self._forget_closed)
+            self._forget.add((run.state.tenant, c.run))
         return True
 
-    def _forget_closed(self) -> None:
-        """Drop the runs closed since the last call from the shared evidence index, in one
-        round trip (:meth:`RedisKeyIndex.forget_runs`), at the end of the loop iteration
-        that closed them (a slice of :attr:`closing`). Until then an edge may still find
+    def _forget_closed(self, runs: list[tuple[str, str]]) -> None:
+        """Drop the runs closed during a loop iteration (a slice of :attr:`closing`) from the
+        shared evidence index, in one round trip (:meth:`RedisKeyIndex.forget_runs`), at the
+        iteration's end (:class:`~hermes.gateway.iteration.EndOfIteration`). Until then an edge may still find
         such a run there: adopting it asks this scheduler, which has ended it (a new run
         then, as after the forget). Unreachable store: the entries expire with the index's
         TTL (``identity.index_ttl_s``); the store logs and counts it."""
-        self._forget_soon = None
-        runs, self._forget = self._forget, []
         index = self.sched.identities.shared_index
-        if index is None or not runs:
+        if index is None:
             return
         try:
             index.forget_runs(runs)
