@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from hermes.gateway.state import encode_doc
+from hermes.gateway.state import encode_run_doc
 
 #: entry: (status, app, tenant, submitted, hosted, document bytes, extra bytes or None)
 _Entry = tuple[str, str, str, float, bool, bytes, "bytes | None"]
@@ -40,7 +40,7 @@ _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 def _dumps(obj: Any) -> bytes:
-    return encode_doc(obj)  # (json.dumps(obj, default=str)'s values, compact, faster)
+    return encode_run_doc(obj)  # (json.dumps(obj, default=str)'s values where a client's are)
 
 
 class FinishedProgress(NamedTuple):

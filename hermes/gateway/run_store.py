@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hermes.gateway.config import resolve_state_dir
-from hermes.gateway.state import TERMINAL, encode_doc, encode_plain_doc
+from hermes.gateway.state import TERMINAL, encode_plain_doc, encode_run_doc
 
 #: one :meth:`RunStore.put_run`: (run_id, status, run document, unit documents by index)
 RunWrite = tuple[str, str, dict[str, Any], dict[int, dict[str, Any]]]
@@ -34,7 +34,7 @@ class RunStore(ABC):
                 units: dict[int, dict[str, Any]] | None = None) -> None:
         """Store the run document and, atomically with it, the unit documents ``units``
         (invocation index -> document; other stored units are kept). The run document may
-        hold a client's values (:func:`encode_doc`); unit documents are plain JSON values
+        hold a client's values (:func:`encode_run_doc`); unit documents are plain JSON values
         (``durable._inv_doc``: :func:`encode_plain_doc`)."""
 
     def put_runs(self, batch: list[RunWrite]) -> None:
@@ -99,7 +99,7 @@ class SqliteRunStore(RunStore):
         self.put_runs([(run_id, status, doc, units or {})])
 
     def put_runs(self, batch: list[RunWrite]) -> None:
-        encoded = [(run_id, status, encode_doc(doc).decode(),
+        encoded = [(run_id, status, encode_run_doc(doc).decode(),
                     [(run_id, i, encode_plain_doc(u).decode()) for i, u in units.items()])
                    for run_id, status, doc, units in batch]
         one = len(encoded) == 1 and not encoded[0][3]  # one statement: its own transaction
@@ -257,7 +257,7 @@ class RedisRunStore(RunStore):
         end_units: dict[str, dict[str, dict[str, Any]]] = {}
         pipe = self.r.pipeline(transaction=True)
         for run_id, status, doc, units in batch:
-            docs[run_id] = encode_doc(doc)  # (a later write of the same run replaces it)
+            docs[run_id] = encode_run_doc(doc)  # (a later write of the same run replaces it)
             status_of[run_id] = status
             order.setdefault(run_id, float(doc.get("submitted", 0.0)))
             if not units:

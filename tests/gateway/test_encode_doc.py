@@ -24,6 +24,7 @@ from hermes.gateway.state import (
     UnitInvocation,
     encode_doc,
     encode_plain_doc,
+    encode_run_doc,
 )
 from hermes.protocol import Done
 
@@ -114,3 +115,58 @@ def test_a_unit_document_is_written_without_the_read_back_and_reads_back_the_sam
     # the one difference, by design: a non-finite float is written null (json: Infinity)
     run.units[1].finished = math.inf
     assert json.loads(encode_plain_doc(_inv_doc(run.units[1])))["finished"] is None
+
+
+class _CountingDecoder:
+    """The module's decoder, counting what it is asked to read back."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.sizes: list[int] = []
+
+    def decode(self, data: bytes) -> Any:
+        self.sizes.append(len(data))
+        return self.inner.decode(data)
+
+
+def test_a_run_document_is_read_back_only_where_a_client_s_value_is(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from hermes.gateway import state
+    counting = _CountingDecoder(state._DOC_DECODER)
+    monkeypatch.setattr(state, "_DOC_DECODER", counting)
+    run = _run((0.25, 5.0, 1.0))
+    for doc in (run.to_json(8.0), run_doc(run)):
+        out = encode_run_doc(doc)
+        assert out == msgspec.json.encode(doc)
+        assert json.loads(out) == json.loads(_old(doc)) == doc
+    assert counting.sizes == []  # an agent's run: no client value, nothing read back
+    run.input = {"question": "what is 2 + 2?", "k": [1, 2.5, None]}  # a hosted run's input
+    run.idempotency = {"key": "idem-1", "body": "abc"}
+    for doc in (run.to_json(8.0), run_doc(run)):
+        counting.sizes.clear()
+        out = encode_run_doc(doc)
+        assert out == msgspec.json.encode(doc) and json.loads(out) == doc
+        whole = len(out)
+        assert counting.sizes and all(n < whole / 2 for n in counting.sizes), counting.sizes
+
+
+@pytest.mark.parametrize("value", [
+    math.inf, math.nan, (1, 2), {1, 2}, Point(1), b"raw", datetime.date(2026, 1, 2),
+    Color.RED, Level.HIGH, np.float64(0.5), {1: "int key"}, 2 ** 70, "\ud800",
+    {"nested": [1, {"deep": math.nan}]}, [datetime.datetime(2026, 1, 2, 3, 4, 5)],
+])
+@pytest.mark.parametrize("key", ["input", "result", "error", "idempotency"])
+def test_a_client_s_value_that_is_not_plain_json_is_written_as_json_wrote_it(
+        key: str, value: Any) -> None:
+    run = _run((0.25, 5.0, 1.0))
+    for doc in (run.to_json(8.0), run_doc(run)):
+        doc[key] = value
+        assert _same(encode_run_doc(doc), _old(doc)), (key, value)
+
+
+def test_the_scheduler_s_own_non_finite_float_is_written_null() -> None:
+    run = _run((0.25, 5.0, 1.0))
+    run.state.deadline = math.inf
+    doc = run_doc(run)
+    assert json.loads(encode_run_doc(doc))["deadline"] is None
+    assert json.loads(encode_doc(doc))["deadline"] == math.inf  # (json's Infinity, before)
