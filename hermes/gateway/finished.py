@@ -39,10 +39,6 @@ _Entry = tuple[str, str, str, float, bool, bytes, "bytes | None"]
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
-def _dumps(obj: Any) -> bytes:
-    return encode_run_doc(obj)  # (json.dumps(obj, default=str)'s values where a client's are)
-
-
 class FinishedProgress(NamedTuple):
     """``state.progress`` of a finished run as the admin rows read it."""
 
@@ -189,8 +185,8 @@ class FinishedRuns:
         if idempotency:
             extra["idempotency"] = dict(idempotency)
         entry: _Entry = (str(doc["state"]), str(doc["app"]), str(doc.get("tenant") or "default"),
-                         float(doc["submitted"]), bool(doc.get("hosted")), _dumps(doc),
-                         _dumps(extra) if extra else None)
+                         float(doc["submitted"]), bool(doc.get("hosted")), encode_run_doc(doc),
+                         encode_run_doc(extra) if extra else None)
         runs = self._runs
         runs.pop(run_id, None)
         runs[run_id] = entry

@@ -118,9 +118,12 @@ class RedisKeyIndex:
             self._tenants.add(tenant)
         base = self._base(tenant)
         ttl_ms = max(1, int(self.ttl_s * 1000))
-        calls: list[tuple[list[str], list[str | int]]] = [
-            ([f"{base}:{k.hex()}", base], [k.hex(), v, ttl_ms, self.max_per_tenant, base + ":"])
-            for k, v in items]
+        prefix = base + ":"
+        calls: list[tuple[list[str], list[str | int]]] = []
+        for k, v in items:
+            hexkey = k.hex()
+            calls.append(([prefix + hexkey, base], [hexkey, v, ttl_ms, self.max_per_tenant,
+                                                    prefix]))
 
         def run() -> int:
             if len(calls) == 1:
