@@ -200,6 +200,33 @@ class FinishedRuns:
                              for o in run.state.progress.finished],
                  idempotency=getattr(run, "idempotency", None))
 
+    def encoded(self, run_id: str) -> tuple[bytes, bytes | None] | None:
+        """The kept run's document and extras as stored here (JSON bytes each; extras None
+        when it has none), or None: what :meth:`add_encoded` takes back. A run's history
+        entry in the durable store (:meth:`hermes.gateway.run_store.RunStore.put_runs`,
+        ``ended``) is these bytes, so that a run ended here reads the same after a failover
+        without its document being built and encoded a second time."""
+        entry = self._runs.get(run_id)
+        return None if entry is None else (entry[5], entry[6])
+
+    def add_encoded(self, doc: bytes, extra: bytes | None = None) -> str:
+        """Keep a run from :meth:`encoded`'s bytes (read back from the durable store);
+        returns its id. ``ValueError`` names what a damaged entry lacks."""
+        try:
+            d = json.loads(doc)
+            entry: _Entry = (str(d["state"]), str(d["app"]), str(d.get("tenant") or "default"),
+                             float(d["submitted"]), bool(d.get("hosted")), bytes(doc),
+                             None if extra is None else bytes(extra))
+            run_id = str(d["run_id"])
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"not a finished run's document: {e!r}") from None
+        runs = self._runs
+        runs.pop(run_id, None)
+        runs[run_id] = entry
+        while len(runs) > self.keep:
+            del runs[next(iter(runs))]
+        return run_id
+
     def get(self, run_id: str) -> FinishedRun | None:
         entry = self._runs.get(run_id)
         return None if entry is None else FinishedRun(run_id, entry)

@@ -43,6 +43,7 @@ from hermes.gateway.dispatch import Dispatcher
 from hermes.gateway.durable import DurableState
 from hermes.gateway.learning import Learner
 from hermes.gateway.nodes import NodeTable
+from hermes.gateway.run_store import HISTORY
 from hermes.gateway.runs import RunRegistry
 from hermes.gateway.state import TERMINAL, LiveRun, PendingRequest, UnitInvocation
 from hermes.protocol import EDGE_REQUEST_PREFIX, Cancel, Done, Submit, Tool, ToolDone
@@ -151,6 +152,9 @@ class Recovery:
         ended = [d for d in docs if d["status"] in TERMINAL] if self.defer_ended else []
         for d in (docs if not self.defer_ended else
                   [d for d in docs if d["status"] not in TERMINAL]):
+            if HISTORY in d:  # (ended: kept as it was kept)
+                self._restore_history(d)
+                continue
             self.durable.restoring = True
             try:
                 run, restored = self._restore(d)
@@ -230,6 +234,9 @@ class Recovery:
         for d in docs:
             if d["run_id"] in self.runs.runs or d["run_id"] in self.runs.finished:
                 continue  # a resumed run that has ended meanwhile: already here
+            if HISTORY in d:
+                self._restore_history(d)
+                continue
             self.durable.restoring = True
             try:
                 self._restore(d)
@@ -248,6 +255,17 @@ class Recovery:
         await self.nodes.wait_for_nodes(self.grace_s)
         # a node reports its holdings in its hello; wait for its first heartbeat as well
         await asyncio.sleep(min(1.5, max(0.0, deadline - time.monotonic())))
+
+    def _restore_history(self, d: dict[str, Any]) -> None:
+        """A history entry (:func:`hermes.gateway.run_store.history_doc`): the finished
+        document the previous scheduler kept, kept as it was (no run to rebuild)."""
+        doc, extra = d[HISTORY]
+        try:
+            self.runs.finished.add_encoded(doc, extra)
+        except ValueError as e:
+            log.warning("run %s not restored: %s", d.get("run_id"), e)
+            return
+        self.stats["restored_ended"] += 1
 
     def _restore(self, d: dict[str, Any]) -> tuple[LiveRun, list[UnitInvocation | None]]:
         """The run of a stored document, back in the registry, and its invocations by index

@@ -14,7 +14,7 @@ import json
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,40 @@ from hermes.gateway.state import TERMINAL, encode_plain_doc, encode_run_doc
 
 #: one :meth:`RunStore.put_run`: (run_id, status, run document, unit documents by index)
 RunWrite = tuple[str, str, dict[str, Any], dict[int, dict[str, Any]]]
+#: one history entry of :meth:`RunStore.put_runs` (``ended``): (run_id, when it was submitted,
+#: its finished document as ``GET /v1/runs/{id}`` answers it, its extras or None), both JSON
+#: bytes as :meth:`hermes.gateway.finished.FinishedRuns.encoded` keeps them
+EndedWrite = tuple[str, float, bytes, "bytes | None"]
+#: the key of a history entry read back (:func:`history_doc`): its two JSON texts
+HISTORY = "history"
+#: between a history entry's document and its extras in one stored value (compact JSON text
+#: has no raw newline: JSON escapes it inside strings and its encoders here add no whitespace)
+_SEP = b"\n"
+
+
+def history_doc(doc: bytes, extra: bytes | None = None) -> dict[str, Any]:
+    """A history entry as :meth:`RunStore.runs` returns it: the fields recovery reads of every
+    stored run (``run_id``, ``status``, ``submitted``, ``finished``, ``app``, ``tenant``)
+    and, under :data:`HISTORY`, the document and extras as stored, for
+    :meth:`~hermes.gateway.finished.FinishedRuns.add_encoded`. ``ValueError``: not a run's
+    finished document."""
+    try:
+        d = json.loads(doc)
+        return {"run_id": str(d["run_id"]), "status": str(d["state"]),
+                "submitted": float(d["submitted"]), "finished": d.get("finished"),
+                "app": d.get("app"), "tenant": d.get("tenant"), HISTORY: (doc, extra)}
+    except (ValueError, TypeError, KeyError) as e:
+        raise ValueError(f"a damaged history entry: {e!r}") from None
+
+
+def _history_value(doc: bytes, extra: bytes | None) -> bytes:
+    return doc if extra is None else doc + _SEP + extra
+
+
+def _history_of(value: bytes | str) -> dict[str, Any]:
+    raw = value.encode() if isinstance(value, str) else value
+    doc, sep, extra = raw.partition(_SEP)
+    return history_doc(doc, extra if sep else None)
 
 
 # ---------------------------------------------------------------------------------- stores
@@ -37,9 +71,18 @@ class RunStore(ABC):
         hold a client's values (:func:`encode_run_doc`); unit documents are plain JSON values
         (``durable._inv_doc``: :func:`encode_plain_doc`)."""
 
-    def put_runs(self, batch: list[RunWrite]) -> None:
+    def put_runs(self, batch: list[RunWrite], ended: Sequence[EndedWrite] = ()) -> None:
         """Several :meth:`put_run` writes at once (one transaction / round trip where the
-        store can); used for the ended one-request runs of one loop iteration."""
+        store can); used for the ended one-request runs of one loop iteration.
+
+        ``ended``: history entries of runs that ended without ever being stored (an edge's
+        lazily stored inferred runs, :attr:`~hermes.gateway.state.LiveRun.lazy_store`): the
+        finished document the scheduler keeps, written as its bytes are, in the same
+        transaction; a stored document of the same run (written by an earlier leader) is
+        dropped with it. :meth:`runs` returns them as :func:`history_doc` dicts; they count
+        as ended runs for :meth:`prune_ended`."""
+        if ended:
+            raise NotImplementedError(f"{type(self).__name__} keeps no history entries")
         for w in batch:
             self.put_run(*w)
 
@@ -50,7 +93,8 @@ class RunStore(ABC):
     def runs(self) -> list[dict[str, Any]]:
         """Every stored run document, oldest first, with its stored unit documents as
         ``doc["units"]``: a list of ``doc["n_units"]`` entries in invocation order, where an
-        invocation never stored (still open) is ``{"closed": False}``."""
+        invocation never stored (still open) is ``{"closed": False}``; a history entry
+        (:meth:`put_runs`, ``ended``) as :func:`history_doc`."""
 
     @abstractmethod
     def calls(self, run_id: str) -> dict[int, dict[str, Any]]: ...
@@ -86,23 +130,29 @@ class SqliteRunStore(RunStore):
                         "PRIMARY KEY (run_id, seq))")
         self.db.execute("CREATE TABLE IF NOT EXISTS units (run_id TEXT, idx INTEGER, doc TEXT, "
                         "PRIMARY KEY (run_id, idx))")
+        # history entries (put_runs' ``ended``): a finished document and its extras as kept
+        self.db.execute("CREATE TABLE IF NOT EXISTS history (run_id TEXT PRIMARY KEY, "
+                        "seq INTEGER, doc BLOB, extra BLOB)")
+        self.db.execute("CREATE INDEX IF NOT EXISTS history_seq ON history(seq)")
         # ended runs by acceptance order: prune_ended reads the newest ``keep`` and deletes
         # below (without it, a scan and sort of every run on the event loop: 13-24 ms at 10,000)
         self.db.execute("CREATE INDEX IF NOT EXISTS runs_ended_seq ON runs(seq) "
                         "WHERE status IN ('finished', 'failed', 'cancelled')")
         self._lock = threading.Lock()
-        row = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM runs").fetchone()
+        row = self.db.execute("SELECT MAX(COALESCE((SELECT MAX(seq) FROM runs), 0), "
+                              "COALESCE((SELECT MAX(seq) FROM history), 0))").fetchone()
         self._seq = int(row[0])
 
     def put_run(self, run_id: str, status: str, doc: dict[str, Any],
                 units: dict[int, dict[str, Any]] | None = None) -> None:
         self.put_runs([(run_id, status, doc, units or {})])
 
-    def put_runs(self, batch: list[RunWrite]) -> None:
+    def put_runs(self, batch: list[RunWrite], ended: Sequence[EndedWrite] = ()) -> None:
         encoded = [(run_id, status, encode_run_doc(doc).decode(),
                     [(run_id, i, encode_plain_doc(u).decode()) for i, u in units.items()])
                    for run_id, status, doc, units in batch]
-        one = len(encoded) == 1 and not encoded[0][3]  # one statement: its own transaction
+        # one statement: its own transaction
+        one = len(encoded) == 1 and not encoded[0][3] and not ended
         with self._lock:
             if not one:
                 self.db.execute("BEGIN")
@@ -117,6 +167,16 @@ class SqliteRunStore(RunStore):
                         self.db.executemany(
                             "INSERT OR REPLACE INTO units(run_id, idx, doc) VALUES (?, ?, ?)",
                             rows)
+                if ended:
+                    ids = [(w[0],) for w in ended]
+                    self.db.executemany("DELETE FROM runs WHERE run_id = ?", ids)
+                    self.db.executemany("DELETE FROM units WHERE run_id = ?", ids)
+                    rows_h = []
+                    for run_id, _, doc, extra in ended:
+                        self._seq += 1
+                        rows_h.append((run_id, self._seq, doc, extra))
+                    self.db.executemany("INSERT OR REPLACE INTO history(run_id, seq, doc, extra) "
+                                        "VALUES (?, ?, ?, ?)", rows_h)
                 if not one:
                     self.db.execute("COMMIT")
             except BaseException:
@@ -136,7 +196,8 @@ class SqliteRunStore(RunStore):
     def prune_ended(self, keep: int) -> int:
         ended = "status IN ('finished', 'failed', 'cancelled')"
         with self._lock:
-            row = self.db.execute(f"SELECT seq FROM runs WHERE {ended} ORDER BY seq DESC "
+            row = self.db.execute(f"SELECT seq FROM (SELECT seq FROM runs WHERE {ended} "
+                                  "UNION ALL SELECT seq FROM history) ORDER BY seq DESC "
                                   "LIMIT 1 OFFSET ?", (max(0, keep - 1),)).fetchone()
             if row is None:
                 return 0
@@ -146,6 +207,8 @@ class SqliteRunStore(RunStore):
                                 f"WHERE {ended} AND seq < ?)", (row[0],))
                 deleted = self.db.execute(f"DELETE FROM runs WHERE {ended} AND seq < ?",
                                           (row[0],)).rowcount
+                deleted += self.db.execute("DELETE FROM history WHERE seq < ?",
+                                           (row[0],)).rowcount
                 self.db.execute("COMMIT")
             except BaseException:
                 self.db.execute("ROLLBACK")
@@ -154,11 +217,14 @@ class SqliteRunStore(RunStore):
 
     def runs(self) -> list[dict[str, Any]]:
         with self._lock:
-            rows = self.db.execute("SELECT run_id, doc FROM runs ORDER BY seq").fetchall()
+            rows = self.db.execute("SELECT seq, run_id, doc, NULL, 0 FROM runs UNION ALL "
+                                   "SELECT seq, run_id, doc, extra, 1 FROM history "
+                                   "ORDER BY 1").fetchall()
             units: dict[str, dict[int, dict[str, Any]]] = {}
             for run_id, idx, doc in self.db.execute("SELECT run_id, idx, doc FROM units"):
                 units.setdefault(run_id, {})[int(idx)] = json.loads(doc)
-        return [_with_units(json.loads(d), units.get(r, {})) for r, d in rows]
+        return [history_doc(bytes(d), None if x is None else bytes(x)) if h
+                else _with_units(json.loads(d), units.get(r, {})) for _, r, d, x, h in rows]
 
     def calls(self, run_id: str) -> dict[int, dict[str, Any]]:
         with self._lock:
@@ -178,7 +244,8 @@ class SqliteRunStore(RunStore):
 PRUNE_CHUNK = 1000
 
 #: :meth:`RedisRunStore.prune_ended` inside Redis. KEYS: the order (sorted set by acceptance),
-#: the active index (set), the run documents (hash), the units written at runs' ends (hash);
+#: the active index (set), the run documents (hash), the units written at runs' ends (hash),
+#: the history entries (hash);
 #: ARGV: keep, the prefix of the unit documents' keys, the most to drop. Returns how many
 #: were dropped. (It deletes the unit documents' keys, which it cannot declare in KEYS: a
 #: single Redis, not a Redis Cluster, as every transaction of this store already assumes.)
@@ -204,6 +271,7 @@ end
 if #old == 0 then return 0 end
 redis.call('HDEL', KEYS[3], unpack(old))
 redis.call('HDEL', KEYS[4], unpack(old))
+redis.call('HDEL', KEYS[5], unpack(old))
 redis.call('ZREM', KEYS[1], unpack(old))
 redis.call('DEL', unpack(units))
 return #old
@@ -214,8 +282,9 @@ class RedisRunStore(RunStore):
     """Redis: ``<p>runs`` (hash run_id -> doc), ``<p>order`` (sorted set by acceptance),
     ``<p>active`` (set of the runs not ended), a run's unit documents in ``<p>units:<run_id>``
     (hash index -> doc) while it runs and those its end wrote in ``<p>end_units`` (hash
-    run_id -> JSON object index -> doc), ``<p>calls:<run_id>`` (hash seq -> entry). Every
-    write (or batch) is one round trip."""
+    run_id -> JSON object index -> doc), ``<p>calls:<run_id>`` (hash seq -> entry), the
+    history entries of runs never stored while they ran in ``<p>history`` (hash run_id ->
+    finished document and extras). Every write (or batch) is one round trip."""
 
     def __init__(self, url: str, prefix: str = "hermes:state:") -> None:
         import redis
@@ -242,7 +311,7 @@ class RedisRunStore(RunStore):
                 units: dict[int, dict[str, Any]] | None = None) -> None:
         self.put_runs([(run_id, status, doc, units or {})])
 
-    def put_runs(self, batch: list[RunWrite]) -> None:
+    def put_runs(self, batch: list[RunWrite], ended: Sequence[EndedWrite] = ()) -> None:
         """One transaction. The documents of the whole batch go in one ``HSET``, its
         acceptance order in one ``ZADD NX`` and the active index in one ``SREM`` and one
         ``SADD`` (a run's last write in the batch decides). The unit documents of a run
@@ -250,7 +319,10 @@ class RedisRunStore(RunStore):
         it ended, in one ``HSET`` of ``<p>end_units`` for the whole batch. The state after
         it is that of the writes one by one in batch order, in a few commands instead of 4N:
         encoding the commands was most of a batch's cost, and most runs that end (one-turn
-        conversations at thousands a second) have their units written only then."""
+        conversations at thousands a second) have their units written only then.
+        History entries (``ended``) go in one ``HSET`` of ``<p>history`` (their bytes as
+        given), with their order; a document of the same run an earlier leader stored, and
+        its units written at its end, are dropped in the same transaction."""
         docs: dict[str, bytes] = {}
         order: dict[str, float] = {}
         status_of: dict[str, str] = {}
@@ -267,9 +339,20 @@ class RedisRunStore(RunStore):
             else:
                 pipe.hset(f"{self.p}units:{run_id}",
                           mapping={str(i): encode_plain_doc(u) for i, u in units.items()})
-        if not docs:
+        if ended:
+            hist: dict[str, bytes] = {}
+            for run_id, submitted, doc, extra in ended:
+                hist[run_id] = _history_value(doc, extra)
+                order.setdefault(run_id, submitted)
+            gone = list(hist)
+            pipe.hdel(self.p + "runs", *gone)
+            pipe.hdel(self.p + "end_units", *gone)
+            pipe.srem(self.p + "active", *gone)
+            pipe.hset(self.p + "history", mapping=hist)  # type: ignore[arg-type]
+        elif not docs:
             return
-        pipe.hset(self.p + "runs", mapping=docs)  # type: ignore[arg-type]
+        if docs:
+            pipe.hset(self.p + "runs", mapping=docs)  # type: ignore[arg-type]
         if end_units:
             pipe.hset(self.p + "end_units", mapping={  # type: ignore[arg-type]
                 r: encode_plain_doc(u) for r, u in end_units.items()})
@@ -302,7 +385,8 @@ class RedisRunStore(RunStore):
         its CPU per one-turn inferred call at 4,000 calls/s), against ~1 us."""
         if self._prune is None:
             self._prune = self.r.register_script(_PRUNE_SCRIPT)
-        keys = [self.p + "order", self.p + "active", self.p + "runs", self.p + "end_units"]
+        keys = [self.p + "order", self.p + "active", self.p + "runs", self.p + "end_units",
+                self.p + "history"]
         dropped = 0
         while True:
             n = int(self._prune(keys=keys, args=[max(0, keep), self.p + "units:", PRUNE_CHUNK]))
@@ -336,12 +420,15 @@ class RedisRunStore(RunStore):
         pipe = self.r.pipeline()
         pipe.hmget(self.p + "runs", ids)
         pipe.hmget(self.p + "end_units", ids)
+        pipe.hmget(self.p + "history", ids)
         for run_id in ids:
             pipe.hgetall(f"{self.p}units:{run_id}")
-        docs, at_end, *units = pipe.execute()
+        docs, at_end, history, *units = pipe.execute()
         out = []
-        for d, e, u in zip(docs, at_end, units, strict=True):
+        for d, e, h, u in zip(docs, at_end, history, units, strict=True):
             if d is None:
+                if h is not None:
+                    out.append(_history_of(h))
                 continue
             stored = {int(k): json.loads(v) for k, v in u.items()}
             if e is not None:  # written at the run's end: the newest of each index

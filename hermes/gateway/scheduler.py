@@ -119,7 +119,7 @@ class LiveScheduler:
                                    self.learner.serving_graph)
         self.node_table.handler = self.dispatch.handle
         # durable run state, recovery (issue 7)
-        self.durable = DurableState(open_run_store(config), ctx)
+        self.durable = DurableState(open_run_store(config), ctx, self.registry.finished)
         self.recovery = Recovery(ctx, self.durable, self.registry, self.dispatch,
                                  self.node_table, self.learner)
         self.hosted_runs = HostedRuns(self, config)

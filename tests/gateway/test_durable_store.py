@@ -512,3 +512,60 @@ def test_an_inferred_runs_creation_waits_for_the_window_only_without_a_shared_in
         written[name] = asyncio.run(go())
         store.close()
     assert written["local"] == [] and len(written["shared"]) == 1
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_history_entries_read_back_as_written_and_are_pruned_with_the_ended_runs(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """A history entry (a run that ended without ever being stored: its finished document
+    and extras as the scheduler keeps them) is read back byte for byte, in order among the
+    run documents, replaces a document an earlier leader stored of the same run,
+    counts as an ended run for pruning, and survives reopening the store."""
+    from hermes.gateway.run_store import HISTORY
+
+    prefix = f"h{time.time()}:"
+    url = request.getfixturevalue("redis_url") if kind == "redis" else ""
+
+    def open_store() -> SqliteRunStore | RedisRunStore:
+        return (SqliteRunStore(tmp_path / "s.db") if kind == "sqlite"
+                else RedisRunStore(url, prefix=prefix))
+
+    def doc(rid: str, submitted: float, **kw: object) -> bytes:
+        return json.dumps({"run_id": rid, "app": "a", "tenant": "acme", "state": "finished",
+                           "submitted": submitted, "finished": submitted + 1.0,
+                           "hosted": False, "units": [], **kw}, separators=(",", ":")).encode()
+
+    store = open_store()
+    # "h1": stored while it ran by an earlier leader, then ended here as a history entry
+    store.put_run("h1", "running", {"run_id": "h1", "status": "running", "submitted": 1.0,
+                                    "n_units": 1}, {0: {"unit": "u"}})
+    store.put_run("r2", "running", {"run_id": "r2", "status": "running", "submitted": 2.0})
+    h1 = doc("h1", 1.0, note="caf\u00e9 \\n")
+    h3 = doc("h3", 3.0)
+    extra = b'{"units_done":["u"]}'
+    store.put_runs([("r4", "finished", {"run_id": "r4", "status": "finished",
+                                         "submitted": 4.0}, {})],
+                   ended=[("h1", 1.0, h1, extra), ("h3", 3.0, h3, None)])
+    for _ in range(2):  # and once more after reopening
+        got = store.runs()
+        # Redis orders by acceptance, SQLite by first write (a history entry's is its end)
+        assert [d["run_id"] for d in got] == (["h1", "r2", "h3", "r4"] if kind == "redis"
+                                              else ["r2", "r4", "h1", "h3"])
+        by = {d["run_id"]: d for d in got}
+        assert by["h1"][HISTORY] == (h1, extra) and by["h3"][HISTORY] == (h3, None)
+        assert (by["h1"]["status"], by["h1"]["submitted"], by["h1"]["finished"],
+                by["h1"]["tenant"]) == ("finished", 1.0, 2.0, "acme")
+        assert HISTORY not in by["r2"] and HISTORY not in by["r4"]
+        if kind == "redis":
+            assert isinstance(store, RedisRunStore)
+            assert [d["run_id"] for d in store.active_runs()] == ["r2"]
+            assert [d["run_id"] for c in store.ended_runs_chunks() for d in c] == \
+                ["h1", "h3", "r4"]
+        store.close()
+        store = open_store()
+    assert store.prune_ended(1) == 2  # the two oldest ended (r2 is active), in that order
+    assert [d["run_id"] for d in store.runs()] == (["r2", "r4"] if kind == "redis"
+                                                   else ["r2", "h3"])
+    if kind == "redis":  # the pruned entries themselves are gone, not only their order
+        assert redis.Redis.from_url(url).hlen(prefix + "history") == 0
+    store.close()

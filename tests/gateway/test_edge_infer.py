@@ -471,12 +471,84 @@ def test_the_scheduler_forgets_the_runs_it_closes_in_one_round_trip(
         closed = [wire.ClosedRun(rid, 30.0) for _, rid in runs[:3]]
         assert link.close_inferred(closed) == 3
         assert all(index.run_info(t, r) is not None for t, r in runs)  # not yet: this iteration
+        dels = deletes()
         await asyncio.sleep(0)
         assert trips == [runs[:3]]  # one round trip for the three, both tenants
+        assert deletes() - dels == 2  # one DEL per tenant, not per run
         assert [index.run_info(t, r) for t, r in runs[:3]] == [None, None, None]
         assert index.run_info("beta", "run-b2") == ("beta.agent", "id-run-b2")  # still open
+        # one tenant's runs: one DEL, no pipeline
+        for rid in ("run-c1", "run-c2", "run-c3"):
+            index.remember_run("gamma", rid, "gamma.agent", "id-" + rid)
+        dels = deletes()
+        index.forget_runs([("gamma", "run-c1"), ("gamma", "run-c2")])
+        assert deletes() - dels == 1
+        assert index.run_info("gamma", "run-c1") is None is index.run_info("gamma", "run-c2")
+        assert index.run_info("gamma", "run-c3") == ("gamma.agent", "id-run-c3")
+
+    def deletes() -> int:
+        stats = store.client.info("commandstats")
+        return int(stats.get("cmdstat_del", {}).get("calls", 0))
 
     try:
         asyncio.run(main())
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_an_edges_run_that_ends_unstored_is_kept_as_its_finished_document(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """An edge's inferred run never written while it ran is stored at its end as the
+    finished document the scheduler keeps (bytes shared, no run or unit document written
+    again), and a scheduler started on that store answers for it as the first did, and
+    refuses a late call of it; a run stored while it ran (not lazily) ends as before."""
+    import redis
+
+    from hermes.gateway.edge.link import EdgeLink, InferredRunEnded
+    from hermes.gateway.run_store import HISTORY
+    from hermes.gateway.scheduler import LiveScheduler
+
+    extra: dict[str, object] = {}
+    if kind == "redis":
+        url = request.getfixturevalue("redis_url")
+        redis.Redis.from_url(url).flushdb()
+        extra["state_redis"] = url
+    cfg = load_config(None, environ={}, bind="", kb=str(tmp_path / "kb"),
+                      state_dir=str(tmp_path / "state"), **extra)  # type: ignore[arg-type]
+
+    async def first() -> dict:
+        sched = LiveScheduler(cfg)
+        link = EdgeLink(sched, "inproc://unused")
+        reg = sched.registry
+        run = link._inferred_run(_call(run="run-aaaa", app="acme.agent", unit="plan",
+                                       tenant="acme", inferred=True, new=True))
+        inv = sched.unit_for_request(run, "plan", "llm:m")
+        reg.close_unit(run, inv, sched.ctx.now())
+        other = reg.create_run("acme.agent", tenant="acme", inferred=True)  # (all-in-one's)
+        run.last_activity = time.monotonic() - 30.0 / cfg.scheduler.time_scale
+        assert link.close_inferred([wire.ClosedRun("run-aaaa", 30.0)]) == 1
+        reg.finish_run(other.run_id)
+        sched.durable.flush()
+        assert sched.durable.store is not None
+        stored = {d["run_id"]: d for d in sched.durable.store.runs()}
+        assert stored["run-aaaa"][HISTORY] == reg.finished.encoded("run-aaaa")
+        assert HISTORY not in stored[other.run_id]  # written as a run, with its units
+        doc = reg.get_run("run-aaaa").to_json()
+        assert doc["units"][0]["unit"] == "plan" and doc["state"] == "finished"
+        sched.durable.close()
+        return doc
+
+    async def second(doc: dict) -> None:
+        sched = LiveScheduler(cfg)
+        sched.recovery.recover(lambda app: None, lambda *a: None)
+        await asyncio.wait_for(sched.recovery.ended_ready.wait(), 5.0)
+        back = sched.registry.get_run("run-aaaa")
+        assert back.to_json() == doc and back.state.tenant == "acme"
+        assert back.progress.finished == ("plan",)
+        with pytest.raises(InferredRunEnded):
+            EdgeLink(sched, "inproc://unused")._inferred_run(
+                _call(run="run-aaaa", app="acme.agent", tenant="acme", inferred=True))
+        sched.durable.close()
+
+    asyncio.run(second(asyncio.run(first())))

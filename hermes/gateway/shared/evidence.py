@@ -176,18 +176,27 @@ class RedisKeyIndex:
         self.forget_runs([(tenant, run_key)])
 
     def forget_runs(self, runs: Sequence[tuple[str, str]]) -> None:
-        """:meth:`forget_run` for several ``(tenant, run key)`` in one round trip (a pipeline
-        of ``DEL``: the keys of different tenants may lie in different Redis Cluster slots).
-        The scheduler forgets the runs it ended in a slice of the edges' closes so: a round
-        trip per run, on its event loop, was a third of its time at 2,000 one-turn calls/s."""
+        """:meth:`forget_run` for several ``(tenant, run key)`` in one round trip: one ``DEL``
+        of all the keys of a tenant (its hash tag puts them in one Redis Cluster slot), in a
+        pipeline when several tenants' runs ended. The scheduler forgets the runs it ended
+        in a slice of the edges' closes so: a round trip per run, on its event loop, was a
+        third of its time at 2,000 one-turn calls/s; a ``DEL`` per run in one pipeline
+        still cost ~9 us of the scheduler's CPU per one-turn call at 4,000 calls/s
+        (redis-py's work per command: queueing it, its reply, its callback)."""
         if not runs:
             return
-        keys = [self.store.key("run", "{" + tenant + "}", run_key) for tenant, run_key in runs]
+        by_tenant: dict[str, list[str]] = {}
+        for tenant, run_key in runs:
+            by_tenant.setdefault(tenant, []).append(
+                self.store.key("run", "{" + tenant + "}", run_key))
 
         def run() -> Any:
-            pipe = self.store.client.pipeline(transaction=False)
-            for k in keys:
-                pipe.delete(k)
+            client = self.store.client
+            if len(by_tenant) == 1:
+                return client.delete(*next(iter(by_tenant.values())))
+            pipe = client.pipeline(transaction=False)
+            for keys in by_tenant.values():
+                pipe.delete(*keys)
             return pipe.execute()
 
         self._soft("index-run", run, None)
