@@ -48,6 +48,15 @@ sixth of all it spends on one; its creation written on its own, before the first
 was a transaction for every new conversation (~0.46 a request of the agent mix at one
 client; with the real state database and the CPU caches cold, as between requests, ~40-60
 us of CPU each).
+
+An edge's inferred run (split roles: :attr:`~hermes.gateway.state.LiveRun.lazy_store`) is not
+written at its creation: after a failover its next call re-creates it under its id. One that
+ends without ever having been written (most: one-turn conversations) leaves only history, and
+its **history entry** is the finished document the registry has just kept, written as those
+bytes (:meth:`DurableState._as_history`, ``ended`` of
+:meth:`~hermes.gateway.run_store.RunStore.put_runs`) in the batch window, rather than a run
+document and unit documents built and encoded again; a new leader keeps it as it was kept
+(:mod:`hermes.gateway.recovery`), so ``GET /v1/runs/{id}`` answers the same there.
 """
 
 from __future__ import annotations
