@@ -11,6 +11,7 @@ changed.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
@@ -20,6 +21,8 @@ from typing import Any
 
 from hermes.gateway.config import resolve_state_dir
 from hermes.gateway.state import TERMINAL, encode_plain_doc, encode_run_doc
+
+log = logging.getLogger("hermes.gateway.run_store")
 
 #: one :meth:`RunStore.put_run`: (run_id, status, run document, unit documents by index)
 RunWrite = tuple[str, str, dict[str, Any], dict[int, dict[str, Any]]]
@@ -44,7 +47,7 @@ def history_doc(doc: bytes, extra: bytes | None = None) -> dict[str, Any]:
         d = json.loads(doc)
         return {"run_id": str(d["run_id"]), "status": str(d["state"]),
                 "submitted": float(d["submitted"]), "finished": d.get("finished"),
-                "app": d.get("app"), "tenant": d.get("tenant"), HISTORY: (doc, extra)}
+                "app": str(d["app"]), "tenant": d.get("tenant"), HISTORY: (doc, extra)}
     except (ValueError, TypeError, KeyError) as e:
         raise ValueError(f"a damaged history entry: {e!r}") from None
 
@@ -53,10 +56,21 @@ def _history_value(doc: bytes, extra: bytes | None) -> bytes:
     return doc if extra is None else doc + _SEP + extra
 
 
-def _history_of(value: bytes | str) -> dict[str, Any]:
+def _history_of(run_id: str, value: bytes | str) -> dict[str, Any] | None:
+    """:func:`_history_or_none` of a value of ``<p>history`` (document, then extras)."""
     raw = value.encode() if isinstance(value, str) else value
     doc, sep, extra = raw.partition(_SEP)
-    return history_doc(doc, extra if sep else None)
+    return _history_or_none(run_id, doc, extra if sep else None)
+
+
+def _history_or_none(run_id: str, doc: bytes, extra: bytes | None) -> dict[str, Any] | None:
+    """:func:`history_doc`, or None (logged) for a damaged entry: one entry must not stop a
+    new leader from reading every other run."""
+    try:
+        return history_doc(doc, extra)
+    except ValueError as e:
+        log.warning("history entry of run %s skipped: %s", run_id, e)
+        return None
 
 
 # ---------------------------------------------------------------------------------- stores
@@ -223,8 +237,13 @@ class SqliteRunStore(RunStore):
             units: dict[str, dict[int, dict[str, Any]]] = {}
             for run_id, idx, doc in self.db.execute("SELECT run_id, idx, doc FROM units"):
                 units.setdefault(run_id, {})[int(idx)] = json.loads(doc)
-        return [history_doc(bytes(d), None if x is None else bytes(x)) if h
-                else _with_units(json.loads(d), units.get(r, {})) for _, r, d, x, h in rows]
+        out = []
+        for _, r, d, x, h in rows:
+            if not h:
+                out.append(_with_units(json.loads(d), units.get(r, {})))
+            elif (got := _history_or_none(r, bytes(d), None if x is None else bytes(x))):
+                out.append(got)
+        return out
 
     def calls(self, run_id: str) -> dict[int, dict[str, Any]]:
         with self._lock:
@@ -425,10 +444,10 @@ class RedisRunStore(RunStore):
             pipe.hgetall(f"{self.p}units:{run_id}")
         docs, at_end, history, *units = pipe.execute()
         out = []
-        for d, e, h, u in zip(docs, at_end, history, units, strict=True):
+        for run_id, d, e, h, u in zip(ids, docs, at_end, history, units, strict=True):
             if d is None:
-                if h is not None:
-                    out.append(_history_of(h))
+                if h is not None and (got := _history_of(run_id, h)) is not None:
+                    out.append(got)
                 continue
             stored = {int(k): json.loads(v) for k, v in u.items()}
             if e is not None:  # written at the run's end: the newest of each index

@@ -569,3 +569,24 @@ def test_history_entries_read_back_as_written_and_are_pruned_with_the_ended_runs
     if kind == "redis":  # the pruned entries themselves are gone, not only their order
         assert redis.Redis.from_url(url).hlen(prefix + "history") == 0
     store.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_a_damaged_history_entry_is_skipped_and_named(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """One damaged history entry (not JSON, or a document without its run's fields) is
+    left out and logged by name; every other run still reads back."""
+    store = (SqliteRunStore(tmp_path / "s.db") if kind == "sqlite"
+             else RedisRunStore(request.getfixturevalue("redis_url"), prefix=f"d{time.time()}:"))
+    good = b'{"run_id":"ok","app":"a","state":"finished","submitted":2.0}'
+    store.put_runs([("r", "running", {"run_id": "r", "status": "running", "submitted": 0.5},
+                     {})],
+                   ended=[("bad", 1.0, b"{not json", None), ("ok", 2.0, good, None),
+                          ("noapp", 3.0, b'{"run_id":"noapp","state":"finished",'
+                                         b'"submitted":3.0}', None)])
+    with caplog.at_level("WARNING", logger="hermes.gateway.run_store"):
+        got = store.runs()
+    assert sorted(d["run_id"] for d in got) == ["ok", "r"]
+    assert "run bad skipped" in caplog.text and "run noapp skipped" in caplog.text
+    store.close()
