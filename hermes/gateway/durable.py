@@ -53,7 +53,7 @@ An edge's inferred run (split roles: :attr:`~hermes.gateway.state.LiveRun.lazy_s
 written at its creation: after a failover its next call re-creates it under its id. One that
 ends without ever having been written (most: one-turn conversations) leaves only history, and
 its **history entry** is the finished document the registry has just kept, written as those
-bytes (:meth:`DurableState._as_history`, ``ended`` of
+bytes (:meth:`DurableState._as_history`, ``history`` of
 :meth:`~hermes.gateway.run_store.RunStore.put_runs`) in the batch window, rather than a run
 document and unit documents built and encoded again; a new leader keeps it as it was kept
 (:mod:`hermes.gateway.recovery`), so ``GET /v1/runs/{id}`` answers the same there.
@@ -68,7 +68,7 @@ from typing import Any
 
 from hermes.gateway.context import SchedulerContext
 from hermes.gateway.finished import FinishedRuns
-from hermes.gateway.run_store import EndedWrite, RunStore, RunWrite
+from hermes.gateway.run_store import HistoryWrite, RunStore, RunWrite
 from hermes.gateway.runs import RunObserver
 from hermes.gateway.state import LiveRun, PendingRequest, UnitInvocation
 from hermes.protocol import Done, Submit, ToolDone
@@ -146,7 +146,7 @@ class DurableState(RunObserver):
         #: ended in one window) replaces its document and adds its units
         self._batch: dict[str, RunWrite] = {}
         #: history entries waiting for :meth:`flush` alike (:meth:`run_ended`)
-        self._history: dict[str, EndedWrite] = {}
+        self._history: dict[str, HistoryWrite] = {}
         self._batch_s = ctx.config.durability.batch_s
         #: an inferred run's creation may wait for the window: only when the resolver's
         #: index is this process's own (lost in a crash, so a stored run would not be joined
@@ -308,7 +308,7 @@ class DurableState(RunObserver):
             return
         try:
             if history:
-                self.store.put_runs(list(batch.values()), ended=list(history.values()))
+                self.store.put_runs(list(batch.values()), history=list(history.values()))
             else:
                 self.store.put_runs(list(batch.values()))
         except Exception:

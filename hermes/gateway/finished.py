@@ -18,6 +18,9 @@ that the HTTP layers read (``run_id``, ``app``, ``status``, ``hosted``, ``state.
 
 Interface: :meth:`FinishedRuns.add` (a document, once the run has ended), :meth:`get`,
 :meth:`recent` (newest first, filtered), ``len``, ``in``; the oldest is dropped past ``keep``.
+:meth:`FinishedRuns.encoded` gives a kept run's bytes (the durable store writes them as the
+run's history entry) and :meth:`FinishedRuns.add_encoded` keeps a run from them again (a new
+leader restoring that entry).
 
 :class:`RecordLine` is the same idea for the learner's queue of run records waiting for the
 knowledge-base writer: one object per record (its JSON line) instead of a pydantic model tree.
@@ -178,20 +181,12 @@ class FinishedRuns:
         units it ended, in order (``state.progress.finished``); ``idempotency``: the
         ``{"key", "body"}`` of the request that created it. A run kept already is replaced
         (and becomes the newest)."""
-        run_id = str(doc["run_id"])
         extra: dict[str, Any] = {}
         if units_done:
             extra["units_done"] = list(units_done)
         if idempotency:
             extra["idempotency"] = dict(idempotency)
-        entry: _Entry = (str(doc["state"]), str(doc["app"]), str(doc.get("tenant") or "default"),
-                         float(doc["submitted"]), bool(doc.get("hosted")), encode_run_doc(doc),
-                         encode_run_doc(extra) if extra else None)
-        runs = self._runs
-        runs.pop(run_id, None)
-        runs[run_id] = entry
-        while len(runs) > self.keep:
-            del runs[next(iter(runs))]
+        self._keep(doc, encode_run_doc(doc), encode_run_doc(extra) if extra else None)
 
     def add_run(self, run: Any, now: float) -> None:
         """:meth:`add` for a ``LiveRun`` that has just ended (its document at ``now``)."""
@@ -209,17 +204,25 @@ class FinishedRuns:
         entry = self._runs.get(run_id)
         return None if entry is None else (entry[5], entry[6])
 
-    def add_encoded(self, doc: bytes, extra: bytes | None = None) -> str:
+    def add_encoded(self, doc: bytes, extra: bytes | None = None, *,
+                    parsed: Mapping[str, Any] | None = None) -> str:
         """Keep a run from :meth:`encoded`'s bytes (read back from the durable store);
-        returns its id. ``ValueError`` names what a damaged entry lacks."""
+        returns its id. ``parsed``: ``doc`` decoded already (the store's reader decodes it
+        to list the run), else decoded here. ``ValueError`` names what a damaged entry
+        lacks."""
         try:
-            d = json.loads(doc)
-            entry: _Entry = (str(d["state"]), str(d["app"]), str(d.get("tenant") or "default"),
-                             float(d["submitted"]), bool(d.get("hosted")), bytes(doc),
-                             None if extra is None else bytes(extra))
-            run_id = str(d["run_id"])
+            return self._keep(json.loads(doc) if parsed is None else parsed, bytes(doc),
+                              None if extra is None else bytes(extra))
         except (ValueError, TypeError, KeyError) as e:
             raise ValueError(f"not a finished run's document: {e!r}") from None
+
+    def _keep(self, doc: Mapping[str, Any], encoded: bytes, extra: bytes | None) -> str:
+        """Keep the run whose document is ``doc`` (``encoded``: its bytes, ``extra``: its
+        extras' bytes) as the newest, dropping the oldest past ``keep``; returns its id.
+        The one place an entry is built (:meth:`add`, :meth:`add_encoded`)."""
+        run_id = str(doc["run_id"])
+        entry: _Entry = (str(doc["state"]), str(doc["app"]), str(doc.get("tenant") or "default"),
+                         float(doc["submitted"]), bool(doc.get("hosted")), encoded, extra)
         runs = self._runs
         runs.pop(run_id, None)
         runs[run_id] = entry

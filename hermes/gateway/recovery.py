@@ -43,7 +43,7 @@ from hermes.gateway.dispatch import Dispatcher
 from hermes.gateway.durable import DurableState
 from hermes.gateway.learning import Learner
 from hermes.gateway.nodes import NodeTable
-from hermes.gateway.run_store import HISTORY
+from hermes.gateway.run_store import HISTORY, HISTORY_PARSED
 from hermes.gateway.runs import RunRegistry
 from hermes.gateway.state import TERMINAL, LiveRun, PendingRequest, UnitInvocation
 from hermes.protocol import EDGE_REQUEST_PREFIX, Cancel, Done, Submit, Tool, ToolDone
@@ -261,7 +261,7 @@ class Recovery:
         document the previous scheduler kept, kept as it was (no run to rebuild)."""
         doc, extra = d[HISTORY]
         try:
-            self.runs.finished.add_encoded(doc, extra)
+            self.runs.finished.add_encoded(doc, extra, parsed=d.get(HISTORY_PARSED))
         except ValueError as e:
             log.warning("run %s not restored: %s", d.get("run_id"), e)
             return

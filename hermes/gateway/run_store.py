@@ -26,12 +26,15 @@ log = logging.getLogger("hermes.gateway.run_store")
 
 #: one :meth:`RunStore.put_run`: (run_id, status, run document, unit documents by index)
 RunWrite = tuple[str, str, dict[str, Any], dict[int, dict[str, Any]]]
-#: one history entry of :meth:`RunStore.put_runs` (``ended``): (run_id, when it was submitted,
-#: its finished document as ``GET /v1/runs/{id}`` answers it, its extras or None), both JSON
-#: bytes as :meth:`hermes.gateway.finished.FinishedRuns.encoded` keeps them
-EndedWrite = tuple[str, float, bytes, "bytes | None"]
+#: one history entry of :meth:`RunStore.put_runs` (``history``): (run_id, when it was
+#: submitted, its finished document as ``GET /v1/runs/{id}`` answers it, its extras or None),
+#: both JSON bytes as :meth:`hermes.gateway.finished.FinishedRuns.encoded` keeps them
+HistoryWrite = tuple[str, float, bytes, "bytes | None"]
 #: the key of a history entry read back (:func:`history_doc`): its two JSON texts
 HISTORY = "history"
+#: ... and its document, decoded once (for :meth:`~hermes.gateway.finished.FinishedRuns.
+#: add_encoded`, which would otherwise decode it again)
+HISTORY_PARSED = "history_parsed"
 #: between a history entry's document and its extras in one stored value (compact JSON text
 #: has no raw newline: JSON escapes it inside strings and its encoders here add no whitespace)
 _SEP = b"\n"
@@ -40,14 +43,16 @@ _SEP = b"\n"
 def history_doc(doc: bytes, extra: bytes | None = None) -> dict[str, Any]:
     """A history entry as :meth:`RunStore.runs` returns it: the fields recovery reads of every
     stored run (``run_id``, ``status``, ``submitted``, ``finished``, ``app``, ``tenant``)
-    and, under :data:`HISTORY`, the document and extras as stored, for
+    and, under :data:`HISTORY`, the document and extras as stored (under
+    :data:`HISTORY_PARSED` the document decoded), for
     :meth:`~hermes.gateway.finished.FinishedRuns.add_encoded`. ``ValueError``: not a run's
     finished document."""
     try:
         d = json.loads(doc)
         return {"run_id": str(d["run_id"]), "status": str(d["state"]),
                 "submitted": float(d["submitted"]), "finished": d.get("finished"),
-                "app": str(d["app"]), "tenant": d.get("tenant"), HISTORY: (doc, extra)}
+                "app": str(d["app"]), "tenant": d.get("tenant"), HISTORY: (doc, extra),
+                HISTORY_PARSED: d}
     except (ValueError, TypeError, KeyError) as e:
         raise ValueError(f"a damaged history entry: {e!r}") from None
 
@@ -85,17 +90,17 @@ class RunStore(ABC):
         hold a client's values (:func:`encode_run_doc`); unit documents are plain JSON values
         (``durable._inv_doc``: :func:`encode_plain_doc`)."""
 
-    def put_runs(self, batch: list[RunWrite], ended: Sequence[EndedWrite] = ()) -> None:
+    def put_runs(self, batch: list[RunWrite], history: Sequence[HistoryWrite] = ()) -> None:
         """Several :meth:`put_run` writes at once (one transaction / round trip where the
         store can); used for the ended one-request runs of one loop iteration.
 
-        ``ended``: history entries of runs that ended without ever being stored (an edge's
+        ``history``: history entries of runs that ended without ever being stored (an edge's
         lazily stored inferred runs, :attr:`~hermes.gateway.state.LiveRun.lazy_store`): the
         finished document the scheduler keeps, written as its bytes are, in the same
         transaction; a stored document of the same run (written by an earlier leader) is
         dropped with it. :meth:`runs` returns them as :func:`history_doc` dicts; they count
         as ended runs for :meth:`prune_ended`."""
-        if ended:
+        if history:
             raise NotImplementedError(f"{type(self).__name__} keeps no history entries")
         for w in batch:
             self.put_run(*w)
@@ -108,7 +113,7 @@ class RunStore(ABC):
         """Every stored run document, oldest first, with its stored unit documents as
         ``doc["units"]``: a list of ``doc["n_units"]`` entries in invocation order, where an
         invocation never stored (still open) is ``{"closed": False}``; a history entry
-        (:meth:`put_runs`, ``ended``) as :func:`history_doc`."""
+        (:meth:`put_runs`, ``history``) as :func:`history_doc`."""
 
     @abstractmethod
     def calls(self, run_id: str) -> dict[int, dict[str, Any]]: ...
@@ -144,7 +149,7 @@ class SqliteRunStore(RunStore):
                         "PRIMARY KEY (run_id, seq))")
         self.db.execute("CREATE TABLE IF NOT EXISTS units (run_id TEXT, idx INTEGER, doc TEXT, "
                         "PRIMARY KEY (run_id, idx))")
-        # history entries (put_runs' ``ended``): a finished document and its extras as kept
+        # history entries (put_runs' ``history``): a finished document and its extras as kept
         self.db.execute("CREATE TABLE IF NOT EXISTS history (run_id TEXT PRIMARY KEY, "
                         "seq INTEGER, doc BLOB, extra BLOB)")
         self.db.execute("CREATE INDEX IF NOT EXISTS history_seq ON history(seq)")
@@ -161,12 +166,12 @@ class SqliteRunStore(RunStore):
                 units: dict[int, dict[str, Any]] | None = None) -> None:
         self.put_runs([(run_id, status, doc, units or {})])
 
-    def put_runs(self, batch: list[RunWrite], ended: Sequence[EndedWrite] = ()) -> None:
+    def put_runs(self, batch: list[RunWrite], history: Sequence[HistoryWrite] = ()) -> None:
         encoded = [(run_id, status, encode_run_doc(doc).decode(),
                     [(run_id, i, encode_plain_doc(u).decode()) for i, u in units.items()])
                    for run_id, status, doc, units in batch]
         # one statement: its own transaction
-        one = len(encoded) == 1 and not encoded[0][3] and not ended
+        one = len(encoded) == 1 and not encoded[0][3] and not history
         with self._lock:
             if not one:
                 self.db.execute("BEGIN")
@@ -181,12 +186,12 @@ class SqliteRunStore(RunStore):
                         self.db.executemany(
                             "INSERT OR REPLACE INTO units(run_id, idx, doc) VALUES (?, ?, ?)",
                             rows)
-                if ended:
-                    ids = [(w[0],) for w in ended]
+                if history:
+                    ids = [(w[0],) for w in history]
                     self.db.executemany("DELETE FROM runs WHERE run_id = ?", ids)
                     self.db.executemany("DELETE FROM units WHERE run_id = ?", ids)
                     rows_h = []
-                    for run_id, _, doc, extra in ended:
+                    for run_id, _, doc, extra in history:
                         self._seq += 1
                         rows_h.append((run_id, self._seq, doc, extra))
                     self.db.executemany("INSERT OR REPLACE INTO history(run_id, seq, doc, extra) "
@@ -330,7 +335,7 @@ class RedisRunStore(RunStore):
                 units: dict[int, dict[str, Any]] | None = None) -> None:
         self.put_runs([(run_id, status, doc, units or {})])
 
-    def put_runs(self, batch: list[RunWrite], ended: Sequence[EndedWrite] = ()) -> None:
+    def put_runs(self, batch: list[RunWrite], history: Sequence[HistoryWrite] = ()) -> None:
         """One transaction. The documents of the whole batch go in one ``HSET``, its
         acceptance order in one ``ZADD NX`` and the active index in one ``SREM`` and one
         ``SADD`` (a run's last write in the batch decides). The unit documents of a run
@@ -339,7 +344,7 @@ class RedisRunStore(RunStore):
         it is that of the writes one by one in batch order, in a few commands instead of 4N:
         encoding the commands was most of a batch's cost, and most runs that end (one-turn
         conversations at thousands a second) have their units written only then.
-        History entries (``ended``) go in one ``HSET`` of ``<p>history`` (their bytes as
+        History entries (``history``) go in one ``HSET`` of ``<p>history`` (their bytes as
         given), with their order; a document of the same run an earlier leader stored, and
         its units written at its end, are dropped in the same transaction."""
         docs: dict[str, bytes] = {}
@@ -358,9 +363,9 @@ class RedisRunStore(RunStore):
             else:
                 pipe.hset(f"{self.p}units:{run_id}",
                           mapping={str(i): encode_plain_doc(u) for i, u in units.items()})
-        if ended:
+        if history:
             hist: dict[str, bytes] = {}
-            for run_id, submitted, doc, extra in ended:
+            for run_id, submitted, doc, extra in history:
                 hist[run_id] = _history_value(doc, extra)
                 order.setdefault(run_id, submitted)
             gone = list(hist)

@@ -545,7 +545,7 @@ def test_history_entries_read_back_as_written_and_are_pruned_with_the_ended_runs
     extra = b'{"units_done":["u"]}'
     store.put_runs([("r4", "finished", {"run_id": "r4", "status": "finished",
                                          "submitted": 4.0}, {})],
-                   ended=[("h1", 1.0, h1, extra), ("h3", 3.0, h3, None)])
+                   history=[("h1", 1.0, h1, extra), ("h3", 3.0, h3, None)])
     for _ in range(2):  # and once more after reopening
         got = store.runs()
         # Redis orders by acceptance, SQLite by first write (a history entry's is its end)
@@ -582,7 +582,7 @@ def test_a_damaged_history_entry_is_skipped_and_named(
     good = b'{"run_id":"ok","app":"a","state":"finished","submitted":2.0}'
     store.put_runs([("r", "running", {"run_id": "r", "status": "running", "submitted": 0.5},
                      {})],
-                   ended=[("bad", 1.0, b"{not json", None), ("ok", 2.0, good, None),
+                   history=[("bad", 1.0, b"{not json", None), ("ok", 2.0, good, None),
                           ("noapp", 3.0, b'{"run_id":"noapp","state":"finished",'
                                          b'"submitted":3.0}', None)])
     with caplog.at_level("WARNING", logger="hermes.gateway.run_store"):

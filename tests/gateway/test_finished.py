@@ -99,3 +99,33 @@ def test_kept_runs_are_nothing_for_the_collector_to_walk() -> None:
     entries = store._runs  # noqa: SLF001 - the representation is what this test is about
     assert sum(gc.is_tracked(e) for e in entries.values()) == 0
     assert all(not gc.is_tracked(b) for e in list(entries.values())[:100] for b in e)
+
+
+def test_a_kept_run_moves_between_stores_as_its_bytes() -> None:
+    """:meth:`FinishedRuns.encoded` and :meth:`FinishedRuns.add_encoded` (a run's history
+    entry in the durable store, read back by a new leader): the same bytes, the same
+    answer and extras, with the document decoded by the caller or here; the newest kept;
+    a damaged entry named and refused."""
+    import json
+
+    first = FinishedRuns(keep=2)
+    first.add(_doc(1, app="chat", tenant="acme"), units_done=["plan"],
+              idempotency={"key": "k1", "body": "h"})
+    first.add(_doc(2))
+    doc, extra = first.encoded("run-1") or (b"", None)
+    assert first.encoded("run-9") is None
+    for parsed in (None, json.loads(doc)):
+        second = FinishedRuns(keep=2)
+        second.add(_doc(3))
+        assert second.add_encoded(doc, extra, parsed=parsed) == "run-1"
+        assert second.encoded("run-1") == (doc, extra)
+        run = second.get("run-1")
+        assert run is not None and run.to_json() == first.get("run-1").to_json()  # type: ignore[union-attr]
+        assert (run.app, run.tenant, run.status) == ("chat", "acme", "finished")
+        assert run.progress.finished == ("plan",) and run.idempotency == {"key": "k1", "body": "h"}
+        second.add(_doc(4))
+        assert list(second) == ["run-1", "run-4"]  # restored as the newest, then aged out
+    with pytest.raises(ValueError, match="not a finished run's document"):
+        FinishedRuns(keep=2).add_encoded(b'{"run_id": "x"}')
+    with pytest.raises(ValueError, match="not a finished run's document"):
+        FinishedRuns(keep=2).add_encoded(b"{no")
