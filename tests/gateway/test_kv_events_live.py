@@ -101,7 +101,14 @@ def test_gateway_index_matches_engine_caches_after_evictions(make_gateway, route
             evictions = [n.engine.prefix_cache.stats.evictions for n in nodes]
             assert sum(evictions) >= 1, evictions
             assert any(n.cache()["GPU"] for n in nodes) and any(n.cache()["CPU"] for n in nodes)
-            # a prompt whose prefix only one engine holds on its GPU goes there
+            # once the gateway sees both engines idle (no request out, no KV in use: a
+            # heartbeat taken during the last request reports its KV, which the hermes router
+            # weighs against a hit), a prompt whose prefix only one engine holds on its GPU
+            # goes there
+            _wait(lambda: all(not any(node.outstanding.values())
+                              and not any(node.kv_usage.get(e) for e in node.engines)
+                              for node in sched.nodes.values()),
+                  lambda: {k: (v.outstanding, v.kv_usage) for k, v in sched.nodes.items()})
             for n in nodes:
                 gpu = n.engine.prefix_cache.gpu
                 other = [m for m in nodes if m is not n][0]
