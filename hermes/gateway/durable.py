@@ -31,32 +31,41 @@ resume, and if the gateway dies before its answer the client sees the connection
 crash between the answer and the write loses only its history entry. The window applies
 to ended runs only: writes of active runs go out on the next loop iteration.
 
-An **inferred** run (header-less requests the run resolver joined) is stored when it is
-created and when it ends, and in between once every :data:`INFERRED_PROGRESS_EVERY` of its
-invocations closed, and on a clean stop: its code runs in the client, so there is nothing to
-resume but the run itself and what it has done (learning). Its next turn joins it after a
-clean restart (the resolver's index is saved at the stop, :mod:`hermes.gateway.identity`, and
-so is the run). Its end is batched in the ``durability.batch_s`` window; so is its creation
-when the resolver's index is this process's own: after a crash that index is lost and the
-next turn starts a new run whether or not this one was stored, so a crash loses at most the
-history entry and the unit documents of runs written in the last window (and the last few
-unit documents of a run still going). With ``[cluster] store`` the index is in Redis and
-survives a crash: the creation is then written before the first answer leaves (on the next
-loop iteration), so that the next turn, through this process restarted or another, joins
-it. Writing it at every request cost a header-less request ~0.2 ms of the gateway's CPU, a
-sixth of all it spends on one; its creation written on its own, before the first answer,
-was a transaction for every new conversation (~0.46 a request of the agent mix at one
-client; with the real state database and the CPU caches cold, as between requests, ~40-60
-us of CPU each).
+An **inferred** run (header-less requests the run resolver joined) is stored once every
+:data:`INFERRED_PROGRESS_EVERY` of its invocations closed, when it ends, and on a clean stop:
+its code runs in the client, so there is nothing to resume but the run itself and what it has
+done (learning). Its next turn joins it after a clean restart (the resolver's index is saved
+at the stop, :mod:`hermes.gateway.identity`, and so is the run). Its end is batched in the
+``durability.batch_s`` window.
 
-An edge's inferred run (split roles: :attr:`~hermes.gateway.state.LiveRun.lazy_store`) is not
-written at its creation: after a failover its next call re-creates it under its id. One that
-ends without ever having been written (most: one-turn conversations) leaves only history, and
-its **history entry** is the finished document the registry has just kept, written as those
-bytes (:meth:`DurableState._as_history`, ``history`` of
-:meth:`~hermes.gateway.run_store.RunStore.put_runs`) in the batch window, rather than a run
-document and unit documents built and encoded again; a new leader keeps it as it was kept
-(:mod:`hermes.gateway.recovery`), so ``GET /v1/runs/{id}`` answers the same there.
+It is not written at its creation (:attr:`~hermes.gateway.state.LiveRun.lazy_store`) unless
+the resolver's index is shared (``[cluster] store``, below): with this process's own index, a
+crash loses the way to the run (its next turn starts a new one, whether or not the run was
+stored), and a run written at its start had none of its units in the store yet, so what a
+crash then left was an empty run that would idle out. Not writing it saved ~0.06 ms of the
+gateway's CPU per header-less request at one client (1.18-1.19 -> 1.12-1.13 ms, three
+alternated rounds after 10,000 agent requests): a creation in the batch, and an end written
+as a run document and unit documents built and encoded again. What a crash loses is the
+history entries of the runs that ended in the last window, and the runs still going with
+fewer than :data:`INFERRED_PROGRESS_EVERY` unwritten invocations (most: conversations of a
+few turns), with their units (the learner has not seen them either: it learns a run when it
+ends). With ``[cluster] store`` the index is in Redis and survives a crash: the creation is
+then written before the first answer leaves (on the next loop iteration), so that the next
+turn, through this process restarted or another, joins it. Writing it at every request cost
+a header-less request ~0.2 ms of the gateway's CPU, a sixth of all it spends on one; its
+creation written on its own, before the first answer, was a transaction for every new
+conversation (~0.46 a request of the agent mix at one client; with the real state database
+and the CPU caches cold, as between requests, ~40-60 us of CPU each). An edge's inferred run
+(split roles) is not written at its creation either: after a failover its next call
+re-creates it under its id.
+
+A run not written at its creation that ends without ever having been written (most: one-turn
+conversations) leaves only history, and its **history entry** is the finished document the
+registry has just kept, written as those bytes (:meth:`DurableState._as_history`, ``history``
+of :meth:`~hermes.gateway.run_store.RunStore.put_runs`) in the batch window, rather than a run
+document and unit documents built and encoded again; a new leader (or this gateway restarted)
+keeps it as it was kept (:mod:`hermes.gateway.recovery`), so ``GET /v1/runs/{id}`` answers the
+same there.
 """
 
 from __future__ import annotations
@@ -226,8 +235,8 @@ class DurableState(RunObserver):
         return units if earlier is None else {**earlier[3], **units}
 
     def run_created(self, run: LiveRun) -> None:
-        # one-request runs: stored when they end (see the module doc); so is an edge's
-        # inferred run until its progress (LiveRun.lazy_store)
+        # one-request runs: stored when they end (see the module doc); so is an inferred
+        # run until its progress, unless the resolver's index is shared (LiveRun.lazy_store)
         if not run.auto_finish and not run.lazy_store:
             batched = run.inferred and _in_loop()
             self._put(run, batched=batched, wait=batched and self._creation_waits)
@@ -275,8 +284,8 @@ class DurableState(RunObserver):
             log.exception("durable cleanup after run %s failed", run.run_id)
 
     def _as_history(self, run: LiveRun) -> bool:
-        """Batch the history entry of ``run``, an edge's inferred run that ends without ever
-        having been stored (``lazy_store``, nothing written since): what it leaves is only
+        """Batch the history entry of ``run``, an inferred run that ends without ever having
+        been stored (``lazy_store``, nothing written since): what it leaves is only
         history (its calls were answered; nothing would resume it), and the finished
         document the registry has just kept (:meth:`FinishedRuns.encoded`) is that history,
         so it is written as those bytes rather than as a run document and unit documents

@@ -135,8 +135,12 @@ class RunIdentities(RunObserver):
             resolver.abandoned(ident, now)
             resolver.forget(ident.run)
             ident = resolver.resolve(tenant, body, headers, now, messages=messages)
+        # with this process's own evidence index, a crash loses the way to the run (the
+        # next turn starts a new one): it is stored from its progress on, not at its
+        # creation (LiveRun.lazy_store; durable's module doc)
         run = reg.create_run(ident.app, tenant=tenant, k=k, deadline_s=deadline_s,
-                             run_id=ident.run, inferred=True)
+                             run_id=ident.run, inferred=True,
+                             lazy_store=self.shared_index is None)
         if self.shared_index is not None:
             self.shared_index.remember_run(tenant, ident.run, ident.app, ident.app_id)
         return run, ident

@@ -94,8 +94,8 @@ class RunStore(ABC):
         """Several :meth:`put_run` writes at once (one transaction / round trip where the
         store can); used for the ended one-request runs of one loop iteration.
 
-        ``history``: history entries of runs that ended without ever being stored (an edge's
-        lazily stored inferred runs, :attr:`~hermes.gateway.state.LiveRun.lazy_store`): the
+        ``history``: history entries of runs that ended without ever being stored (lazily
+        stored inferred runs, :attr:`~hermes.gateway.state.LiveRun.lazy_store`): the
         finished document the scheduler keeps, written as its bytes are, in the same
         transaction; a stored document of the same run (written by an earlier leader) is
         dropped with it. :meth:`runs` returns them as :func:`history_doc` dicts; they count

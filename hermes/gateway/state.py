@@ -157,9 +157,11 @@ class LiveRun:
     #: not written to the durable run store: a one-request call of an edge (split roles),
     #: whose run id no client ever sees and which has nothing to resume
     transient: bool = False
-    #: not written to the durable run store at its start (an inferred run of an edge's
-    #: resolver: its next call re-creates it under its id after a failover; written with
-    #: its progress and at its end like any inferred run)
+    #: not written to the durable run store at its start (an inferred run whose resolver's
+    #: index is not shared: an edge's, whose next call re-creates it under its id after a
+    #: failover, or an all-in-one gateway's own, which a crash loses; written with its
+    #: progress and at its end like any inferred run, as a history entry when it was never
+    #: written before: :mod:`hermes.gateway.durable`)
     lazy_store: bool = False
 
     @property

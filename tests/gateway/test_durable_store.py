@@ -13,7 +13,7 @@ import pytest
 import redis
 from gw_redis import redis_url  # noqa: F401  (fixture)
 
-from hermes.gateway.run_store import RedisRunStore, SqliteRunStore
+from hermes.gateway.run_store import HISTORY, HISTORY_PARSED, RedisRunStore, SqliteRunStore
 from hermes.gateway.server import gateway_state
 
 
@@ -270,16 +270,18 @@ def test_writes_nobody_waits_on_are_gathered_over_the_batch_window(
     request, as batching by loop iteration gave at one client); nothing is written before
     the window closes, all of it after, and a restart finds every run. So does the creation
     of an inferred run (a header-less request's): its answer does not wait for the write,
-    which comes with the window (its end too, in the same write), and a restart finds it."""
+    which comes with the window (its end too, in the same write), and a restart finds it:
+    never stored while it ran, it is written as the finished document the gateway keeps (a
+    history entry), with its one unit."""
     opts = _restartable("sqlite", tmp_path, request, time_scale=200.0, batch_s=1.0)
     srv = make_gateway(**opts)
     store = gateway_state(srv).scheduler.durable.store
     batches: list[tuple[float, list[str]]] = []
     put_runs = store.put_runs
 
-    def counting_put_runs(batch):  # noqa: ANN001, ANN202
-        batches.append((time.monotonic(), [w[0] for w in batch]))
-        return put_runs(batch)
+    def counting_put_runs(batch, history=()):  # noqa: ANN001, ANN202
+        batches.append((time.monotonic(), [w[0] for w in batch] + [h[0] for h in history]))
+        return put_runs(batch, history=history)
 
     store.put_runs = counting_put_runs
     body = {"model": "llama-2-7b", "prompt": "x" * 40, "max_tokens": 2, "ignore_eos": True}
@@ -314,10 +316,12 @@ def test_writes_nobody_waits_on_are_gathered_over_the_batch_window(
     while not batches and time.monotonic() < deadline:
         time.sleep(0.05)
     # one write of it, though it was created and (one turn: the resolver saw its end) ended
-    # in the window: the batch keeps a run's last document and all its new units
+    # in the window: not stored at its creation, it ends as the history entry of its kept
+    # finished document
     assert [b for _, b in batches] == [[inferred]] and batches[0][0] - t0 >= 1.0
     stored = {d["run_id"]: d for d in store.runs()}
-    assert stored[inferred]["status"] == "finished" and len(stored[inferred]["units"]) == 1
+    assert stored[inferred]["status"] == "finished" and HISTORY in stored[inferred]
+    assert len(stored[inferred][HISTORY_PARSED]["units"]) == 1
     srv.stop()
     srv2 = make_gateway(**opts)
     with httpx.Client(base_url=srv2.url, timeout=30) as http:
@@ -372,12 +376,13 @@ def test_a_run_is_recorded_before_its_end_is_stored_and_once_across_a_restart(
     assert sorted(_recorded(state)) == sorted(ids)  # each once
 
 
-def test_an_inferred_run_is_written_at_its_start_every_16_units_and_on_a_clean_stop(
+def test_an_inferred_run_is_written_every_16_units_and_on_a_clean_stop(
         make_gateway, tmp_path: Path, request: pytest.FixtureRequest) -> None:  # noqa: ANN001
-    """A header-less agent of 40 turns (one inferred run): its documents are written when it
-    starts, after 16 and 32 closed invocations (batched, off the request), not at each of its
-    40 requests; the rest when it ends (idle: fast at this time scale) or on a clean stop,
-    and a restart restores all 40 units in order."""
+    """A header-less agent of 40 turns (one inferred run): its documents are written after 16
+    and 32 closed invocations (batched, off the request), not at each of its 40 requests nor
+    at its start (this gateway's own evidence index: after a crash its next turn would start
+    a new run, so a stored start had nothing to lead to); the rest when it ends (idle: fast
+    at this time scale) or on a clean stop, and a restart restores all 40 units in order."""
     opts = _restartable("sqlite", tmp_path, request, time_scale=50.0)
     srv = make_gateway(**opts)
     store = gateway_state(srv).scheduler.durable.store
@@ -403,8 +408,8 @@ def test_an_inferred_run_is_written_at_its_start_every_16_units_and_on_a_clean_s
                      {"role": "user", "content": f"And leg {i + 2}?"}]
     srv.stop()
     mine = [n for run, n in writes if run == rid]
-    # start (0 units), 16, 16, then the last 8 at its end or on the stop
-    assert mine == [0, 16, 16, 8], mine
+    # 16, 16, then the last 8 at its end or on the stop
+    assert mine == [16, 16, 8], mine
     srv2 = make_gateway(**opts)
     with httpx.Client(base_url=srv2.url, timeout=30) as http:
         got = http.get(f"/v1/runs/{rid}").json()

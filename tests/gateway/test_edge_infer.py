@@ -525,7 +525,8 @@ def test_an_edges_run_that_ends_unstored_is_kept_as_its_finished_document(
                                        tenant="acme", inferred=True, new=True))
         inv = sched.unit_for_request(run, "plan", "llm:m")
         reg.close_unit(run, inv, sched.ctx.now())
-        other = reg.create_run("acme.agent", tenant="acme", inferred=True)  # (all-in-one's)
+        # an inferred run stored at its creation (a gateway's with a shared evidence index)
+        other = reg.create_run("acme.agent", tenant="acme", inferred=True)
         run.last_activity = time.monotonic() - 30.0 / cfg.scheduler.time_scale
         assert link.close_inferred([wire.ClosedRun("run-aaaa", 30.0)]) == 1
         reg.finish_run(other.run_id)
