@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from hermes.core import strict_json
 from hermes.gateway.api.errors import body_error, error_response
@@ -37,6 +37,8 @@ TokenId = Annotated[int, Field(ge=0, lt=1 << 31)]
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
+    #: the JSON object it was validated from (:func:`validate_body`), for :func:`engine_body`
+    _raw: dict[str, Any] | None = PrivateAttr(default=None)
 
     model: str = Field(min_length=1)
     stream: bool = False
@@ -106,7 +108,7 @@ def validate_body(raw: bytes, cls: type[BaseModel]) -> Any | JSONResponse:
     if isinstance(data, JSONResponse):
         return data
     try:
-        return cls.model_validate(data)
+        body = cls.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
         if err["type"] == "value_error" and not err["loc"]:  # EmbeddingBody._bounded_answer
@@ -117,6 +119,9 @@ def validate_body(raw: bytes, cls: type[BaseModel]) -> Any | JSONResponse:
             return error_response(400, f"{name}: {_UNIONS[name]}", param=name,
                                   code="invalid_value")
         return body_error(e)
+    if isinstance(body, _Body):
+        body._raw = data
+    return body
 
 
 #: fields of several shapes: what they may be (pydantic names every shape it tried)
@@ -210,13 +215,32 @@ def check_agent_fields(data: dict[str, Any]) -> None:
                 _check_schema("response_format.json_schema.schema", js["schema"])
 
 
+#: fields of a completion body the gateway answers for itself (not forwarded)
+_OWN_FIELDS = frozenset(("model", "stream", "stream_options"))
+
+
 def engine_body(body: _Body) -> dict[str, Any]:
-    """What the node forwards to the engine: the request without model/stream options."""
-    data = body.model_dump(exclude_none=True, exclude={"model", "stream", "stream_options"})
-    if isinstance(body, ChatBody):
-        data["messages"] = [m.model_dump(exclude_none=True) for m in body.messages]
-        if "max_completion_tokens" in data and "max_tokens" not in data:
-            data["max_tokens"] = data.pop("max_completion_tokens")
+    """What the node forwards to the engine: the request without model/stream options, and
+    without fields (nor message fields) that are ``null``.
+
+    Built from the JSON object the body was validated from when it has one (strict
+    validation converts nothing, so its values are the model's): the messages' objects go
+    on as they are (copied only to drop a ``null``), rather than each dumped from its model
+    again, which cost ~1 us a message (timeit, 3 / 11 / 31 messages: 7.4 -> 2.5, 15.6 -> 3.5,
+    34.8 -> 5.5 us)."""
+    raw = body._raw
+    if raw is None:  # built in code (model_validate of a dict it keeps no reference to)
+        data = body.model_dump(exclude_none=True, exclude=_OWN_FIELDS)
+        if isinstance(body, ChatBody):
+            data["messages"] = [m.model_dump(exclude_none=True) for m in body.messages]
+    else:
+        data = {k: v for k, v in raw.items() if v is not None and k not in _OWN_FIELDS}
+        if isinstance(body, ChatBody):
+            data["messages"] = [m if None not in m.values()
+                                else {k: v for k, v in m.items() if v is not None}
+                                for m in data["messages"]]
+    if isinstance(body, ChatBody) and "max_completion_tokens" in data and "max_tokens" not in data:
+        data["max_tokens"] = data.pop("max_completion_tokens")
     return data
 
 
