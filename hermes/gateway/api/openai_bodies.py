@@ -230,7 +230,7 @@ def engine_body(body: _Body) -> dict[str, Any]:
     34.8 -> 5.5 us)."""
     raw = body._raw
     if raw is None:  # built in code (model_validate of a dict it keeps no reference to)
-        data = body.model_dump(exclude_none=True, exclude=_OWN_FIELDS)
+        data = body.model_dump(exclude_none=True, exclude=set(_OWN_FIELDS))
         if isinstance(body, ChatBody):
             data["messages"] = [m.model_dump(exclude_none=True) for m in body.messages]
     else:
