@@ -1,6 +1,6 @@
 """The live planner's wake-ups (``GatewayPrewarmer._apply``): on the ``prewarm_tick_s`` grid,
 prewarms that fall due within one tick share one event-loop wake-up, none is served before
-its time, none later than a tick after it."""
+its time, none later than a tick after it, and none is left for a prewarm that ended first."""
 
 from __future__ import annotations
 
@@ -72,6 +72,26 @@ async def test_without_a_tick_each_prewarm_wakes_the_loop_at_its_own_time() -> N
     await asyncio.sleep(0.2)
     assert len(planner.asked) == 2  # a wake-up each
     assert all(at <= served <= at + 0.05 for at, served in planner.served)
+
+
+async def test_a_prewarm_that_ends_before_its_time_takes_its_wake_up_along() -> None:
+    """The run's next unit came first (its prewarm was resolved unstarted): the wake-up set
+    for it moves to the next prewarm due, or goes when none is; the loop is not woken for
+    nothing."""
+    pw, planner = _prewarmer(tick_s=0.0)
+    loop = asyncio.get_running_loop()
+    now = loop.time()
+    planner.pending += [now + 0.05, now + 0.15]
+    pw._apply([], loop.time())
+    assert pw._timer_at == pytest.approx(now + 0.05)
+    planner.pending.remove(now + 0.05)  # resolved at a unit start
+    pw._apply([], loop.time())
+    assert pw._timer_at == pytest.approx(now + 0.15) and pw._timer_due == now + 0.15
+    planner.pending.clear()  # the run ended
+    pw._apply([], loop.time())
+    assert pw._timer is None and pw._timer_at is None
+    await asyncio.sleep(0.25)
+    assert planner.asked == []  # no wake-up at all
 
 
 def test_the_tick_is_a_setting_with_a_bound() -> None:
