@@ -85,12 +85,16 @@ def session_of(body: Mapping[str, Any], headers: Mapping[str, str], cfg: Identit
     (a ``{"id"}`` object taken by its id), ``cfg.metadata_keys`` of ``metadata``, then the
     session part of a ``metadata.user_id`` / ``user`` carrying ``cfg.user_session_marker``."""
     n = cfg.max_id_len
+    # (asked of every header-less request, most of which carry none of these: an absent
+    # one costs a look-up, not a call)
     for name in cfg.session_headers:
-        v = usable_id(headers.get(name), n)
-        if v is not None:
+        raw = headers.get(name)
+        if raw is not None and (v := usable_id(raw, n)) is not None:
             return name, v
     for name in cfg.session_fields:
         raw = body.get(name)
+        if raw is None:
+            continue
         if isinstance(raw, dict):
             raw = raw.get("id")
         v = usable_id(raw, n)
@@ -120,8 +124,8 @@ def affinity_of(body: Mapping[str, Any], cfg: IdentityConfig) -> tuple[str, str]
     """``(field, id)`` of the first weak id present (``cfg.affinity_fields``: ``user``,
     ``safety_identifier``, ``prompt_cache_key``)."""
     for name in cfg.affinity_fields:
-        v = usable_id(body.get(name), cfg.max_id_len)
-        if v is not None:
+        raw = body.get(name)
+        if raw is not None and (v := usable_id(raw, cfg.max_id_len)) is not None:
             return name, v
     return None
 
