@@ -267,7 +267,8 @@ class KVEventSubscriber:
         try:
             await sock.send_multipart((b"", first.to_bytes(8, "big")))
             while True:
-                frames = await asyncio.wait_for(sock.recv_multipart(), self.replay_timeout_s)
+                async with asyncio.timeout(self.replay_timeout_s):  # (a cancel is not lost)
+                    frames = await sock.recv_multipart()
                 if len(frames) != 4 or frames[2] == END_SEQ:
                     break
                 seq = int.from_bytes(frames[2], "big")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import pytest
 import zmq
@@ -375,3 +376,38 @@ def test_hermeslet_run_accept_placement_flag() -> None:
     assert gated.placement_builder is not None
     (eng,) = gated.placement_builder(launches)
     assert eng.kv_gate_tokens == eng.kv_capacity_tokens() > 0
+
+
+async def test_a_stop_ends_a_task_that_outlives_its_first_cancel() -> None:
+    """The node's stop cancels its tasks again until they end: a loop that goes on after a
+    cancel (Python 3.11's ``asyncio.wait_for`` returns a result that completed as the cancel
+    came, losing it) does not keep the node from stopping."""
+    import hermeslet.agent as agent_mod
+
+    ctx = zmq.asyncio.Context()
+    agent = HermesLet("stopper", "tcp://127.0.0.1:1", [sim()], ctx=ctx)
+    cancels = 0
+
+    async def stubborn() -> None:
+        nonlocal cancels
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                cancels += 1
+                if cancels == 1:
+                    continue  # the first cancel is lost, as wait_for lost it
+                raise
+
+    task = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    t0 = time.monotonic()
+    old = agent_mod.CANCEL_WAIT_S
+    agent_mod.CANCEL_WAIT_S = 0.05
+    try:
+        await asyncio.wait_for(agent._shutdown([task]), 5)
+    finally:
+        agent_mod.CANCEL_WAIT_S = old
+        ctx.term()
+    assert task.cancelled() and cancels == 2
+    assert time.monotonic() - t0 < 1.0
