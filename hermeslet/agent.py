@@ -346,16 +346,17 @@ class HermesLet:
         work = [t for s in self._all_slots() for t in s.inflight.values()]
         work += list(self.tool_tasks.values()) + list(self._prewarm_tasks)
         work += list(self._kv_tasks.values())
-        pending = {t for t in tasks + work if not t.done()}
+        everything = tasks + work
+        pending = {t for t in everything if not t.done()}
         for _ in range(CANCEL_ROUNDS):
             if not pending:
                 break
             for t in pending:
                 t.cancel()
-            done, pending = await asyncio.wait(pending, timeout=CANCEL_WAIT_S)
-            for t in done:  # (retrieved: an error of a cancelled loop is not news)
-                if not t.cancelled():
-                    t.exception()
+            _, pending = await asyncio.wait(pending, timeout=CANCEL_WAIT_S)
+        for t in everything:  # errors retrieved (a stopped loop's are not news), as awaited
+            if t.done() and not t.cancelled():
+                t.exception()
         if pending:
             log.warning("hermeslet %s: %d tasks still running after %d cancels: %s", self.node,
                         len(pending), CANCEL_ROUNDS,

@@ -318,7 +318,7 @@ class DurableState(RunObserver):
         try:
             if history:
                 self.store.put_runs(list(batch.values()), history=list(history.values()))
-            else:
+            else:  # (the call of every store: one that keeps no history takes no ``history``)
                 self.store.put_runs(list(batch.values()))
         except Exception:
             self._write_errors += len(batch) + len(history)

@@ -199,7 +199,7 @@ class FinishedRuns:
         """The kept run's document and extras as stored here (JSON bytes each; extras None
         when it has none), or None: what :meth:`add_encoded` takes back. A run's history
         entry in the durable store (:meth:`hermes.gateway.run_store.RunStore.put_runs`,
-        ``ended``) is these bytes, so that a run ended here reads the same after a failover
+        ``history``) is these bytes, so that a run ended here reads the same after a failover
         without its document being built and encoded a second time."""
         entry = self._runs.get(run_id)
         return None if entry is None else (entry[5], entry[6])
