@@ -8,7 +8,7 @@ read.
 A gateway keeps a profiler and its latest graph for every app it learns, each filled to its
 caps once the app has ~1,000 runs: the rows of visit features (per unit, per edge) are kept in
 arrays (:class:`~hermes.core.sample_rows.SampleRows`), and a graph's equal values are one float
-object (:func:`_rounded_rows`): 3.6 -> 2.4 MiB per app of agent traffic at its caps, the
+object (:func:`_rounded_rows`): 2.4 -> 1.2 MiB per app of agent traffic at its caps, the
 graphs learned unchanged (``tests/core/test_sample_rows.py``).
 """
 
@@ -183,6 +183,7 @@ class Profiler:
         units = {}
         shared: dict[float, float] = {}  # one float object per distinct rounded value
         for name, acc in self._units.items():
+            branch = acc.branch.array()
             units[name] = UnitNode(
                 backend=acc.backend,
                 visits=sum(acc.next_counts.values()),
@@ -197,9 +198,9 @@ class Profiler:
                 next=_normalise(acc.next_counts),
                 next_by_visit=[_normalise(c) for c in acc.next_by_visit],
                 visits_by_index=[sum(c.values()) for c in acc.next_by_visit],
-                branch=_rounded_rows(acc.branch, shared),
+                branch=_rounded_rows(branch, shared),
                 branch_next=list(acc.branch_next),
-                branch_masks=self._branch_masks(acc),
+                branch_masks=self._branch_masks(acc, branch),
             )
         edges = {key: self._edge(rows, shared) for key, rows in self._joined.items()}
         return PDGraph(
@@ -215,7 +216,7 @@ class Profiler:
 
     def _edge(self, rows: SampleRows, shared: dict[float, float]) -> Edge:
         arr = rows.array()
-        joined = _rounded_rows(rows, shared, arr)
+        joined = _rounded_rows(arr, shared)
         masks: dict[str, bool] = {}
         rho: dict[str, float] = {}
         if len(rows) >= MIN_JOINED_FOR_MASKS:
@@ -227,14 +228,13 @@ class Profiler:
                     masks[name] = r > self.rho_threshold
         return Edge(joined=joined, masks=masks, rho=rho)
 
-    def _branch_masks(self, acc: _UnitAcc) -> list[str]:
+    def _branch_masks(self, acc: _UnitAcc, arr: np.ndarray) -> list[str]:
         """Features whose buckets predict the next unit: for some next unit, the bucketed
         Pearson correlation between the feature and "that unit came next" exceeds
-        ``branch_rho_threshold``."""
+        ``branch_rho_threshold``. ``arr``: ``acc.branch`` as an array."""
         targets = set(acc.branch_next)
         if len(acc.branch) < MIN_JOINED_FOR_MASKS or len(targets) < 2:
             return []
-        arr = acc.branch.array()
         nxt = np.asarray(acc.branch_next)
         out = []
         for fi, f in enumerate(FEATURES):
@@ -273,16 +273,16 @@ class Profiler:
         self._cached = g
 
 
-def _rounded_rows(rows: SampleRows, shared: dict[float, float],
-                  arr: np.ndarray | None = None) -> list[tuple[float, ...]]:
-    """A graph's rows: ``rows`` (oldest first) rounded to 2 decimals, each distinct value one
-    float object (``shared``, across the graph's tables). A learned graph holds up to
-    ``MAX_SAMPLES`` rows per unit and per edge, and its values repeat (token counts, a
-    parallelism of 1, a visit index): a float object per value was ~24 bytes of each of up
-    to ~16,000 values per unit and edge of every app the gateway has learned. A value and
-    its shared object are equal (a negative zero keeps its own, its sign kept)."""
+def _rounded_rows(rows: np.ndarray, shared: dict[float, float]) -> list[tuple[float, ...]]:
+    """A graph's rows: ``rows`` (a :meth:`SampleRows.array`) rounded to 2 decimals, each
+    distinct value one float object (``shared``, across the graph's tables). A learned graph
+    holds up to ``MAX_SAMPLES`` rows per unit and per edge, and its values repeat (token
+    counts, a parallelism of 1, a visit index): a float object per value was ~24 bytes of
+    each of up to 6,000 values per unit and 10,000 per edge of every app the gateway has
+    learned. A value and its shared object are equal (a negative zero keeps its own, its
+    sign kept)."""
     out = []
-    for r in (rows.array() if arr is None else arr).tolist():
+    for r in rows.tolist():
         row = []
         for x in r:
             v = round(x, 2)

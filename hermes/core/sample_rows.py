@@ -3,11 +3,12 @@
 The profiler (:mod:`hermes.core.profiler`) keeps, for every unit of an app, the features of
 its latest ``MAX_SAMPLES`` invocations with the visit index (a row of six), and for every
 (upstream -> unit) pair the latest ``MAX_SAMPLES`` joined rows (ten). As a ``deque`` of
-tuples of Python floats a row of six took ~200 bytes and a row of ten ~370 (a tuple, a float
+tuples of Python floats a row of six took ~240 bytes and a row of ten ~370 (a tuple, a float
 object per value, the deque's pointer); here it takes 8 bytes a value. A gateway learning
 many apps holds these tables for each of them, filled to their caps as the apps' runs reach
-``MAX_SAMPLES``: with 50 agent programs that was ~40 MiB of the gateway's memory, still
-growing after 100,000 requests (``hermes bench soak --agents``, docs/performance.md).
+``MAX_SAMPLES``: ~0.5 MiB of each app of agent traffic (a unit's and an edge's table each),
+~25 MiB with 50 programs, still growing after 100,000 requests (``hermes bench soak
+--agents``, docs/performance.md).
 
 Rows come back oldest first, with the values they went in with (float64 holds a float, and
 an integer below 2**53, exactly): a profiler keeps learning the same graph as with a deque.

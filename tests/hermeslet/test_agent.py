@@ -378,7 +378,7 @@ def test_hermeslet_run_accept_placement_flag() -> None:
     assert eng.kv_gate_tokens == eng.kv_capacity_tokens() > 0
 
 
-async def test_a_stop_ends_a_task_that_outlives_its_first_cancel() -> None:
+async def test_a_stop_ends_a_task_that_outlives_its_first_cancel(monkeypatch) -> None:  # noqa: ANN001
     """The node's stop cancels its tasks again until they end: a loop that goes on after a
     cancel (Python 3.11's ``asyncio.wait_for`` returns a result that completed as the cancel
     came, losing it) does not keep the node from stopping."""
@@ -401,13 +401,11 @@ async def test_a_stop_ends_a_task_that_outlives_its_first_cancel() -> None:
 
     task = asyncio.create_task(stubborn())
     await asyncio.sleep(0)
+    monkeypatch.setattr(agent_mod, "CANCEL_WAIT_S", 0.05)
     t0 = time.monotonic()
-    old = agent_mod.CANCEL_WAIT_S
-    agent_mod.CANCEL_WAIT_S = 0.05
     try:
         await asyncio.wait_for(agent._shutdown([task]), 5)
     finally:
-        agent_mod.CANCEL_WAIT_S = old
         ctx.term()
     assert task.cancelled() and cancels == 2
     assert time.monotonic() - t0 < 1.0
