@@ -520,6 +520,15 @@ class _SchedulerCollector:
         ids = getattr(s, "identities", None)
         if ids is not None:
             yield from self._identity(ids)
+        learner = getattr(s, "learner", None)
+        if learner is not None and callable(getattr(learner, "stats", None)):
+            g = GaugeMetricFamily("hermes_learner_size", "What the PDGraph learner holds: apps "
+                                  "with a profiler, the values their profilers hold (capped per "
+                                  "app), records waiting for the next pass, graphs kept.",
+                                  labels=["structure"])
+            for name, n in sorted(learner.stats().items()):
+                g.add_metric([name], float(n))
+            yield g
 
     @staticmethod
     def _identity(ids: Any) -> Iterator[Metric]:

@@ -22,7 +22,12 @@ programs, new and continuing conversations, ``--concurrency`` agents each waitin
 last reply), ``N`` requests, the gateway's memory sampled every ``--sample-every`` requests:
 what the resolver, the learner and the sample memo keep as they learn ever more runs.
 Reported: the memory at each quarter, and over the last half the ratio of its highest to its
-lowest sample (``last_half_max_over_min``: 1.10 is 10%) and its slope per 10,000 requests.
+lowest sample (``last_half_max_over_min``: 1.10 is 10%) and its slope per 10,000 requests;
+beside each memory sample, the sizes of the gateway's bounded structures from its
+``/metrics`` (:data:`SIZES`: the resolver's index and passages, its open and recently closed
+runs, the values the learner holds, the bytes of memoized walks), and per structure its size
+at the half and at the end and the requests after which it stayed within 2% of its last
+size (``levelled_at``): which bounds the memory has reached, and which still fill.
 Bounded: at most 1,000,000 requests and 256 agents.
 """
 
@@ -50,6 +55,17 @@ MAX_OUTSTANDING = 2000
 KINDS = ("completion", "stream", "hosted")
 MAX_AGENT_REQUESTS = 1_000_000
 MAX_AGENTS = 256
+#: the bounded structures sampled with the memory: (metric family, ``structure`` label or
+#: None) -> the name in the rows
+SIZES: dict[tuple[str, str | None], str] = {
+    ("hermes_identity_size", "index_entries"): "index_entries",
+    ("hermes_identity_size", "passage_entries"): "passage_entries",
+    ("hermes_identity_size", "open_runs"): "open_runs",
+    ("hermes_identity_size", "recently_closed"): "recently_closed",
+    ("hermes_learner_size", "apps"): "learned_apps",
+    ("hermes_learner_size", "held_samples"): "learner_values",
+    ("hermes_sample_cache_bytes", None): "sample_cache_bytes",
+}
 
 
 def rss_mib(pid: int) -> float | None:
@@ -286,22 +302,90 @@ async def run_agent_soak(url: str, pid: int | None, requests: int, concurrency: 
     lat: list[float] = []
     errors = done = 0
     t0 = time.monotonic()
-    if pid is not None and (m := rss_mib(pid)) is not None:
-        samples.append({"row": "rss", "requests": 0, "t_s": 0.0, "mib": m})
-    while done < requests:
-        n = min(sample_every, requests - done)
-        got, _, err = await drive_agents(url, n, concurrency, mix, source=source, progress=bar)
-        lat += got.tolist()
-        errors += err
-        done += n
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0)) as http:
+        unread: str | None = None
+
+        async def sizes() -> dict[str, float]:
+            nonlocal unread
+            got = await read_sizes(http, url)
+            if isinstance(got, str):
+                if unread is None:  # said once; the memory is sampled all the same
+                    print(f"agent soak: no structure sizes ({got})", file=sys.stderr)
+                unread = got
+                return {}
+            return got
+
         if pid is not None and (m := rss_mib(pid)) is not None:
+            samples.append({"row": "rss", "requests": 0, "t_s": 0.0, "mib": m,
+                            "sizes": await sizes()})
+        while done < requests:
+            n = min(sample_every, requests - done)
+            got, _, err = await drive_agents(url, n, concurrency, mix, source=source,
+                                             progress=bar)
+            lat += got.tolist()
+            errors += err
+            done += n
+            if pid is None or (m := rss_mib(pid)) is None:
+                continue
             samples.append({"row": "rss", "requests": done, "t_s": time.monotonic() - t0,
-                            "mib": m})
+                            "mib": m, "sizes": await sizes()})
             if not progress:  # a line per sample, for a long run watched from its log
                 print(f"agent soak: {done} requests, {samples[-1]['t_s']:.0f} s, "
                       f"RSS {m:.1f} MiB, {errors} errors", file=sys.stderr, flush=True)
     bar.close()
     return samples, lat, errors
+
+
+def parse_sizes(text: str) -> dict[str, float]:
+    """The :data:`SIZES` found in a ``/metrics`` page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            name = SIZES.get((sample.name, sample.labels.get("structure")))
+            if name is not None:
+                out[name] = float(sample.value)
+    return out
+
+
+async def read_sizes(http: Any, url: str) -> dict[str, float] | str:
+    """:func:`parse_sizes` of the gateway's ``/metrics``, or why it could not be read."""
+    import aiohttp
+
+    try:
+        async with http.get(url + "/metrics") as r:
+            if r.status != 200:
+                return f"GET /metrics answered HTTP {r.status}"
+            return parse_sizes(await r.text())
+    except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+        return f"GET /metrics failed: {type(e).__name__}: {e}"
+
+
+def size_rows(samples: list[dict[str, Any]], requests: int) -> list[dict[str, Any]]:
+    """Per structure of :data:`SIZES` sampled: its size at the half and at the end, and the
+    requests after which it stayed within 2% of its last size (``levelled_at``)."""
+    with_sizes = [s for s in samples if s.get("sizes")]
+    if not with_sizes:
+        return []
+    req = np.array([s["requests"] for s in with_sizes], dtype=float)
+    half = int(np.argmin(np.abs(req - requests / 2)))
+    rows = []
+    for name in SIZES.values():
+        v = np.array([s["sizes"].get(name, np.nan) for s in with_sizes], dtype=float)
+        if np.isnan(v).all():
+            continue
+        last = v[-1]
+        if np.isnan(last):
+            continue
+        # the samples off by more than 2% (a missing one counts as off); the last is not
+        off = np.flatnonzero(~(np.abs(v - last) <= 0.02 * max(abs(last), 1.0)))
+        settled = int(req[off[-1] + 1]) if off.size else int(req[0])
+        rows.append({"row": "size", "structure": name, "half": float(v[half]),
+                     "end": float(last), "levelled_at": settled})
+    return rows
 
 
 def summarize_agents(samples: list[dict[str, Any]], lat: list[float], errors: int,
@@ -366,6 +450,11 @@ def _cmd_agent_soak(args: Any) -> int:
                 f"{args.apps} apps, {args.concurrency} agents")
     if len(rows) > 1:
         print_table(rows[1:], title="gateway memory (RSS, MiB) by requests sent")
+    sizes = size_rows(samples, args.agents)
+    if sizes:
+        print_table(sizes, title="bounded structures (/metrics): size at the half, at the "
+                    "end, requests after which it stayed within 2% of its end")
+    rows += sizes
     write_json(args.json, rows + samples)
     if args.plot:
         res = SoakResult(memory=[(s["t_s"], s["mib"]) for s in samples])

@@ -162,6 +162,17 @@ class Profiler:
         for name, n in visits.items():
             self._units[name].loops.append(n)
 
+    def held_samples(self) -> int:
+        """Values this profiler holds (every sample list's length, a row of ``k`` features
+        counting ``k``): what grows with an app's history up to its caps (``MAX_SAMPLES``
+        per list), for ``/metrics`` (``hermes_learner_size``)."""
+        n = 0
+        for acc in self._units.values():
+            n += (len(acc.input_tokens) + len(acc.output_tokens) + len(acc.parallelism)
+                  + len(acc.loops) + len(acc.duration_s) + len(acc.gap_s)
+                  + len(acc.branch) * acc.branch.width + len(acc.branch_next))
+        return n + sum(len(rows) * rows.width for rows in self._joined.values())
+
     def add_many(self, records: Iterable[RunRecord]) -> int:
         n = 0
         for rec in records:

@@ -99,6 +99,9 @@ class Learner(RunObserver):
         #: which runs of a busy app are learned (:meth:`_sampled_in`): apps with a profiler only
         self.sampler = RunSampler(st.learn_runs_per_s, st.learn_sample_after)
         self._clock = time.monotonic
+        #: app -> values its profiler holds, as of its last learning pass (the worker
+        #: thread writes it: :meth:`stats` reads it without the profilers' lock)
+        self._held: dict[str, int] = {}
 
     # ------------------------------------------------------------------ records
     def run_ended(self, run: LiveRun) -> None:
@@ -233,6 +236,7 @@ class Learner(RunObserver):
         while len(self._learned_only) >= cap:
             old, _ = self._learned_only.popitem(last=False)
             self.profilers.pop(old, None)
+            self._held.pop(old, None)
             self.sampler.forget(old)
             self.profiled_runs.pop(old, None)
             self._kb_written.pop(old, None)
@@ -260,6 +264,7 @@ class Learner(RunObserver):
         while len(self.profilers) > cap:
             app = next(iter(self.profilers))
             self.profilers.pop(app, None)  # a build under way keeps its own reference
+            self._held.pop(app, None)
             self.sampler.forget(app)
             with self._pending_lock:
                 self._pending.pop(app, None)
@@ -283,7 +288,25 @@ class Learner(RunObserver):
                 prof.add(rec)
             except Exception:
                 log.exception("profiler failed on run %s of %s", rec.run_id, rec.app)
+        if recs and app in self.profilers:
+            self._held[app] = prof.held_samples()
         return prof
+
+    def stats(self) -> dict[str, int]:
+        """Sizes of what the learner holds, for ``/metrics`` (``hermes_learner_size``): apps
+        with a profiler (``stores.max_learned_apps``), the values their profilers hold (each
+        list capped at 1000: this levels off once the apps' caps are reached), records
+        waiting for the next learning pass, and learned graphs kept."""
+        with self._pending_lock:
+            pending = sum(len(v) for v in self._pending.values())
+        held = 0
+        for app, n in list(self._held.items()):
+            if app in self.profilers:
+                held += n
+            else:  # forgotten while its pass ran
+                self._held.pop(app, None)
+        return {"apps": len(self.profilers), "held_samples": held,
+                "pending_records": pending, "graphs": len(self._latest_graphs)}
 
     def _build(self, app: str) -> Any | None:
         """``app``'s PDGraph from every record so far (caller holds ``_lock``)."""

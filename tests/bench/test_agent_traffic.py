@@ -10,10 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hermes.bench.agents import AgentMix, Conversations, system_prompt
-from hermes.bench.soak import summarize_agents
+from hermes.bench.soak import parse_sizes, size_rows, summarize_agents
 
 
 def test_programs_are_distinct_word_prompts_and_bad_mixes_are_refused() -> None:
@@ -41,6 +42,35 @@ def test_agent_soak_summary_reads_the_last_half() -> None:
     assert mem["slope_mib_per_10k"] == pytest.approx(2000.0)  # 10 MiB per 50 requests
 
 
+def test_agent_soak_tells_which_structures_levelled_off_and_when() -> None:
+    index = (10.0, 40.0, 50.0, 50.0, 50.5)  # within 2% of its end from 100 requests on
+    learner = (0.0, 100.0, 200.0, 300.0, 400.0)  # still filling at the end
+    samples = [{"row": "rss", "requests": r, "t_s": 0.0, "mib": 1.0,
+                "sizes": {"index_entries": i, "learner_values": v}}
+               for r, i, v in zip((0, 50, 100, 150, 200), index, learner, strict=True)]
+    samples[2]["sizes"].pop("learner_values")  # a sample without it counts as off
+    got = {r["structure"]: r for r in size_rows(samples, 200)}
+    assert set(got) == {"index_entries", "learner_values"}
+    assert got["index_entries"] == {"row": "size", "structure": "index_entries",
+                                    "half": 50.0, "end": 50.5, "levelled_at": 100}
+    assert got["learner_values"]["levelled_at"] == 200 and np.isnan(got["learner_values"]["half"])
+    assert size_rows([{"row": "rss", "requests": 0, "mib": 1.0, "sizes": {}}], 10) == []
+
+
+def test_agent_soak_reads_the_sizes_from_a_metrics_page() -> None:
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    reg = CollectorRegistry()
+    ids = Gauge("hermes_identity_size", "sizes", ["structure"], registry=reg)
+    ids.labels("index_entries").set(50000)
+    ids.labels("apps").set(50)  # not one the soak follows
+    Gauge("hermes_learner_size", "sizes", ["structure"], registry=reg).labels(
+        "held_samples").set(123)
+    Gauge("hermes_sample_cache_bytes", "bytes", registry=reg).set(5e7)
+    assert parse_sizes(generate_latest(reg).decode()) == {
+        "index_entries": 50000.0, "learner_values": 123.0, "sample_cache_bytes": 5e7}
+
+
 def test_agent_soak_refuses_unbounded_runs() -> None:
     for argv, msg in ((["--agents", "2000000"], "--agents"),
                       (["--agents", "10", "--concurrency", "1000"], "--concurrency")):
@@ -60,6 +90,9 @@ def test_short_agent_soak_samples_memory(tmp_path: Path) -> None:
     rows = json.loads(out.read_text())
     mem = next(row for row in rows if row["row"] == "memory")
     assert mem["samples"] == 4 and mem["end_mib"] > 10
+    sizes = {row["structure"]: row for row in rows if row["row"] == "size"}
+    assert sizes["index_entries"]["end"] > 0 and sizes["sample_cache_bytes"]["end"] >= 0
+    assert "recently_closed" in sizes and "learner_values" in sizes
     assert next(row for row in rows if row["row"] == "agents")["ok"] == 300
 
 

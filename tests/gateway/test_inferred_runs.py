@@ -241,6 +241,8 @@ def test_metrics_show_the_evidence_and_the_index_size(gw) -> None:  # noqa: ANN0
     assert got[("hermes_identity_requests_total", (("evidence", "opt-out"),))] == 1
     assert got[("hermes_identity_size", (("structure", "open_runs"),))] == 1
     assert got[("hermes_identity_size", (("structure", "index_entries"),))] >= 2
+    assert got[("hermes_identity_size", (("structure", "recently_closed"),))] == 0
+    assert ("hermes_learner_size", (("structure", "held_samples"),)) in got
 
 
 def test_the_second_hundred_runs_are_ranked_by_their_learned_app(make_gateway) -> None:  # noqa: ANN001

@@ -179,3 +179,32 @@ def test_a_quiet_app_and_a_zero_rate_learn_every_run(tmp_path: Path) -> None:
     assert all(run_ends(lr, "busy", rate=1000.0, seconds=3.0))
     assert lr.ctx.stats.get("runs_sampled_out", 0) == 0
     lr.close()
+
+
+def test_stats_show_what_the_learner_holds_level_off_at_the_caps(tmp_path: Path) -> None:
+    """``hermes_learner_size``: the values held grow with an app's runs up to its profiler's
+    caps (1000 per list) and then stay; an app forgotten past ``max_learned_apps`` takes its
+    share with it; records count as pending until a learning pass gives them away."""
+    lr = learner(tmp_path, max_learned_apps=2, learn_runs_per_s=0)
+    held = []
+
+    async def go() -> None:
+        for k in range(1, 2001):
+            lr.learn(record("a", k))
+            if k in (10, 1000, 1500, 2000):
+                assert lr.stats()["pending_records"] > 0
+                await lr.refresh_off_loop()
+                assert lr.stats()["pending_records"] == 0
+                held.append(lr.stats()["held_samples"])
+
+    asyncio.run(go())
+    assert 0 < held[0] < held[1] == held[2] == held[3]  # 10 runs < the caps, reached at 1000
+    assert lr.stats()["apps"] == 1 and lr.stats()["graphs"] == 1
+    for app in ("b", "c"):  # a third app: the least recently learned ("a") is forgotten
+        lr.learn(record(app, 1))
+        asyncio.run(lr.refresh_off_loop())
+    got = lr.stats()
+    assert got["apps"] == 2
+    assert got["held_samples"] == sum(p.held_samples() for p in lr.profilers.values())
+    assert got["held_samples"] < held[0]
+    lr.close()
