@@ -84,6 +84,12 @@ class _UnitAcc:
     branch: SampleRows = field(default_factory=lambda: SampleRows(NF + 1, MAX_SAMPLES))
     branch_next: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
 
+    def held(self) -> int:
+        """Values held (every sample list's length, a row of ``k`` features counting ``k``)."""
+        return (len(self.input_tokens) + len(self.output_tokens) + len(self.parallelism)
+                + len(self.loops) + len(self.duration_s) + len(self.gap_s)
+                + len(self.branch) * self.branch.width + len(self.branch_next))
+
 
 class Profiler:
     """Learns one app's PDGraph from its run records, one run at a time."""
@@ -166,12 +172,8 @@ class Profiler:
         """Values this profiler holds (every sample list's length, a row of ``k`` features
         counting ``k``): what grows with an app's history up to its caps (``MAX_SAMPLES``
         per list), for ``/metrics`` (``hermes_learner_size``)."""
-        n = 0
-        for acc in self._units.values():
-            n += (len(acc.input_tokens) + len(acc.output_tokens) + len(acc.parallelism)
-                  + len(acc.loops) + len(acc.duration_s) + len(acc.gap_s)
-                  + len(acc.branch) * acc.branch.width + len(acc.branch_next))
-        return n + sum(len(rows) * rows.width for rows in self._joined.values())
+        return (sum(acc.held() for acc in self._units.values())
+                + sum(len(rows) * rows.width for rows in self._joined.values()))
 
     def add_many(self, records: Iterable[RunRecord]) -> int:
         n = 0
@@ -273,8 +275,7 @@ class Profiler:
             acc.duration_s.extend(c.duration_s)
             acc.gap_s.extend(c.gap_s)
             acc.next_counts = Counter({k: round(p * node.visits) for k, p in node.next.items()})
-            for row in node.branch:
-                acc.branch.append(row)
+            acc.branch = SampleRows(NF + 1, MAX_SAMPLES, node.branch)
             acc.branch_next.extend(node.branch_next)
             for probs, n in zip(node.next_by_visit, node.visits_by_index, strict=False):
                 acc.next_by_visit.append(Counter({k: round(p * n) for k, p in probs.items()}))
