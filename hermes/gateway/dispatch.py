@@ -264,11 +264,33 @@ class Dispatcher(RunObserver):
     async def wait(self, req: PendingRequest, timeout: float | None = None) -> Done | ToolDone:
         """Wait for a request's result; raises RequestFailed / RunCancelled / RunNotActive."""
         t = timeout if timeout is not None else self.ctx.config.scheduler.request_timeout_s
+        fut = req.future
+        if not fut.done() and req.waiter is not None:  # another task waits already
+            return await self._wait_shielded(req, t)
+        if not fut.done():
+            # the task sleeps on a waiter of its own that :meth:`PendingRequest.settle` wakes:
+            # its cancellation (the timeout, a client gone) leaves ``req.future`` as it is
+            waiter = req.waiter = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(t):
+                    await waiter
+            except TimeoutError:
+                if not fut.done():  # (the answer may have come as the time ran out)
+                    err = f"request {req.request_id} timed out after {t} s"
+                    self.cancel_request(req, RequestFailed(err))
+                    raise RequestFailed(err) from None
+            finally:
+                req.waiter = None
+        return fut.result()
+
+    async def _wait_shielded(self, req: PendingRequest, t: float) -> Done | ToolDone:
+        """:meth:`wait` for a second task waiting for the same request."""
         try:
             return await asyncio.wait_for(asyncio.shield(req.future), t)
         except TimeoutError:
-            self.cancel_request(req, RequestFailed(f"request {req.request_id} timed out after {t} s"))
-            raise RequestFailed(f"request {req.request_id} timed out after {t} s") from None
+            err = f"request {req.request_id} timed out after {t} s"
+            self.cancel_request(req, RequestFailed(err))
+            raise RequestFailed(err) from None
 
     async def stream(self, req: PendingRequest, timeout: float | None = None) -> AsyncIterator[Token]:
         """The streamed chunks (the node's :class:`~hermes.protocol.Token` messages, the
@@ -337,9 +359,7 @@ class Dispatcher(RunObserver):
     def fail_request(self, req: PendingRequest, exc: SchedulerError) -> None:
         self._untrack(req)
         req.error = str(exc)
-        if not req.future.done():
-            req.future.set_exception(exc)
-            req.future.exception()  # mark retrieved: nobody may be waiting
+        req.settle(exc=exc)
         if req.tokens is not None:
             req.tokens.put_nowait(None)
         self.runs.request_done(req.run, req.inv)
@@ -364,8 +384,7 @@ class Dispatcher(RunObserver):
                          closing=self.runs.closes_with(run, req.inv))
         if req.tokens is not None:
             req.tokens.put_nowait(None)
-        if not req.future.done():
-            req.future.set_result(msg)
+        req.settle(msg)
         self.runs.request_done(req.run, req.inv)
 
     def _on_token(self, msg: Token) -> None:
@@ -393,8 +412,7 @@ class Dispatcher(RunObserver):
         req.inv.duration_s = (req.inv.duration_s or 0.0) + msg.duration_s
         self.runs.credit(req.run, msg.duration_s, 0, self.ctx.now(),
                          closing=self.runs.closes_with(req.run, req.inv))
-        if not req.future.done():
-            req.future.set_result(msg)
+        req.settle(msg)
         self.runs.request_done(req.run, req.inv)
 
     def _on_failed(self, msg: Failed) -> None:

@@ -238,8 +238,7 @@ class LiveScheduler:
         self._tasks = []
         self.identities.closing.drain_now()  # the runs closed idle end (not saved active)
         for req in list(self.dispatch.requests.values()):
-            if not req.future.done():
-                req.future.set_exception(NoCapacity("gateway shutting down"))
+            req.settle(exc=NoCapacity("gateway shutting down"))
         self.node_table.close()
         try:
             self.learner.flush()

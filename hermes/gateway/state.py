@@ -71,6 +71,27 @@ class PendingRequest:
     result: Done | ToolDone | None = None
     error: str | None = None
     finished_at: float | None = None
+    #: the future a handler task sleeps on while it waits for ``future``
+    #: (:meth:`hermes.gateway.dispatch.Dispatcher.wait`): woken by :meth:`settle`, and
+    #: cancelled alone when the wait times out or its client goes away, ``future`` staying
+    #: as it is. (``wait_for(shield(future))`` cost every answer two more event-loop
+    #: iterations: the shield's callback, then the wait's, before the task's own)
+    waiter: asyncio.Future[None] | None = None
+
+    def settle(self, result: Done | ToolDone | None = None,
+               exc: BaseException | None = None) -> None:
+        """Set ``future`` to ``result`` (or ``exc``) unless it is done, and wake the task
+        waiting for it; an exception is marked retrieved (nobody may be waiting)."""
+        fut = self.future
+        if not fut.done():
+            if exc is not None:
+                fut.set_exception(exc)
+                fut.exception()
+            else:
+                fut.set_result(result)  # type: ignore[arg-type]
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
 
 
 @dataclass(eq=False)

@@ -157,6 +157,47 @@ def test_a_stream_that_stalls_ends_at_the_request_timeout(make_gateway, flaky: F
     assert httpx.get(srv.url + "/healthz").json()["requests_pending"] == 0
 
 
+def test_a_request_that_stalls_ends_at_the_request_timeout(make_gateway, slow: FakeEngine) -> None:  # noqa: ANN001
+    """A request whose answer does not come within ``request_timeout_s`` is cancelled at its
+    node and answered with an error naming the timeout; nothing stays pending."""
+    slow.delay_s = 60.0
+    srv = make_gateway(engines=_engine(slow), time_scale=1.0,
+                       scheduler={"request_timeout_s": 1.0})
+    t0 = time.monotonic()
+    r = httpx.post(srv.url + "/v1/completions", timeout=30,
+                   json={"model": "fake-model", "prompt": "hi", "max_tokens": 1})
+    assert 0.9 < time.monotonic() - t0 < 10
+    assert r.status_code >= 500 and "timed out after 1.0 s" in r.json()["error"]["message"], r.text
+    deadline = time.monotonic() + 5
+    while httpx.get(srv.url + "/healthz").json()["requests_pending"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert httpx.get(srv.url + "/healthz").json()["requests_pending"] == 0
+
+
+def test_a_client_gone_before_its_answer_frees_the_engine_slot(make_gateway, slow: FakeEngine) -> None:  # noqa: ANN001
+    """A client that goes away while its (not streamed) request waits for the engine has the
+    request cancelled at its node: the wait was cancelled, the request's result was not."""
+    slow.delay_s = 60.0
+    srv = make_gateway(engines=_engine(slow), time_scale=1.0)
+    node = gateway_state(srv).node
+    slot = next(iter(node.slots.values()))
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(srv.url + "/v1/completions", timeout=httpx.Timeout(30, read=0.5),
+                   headers={"X-Hermes-Run": "none"},
+                   json={"model": "fake-model", "prompt": "hi", "max_tokens": 1})
+    deadline = time.monotonic() + 5
+    while (slot.inflight or httpx.get(srv.url + "/healthz").json()["requests_pending"]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not slot.inflight
+    assert httpx.get(srv.url + "/healthz").json()["requests_pending"] == 0
+    # the gateway still serves: the next request is answered
+    slow.delay_s = 0.0
+    r = httpx.post(srv.url + "/v1/completions", timeout=30,
+                   json={"model": "fake-model", "prompt": "hi", "max_tokens": 1})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "ok"
+
+
 def test_a_slow_engine_does_not_block_the_event_loop(make_gateway, slow: FakeEngine) -> None:  # noqa: ANN001
     srv = make_gateway(engines=_engine(slow), time_scale=1.0)
 
