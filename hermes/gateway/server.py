@@ -117,6 +117,8 @@ class _HeaderTimeout:
 
     header_timeout_s: float = 10.0
     _header_timer: asyncio.TimerHandle | None = None
+    #: a request's first bytes came and its headers are not complete yet
+    _in_headers: bool = False
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)  # type: ignore[misc]
@@ -124,12 +126,20 @@ class _HeaderTimeout:
 
     def on_message_begin(self) -> None:
         super().on_message_begin()  # type: ignore[misc]
-        if self._header_timer is None:
-            self._arm_header_timer()
+        self._in_headers = True
 
     def on_headers_complete(self) -> None:
+        self._in_headers = False
         self._cancel_header_timer()
         super().on_headers_complete()  # type: ignore[misc]
+
+    def data_received(self, data: bytes) -> None:
+        """The timer of a request's headers is armed only when they did not all come in the
+        bytes that began it: almost every request's do, and arming and cancelling a timer
+        for each cost the event loop two timer operations per request."""
+        super().data_received(data)  # type: ignore[misc]
+        if self._in_headers and self._header_timer is None:
+            self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
@@ -160,18 +170,27 @@ class _BodyTimeout:
 
     body_timeout_s: float = 30.0
     _body_timer: asyncio.TimerHandle | None = None
+    #: a request's headers are complete and its body is not
+    _in_body: bool = False
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()  # type: ignore[misc]
-        headers = dict(self.headers)  # type: ignore[attr-defined]
-        clen = headers.get(b"content-length", b"0")
-        if b"transfer-encoding" in headers or clen.strip() not in (b"", b"0"):
-            self._body_timer = self.loop.call_later(  # type: ignore[attr-defined]
-                self.body_timeout_s, self._body_timeout)
+        self._in_body = True
 
     def on_message_complete(self) -> None:
+        self._in_body = False
         self._cancel_body_timer()
         super().on_message_complete()  # type: ignore[misc]
+
+    def data_received(self, data: bytes) -> None:
+        """The body's timer is armed only when the bytes that completed the headers did not
+        complete the body too (a request without a body is complete with its headers)."""
+        super().data_received(data)  # type: ignore[misc]
+        if self._in_body and self._body_timer is None:
+            parser = getattr(self, "parser", None)
+            if parser is not None and not parser.should_upgrade():  # (not a protocol switch)
+                self._body_timer = self.loop.call_later(  # type: ignore[attr-defined]
+                    self.body_timeout_s, self._body_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_body_timer()

@@ -515,3 +515,19 @@ def test_slow_headers_are_cut_off(make_gateway) -> None:  # noqa: ANN001
         return int(line.split()[1])
 
     assert asyncio.run(slow_but_complete()) == 200
+
+    async def second_request_never_ends() -> float:
+        """A keep-alive connection's next request whose headers never end is cut off too
+        (its timer is armed by the bytes that began it, not by the connection)."""
+        r, w = await asyncio.open_connection(host, int(port))
+        w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await asyncio.wait_for(r.readline(), 5)).split()[1] == b"200"
+        await asyncio.sleep(0.8)  # idle longer than the header timeout: not cut meanwhile
+        w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        t0 = time.monotonic()
+        while await asyncio.wait_for(r.read(4096), 5):
+            pass  # the rest of the first answer, then the end of the connection
+        w.close()
+        return time.monotonic() - t0
+
+    assert 0.4 < asyncio.run(second_request_never_ends()) < 2.0
