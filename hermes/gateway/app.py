@@ -36,6 +36,7 @@ from hermes.gateway.api.errors import install_error_handlers
 from hermes.gateway.api.fastpath import OpenAIFastPath
 from hermes.gateway.auth import install_security
 from hermes.gateway.config import EngineConfig, GatewayConfig
+from hermes.gateway.disconnect import CancelOnDisconnect
 from hermes.gateway.hosted import HostedRegistry
 from hermes.gateway.scheduler import LiveScheduler
 from hermes.gateway.shared import open_shared_state
@@ -236,6 +237,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
         app.state.responses = shared.responses
         app.state.idempotency = shared.idempotency
     app.add_middleware(OpenAIFastPath)  # completions past FastAPI's router (inside security)
+    app.add_middleware(CancelOnDisconnect)  # a client gone stops its LLM request's handler
     install_security(app, config,  # body limits, API keys, tenant admission (issue 7)
                      shared.store if shared is not None else None)
     app.include_router(runs_api.router)

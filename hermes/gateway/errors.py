@@ -103,15 +103,6 @@ class RequestFailed(SchedulerError):
     code = "engine_error"
 
 
-class ClientGone(SchedulerError):
-    """The client went away before its answer (its connection closed): the request was
-    cancelled at its node. Nobody reads the answer; 499 is nginx's "client closed
-    request" for the logs."""
-
-    status = 499
-    code = "client_disconnected"
-
-
 class RunCancelled(SchedulerError):
     status = 409
     code = "run_cancelled"

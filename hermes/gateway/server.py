@@ -23,9 +23,9 @@ import uvicorn
 from uvicorn.lifespan.on import LifespanOn
 
 from hermes import evloop
-from hermes.gateway.api.binding import ON_DISCONNECT
 from hermes.gateway.app import create_app
 from hermes.gateway.config import GatewayConfig
+from hermes.gateway.disconnect import CancelOnDisconnectProtocol
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -217,25 +217,6 @@ class _BodyTimeout:
         transport.close()
 
 
-class _CancelOnDisconnect:
-    """Mixin for uvicorn's httptools protocol: a connection that closes before its response
-    started calls what its request's handler left in the ASGI scope under
-    :data:`~hermes.gateway.api.binding.ON_DISCONNECT` (a call waiting for its engine stops
-    waiting and is cancelled at its node: :meth:`~hermes.gateway.api.binding.BoundCall.
-    client_gone`). uvicorn tells an application of a client gone only through
-    ``receive()``, which a handler waiting for its answer does not call; listening to it
-    would cost every request a task."""
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        cycle = getattr(self, "cycle", None)
-        gone = None
-        if cycle is not None and not cycle.response_started:
-            gone = cycle.scope.get(ON_DISCONNECT)
-        super().connection_lost(exc)  # type: ignore[misc]
-        if gone is not None:
-            gone()
-
-
 def _with_header_timeout(protocol: Any, seconds: float, body_seconds: float = 30.0) -> Any:
     """``protocol`` (an httptools protocol class) with :class:`_HeaderTimeout` and
     :class:`_BodyTimeout`; uvicorn's own choice (``"auto"``, where httptools is missing:
@@ -243,7 +224,7 @@ def _with_header_timeout(protocol: Any, seconds: float, body_seconds: float = 30
     if isinstance(protocol, str):
         return protocol
     return type(f"HeaderTimeout{protocol.__name__}",
-                (_HeaderTimeout, _BodyTimeout, _CancelOnDisconnect, protocol),
+                (_HeaderTimeout, _BodyTimeout, CancelOnDisconnectProtocol, protocol),
                 {"header_timeout_s": seconds, "body_timeout_s": body_seconds})
 
 

@@ -13,6 +13,7 @@ the all-in-one gateway beside them for the same requests."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -299,3 +300,25 @@ def test_the_scheduler_forwards_an_edges_body_without_decoding_it(
     prefixes = sp.sched.prewarm.prefixes
     assert prefixes[("default", app, r.headers["X-Hermes-Unit"])] == AGENT[0]["content"]
     assert prefixes[("default", "x", "default")] == AGENT[0]["content"]
+
+
+def test_a_client_gone_before_its_answer_has_the_call_cancelled_through_the_edge(
+        split: Callable[..., Split]) -> None:
+    """A client of an edge that goes away while its call (not streamed) waits for the engine
+    has the call cancelled at its node, as at the all-in-one gateway; the edge serves on."""
+    sp = split()
+    e0 = sp.edge()
+    slot = sp.node.agent.slots["sim"]
+    long = {**CHAT, "max_tokens": 30_000, "ignore_eos": True}  # ~10 s at this time scale
+    seen: list[int] = []
+    watch = threading.Timer(0.7, lambda: seen.append(len(slot.inflight)))
+    watch.start()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{e0.url}/v1/chat/completions", json=long, headers={"X-Hermes-Run": "none"},
+                   timeout=httpx.Timeout(30, read=1.0))
+    watch.join()
+    assert seen == [1]  # it was at its engine when its client went away
+    wait_for(lambda: not slot.inflight, timeout=5, what="the call cancelled at its node")
+    assert e0.server.config.app.edge.stats["answered"] == 0  # type: ignore[attr-defined]
+    r = _post(e0.url, {"X-Hermes-Run": "none"})
+    assert r.status_code == 200, r.text

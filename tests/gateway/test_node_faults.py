@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -174,12 +175,16 @@ def test_a_request_that_stalls_ends_at_the_request_timeout(make_gateway, slow: F
     assert httpx.get(srv.url + "/healthz").json()["requests_pending"] == 0
 
 
-def test_a_client_gone_before_its_answer_frees_the_engine_slot(make_gateway, slow: FakeEngine) -> None:  # noqa: ANN001
+def test_a_client_gone_before_its_answer_frees_the_engine_slot(make_gateway, slow: FakeEngine,  # noqa: ANN001
+                                                               caplog: pytest.LogCaptureFixture) -> None:
     """A client that goes away while its (not streamed) request waits for the engine has the
-    request cancelled at its node: the wait was cancelled, the request's result was not."""
+    request cancelled at its node and its one-request run failed, quietly (nothing to answer,
+    no error logged); the gateway serves on."""
     slow.delay_s = 60.0
     srv = make_gateway(engines=_engine(slow), time_scale=1.0)
-    node = gateway_state(srv).node
+    node, sched = gateway_state(srv).node, gateway_state(srv).scheduler
+    uvicorn_log = logging.getLogger("uvicorn")  # (it does not propagate to the root logger)
+    uvicorn_log.addHandler(caplog.handler)
     slot = next(iter(node.slots.values()))
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(srv.url + "/v1/completions", timeout=httpx.Timeout(30, read=0.5),
@@ -191,6 +196,10 @@ def test_a_client_gone_before_its_answer_frees_the_engine_slot(make_gateway, slo
         time.sleep(0.05)
     assert not slot.inflight
     assert httpx.get(srv.url + "/healthz").json()["requests_pending"] == 0
+    gone = sched.recent_runs(lambda r: r.status == "failed", 5)
+    assert [r.error for r in gone] == ["client disconnected"], [(r.status, r.error) for r in gone]
+    uvicorn_log.removeHandler(caplog.handler)
+    assert not [r for r in caplog.records if "Exception in ASGI application" in r.getMessage()]
     # the gateway still serves: the next request is answered
     slow.delay_s = 0.0
     r = httpx.post(srv.url + "/v1/completions", timeout=30,

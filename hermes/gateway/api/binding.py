@@ -44,7 +44,7 @@ from hermes.gateway.api.apps_api import foreign_app
 from hermes.gateway.api.json_response import AnswerResponse
 from hermes.gateway.api.run_params import parse_deadline_s, parse_knob
 from hermes.gateway.auth import tenant_for
-from hermes.gateway.errors import ClientGone, SchedulerError
+from hermes.gateway.errors import SchedulerError
 from hermes.gateway.resolve import Identity
 from hermes.gateway.scheduler import LiveScheduler
 from hermes.gateway.state import LiveRun, PendingRequest
@@ -56,9 +56,6 @@ APP_HEADER = "X-Hermes-App"
 K_HEADER = "X-Hermes-K"
 DEADLINE_HEADER = "X-Hermes-Deadline-S"
 DEFAULT_TENANT = "default"
-#: the ASGI scope's key for what to call when the client's connection closes before the
-#: response started (the gateway's HTTP protocol calls it: :mod:`hermes.gateway.server`)
-ON_DISCONNECT = "hermes.on_disconnect"
 
 
 async def bind_run(sched: LiveScheduler, request: Request, body: Mapping[str, Any] | None = None,
@@ -141,20 +138,6 @@ class BoundCall:
     run: LiveRun
     identity: Identity
     req: PendingRequest
-    #: the task that waits for the answer (:func:`wait_call`), and whether its client went
-    #: away meanwhile (:meth:`client_gone`)
-    task: asyncio.Task[Any] | None = None
-    gone: bool = False
-
-    def client_gone(self) -> None:
-        """The client's connection closed before its answer: stop waiting (the wait is
-        cancelled, :func:`wait_call` cancels the request at its node). uvicorn cancels
-        nothing when a client of a request that is not streamed goes away: the engine
-        would go on for an answer nobody reads."""
-        task = self.task
-        if task is not None and not task.done() and not self.req.future.done():
-            self.gone = True
-            task.cancel()
 
     @property
     def unit(self) -> str:
@@ -201,36 +184,27 @@ async def submit_call(sched: LiveScheduler, request: Request, *, model: str,
         if run is not None and run.auto_finish:
             sched.fail_run(run.run_id, str(e))
         raise
-    call = BoundCall(run, ident, req, asyncio.current_task())
-    request.scope[ON_DISCONNECT] = call.client_gone
-    return call
+    return BoundCall(run, ident, req)
 
 
 async def wait_call(sched: LiveScheduler, call: BoundCall) -> Done:
     """The result of a call that is not streamed. A :class:`SchedulerError` fails a
-    one-request run and propagates; a client that went away (the task is cancelled) has its
-    request abandoned at its node, and :class:`ClientGone` is raised when the gateway's
-    HTTP protocol saw it go (:meth:`BoundCall.client_gone`)."""
+    one-request run and propagates; a client that went away (the task is cancelled:
+    :mod:`hermes.gateway.disconnect`) has its request cancelled at its node and its
+    one-request run failed."""
     try:
         done = await sched.wait(call.req)
-    except asyncio.CancelledError:
-        task = call.task
-        if not call.gone or task is None or task.uncancel() > 0:
-            raise  # cancelled for another reason too (a shutdown): it goes on
-        sched.abandon(call.req)
-        sched.identities.abandoned(call.identity)
-        if call.run.auto_finish:
-            sched.fail_run(call.run.run_id, "client disconnected")
-        raise ClientGone("the client disconnected before its answer") from None
     except SchedulerError as e:
         sched.identities.abandoned(call.identity)
         if call.run.auto_finish:
             sched.fail_run(call.run.run_id, str(e))
         raise
     finally:
-        if not call.req.future.done():
+        if not call.req.future.done():  # the task was cancelled: its client went away
             sched.abandon(call.req)
             sched.identities.abandoned(call.identity)
+            if call.run.auto_finish:
+                sched.fail_run(call.run.run_id, "client disconnected")
     assert isinstance(done, Done)
     return done
 

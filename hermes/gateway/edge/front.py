@@ -1305,6 +1305,7 @@ def edge_app(config: GatewayConfig) -> Any:
     (:meth:`EdgeApp.serves`); the proxied requests are checked by the scheduler that answers
     them."""
     from hermes.gateway.auth import SecurityMiddleware, build_security
+    from hermes.gateway.disconnect import CancelOnDisconnect
     from hermes.gateway.shared import open_shared_state
 
     shared = open_shared_state(config)
@@ -1313,7 +1314,7 @@ def edge_app(config: GatewayConfig) -> Any:
     app = EdgeApp(config, shared.evidence if shared is not None else None,
                   shared.responses if shared is not None else None)
     app.security = security
-    secured = SecurityMiddleware(app, security)
+    secured = SecurityMiddleware(CancelOnDisconnect(app), security)
 
     async def route(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and app.serves(scope) is not None:
