@@ -322,3 +322,20 @@ def test_a_client_gone_before_its_answer_has_the_call_cancelled_through_the_edge
     assert e0.server.config.app.edge.stats["answered"] == 0  # type: ignore[attr-defined]
     r = _post(e0.url, {"X-Hermes-Run": "none"})
     assert r.status_code == 200, r.text
+
+
+def test_a_call_past_the_request_timeout_is_answered_504_and_cancelled(
+        split: Callable[..., Split]) -> None:
+    """An edge's call whose answer does not come within ``request_timeout_s`` is answered 504
+    naming the timeout and cancelled at its node; an answer in time is unaffected."""
+    sp = split()
+    e0 = sp.edge(request_timeout_s=1.0)
+    slot = sp.node.agent.slots["sim"]
+    long = {**CHAT, "max_tokens": 30_000, "ignore_eos": True}  # ~10 s at this time scale
+    t0 = time.monotonic()
+    r = _post(e0.url, {"X-Hermes-Run": "none"}, long)
+    assert 0.9 < time.monotonic() - t0 < 5
+    assert r.status_code == 504 and "timed out after 1 s" in r.json()["error"]["message"], r.text
+    wait_for(lambda: not slot.inflight, timeout=5, what="the call cancelled at its node")
+    ok = _post(e0.url, {"X-Hermes-Run": "none"})
+    assert ok.status_code == 200, ok.text

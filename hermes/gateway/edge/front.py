@@ -160,7 +160,7 @@ class EdgeCall:
     """One call in flight at this edge: the message (kept to send it again after a leader
     change), its tokens (streamed calls) and its answer."""
 
-    __slots__ = ("msg", "tokens", "future", "answered", "source", "started")
+    __slots__ = ("msg", "tokens", "future", "answered", "source", "started", "waiter")
 
     def __init__(self, msg: wire.Call) -> None:
         self.msg = msg
@@ -175,6 +175,10 @@ class EdgeCall:
         #: set at its first token or its end (a stream's answer starts then: its headers
         #: name the run the scheduler put it in, and a refusal gets its HTTP status)
         self.started = asyncio.Event()
+        #: what the handler waiting for ``future`` sleeps on (:meth:`EdgeApp._wait`): woken
+        #: by :meth:`settle`, cancelled alone (a timeout, a client gone), one event-loop
+        #: iteration where ``wait_for(shield(future))`` took three
+        self.waiter: asyncio.Future[None] | None = None
 
     def settle(self, result: P.Done | BaseException) -> None:
         self.answered = True
@@ -186,6 +190,9 @@ class EdgeCall:
             self.future.exception()  # retrieved: the client may be gone
         else:
             self.future.set_result(result)
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
         if self.tokens is not None:
             self.tokens.put_nowait(None)
 
@@ -1037,8 +1044,11 @@ class EdgeApp:
 
     async def _wait(self, call: EdgeCall) -> P.Done:
         rid = call.msg.rid
+        fut = call.future
         try:
-            return await asyncio.wait_for(asyncio.shield(call.future), self.timeout_s)
+            if not fut.done():
+                await self._sleep_until_settled(call)
+            return fut.result()
         except TimeoutError:
             self.link.send(wire.Cancel(rid=rid))
             raise CallFailedError(504, "timeout", f"request {rid} timed out after "
@@ -1050,6 +1060,19 @@ class EdgeApp:
             if not call.future.done():  # the client went away
                 self.link.send(wire.Cancel(rid=rid))
             self.link.calls.pop(rid, None)
+
+    async def _sleep_until_settled(self, call: EdgeCall) -> None:
+        """Until ``call`` is settled (:meth:`EdgeCall.settle` wakes its waiter); TimeoutError
+        after ``timeout_s`` unless it was settled as the time ran out."""
+        call.waiter = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await call.waiter
+        except TimeoutError:
+            if not call.future.done():
+                raise
+        finally:
+            call.waiter = None
 
     async def _sse(self, call: EdgeCall, endpoint: str, model: str, include_usage: bool,
                    ident: Identity | None = None) -> AsyncIterator[bytes]:
