@@ -34,6 +34,7 @@ from hermes.gateway.prefixes import prompt_prefixes
 from hermes.gateway.prewarm import GatewayPrewarmer
 from hermes.gateway.runs import RunObserver, RunRegistry, StopReason
 from hermes.gateway.state import ACTIVE, LiveRun, PendingRequest, UnitInvocation, new_id
+from hermes.gateway.waiting import wait_settled
 from hermes.protocol import (
     Cancel,
     Done,
@@ -264,33 +265,13 @@ class Dispatcher(RunObserver):
     async def wait(self, req: PendingRequest, timeout: float | None = None) -> Done | ToolDone:
         """Wait for a request's result; raises RequestFailed / RunCancelled / RunNotActive."""
         t = timeout if timeout is not None else self.ctx.config.scheduler.request_timeout_s
-        fut = req.future
-        if not fut.done() and req.waiter is not None:  # another task waits already
-            return await self._wait_shielded(req, t)
-        if not fut.done():
-            # the task sleeps on a waiter of its own that :meth:`PendingRequest.settle` wakes:
-            # its cancellation (the timeout, a client gone) leaves ``req.future`` as it is
-            waiter = req.waiter = asyncio.get_running_loop().create_future()
-            try:
-                async with asyncio.timeout(t):
-                    await waiter
-            except TimeoutError:
-                if not fut.done():  # (the answer may have come as the time ran out)
-                    err = f"request {req.request_id} timed out after {t} s"
-                    self.cancel_request(req, RequestFailed(err))
-                    raise RequestFailed(err) from None
-            finally:
-                req.waiter = None
-        return fut.result()
-
-    async def _wait_shielded(self, req: PendingRequest, t: float) -> Done | ToolDone:
-        """:meth:`wait` for a second task waiting for the same request."""
         try:
-            return await asyncio.wait_for(asyncio.shield(req.future), t)
+            await wait_settled(req, t)
         except TimeoutError:
             err = f"request {req.request_id} timed out after {t} s"
             self.cancel_request(req, RequestFailed(err))
             raise RequestFailed(err) from None
+        return req.future.result()
 
     async def stream(self, req: PendingRequest, timeout: float | None = None) -> AsyncIterator[Token]:
         """The streamed chunks (the node's :class:`~hermes.protocol.Token` messages, the

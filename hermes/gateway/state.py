@@ -23,6 +23,7 @@ import msgspec
 
 from hermes.core.policies.fair_share import policy_rank
 from hermes.core.state import RequestView, RunState
+from hermes.gateway.waiting import wake
 from hermes.protocol import Done, EngineInfo, Submit, Token, Tool, ToolDone
 
 RunStatus = Literal["queued", "running", "finished", "failed", "cancelled"]
@@ -71,11 +72,8 @@ class PendingRequest:
     result: Done | ToolDone | None = None
     error: str | None = None
     finished_at: float | None = None
-    #: the future a handler task sleeps on while it waits for ``future``
-    #: (:meth:`hermes.gateway.dispatch.Dispatcher.wait`): woken by :meth:`settle`, and
-    #: cancelled alone when the wait times out or its client goes away, ``future`` staying
-    #: as it is. (``wait_for(shield(future))`` cost every answer two more event-loop
-    #: iterations: the shield's callback, then the wait's, before the task's own)
+    #: the future a handler task sleeps on while it waits for ``future`` (woken by
+    #: :meth:`settle`; :mod:`hermes.gateway.waiting`)
     waiter: asyncio.Future[None] | None = None
 
     def settle(self, result: Done | ToolDone | None = None,
@@ -89,9 +87,7 @@ class PendingRequest:
                 fut.exception()
             else:
                 fut.set_result(result)  # type: ignore[arg-type]
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+        wake(self)
 
 
 @dataclass(eq=False)

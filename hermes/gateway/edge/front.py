@@ -111,6 +111,7 @@ from hermes.gateway.served import resolve_served
 from hermes.gateway.shared import StoreUnavailable
 from hermes.gateway.state import new_id
 from hermes.gateway.tenancy import current_tenant
+from hermes.gateway.waiting import wait_settled, wake
 from hermes.zmqdrain import QueuedMessages
 
 log = logging.getLogger("hermes.gateway.edge")
@@ -175,9 +176,8 @@ class EdgeCall:
         #: set at its first token or its end (a stream's answer starts then: its headers
         #: name the run the scheduler put it in, and a refusal gets its HTTP status)
         self.started = asyncio.Event()
-        #: what the handler waiting for ``future`` sleeps on (:meth:`EdgeApp._wait`): woken
-        #: by :meth:`settle`, cancelled alone (a timeout, a client gone), one event-loop
-        #: iteration where ``wait_for(shield(future))`` took three
+        #: what the handler waiting for ``future`` sleeps on (woken by :meth:`settle`;
+        #: :mod:`hermes.gateway.waiting`)
         self.waiter: asyncio.Future[None] | None = None
 
     def settle(self, result: P.Done | BaseException) -> None:
@@ -190,9 +190,7 @@ class EdgeCall:
             self.future.exception()  # retrieved: the client may be gone
         else:
             self.future.set_result(result)
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+        wake(self)
         if self.tokens is not None:
             self.tokens.put_nowait(None)
 
@@ -1046,8 +1044,7 @@ class EdgeApp:
         rid = call.msg.rid
         fut = call.future
         try:
-            if not fut.done():
-                await self._sleep_until_settled(call)
+            await wait_settled(call, self.timeout_s)
             return fut.result()
         except TimeoutError:
             self.link.send(wire.Cancel(rid=rid))
@@ -1060,19 +1057,6 @@ class EdgeApp:
             if not call.future.done():  # the client went away
                 self.link.send(wire.Cancel(rid=rid))
             self.link.calls.pop(rid, None)
-
-    async def _sleep_until_settled(self, call: EdgeCall) -> None:
-        """Until ``call`` is settled (:meth:`EdgeCall.settle` wakes its waiter); TimeoutError
-        after ``timeout_s`` unless it was settled as the time ran out."""
-        call.waiter = asyncio.get_running_loop().create_future()
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                await call.waiter
-        except TimeoutError:
-            if not call.future.done():
-                raise
-        finally:
-            call.waiter = None
 
     async def _sse(self, call: EdgeCall, endpoint: str, model: str, include_usage: bool,
                    ident: Identity | None = None) -> AsyncIterator[bytes]:
