@@ -41,9 +41,11 @@ from hermeslet.tools import (
     DEFAULT_MAX_OUTPUT,
     BlockingDockerSandbox,
     CappedOutput,
+    DockerCall,
     ToolLimits,
     ToolResult,
     docker_client,
+    kill_container,
     sandbox_container_options,
 )
 
@@ -166,8 +168,10 @@ class ContainerPool:
         self.counters.wasted += 1
         self.counters.wasted_backend_s += now - w.started_at
 
-    def run_blocking(self, argv: list[str], image: str, timeout_s: float) -> ToolResult:
-        """Run one call in a warm container of ``image`` (or a new one: cold), then remove it."""
+    def run_blocking(self, argv: list[str], image: str, timeout_s: float,
+                     call: DockerCall | None = None) -> ToolResult:
+        """Run one call in a warm container of ``image`` (or a new one: cold), then remove it.
+        A cancelled ``call`` kills the container (the exec in it ends at once)."""
         t0 = time.monotonic()
         lst = self.idle.get(image)
         cold = not lst
@@ -180,6 +184,10 @@ class ContainerPool:
             self.counters.used += 1
             self.counters.warm_hits += 1
         try:
+            if call is not None and not call.attach(c):
+                return ToolResult(exit_code=-9, stdout="", stderr="cancelled\n",
+                                  duration_s=time.monotonic() - t0, cold=cold,
+                                  timed_out=False)
             rc, out, err, timed_out = _exec(c, argv, timeout_s, self.max_output_chars)
             dt = time.monotonic() - t0  # the call's latency; removal is off its path
         finally:
@@ -223,10 +231,7 @@ def _exec(c: Any, argv: list[str], timeout_s: float, limit_chars: int
     th.start()
     th.join(timeout_s)
     if th.is_alive():
-        try:
-            c.kill()
-        except Exception:
-            pass
+        kill_container(c)
         th.join(5.0)
         err.feed(b"killed: timeout\n")
         return -9, out, err, True
@@ -251,8 +256,9 @@ class PooledDockerSandbox(BlockingDockerSandbox):
         self.pool = pool
         self.default_image = default_image
 
-    def run_blocking(self, argv: list[str], image: str, timeout_s: float) -> ToolResult:
-        return self.pool.run_blocking(argv, image, timeout_s)
+    def run_blocking(self, argv: list[str], image: str, timeout_s: float,
+                     call: DockerCall | None = None) -> ToolResult:
+        return self.pool.run_blocking(argv, image, timeout_s, call)
 
 
 @contextlib.asynccontextmanager

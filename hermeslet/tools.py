@@ -23,7 +23,9 @@ Two sandboxes, one result type (:class:`ToolResult`):
   ``use_bwrap=False`` (an explicit choice in code, e.g. tests).
 - :class:`DockerSandbox` (when configured): a fresh container per call through the Docker SDK
   with ``network_mode="none"``, memory (no extra swap)/CPU/pids limits, a read-only root, user
-  ``nobody`` (65534), all capabilities dropped, no-new-privileges; killed on timeout. The SDK is blocking, so it runs in a worker thread.
+  ``nobody`` (65534), all capabilities dropped, no-new-privileges; killed on timeout, or as
+  soon as its call is cancelled (:class:`DockerCall`). The SDK is blocking, so it runs in a
+  worker thread.
 
 A tool call is either ``code`` (Python source, run with the sandbox's ``python3``) or
 ``command`` (an argv list). Output is read as it is written and cut at ``max_output_chars``
@@ -40,6 +42,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -449,16 +452,65 @@ def docker_client(base_url: str | None) -> Any:
     return docker.DockerClient(base_url=base_url) if base_url else docker.from_env()
 
 
+class DockerCall:
+    """The container one blocking Docker call runs in, so that the event loop can stop it.
+
+    A worker thread cannot be interrupted: a call whose task is cancelled (the scheduler's
+    ``cancel``: its run cancelled, its client gone, the node stopping) would have left its
+    container running until the call's own timeout, holding the container, its CPU and
+    memory. The call hands its container to :meth:`attach` as soon as it has one;
+    :meth:`cancel` kills it (and one attached after the cancel is killed at once), so the blocking wait ends
+    and the call cleans up as after a timeout."""
+
+    __slots__ = ("_lock", "_container", "cancelled")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._container: Any = None
+        self.cancelled = False
+
+    def attach(self, container: Any) -> bool:
+        """The call runs in ``container`` now; ``False`` (and the container killed) when the
+        call was cancelled already: the caller then starts nothing in it."""
+        with self._lock:
+            self._container = container
+            cancelled = self.cancelled
+        if cancelled:
+            kill_container(container)
+        return not cancelled
+
+    def cancel(self) -> None:
+        """Kill the call's container (blocking: run it off the event loop)."""
+        with self._lock:
+            self.cancelled = True
+            container = self._container
+        if container is not None:
+            kill_container(container)
+
+
+def kill_container(container: Any) -> None:
+    """``docker kill``, best effort: a container that is not running (not started yet, or
+    gone) raises an API error, which says nothing here."""
+    try:
+        container.kill()
+    except Exception:
+        pass
+
+
 class BlockingDockerSandbox(Sandbox):
     """A Docker sandbox whose work is a blocking SDK call (``run_blocking``), run in a worker
-    thread so the event loop stays free."""
+    thread so the event loop stays free; cancelling the awaiting task kills the call's
+    container (:class:`DockerCall`)."""
 
     kind = "docker"
     default_image: str
 
     @abstractmethod
-    def run_blocking(self, argv: list[str], image: str, timeout_s: float) -> ToolResult:
-        """Run ``argv`` in a container of ``image``, killed after ``timeout_s``."""
+    def run_blocking(self, argv: list[str], image: str, timeout_s: float,
+                     call: DockerCall | None = None) -> ToolResult:
+        """Run ``argv`` in a container of ``image``, killed after ``timeout_s`` or when
+        ``call`` is cancelled (the container is given to ``call.attach`` before the command
+        starts in it)."""
 
     async def run(
         self,
@@ -469,9 +521,17 @@ class BlockingDockerSandbox(Sandbox):
         image: str | None = None,
     ) -> ToolResult:
         argv = _argv(code, command, "python3")
-        return await asyncio.to_thread(
-            self.run_blocking, argv, image or self.default_image, timeout_s
-        )
+        call = DockerCall()
+        try:
+            return await asyncio.to_thread(
+                self.run_blocking, argv, image or self.default_image, timeout_s, call
+            )
+        except asyncio.CancelledError:
+            # the worker thread goes on: stop what it waits for (a Docker API call, off the
+            # loop), and let it clean up as after a timeout
+            threading.Thread(target=call.cancel, name="hermeslet-docker-cancel",
+                             daemon=True).start()
+            raise
 
 
 class DockerSandbox(BlockingDockerSandbox):
@@ -497,7 +557,8 @@ class DockerSandbox(BlockingDockerSandbox):
             self._client = docker_client(self._base_url)
         return self._client
 
-    def run_blocking(self, argv: list[str], image: str, timeout_s: float) -> ToolResult:
+    def run_blocking(self, argv: list[str], image: str, timeout_s: float,
+                     call: DockerCall | None = None) -> ToolResult:
         client = self._docker()
         t0 = time.monotonic()
         container = client.containers.create(
@@ -505,16 +566,17 @@ class DockerSandbox(BlockingDockerSandbox):
         )
         timed_out = False
         try:
+            if call is not None and not call.attach(container):
+                return ToolResult(exit_code=-9, stdout="", stderr="cancelled\n",
+                                  duration_s=time.monotonic() - t0, cold=True,
+                                  timed_out=False)
             container.start()
             try:
                 status = container.wait(timeout=timeout_s)
                 rc = int(status.get("StatusCode", -1))
             except Exception:  # requests' ReadTimeout / ConnectionError on timeout
                 timed_out = True
-                try:
-                    container.kill()
-                except Exception:
-                    pass
+                kill_container(container)
                 rc = -9
             out = capped_logs(container, self.max_output_chars, stdout=True)
             err = capped_logs(container, self.max_output_chars, stdout=False)

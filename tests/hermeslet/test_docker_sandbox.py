@@ -3,6 +3,7 @@ no network, memory limit enforced, timeout kills, read-only root, non-root user.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -10,7 +11,7 @@ import time
 import pytest
 from dockerd import busybox_image, docker_engine  # noqa: F401  (fixtures)
 
-from hermeslet.tools import DockerSandbox, ToolLimits, ToolRunner
+from hermeslet.tools import DockerCall, DockerSandbox, ToolLimits, ToolRunner
 
 pytestmark = pytest.mark.docker
 
@@ -82,3 +83,46 @@ async def test_runner_routes_docker_tools_to_the_engine(docker_engine: str, busy
     runner = ToolRunner(docker=DockerSandbox(base_url=docker_engine))
     r = await runner.run(f"docker:{busybox_image}", command=["sh", "-c", "echo $((6*7))"])
     assert (r.exit_code, r.stdout, r.cold) == (0, "42\n", True)
+
+
+async def test_a_cancelled_call_kills_its_container_at_once(box: DockerSandbox) -> None:
+    """A call whose task is cancelled (its run cancelled, its client gone, the node stopping)
+    stops its container then, not at the call's timeout: the worker thread that waits on the
+    Docker API is not interrupted by the cancel, so the container is killed under it."""
+    import docker
+
+    client = docker.DockerClient(base_url=box._base_url)
+    call = asyncio.create_task(box.run(command=["sleep", "120"], timeout_s=120))
+    deadline = time.monotonic() + 30
+    while not client.containers.list():  # running ones only
+        assert time.monotonic() < deadline and not call.done()
+        await asyncio.sleep(0.1)
+    t0 = time.monotonic()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    while client.containers.list(all=True):
+        assert time.monotonic() - t0 < 20, "the cancelled call's container still exists"
+        await asyncio.sleep(0.1)
+
+
+class _Container:
+    """Stands in for the SDK's container object: records its kills."""
+
+    def __init__(self) -> None:
+        self.kills = 0
+
+    def kill(self) -> None:
+        self.kills += 1
+
+
+def test_a_call_cancelled_before_its_container_exists_kills_it_when_attached() -> None:
+    early = DockerCall()
+    early.cancel()  # nothing to kill yet
+    c = _Container()
+    assert early.attach(c) is False and c.kills == 1  # start nothing in it
+    late = DockerCall()
+    c2 = _Container()
+    assert late.attach(c2) is True and c2.kills == 0
+    late.cancel()
+    assert c2.kills == 1

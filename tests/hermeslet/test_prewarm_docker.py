@@ -118,6 +118,39 @@ def test_pool_sandbox_limits_and_timeout_kill(docker_client):
     assert st["wasted"] == 1 and st["wasted_backend_s"] > 0 and st["idle"] == 0
 
 
+def test_a_cancelled_pooled_call_kills_its_warm_container(docker_client):
+    """A pooled call (an exec in a warm container) whose task is cancelled ends then: its
+    container is killed and removed, not left running the command until its timeout."""
+    import docker
+
+    pool = ContainerPool(client=docker_client)
+    pool.prewarm(IMAGE)
+    (w,) = pool.idle[IMAGE]
+    cid = w.container.id
+    box = PooledDockerSandbox(pool, default_image=IMAGE)
+
+    async def scenario() -> float:
+        call = asyncio.create_task(box.run(command=["sleep", "120"], timeout_s=120))
+        deadline = time.monotonic() + 30
+        while not docker_client.api.inspect_container(cid).get("ExecIDs"):
+            assert time.monotonic() < deadline and not call.done()
+            await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        while True:
+            try:
+                docker_client.api.inspect_container(cid)
+            except docker.errors.NotFound:
+                return time.monotonic() - t0
+            assert time.monotonic() - t0 < 20, "the cancelled call's container still exists"
+            await asyncio.sleep(0.1)
+
+    assert asyncio.run(scenario()) < 20
+    assert pool.stats()["warm_hits"] == 1
+
+
 def test_cg_execute_code_finds_a_warm_container(docker_client):
     """CG: while ``generate_code`` runs, the planner (shipped CG PDGraph, p(execute_code)=1)
     schedules a prewarm of the container; the execute-code call then starts warm, and its
