@@ -27,6 +27,7 @@ from gw_redis import redis_url  # noqa: F401  (fixture)
 from hermes import protocol as P
 from hermes.gateway.keys import FileKeyStore
 from hermes.gateway.server import BackgroundServer
+from tests.sandbox import post_then_leave, processes_running, require_tool_sandbox
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -322,6 +323,22 @@ def test_a_client_gone_before_its_answer_has_the_call_cancelled_through_the_edge
     assert e0.server.config.app.edge.stats["answered"] == 0  # type: ignore[attr-defined]
     r = _post(e0.url, {"X-Hermes-Run": "none"})
     assert r.status_code == 200, r.text
+
+
+def test_a_client_gone_before_its_tool_call_ends_has_it_killed_through_the_edge(
+        split: Callable[..., Split]) -> None:
+    """An edge forwards a run's tool call to the scheduler; its client gone before the answer
+    has the forwarding cancelled, and so the call at its node: the process is killed then."""
+    require_tool_sandbox()
+    sp = split()
+    e0 = sp.edge()
+    rid = httpx.post(f"{e0.url}/v1/runs", json={"app": "tooly"}, timeout=30).json()["run_id"]
+    argv = ("sleep", "97.5")
+    post_then_leave(f"{e0.url}/v1/runs/{rid}/tools", {
+        "unit": "exec", "backend": "docker:python:3.10-slim", "command": list(argv),
+        "timeout_s": 120}, argv)
+    wait_for(lambda: not processes_running(*argv) and not sp.sched.requests, timeout=10,
+             what="the tool call killed at its node")
 
 
 def test_a_call_past_the_request_timeout_is_answered_504_and_cancelled(

@@ -21,7 +21,7 @@ from sse_lines import completion_events
 
 from hermes.gateway.server import gateway_state
 from hermes.procs import free_port
-from tests.sandbox import require_tool_sandbox
+from tests.sandbox import post_then_leave, processes_running, require_tool_sandbox
 
 
 class FakeEngine:
@@ -205,6 +205,30 @@ def test_a_client_gone_before_its_answer_frees_the_engine_slot(make_gateway, slo
     r = httpx.post(srv.url + "/v1/completions", timeout=30,
                    json={"model": "fake-model", "prompt": "hi", "max_tokens": 1})
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == "ok"
+
+
+def test_a_client_gone_before_its_tool_call_ends_has_the_call_killed(make_gateway) -> None:  # noqa: ANN001
+    """A client of the runs API's tool call that goes away before the answer has the call
+    cancelled at its node: the sandboxed process is killed then, not at the call's
+    ``timeout_s``; the run goes on and takes its next call."""
+    require_tool_sandbox()
+    srv = make_gateway(time_scale=1.0)
+    sched = gateway_state(srv).scheduler
+    http = httpx.Client(base_url=srv.url, timeout=30)
+    rid = http.post("/v1/runs", json={"app": "tooly"}).json()["run_id"]
+    argv = ("sleep", "97.25")  # a command line of its own, to find in /proc
+    post_then_leave(f"{srv.url}/v1/runs/{rid}/tools", {
+        "unit": "exec", "backend": "docker:python:3.10-slim", "command": list(argv),
+        "timeout_s": 120}, argv)
+    deadline = time.monotonic() + 10
+    while (processes_running(*argv) or sched.requests) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not processes_running(*argv), "the tool call's process outlived its client"
+    assert not sched.requests
+    r = http.post(f"/v1/runs/{rid}/tools", json={
+        "unit": "exec", "backend": "docker:python:3.10-slim", "command": ["echo", "next"]})
+    assert r.status_code == 200 and r.json()["stdout"] == "next\n", r.text
+    assert http.get(f"/v1/runs/{rid}").json()["state"] == "running"
 
 
 def test_a_slow_engine_does_not_block_the_event_loop(make_gateway, slow: FakeEngine) -> None:  # noqa: ANN001

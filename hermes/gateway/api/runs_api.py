@@ -313,7 +313,9 @@ async def cancel_run(run_id: str, request: Request) -> Response:
 @router.post("/v1/runs/{run_id}/tools", tags=["runs"], openapi_extra={"requestBody": {
     "required": True, "content": {"application/json": {"schema": ToolCall.model_json_schema()}}}})
 async def run_tool(run_id: str, request: Request) -> Response:
-    """Run a tool call of the run on a node's tool runner; answers with its output."""
+    """Run a tool call of the run on a node's tool runner; answers with its output. A client
+    that goes away before the answer has the call cancelled at its node (its process group
+    or container killed); the run goes on."""
     sched = scheduler_of(request)
     try:
         run = sched.active_run(run_id)  # the caller's run (404 otherwise) before its body
@@ -334,7 +336,11 @@ async def run_tool(run_id: str, request: Request) -> Response:
         inv = sched.unit_for_request(run, body.unit, body.backend)
         req = await sched.submit_tool(run, inv, backend=body.backend, code=body.code,
                                       command=body.command, timeout_s=body.timeout_s)
-        done = await sched.wait(req, timeout=body.timeout_s + 60.0)
+        try:
+            done = await sched.wait(req, timeout=body.timeout_s + 60.0)
+        finally:
+            if not req.future.done():  # the task was cancelled: its client went away
+                sched.abandon(req)  # (hermes.gateway.disconnect): the node kills the call
     except SchedulerError as e:
         return scheduler_error(e)
     assert isinstance(done, ToolDone)

@@ -1321,13 +1321,16 @@ def edge_app(config: GatewayConfig) -> Any:
     app = EdgeApp(config, shared.evidence if shared is not None else None,
                   shared.responses if shared is not None else None)
     app.security = security
-    secured = SecurityMiddleware(CancelOnDisconnect(app), security)
+    # a client gone cancels its handler: an LLM call the edge serves, or a run's tool call it
+    # forwards (the forwarding's connection closes, and the scheduler cancels the call)
+    cancelling = CancelOnDisconnect(app)
+    secured = SecurityMiddleware(cancelling, security)
 
     async def route(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and app.serves(scope) is not None:
             await secured(scope, receive, send)
         else:
-            await app(scope, receive, send)
+            await cancelling(scope, receive, send)
 
     route.edge = app  # type: ignore[attr-defined]
     return route
