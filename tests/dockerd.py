@@ -12,6 +12,7 @@ Use from a test module::
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import shutil
@@ -19,7 +20,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,28 @@ def busybox_image(docker_engine: str) -> str:
                                       tag="latest", changes=["ENV PATH=/bin"])
     client.images.get(IMAGE)
     return IMAGE
+
+
+async def cancel_once_running(box: object, running: Callable[[], bool],
+                              gone: Callable[[], bool], *, within_s: float = 20.0) -> float:
+    """Start a ``sleep 120`` call on the Docker sandbox ``box``, cancel its task once
+    ``running()`` says it runs, and return the seconds until ``gone()`` says its container
+    is gone (failing past ``within_s``: its own timeout is 120 s)."""
+    call = asyncio.create_task(box.run(command=["sleep", "120"], timeout_s=120))  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 30
+    while not running():
+        assert time.monotonic() < deadline and not call.done()
+        await asyncio.sleep(0.1)
+    t0 = time.monotonic()
+    call.cancel()
+    try:
+        await call
+    except asyncio.CancelledError:
+        pass
+    else:
+        raise AssertionError("the cancelled call returned")
+    while not gone():
+        assert time.monotonic() - t0 < within_s, "the cancelled call's container still exists"
+        await asyncio.sleep(0.1)
+    return time.monotonic() - t0
+

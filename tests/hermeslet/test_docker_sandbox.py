@@ -3,13 +3,12 @@ no network, memory limit enforced, timeout kills, read-only root, non-root user.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
 import time
 
 import pytest
-from dockerd import busybox_image, docker_engine  # noqa: F401  (fixtures)
+from dockerd import busybox_image, cancel_once_running, docker_engine  # noqa: F401  (fixtures)
 
 from hermeslet.tools import DockerCall, DockerSandbox, ToolLimits, ToolRunner
 
@@ -92,19 +91,8 @@ async def test_a_cancelled_call_kills_its_container_at_once(box: DockerSandbox) 
     import docker
 
     client = docker.DockerClient(base_url=box._base_url)
-    call = asyncio.create_task(box.run(command=["sleep", "120"], timeout_s=120))
-    deadline = time.monotonic() + 30
-    while not client.containers.list():  # running ones only
-        assert time.monotonic() < deadline and not call.done()
-        await asyncio.sleep(0.1)
-    t0 = time.monotonic()
-    call.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await call
-    while client.containers.list(all=True):
-        assert time.monotonic() - t0 < 20, "the cancelled call's container still exists"
-        await asyncio.sleep(0.1)
-
+    await cancel_once_running(box, lambda: bool(client.containers.list()),  # running ones
+                              lambda: not client.containers.list(all=True))
 
 class _Container:
     """Stands in for the SDK's container object: records its kills."""
