@@ -56,6 +56,10 @@ highest concurrency level: the gateway is given ``keep_finished_runs = N`` and f
 requests until it keeps N finished runs (full, evicting the oldest as it goes), then
 measured; a plain row of that level in the same gateway precedes it.
 
+``--floor`` adds the ``floor`` rows (below) and, to every row through the gateway,
+``cpu_over_floor``: its ``gateway_cpu_ms`` over the floor row's of the same concurrency and
+traffic (:func:`over_floor`), a figure that does not move with the machine's speed.
+
 Warm history (``--warm-history N``): the case agents live in. Rows with ``history_kind``
 ``"inferred"`` measure header-less agent traffic (:mod:`hermes.bench.agents`: many programs,
 new and continuing conversations, each a run the resolver infers), at every concurrency
@@ -359,11 +363,26 @@ def bench_gateway(
     finally:
         bar.close()
         stop_group(eng)
+    floors = {(r["concurrency"], r["history_kind"]): r["gateway_cpu_ms"]
+              for r in rows if r["path"] == "floor"}
     for r in rows:
         base = direct[(r["concurrency"], r["history_kind"])]
         r["added_p50_ms"] = r["p50_ms"] - base["p50_ms"]
         r["added_p99_ms"] = r["p99_ms"] - base["p99_ms"]
+        if floors:
+            r["cpu_over_floor"] = over_floor(r, floors)
     return rows
+
+
+def over_floor(row: dict[str, Any], floors: dict[tuple[int, str], float]) -> float | None:
+    """A gateway row's CPU per request over the floor's (the same HTTP stack and engine
+    client with nothing of Hermes, same concurrency and traffic): the part of the cost that
+    does not move with the machine's speed, where the milliseconds do (a machine twice as
+    fast halves both). ``None`` for other rows, or without a floor row to divide by."""
+    floor = floors.get((row["concurrency"], row["history_kind"]))
+    if row["path"] != "gateway" or not floor:
+        return None
+    return row["gateway_cpu_ms"] / floor
 
 
 def _floor_rows(engine_url: str, engine_pid: int, requests: int, warmup: int,

@@ -462,7 +462,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
              "max_gc_ms": "gc_ms", "client_cpu_ms": "client_cpu", "gateway_cpu_ms": "gw_cpu",
              "gateway_loop_cpu_ms": "gw_loop",
              "engine_cpu_ms": "engine_cpu", "export_cpu_ms": "export_cpu",
-             "history_kind": "kind"}
+             "history_kind": "kind", "cpu_over_floor": "x_floor"}
     drop = {"requests"} | ({"identity"} if len(modes) == 1 else set()) | (
         set() if any(args.warm_history) else {"history_kind", "gateway_loop_cpu_ms"})
     if args.tracing == "off" and not args.baseline_src:
@@ -472,6 +472,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     shown = [{short.get(k, k): v for k, v in r.items() if k not in drop} for r in rows]
     # (with a warm history: the learner's worker threads are the rest of gw_cpu)
     loop_note = " (gw_loop: the gateway's event-loop thread alone)" if any(args.warm_history) else ""
+    floor_note = ("; x_floor: gw_cpu over the floor row's of the same concurrency and kind, "
+                  "which the machine's speed does not move") if args.floor else ""
     if args.plot:
         from hermes.bench.gateway import plot_gateway
 
@@ -484,7 +486,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
                    f"busy_ms: the most the loop's own work used between two 5 ms wake-ups; gc_ms: "
                    f"longest collection; history: finished runs it "
                    f"keeps, or with kind inferred the header-less agent requests before the "
-                   f"row)", t0, json_rows=rows)
+                   f"row{floor_note})", t0, json_rows=rows)
 
 
 def add_gateway_parser(bsub: argparse._SubParsersAction) -> None:

@@ -120,7 +120,27 @@ def test_bench_gateway_floor_rows_measure_the_stack_without_hermes(tmp_path) -> 
     # the gateway authenticates, infers nothing here, but creates, ranks, dispatches through
     # its node and records a run per request: more CPU than forwarding it
     assert by[("gateway", 1)]["gateway_cpu_ms"] > by[("floor", 1)]["gateway_cpu_ms"]
+    # each gateway row's CPU over its level's floor (a figure the machine's speed does not
+    # move); nothing for the rows that are not the gateway's
+    for c in (1, 4):
+        assert by[("gateway", c)]["cpu_over_floor"] == pytest.approx(
+            by[("gateway", c)]["gateway_cpu_ms"] / by[("floor", c)]["gateway_cpu_ms"])
+        assert by[("floor", c)]["cpu_over_floor"] is None
+        assert by[("direct", c)]["cpu_over_floor"] is None
+    assert by[("gateway", 1)]["cpu_over_floor"] > 1
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the bar chart of the CPU
+
+
+def test_cpu_over_floor_divides_by_the_floor_of_the_same_level_and_traffic() -> None:
+    from hermes.bench.gateway import over_floor
+
+    floors = {(1, "finished"): 0.25, (1, "inferred"): 0.5, (32, "inferred"): 0.2}
+    row = {"path": "gateway", "concurrency": 1, "history_kind": "inferred", "gateway_cpu_ms": 1.0}
+    assert over_floor(row, floors) == 2.0
+    assert over_floor({**row, "history_kind": "finished"}, floors) == 4.0
+    assert over_floor({**row, "concurrency": 32}, floors) == 5.0
+    assert over_floor({**row, "concurrency": 4}, floors) is None  # no floor at that level
+    assert over_floor({**row, "path": "direct"}, floors) is None
 
 
 def test_the_charts_title_names_the_floor_only_when_it_is_drawn() -> None:
