@@ -459,8 +459,8 @@ class DockerCall:
     ``cancel``: its run cancelled, its client gone, the node stopping) would have left its
     container running until the call's own timeout, holding the container, its CPU and
     memory. The call hands its container to :meth:`attach` as soon as it has one;
-    :meth:`cancel` kills it (and one attached after the cancel is killed at once), so the blocking wait ends
-    and the call cleans up as after a timeout."""
+    :meth:`cancel` kills it (and one attached after the cancel is killed at once), so the
+    blocking wait ends and the call cleans up as after a timeout."""
 
     __slots__ = ("_lock", "_container", "cancelled")
 
