@@ -83,6 +83,9 @@ class FakeEngine:
 
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
+        # a handler still sleeping (a request its gateway cancelled: uvicorn cancels nothing)
+        # would hold the shutdown for the join's 5 s
+        self.server.force_exit = True
         self.thread.join(5)
 
 
