@@ -13,7 +13,7 @@ import pytest
 
 from hermes.core.records import read_records
 from hermes.gateway.server import gateway_state
-from tests.sandbox import require_tool_sandbox
+from tests.sandbox import processes_running, require_tool_sandbox
 
 MODEL = "llama-2-7b"  # the embedded simulated engine's model (config default)
 
@@ -167,6 +167,37 @@ def test_tool_calls_and_client_unit_events(gateway) -> None:  # noqa: ANN001
         ("execute_code", "docker:python:3.10-slim"), ("execute_code", "docker:python:3.10-slim"),
         ("search", "api:search")]
     assert all("requests" not in u and u["duration_s"] >= 0 for u in rec["units"])
+
+
+def test_cancelling_a_run_kills_its_running_tool_call(gateway) -> None:  # noqa: ANN001
+    """``DELETE /v1/runs/{id}`` while a tool call of the run runs: the call's process is
+    killed then (not at its ``timeout_s``), its caller is answered with an error naming the
+    cancellation, and the run is cancelled."""
+    require_tool_sandbox()
+    argv = ("sleep", "96.75")  # a command line of its own, to find in /proc
+
+    async def scenario() -> tuple[httpx.Response, dict, float]:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http:
+            rid = (await http.post("/v1/runs", json={"app": "tooly"})).json()["run_id"]
+            call = asyncio.create_task(http.post(f"/v1/runs/{rid}/tools", json={
+                "unit": "exec", "backend": "docker:python:3.10-slim", "command": list(argv),
+                "timeout_s": 120}))
+            deadline = time.monotonic() + 30
+            while not processes_running(*argv):
+                assert time.monotonic() < deadline and not call.done()
+                await asyncio.sleep(0.05)
+            t0 = time.monotonic()
+            cancelled = (await http.delete(f"/v1/runs/{rid}")).json()
+            answer = await call
+            while processes_running(*argv):
+                assert time.monotonic() - t0 < 10, "the cancelled run's tool call runs on"
+                await asyncio.sleep(0.05)
+            return answer, cancelled, time.monotonic() - t0
+
+    answer, cancelled, took = asyncio.run(scenario())
+    assert cancelled["state"] == "cancelled"
+    assert answer.status_code == 409 and "cancel" in answer.json()["error"]["message"], answer.text
+    assert took < 10
 
 
 def test_apps_get_put_list(gateway) -> None:  # noqa: ANN001
