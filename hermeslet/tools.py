@@ -528,7 +528,8 @@ class BlockingDockerSandbox(Sandbox):
             )
         except asyncio.CancelledError:
             # the worker thread goes on: stop what it waits for (a Docker API call, off the
-            # loop), and let it clean up as after a timeout
+            # loop; a thread of its own, not the default executor, whose threads may all be
+            # in such calls), and let it clean up as after a timeout
             threading.Thread(target=call.cancel, name="hermeslet-docker-cancel",
                              daemon=True).start()
             raise

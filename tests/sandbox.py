@@ -42,7 +42,6 @@ def processes_running(*argv: str) -> list[int]:
     return out
 
 
-
 def post_then_leave(url: str, body: dict, running: tuple[str, ...], *,
                     headers: dict[str, str] | None = None, timeout_s: float = 30.0) -> None:
     """POST ``body`` (JSON) to ``url`` on a socket of its own and close the socket, unanswered,

@@ -237,7 +237,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
         app.state.responses = shared.responses
         app.state.idempotency = shared.idempotency
     app.add_middleware(OpenAIFastPath)  # completions past FastAPI's router (inside security)
-    app.add_middleware(CancelOnDisconnect)  # a client gone stops its LLM request's handler
+    app.add_middleware(CancelOnDisconnect)  # a client gone stops its LLM call's or tool call's handler
     install_security(app, config,  # body limits, API keys, tenant admission (issue 7)
                      shared.store if shared is not None else None)
     app.include_router(runs_api.router)

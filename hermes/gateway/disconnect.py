@@ -31,7 +31,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-#: the scope key of the callable that cancels a request's handler (set for :data:`LLM_PATHS`)
+#: the scope key of the callable that cancels a request's handler (set for the requests
+#: :func:`cancels_on_disconnect` names)
 ON_DISCONNECT = "hermes.on_disconnect"
 
 #: the endpoints whose handlers wait for an engine: chat, completions, embeddings, the

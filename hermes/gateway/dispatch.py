@@ -304,10 +304,16 @@ class Dispatcher(RunObserver):
         if req.future.done() and req.future.exception() is not None:
             raise req.future.exception()  # type: ignore[misc]
 
-    def abandon(self, req: PendingRequest) -> None:
-        """The client went away: cancel the request at its node."""
+    def abandon(self, req: PendingRequest) -> bool:
+        """The client went away: cancel the request at its node, unless it has ended (its
+        future settled). Whether it had not: a handler calls this as it ends, answered or not
+        (its task cancelled when its client goes away: :mod:`hermes.gateway.disconnect`), and
+        does the rest of a client's leaving only when this says so."""
+        if req.future.done():
+            return False
         if req.request_id in self.requests:
             self.cancel_request(req, RunNotActive("client disconnected"))
+        return True
 
     # ------------------------------------------------------------------ completion
     def _release_slot(self, req: PendingRequest) -> None:

@@ -479,8 +479,8 @@ class LiveScheduler:
     def stream(self, req: PendingRequest) -> AsyncIterator[Token]:
         return self.dispatch.stream(req)
 
-    def abandon(self, req: PendingRequest) -> None:
-        self.dispatch.abandon(req)
+    def abandon(self, req: PendingRequest) -> bool:
+        return self.dispatch.abandon(req)
 
     def rekey_all(self) -> None:
         self.dispatch.rekey_all()

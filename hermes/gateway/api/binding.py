@@ -200,8 +200,7 @@ async def wait_call(sched: LiveScheduler, call: BoundCall) -> Done:
             sched.fail_run(call.run.run_id, str(e))
         raise
     finally:
-        if not call.req.future.done():  # the task was cancelled: its client went away
-            sched.abandon(call.req)
+        if sched.abandon(call.req):  # unanswered: the task was cancelled, its client went away
             sched.identities.abandoned(call.identity)
             if call.run.auto_finish:
                 sched.fail_run(call.run.run_id, "client disconnected")

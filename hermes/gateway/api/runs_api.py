@@ -339,8 +339,7 @@ async def run_tool(run_id: str, request: Request) -> Response:
         try:
             done = await sched.wait(req, timeout=body.timeout_s + 60.0)
         finally:
-            if not req.future.done():  # the task was cancelled: its client went away
-                sched.abandon(req)  # (hermes.gateway.disconnect): the node kills the call
+            sched.abandon(req)  # unanswered: its client went away, the node kills the call
     except SchedulerError as e:
         return scheduler_error(e)
     assert isinstance(done, ToolDone)
